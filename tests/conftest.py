@@ -1,0 +1,31 @@
+"""Shared fixtures. Tests never reach a model hub: HF_HUB_OFFLINE is forced on."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_config():
+    """A 4-layer LLaMA config small enough to build in milliseconds (GQA 4 q / 2 kv heads)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        max_position_embeddings=256, tie_word_embeddings=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded SmolLM2-135M-Instruct (converted once into the user cache)."""
+    from draftnas.sources import load_model
+
+    return load_model("smollm2-135m")

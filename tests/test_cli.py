@@ -1,0 +1,53 @@
+"""CLI behaviour through a real subprocess: exit codes, one-line errors, JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "draftnas", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_predict_json_issue_example():
+    out = run("predict", "--acceptance", "0.8", "--gamma", "4", "--draft-ms", "2",
+              "--target-ms", "20", "--verify-ms", "22", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert round(data["tokens_per_step"], 4) == 3.3616
+    assert data["speedup"] == pytest.approx(2.24107, rel=1e-5)
+
+
+def test_predict_picks_best_gamma():
+    out = run("predict", "-a", "0.8", "--draft-ms", "2", "--target-ms", "20",
+              "--verify-ms", "22", "--json")
+    assert json.loads(out.stdout)["gamma"] == 6
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["predict", "-a", "1.5", "--draft-ms", "1", "--target-ms", "3"], "acceptance rate"),
+    (["predict", "-a", "0.5", "-g", "-1", "--draft-ms", "1", "--target-ms", "3"], "gamma"),
+])
+def test_bad_input_one_line_exit_2(args, needle):
+    out = run(*args)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr
+
+
+def test_targets_json_lists_llama_65b():
+    data = {a["name"]: a for a in json.loads(run("targets", "--json").stdout)}
+    assert data["llama-65b"]["num_hidden_layers"] == 80
+    assert data["llama-65b"]["hidden_size"] == 8192
+    assert data["smollm2-135m"]["embedded_weights"] is True
+
+
+def test_cli_import_does_not_load_torch():
+    code = "import sys, draftnas.cli, draftnas.throughput; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from draftnas.errors import InvalidInputError
+from draftnas.throughput import (
+    acceptance_rate_from_tokens_per_step,
+    best_gamma,
+    break_even_acceptance,
+    drafter_memory_cost,
+    expected_tokens_from_distribution,
+    expected_tokens_per_step,
+    predict_throughput,
+)
+
+
+def test_expected_tokens_hand_computed():
+    # (1 - 0.8^5) / (1 - 0.8) = (1 - 0.32768) / 0.2
+    assert expected_tokens_per_step(0.8, 4) == pytest.approx(3.3616)
+    assert expected_tokens_per_step(0.5, 1) == pytest.approx(1.5)
+    assert expected_tokens_per_step(0.0, 5) == 1.0
+
+
+def test_expected_tokens_edges():
+    assert expected_tokens_per_step(1.0, 4) == 5.0
+    assert expected_tokens_per_step(0.999999999999, 4) == pytest.approx(5.0)
+    assert expected_tokens_per_step(0.7, 0) == 1.0
+
+
+@pytest.mark.parametrize("alpha,gamma", [(-0.1, 2), (1.1, 2), (0.5, -1)])
+def test_expected_tokens_rejects_bad_input(alpha, gamma):
+    with pytest.raises(InvalidInputError):
+        expected_tokens_per_step(alpha, gamma)
+
+
+def test_distribution_matches_iid_closed_form():
+    alpha, gamma = 0.6, 3
+    # P(k accepted) = alpha^k (1 - alpha) for k < gamma, alpha^gamma for k = gamma
+    probs = [alpha**k * (1 - alpha) for k in range(gamma)] + [alpha**gamma]
+    assert expected_tokens_from_distribution(probs) == pytest.approx(
+        expected_tokens_per_step(alpha, gamma)
+    )
+    with pytest.raises(InvalidInputError):
+        expected_tokens_from_distribution([0.5, 0.4])
+
+
+def test_predict_throughput_issue_example():
+    est = predict_throughput(gamma=4, draft_ms=2, target_ms=20, verify_ms=22, acceptance_rate=0.8)
+    assert est.tokens_per_step == pytest.approx(3.3616)
+    assert est.step_ms == 30
+    assert est.tokens_per_s == pytest.approx(3.3616 / 0.030)
+    assert est.baseline_tokens_per_s == pytest.approx(50.0)
+    assert est.speedup == pytest.approx(3.3616 / 0.030 / 50.0)
+
+
+def test_batch_scales_throughput_and_baseline():
+    e1 = predict_throughput(gamma=2, draft_ms=1, target_ms=10, acceptance_rate=0.5)
+    e8 = predict_throughput(gamma=2, draft_ms=1, target_ms=10, acceptance_rate=0.5, batch_size=8)
+    assert e8.tokens_per_s == pytest.approx(8 * e1.tokens_per_s)
+    assert e8.speedup == pytest.approx(e1.speedup)
+
+
+def test_gamma_zero_is_plain_decoding():
+    est = predict_throughput(gamma=0, draft_ms=5, target_ms=10, verify_ms=99, acceptance_rate=0.9)
+    assert est.speedup == pytest.approx(1.0)
+
+
+def test_best_gamma_prefers_no_speculation_for_slow_drafter():
+    assert best_gamma(acceptance_rate=0.3, draft_ms=9, target_ms=10).gamma == 0
+    good = best_gamma(acceptance_rate=0.9, draft_ms=0.5, target_ms=10)
+    assert good.gamma == 8 and good.speedup > 4
+    # hand check: alpha 0.8, draft 2, target 20, verify 22 -> gamma 6 (116.2 tok/s) beats 4 and 8
+    assert best_gamma(acceptance_rate=0.8, draft_ms=2, target_ms=20, verify_ms=22).gamma == 6
+
+
+def test_best_gamma_with_verify_function():
+    est = best_gamma(acceptance_rate=0.8, draft_ms=2, target_ms=20, verify_ms=lambda g: 20 + 5 * g)
+    assert est.verify_ms == 20 + 5 * est.gamma
+
+
+def test_break_even_matches_field_notes():
+    # FIELD-NOTES: 4-layer drafter 7.9 ms, target 34 ms -> break-even alpha ~0.23 at gamma 1
+    alpha = break_even_acceptance(1, 7.9, 34.0)
+    assert math.isclose(predict_throughput(
+        gamma=1, draft_ms=7.9, target_ms=34.0, acceptance_rate=alpha).speedup, 1.0, rel_tol=1e-6)
+    assert break_even_acceptance(1, 40.0, 34.0) == 1.0
+
+
+def test_inverse_acceptance():
+    assert acceptance_rate_from_tokens_per_step(3.3616, 4) == pytest.approx(0.8, abs=1e-9)
+
+
+def test_memory_cost():
+    gib = 1024**3
+    est = drafter_memory_cost(memory_budget_bytes=80 * gib, target_weight_bytes=60 * gib,
+                              target_kv_bytes_per_token=1_000_000, drafter_weight_bytes=2 * gib,
+                              drafter_kv_bytes_per_token=100_000, context_tokens=1000)
+    assert est.max_batch_without_drafter == (20 * gib) // 1_000_000_000
+    assert est.max_batch_with_drafter == (18 * gib) // 1_100_000_000
