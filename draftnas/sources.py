@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from draftnas.errors import ModelSourceError, UnknownTargetError
 from draftnas.record import Record
-from draftnas.registry import load_registry
+from draftnas.registry import Architecture, load_registry
 
 log = logging.getLogger(__name__)
 
@@ -238,3 +238,34 @@ def load_model(
         model=model, tokenizer=tokenizer, source=source,
         folder=folder if source.kind != "hub" else None, load_s=elapsed, from_cache=cached,
     )
+
+
+@dataclass(frozen=True)
+class ModelInfo(Record):
+    """What a spec names: its shape, and where its weights are (if it has any here)."""
+
+    spec: str
+    architecture: Architecture
+    source: ModelSource | None
+    folder: str | None
+    weights_here: bool
+    converted_now: bool
+
+
+def inspect_model(spec: str) -> ModelInfo:
+    """Shape and source of a spec, without loading weights (a GGUF is converted once, cached).
+
+    Registry names (`llama-65b`) answer from the registry; anything with weights
+    answers from its `config.json`.
+    """
+    if spec.lower() in load_registry() and spec.lower() not in EMBEDDED:
+        arch = load_registry()[spec.lower()]
+        return ModelInfo(spec=spec, architecture=arch, source=None, folder=None,
+                         weights_here=False, converted_now=False)
+    source, folder, cached = ensure_local_folder(spec)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(folder))
+    arch = Architecture.from_hf_config(config, name=spec)
+    return ModelInfo(spec=spec, architecture=arch, source=source, folder=str(folder),
+                     weights_here=source.kind != "hub", converted_now=not cached)

@@ -32,6 +32,8 @@ def test_predict_picks_best_gamma():
 @pytest.mark.parametrize("args,needle", [
     (["predict", "-a", "1.5", "--draft-ms", "1", "--target-ms", "3"], "acceptance rate"),
     (["predict", "-a", "0.5", "-g", "-1", "--draft-ms", "1", "--target-ms", "3"], "gamma"),
+    (["inspect", "/does/not/exist.gguf"], "GGUF file not found"),
+    (["inspect", "lama-65b"], "llama-65b"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     out = run(*args)
@@ -51,3 +53,8 @@ def test_cli_import_does_not_load_torch():
     code = "import sys, draftnas.cli, draftnas.throughput; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False"
+
+
+def test_inspect_registry_shape_without_weights():
+    data = json.loads(run("inspect", "llama-65b", "--json").stdout)
+    assert data["weights_here"] is False and data["parameters"] > 65e9

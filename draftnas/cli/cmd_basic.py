@@ -75,3 +75,32 @@ def predict(
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
+
+
+@app.command()
+def inspect(
+    spec: str = typer.Argument(..., help="Registry name, embedded name, model folder, .gguf file or hub id."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show a target's shape and where its weights come from (converts a GGUF once)."""
+    from draftnas.sources import inspect_model
+
+    info = inspect_model(spec)
+    if json_out:
+        print_json({**info.to_dict(), "parameters": info.architecture.count_parameters()})
+        return
+    a = info.architecture
+    table = Table(show_header=False, title=f"{spec}")
+    rows = [
+        ("source", info.source.kind if info.source else "registry (shape only, no weights here)"),
+        ("weights folder", info.folder or "-"),
+        ("family", a.family),
+        ("layers x hidden", f"{a.num_hidden_layers} x {a.hidden_size}"),
+        ("heads / kv heads / head_dim", f"{a.num_attention_heads} / {a.num_key_value_heads} / {a.head_dim}"),
+        ("intermediate", str(a.intermediate_size)),
+        ("vocab", f"{a.vocab_size} ({'tied' if a.tie_word_embeddings else 'untied'} embeddings)"),
+        ("parameters", fmt_params(a.count_parameters())),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)
