@@ -15,6 +15,7 @@ torch and transformers are imported only inside the loading functions.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.metadata as md
 import logging
@@ -120,8 +121,10 @@ def resolve_source(spec: str) -> ModelSource:
         raise ModelSourceError(f"not a model folder or .gguf file: {spec}")
     if spec.count("/") == 1 and all(spec.split("/")):
         return ModelSource(spec=spec, kind="hub", location=spec)
+    close = difflib.get_close_matches(key, [*EMBEDDED, *load_registry()], n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
     raise UnknownTargetError(
-        f"unknown target {spec!r}: expected an embedded name ({', '.join(EMBEDDED)}), "
+        f"unknown target {spec!r}{hint}: expected an embedded name ({', '.join(EMBEDDED)}), "
         "a registry name (see `draftnas targets`), a model folder, a .gguf file or a hub id org/name"
     )
 
