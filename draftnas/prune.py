@@ -29,7 +29,7 @@ from draftnas.record import Record
 from draftnas.registry import Architecture
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch  # noqa: F401
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -282,6 +282,433 @@ def _gqa_problems(plan: PruningPlan, base: Architecture) -> list[str]:
     return []
 
 
+
+
+# --------------------------------------------------------------------------- calibration
+
+FALLBACK_TEXTS: tuple[str, ...] = (
+    "What are three good habits for staying focused while working from home? Keep a fixed "
+    "schedule, set up a quiet workspace, and take short breaks away from the screen.",
+    "Explain the difference between weather and climate. Weather is what the sky does today; "
+    "climate is the pattern of weather over many years in one place.",
+    "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
+    "Solve for x: 3x + 7 = 22. Subtract 7 from both sides to get 3x = 15, then divide by 3: x = 5.",
+    "Translate to English: Le chat dort sur le canapé pendant que la pluie tombe dehors. "
+    "The cat sleeps on the sofa while the rain falls outside.",
+    "Write a short, friendly email asking a colleague to reschedule a meeting to Thursday. "
+    "Hi Sam, would Thursday afternoon work for our meeting instead? Thanks a lot!",
+    "The mitochondria is the powerhouse of the cell: it turns nutrients into ATP, the energy "
+    "currency that every living cell uses to grow, move and divide.",
+    "SELECT name, COUNT(*) AS orders FROM customers JOIN orders USING (customer_id) "
+    "GROUP BY name ORDER BY orders DESC LIMIT 10;",
+)
+
+
+def calibration_texts() -> list[str]:
+    """The shipped prompt set (`draftnas.prompts.load_prompts("all")`) when present, else a fallback."""
+    try:
+        from draftnas.prompts import load_prompts
+    except ImportError:
+        return list(FALLBACK_TEXTS)
+    try:
+        texts = [p.text for p in load_prompts("all")]
+    except Exception as exc:  # noqa: BLE001 - a broken prompt set must not break pruning
+        log.warning("prompt set unavailable (%s); using built-in calibration text", exc)
+        return list(FALLBACK_TEXTS)
+    return texts or list(FALLBACK_TEXTS)
+
+
+def calibration_ids(tokenizer: Any, texts: Sequence[str] | None = None, *,
+                    sequences: int = 8, seq_len: int = 128) -> torch.Tensor:
+    """Token windows for calibration: texts joined with EOS, cut into `[sequences, seq_len]` ids.
+
+    Short corpora are cycled so the shape is always the one asked for (no padding).
+    """
+    import torch
+
+    texts = list(texts) if texts is not None else calibration_texts()
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    stream: list[int] = []
+    for text in texts:
+        stream += list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [eos]
+    if not stream:
+        raise PlanError("calibration: no tokens in the calibration text (allowed: non-empty texts)")
+    need = sequences * seq_len
+    while len(stream) < need:
+        stream = stream + stream
+    return torch.tensor(stream[:need], dtype=torch.long).view(sequences, seq_len)
+
+
+# --------------------------------------------------------------------------- model access
+
+
+def _decoder(model: Any) -> Any:
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers"):
+        raise PlanError(f"{type(model).__name__}: pruning needs a LLaMA-like decoder with "
+                        "model.model.layers (allowed families: llama, qwen2)")
+    return inner
+
+
+def _check_llama_layer(layer: Any) -> None:
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    if attn is None or mlp is None or not all(hasattr(attn, n) for n in names) or not all(
+            hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        raise PlanError(f"{type(layer).__name__}: width pruning needs q/k/v/o_proj and "
+                        "gate/up/down_proj (allowed families: llama, qwen2)")
+
+
+def base_architecture(model: Any, name: str = "") -> Architecture:
+    """Shape of a loaded model, read from its config."""
+    return Architecture.from_hf_config(model.config, name=name)
+
+
+# --------------------------------------------------------------------------- importance
+
+
+@dataclass
+class _Stats:
+    """Per-layer calibration statistics gathered by forward hooks."""
+
+    block_influence: list[float]
+    channel_sq: list[Any]  # [I] sum of squared activations entering down_proj
+    head_sq: list[Any]  # [H] sum of squared per-head contributions to o_proj's output
+    tokens: int
+
+
+def _collect_stats(model: Any, ids: torch.Tensor, *, width: bool) -> _Stats:
+    """One forward pass over `ids` [B, T] with hooks on every decoder layer."""
+    import torch
+
+    layers = _decoder(model).layers
+    n = len(layers)
+    stats = _Stats([0.0] * n, [None] * n, [None] * n, int(ids.numel()))
+    handles = []
+
+    def block_hook(i: int) -> Any:
+        def hook(_mod: Any, args: tuple, kwargs: dict, out: Any) -> None:
+            x = args[0] if args else kwargs["hidden_states"]
+            y = out[0] if isinstance(out, tuple) else out
+            cos = torch.nn.functional.cosine_similarity(x.float(), y.float(), dim=-1)  # [B, T]
+            stats.block_influence[i] = float((1.0 - cos).mean())
+        return hook
+
+    def channel_hook(i: int) -> Any:
+        def hook(_mod: Any, args: tuple) -> None:
+            a = args[0].float()  # [B, T, I]
+            stats.channel_sq[i] = a.pow(2).sum(dim=(0, 1))
+        return hook
+
+    def head_hook(i: int, o_proj: Any, head_dim: int) -> Any:
+        def hook(_mod: Any, args: tuple) -> None:
+            x = args[0].float()  # [B, T, H*d]
+            heads = x.shape[-1] // head_dim
+            x = x.reshape(-1, heads, head_dim)  # [N, H, d]
+            w = o_proj.weight.float().reshape(-1, heads, head_dim)  # [hidden, H, d]
+            contrib = torch.einsum("nhd,ohd->nho", x, w)  # [N, H, hidden]
+            stats.head_sq[i] = contrib.pow(2).sum(dim=(0, 2))
+        return hook
+
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_hook(block_hook(i), with_kwargs=True))
+        if width:
+            _check_llama_layer(layer)
+            attn = layer.self_attn
+            handles.append(layer.mlp.down_proj.register_forward_pre_hook(channel_hook(i)))
+            handles.append(attn.o_proj.register_forward_pre_hook(
+                head_hook(i, attn.o_proj, attn.head_dim)))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids.to(next(model.parameters()).device), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+def _magnitude_scores(layer: Any) -> tuple[Any, Any]:
+    """Weight-L2 importance: (heads [H], channels [I])."""
+    attn, mlp = layer.self_attn, layer.mlp
+    d = attn.head_dim
+    q = attn.q_proj.weight.float()  # [H*d, hidden]
+    o = attn.o_proj.weight.float()  # [hidden, H*d]
+    heads = q.shape[0] // d
+    head_sq = q.reshape(heads, d, -1).pow(2).sum(dim=(1, 2)) + o.reshape(
+        o.shape[0], heads, d).pow(2).sum(dim=(0, 2))
+    ch_sq = (mlp.gate_proj.weight.float().pow(2).sum(1) + mlp.up_proj.weight.float().pow(2).sum(1)
+             + mlp.down_proj.weight.float().pow(2).sum(0))
+    return head_sq.sqrt(), ch_sq.sqrt()
+
+
+def _activation_scores(layer: Any, stats: _Stats, i: int) -> tuple[Any, Any]:
+    """Activation-aware importance: per head ‖its contribution to o_proj's output‖,
+    per channel ‖a_j‖·‖W_down[:, j]‖ (the norm of the channel's rank-1 contribution)."""
+    down = layer.mlp.down_proj.weight.float()  # [hidden, I]
+    channels = stats.channel_sq[i].sqrt() * down.norm(dim=0)
+    return stats.head_sq[i].sqrt(), channels
+
+
+def _top(scores: Any, k: int) -> tuple[int, ...]:
+    """Indices of the k largest scores, ties to the lower index, returned ascending."""
+    order = sorted(range(len(scores)), key=lambda j: (-float(scores[j]), j))
+    return tuple(sorted(order[:k]))
+
+
+def _select_heads(head_scores: Any, base_heads: int, base_kv: int, heads: int,
+                  kv: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Keep the `kv` GQA groups with the largest summed head importance, then the
+    `heads // kv` most important query heads inside each kept group."""
+    group = base_heads // base_kv
+    group_scores = [float(sum(head_scores[g * group:(g + 1) * group])) for g in range(base_kv)]
+    kept_groups = _top(group_scores, kv)
+    per_group = heads // kv
+    kept: list[int] = []
+    for g in kept_groups:
+        local = _top([float(head_scores[g * group + j]) for j in range(group)], per_group)
+        kept += [g * group + j for j in local]
+    return tuple(kept), kept_groups
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _select_layers(options: PlanOptions, n: int, block_influence: Sequence[float] | None
+                   ) -> tuple[tuple[int, ...], str]:
+    if options.layers is not None:
+        return tuple(options.layers), "explicit"
+    k = n if options.num_layers is None else options.num_layers
+    if not 1 <= k <= n:
+        raise PlanError(f"num_layers: {k} (allowed: 1..{n})")
+    sel = options.layer_selection
+    if sel == "first":
+        return tuple(range(k)), sel
+    if sel == "even":
+        if k == 1:
+            return (0,), sel
+        return tuple(round(i * (n - 1) / (k - 1)) for i in range(k)), sel
+    if sel == "block_influence":
+        assert block_influence is not None
+        return _top(list(block_influence), k), sel
+    raise PlanError(f"layer_selection: {sel!r} (allowed: {', '.join(LAYER_SELECTIONS)})")
+
+
+def block_influence(model: Any, ids: torch.Tensor) -> list[float]:
+    """Block influence per layer, 1 − cos(layer input, layer output), mean over tokens of `ids` [B, T].
+
+    Measured with hooks on each decoder layer (not `output_hidden_states`, whose last
+    entry is taken after the final norm).
+    """
+    return _collect_stats(model, ids, width=False).block_influence
+
+
+def plan_pruning(model: Any, options: PlanOptions, calibration: Any = None, *,
+                 tokenizer: Any = None) -> PruningPlan:
+    """Measure importance on `model` and return the plan `options` asks for.
+
+    `calibration`: token ids `[B, T]`, or texts (with `tokenizer`), or None (the
+    shipped prompts, with `tokenizer`). Needed only for block influence and
+    activation importance.
+    """
+    base = base_architecture(model, options.base)
+    heads = options.num_attention_heads or base.num_attention_heads
+    kv = options.num_key_value_heads or base.num_key_value_heads
+    inter = options.intermediate_size or base.intermediate_size
+    prune_width = (heads, kv, inter) != (base.num_attention_heads, base.num_key_value_heads,
+                                         base.intermediate_size)
+    if options.importance not in IMPORTANCES:
+        raise PlanError(f"importance: {options.importance!r} (allowed: {', '.join(IMPORTANCES)})")
+    needs_data = (options.layers is None and options.layer_selection == "block_influence") or (
+        prune_width and options.importance == "activation")
+    stats = None
+    if needs_data:
+        ids = _calibration_tensor(calibration, tokenizer, options)
+        stats = _collect_stats(model, ids, width=prune_width and options.importance == "activation")
+        log.info("block influence: %s", [round(b, 3) for b in stats.block_influence])
+    layers, selection = _select_layers(options, base.num_hidden_layers,
+                                       stats.block_influence if stats else None)
+    plan = PruningPlan(
+        base=options.base or str(getattr(model.config, "name_or_path", "") or ""),
+        base_num_layers=base.num_hidden_layers, layers=layers, layer_selection=selection,
+        num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=inter,
+        importance=options.importance,
+    )
+    plan.validate(base)
+    if prune_width:
+        plan = _with_width_indices(plan, model, base, stats)
+        plan.validate(base)
+    return plan
+
+
+def _calibration_tensor(calibration: Any, tokenizer: Any, options: PlanOptions) -> torch.Tensor:
+    import torch
+
+    if isinstance(calibration, torch.Tensor):
+        return calibration
+    if tokenizer is None:
+        raise PlanError("calibration: block influence and activation importance need token ids "
+                        "or a tokenizer (allowed: a [B, T] id tensor, or texts with tokenizer=)")
+    return calibration_ids(tokenizer, calibration, sequences=options.calibration_sequences,
+                           seq_len=options.calibration_seq_len)
+
+
+def _with_width_indices(plan: PruningPlan, model: Any, base: Architecture,
+                        stats: _Stats | None) -> PruningPlan:
+    from dataclasses import replace
+
+    layers = _decoder(model).layers
+    kept_heads, kept_kv, kept_ch = [], [], []
+    for i in plan.layers:
+        _check_llama_layer(layers[i])
+        if plan.importance == "activation" and stats is not None:
+            head_scores, ch_scores = _activation_scores(layers[i], stats, i)
+        else:
+            head_scores, ch_scores = _magnitude_scores(layers[i])
+        h, g = _select_heads(head_scores.tolist(), base.num_attention_heads,
+                             base.num_key_value_heads, plan.num_attention_heads,
+                             plan.num_key_value_heads)
+        kept_heads.append(h)
+        kept_kv.append(g)
+        kept_ch.append(_top(ch_scores.tolist(), plan.intermediate_size))
+    return replace(plan, kept_heads=tuple(kept_heads), kept_kv_heads=tuple(kept_kv),
+                   kept_channels=tuple(kept_ch))
+
+
+# --------------------------------------------------------------------------- surgery
+
+
+def _leading(plan: PruningPlan, base: Architecture) -> tuple[Indices, Indices, Indices]:
+    """Kept indices per kept layer, filling `None` with the leading heads/groups/channels."""
+    k = plan.num_layers
+    group = base.num_attention_heads // base.num_key_value_heads
+    per_group = plan.num_attention_heads // plan.num_key_value_heads
+    kv = plan.kept_kv_heads or tuple(tuple(range(plan.num_key_value_heads)) for _ in range(k))
+    heads = plan.kept_heads or tuple(
+        tuple(g * group + j for g in row for j in range(per_group)) for row in kv)
+    ch = plan.kept_channels or tuple(tuple(range(plan.intermediate_size)) for _ in range(k))
+    return heads, kv, ch
+
+
+def _slice_linear(linear: Any, index: Any, dim: int) -> Any:
+    """A new nn.Linear keeping `index` rows (dim 0, output features) or columns (dim 1)."""
+    import torch
+
+    weight = linear.weight.detach().index_select(dim, index.to(linear.weight.device))
+    bias = linear.bias
+    if bias is not None and dim == 0:
+        bias = bias.detach().index_select(0, index.to(bias.device))
+    out = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
+                          device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(weight)
+        if bias is not None:
+            out.bias.copy_(bias)
+    return out
+
+
+def _rows(units: Sequence[int], size: int) -> torch.Tensor:
+    """Row indices of whole `size`-wide units (heads of head_dim rows)."""
+    import torch
+
+    return torch.tensor([u * size + r for u in units for r in range(size)], dtype=torch.long)
+
+
+def _slice_layer(layer: Any, heads: Sequence[int], kv: Sequence[int], channels: Sequence[int]) -> None:
+    import torch
+
+    attn, mlp = layer.self_attn, layer.mlp
+    d = attn.head_dim
+    attn.q_proj = _slice_linear(attn.q_proj, _rows(heads, d), 0)
+    attn.k_proj = _slice_linear(attn.k_proj, _rows(kv, d), 0)
+    attn.v_proj = _slice_linear(attn.v_proj, _rows(kv, d), 0)
+    attn.o_proj = _slice_linear(attn.o_proj, _rows(heads, d), 1)
+    attn.num_key_value_groups = len(heads) // len(kv)
+    for name, value in (("num_heads", len(heads)), ("num_key_value_heads", len(kv))):
+        if hasattr(attn, name):  # older transformers kept these on the module
+            setattr(attn, name, value)
+    ch = torch.tensor(list(channels), dtype=torch.long)
+    mlp.gate_proj = _slice_linear(mlp.gate_proj, ch, 0)
+    mlp.up_proj = _slice_linear(mlp.up_proj, ch, 0)
+    mlp.down_proj = _slice_linear(mlp.down_proj, ch, 1)
+    if hasattr(mlp, "intermediate_size"):
+        mlp.intermediate_size = len(channels)
+
+
+def apply_plan(model: Any, plan: PruningPlan, *, inplace: bool = False) -> Any:
+    """The drafter `plan` makes from `model`: kept layers sliced to the plan's widths.
+
+    Direct slicing of q/k/v/o and gate/up/down weights (whole KV groups, query heads
+    inside kept groups), layers re-indexed 0..k-1 (`self_attn.layer_idx`, for the KV
+    cache), and the config written from the real tensor shapes. The base is left
+    untouched unless `inplace`. Deterministic: same base + plan -> identical weights.
+    """
+    import torch
+
+    base = base_architecture(model)
+    plan.validate(base)
+    if plan.vocab_size not in (None, base.vocab_size):
+        raise PlanError(f"vocab_size: {plan.vocab_size} reduced vocabularies are not applied yet "
+                        f"(allowed: None or {base.vocab_size})")
+    inner = _decoder(model)
+    original = inner.layers
+    inner.layers = torch.nn.ModuleList([original[i] for i in plan.layers])
+    try:
+        drafter = model if inplace else _copy_model(model)
+    finally:
+        if not inplace:
+            inner.layers = original
+    width_changed = (plan.num_attention_heads, plan.num_key_value_heads, plan.intermediate_size) != (
+        base.num_attention_heads, base.num_key_value_heads, base.intermediate_size)
+    layers = _decoder(drafter).layers
+    if width_changed:
+        heads, kv, ch = _leading(plan, base)
+        for j, layer in enumerate(layers):
+            _check_llama_layer(layer)
+            _slice_layer(layer, heads[j], kv[j], ch[j])
+    for j, layer in enumerate(layers):
+        if hasattr(layer, "self_attn") and hasattr(layer.self_attn, "layer_idx"):
+            layer.self_attn.layer_idx = j
+    _write_config(drafter, plan)
+    return drafter
+
+
+def _copy_model(model: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(model)
+
+
+def _write_config(drafter: Any, plan: PruningPlan) -> None:
+    """Set the config from the tensor shapes of the kept layers (never from the plan's numbers)."""
+    config = drafter.config
+    layers = _decoder(drafter).layers
+    shapes = {_layer_shape(layer) for layer in layers}
+    if len(shapes) != 1:
+        raise PlanError(f"layers: kept layers have different widths {sorted(shapes)} "
+                        "(allowed: one width for all layers, LlamaConfig has no per-layer widths)")
+    head_dim, heads, kv, inter = shapes.pop()
+    layer_types = getattr(config, "layer_types", None)
+    if isinstance(layer_types, list | tuple) and len(layer_types) == plan.base_num_layers:
+        config.layer_types = [layer_types[i] for i in plan.layers]
+    config.num_hidden_layers = len(layers)
+    config.head_dim = head_dim
+    config.num_attention_heads = heads
+    config.num_key_value_heads = kv
+    config.intermediate_size = inter
+    for module in drafter.modules():  # submodules may hold their own config object
+        sub = getattr(module, "config", None)
+        if sub is not None and sub is not config and type(sub) is type(config):
+            module.config = config
+
+
+def _layer_shape(layer: Any) -> tuple[int, int, int, int]:
+    attn = layer.self_attn
+    d = attn.head_dim
+    return (d, attn.q_proj.out_features // d, attn.k_proj.out_features // d,
+            layer.mlp.down_proj.in_features)
+
+
 __all__ = [
-    "IMPORTANCES", "LAYER_SELECTIONS", "PlanOptions", "PruningPlan", "load_plan",
+    "IMPORTANCES", "LAYER_SELECTIONS", "PlanOptions", "PruningPlan", "apply_plan", "block_influence",
+    "calibration_ids", "calibration_texts", "load_plan", "plan_pruning",
 ]
