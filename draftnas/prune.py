@@ -214,13 +214,13 @@ def _width_problems(plan: PruningPlan, base: Architecture | None) -> list[str]:
         out.append(f"base_num_layers: {plan.base_num_layers} but the base has "
                    f"{base.num_hidden_layers} layers (allowed: {base.num_hidden_layers})")
     group = base.num_attention_heads // max(base.num_key_value_heads, 1)
-    if not 1 <= kv <= base.num_key_value_heads:
+    if kv > base.num_key_value_heads:
         out.append(f"num_key_value_heads: {kv} (allowed: 1..{base.num_key_value_heads})")
     if kv >= 1 and h % kv == 0 and not 1 <= h // kv <= group:
         allowed = [kv * q for q in range(1, group + 1)]
         out.append(f"num_attention_heads: {h} with {kv} KV heads needs {h // kv} query heads per "
                    f"GQA group but the base has {group} (allowed: {allowed})")
-    if not 1 <= inter <= base.intermediate_size:
+    if inter > base.intermediate_size:
         out.append(f"intermediate_size: {inter} (allowed: 1..{base.intermediate_size})")
     if plan.vocab_size is not None and not 1 <= plan.vocab_size <= base.vocab_size:
         out.append(f"vocab_size: {plan.vocab_size} (allowed: None or 1..{base.vocab_size})")
