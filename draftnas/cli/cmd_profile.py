@@ -1,0 +1,135 @@
+"""`draftnas profile`: measure this device's decoder latency and write a latency profile."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from draftnas.cli.app import app, console, err_console, fmt_params, print_json
+
+if TYPE_CHECKING:
+    from draftnas.latency import LatencyProfile
+
+
+@app.command()
+def profile(
+    device: str = typer.Option("cpu", "--device", "-d", help="cpu or cuda."),
+    dtype: str | None = typer.Option(None, "--dtype",
+                                     help="fp32 or bf16 on CPU (default fp32); fp16 or bf16 on CUDA "
+                                          "(default fp16)."),
+    mode: str = typer.Option("eager", "--mode",
+                             help="eager, or cuda-graph (decode step captured and replayed; CUDA only)."),
+    quick: bool = typer.Option(False, "--quick", help="Reduced grid: a few minutes on a 2-core CPU."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Profile JSON to write [default: draftnas-profile-DEVICE-DTYPE.json]."),
+    repeats: int | None = typer.Option(None, "--repeats", help="Timed repeats per configuration."),
+    threads: int | None = typer.Option(None, "--threads",
+                                       help="torch CPU threads [default: torch's default here]."),
+    no_extrapolation: bool = typer.Option(False, "--no-extrapolation-check",
+                                          help="Skip timing k layers vs the full model."),
+    report: bool = typer.Option(False, "--report",
+                                help="Print draft latency vs depth and width and save it as a PNG."),
+    report_png: Path | None = typer.Option(None, "--report-png",
+                                           help="PNG path for --report [default: next to --out]."),
+    from_file: Path | None = typer.Option(None, "--from",
+                                          help="Do not measure: load this profile (e.g. for --report)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the profile as JSON on stdout."),
+) -> None:
+    """Time decoder shapes (draft and verify steps) on this device and fit its latency model."""
+    from draftnas.latency import load_profile, save_profile
+    from draftnas.profile import ProfileOptions, measure_profile
+
+    if from_file is not None:
+        prof = load_profile(from_file)
+        path = from_file
+    else:
+        options = ProfileOptions(device=device, dtype=dtype, mode=mode, quick=quick, repeats=repeats,
+                                 threads=threads, extrapolation_check=not no_extrapolation).validate()
+        with _progress_bar() as (bar, task):
+            prof = measure_profile(options, progress=lambda done, total: bar.update(
+                task, completed=done, total=total))
+        prof = dataclasses.replace(prof, command=" ".join(["draftnas", *sys.argv[1:]]))
+        path = out or Path(f"draftnas-profile-{options.device}-{options.resolved_dtype()}"
+                           f"{'-graph' if mode == 'cuda-graph' else ''}.json")
+        save_profile(prof, path)
+    png = None
+    if report:
+        png = _report(prof, report_png or path.with_name(path.stem + "-report.png"), quiet=json_out)
+    if json_out:
+        print_json({"path": str(path), "report_png": str(png) if png else None, **prof.to_dict()})
+        return
+    _render_summary(prof, path)
+
+
+@contextlib.contextmanager
+def _progress_bar() -> Iterator[tuple[Progress, TaskID]]:
+    """A rich progress bar on stderr (stdout stays clean for --json)."""
+    with Progress(TextColumn("profiling"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
+                  transient=True) as bar:
+        yield bar, bar.add_task("profile", total=None)
+
+
+def _render_summary(prof: LatencyProfile, path: Path) -> None:
+    from draftnas.latency import heldout_errors
+
+    table = Table(show_header=False, title=f"Latency profile -> {path}")
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f}%"
+
+    rows = [("device", f"{prof.device_name} ({prof.device}, {prof.dtype}, {prof.mode})"),
+            ("kind", prof.kind), ("measurements", str(len(prof.measurements))),
+            ("training MAPE", pct(prof.train_mape)), ("held-out MAPE", pct(prof.heldout_mape))]
+    for shape, err in heldout_errors(prof).items():
+        rows.append((f"  held out: {shape}", pct(err)))
+    if prof.extrapolation is not None:
+        ex = prof.extrapolation
+        rows.append((f"extrapolation {ex.shape} from {'/'.join(map(str, ex.timed_layers))} layers",
+                     f"mean |err| {ex.mean_abs_error_pct:.1f}%, max {ex.max_abs_error_pct:.1f}%"))
+    if prof.wall_s is not None:
+        rows.append(("wall time", f"{prof.wall_s:.0f} s"))
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)
+    if prof.kind == "spec-sheet":
+        console.print(f"[yellow]{prof.notes}[/yellow]")
+
+
+def _report(prof: LatencyProfile, png: Path, quiet: bool) -> Path:
+    from draftnas.profile import depth_width_report, save_report_png
+
+    rep = depth_width_report(prof)
+    save_report_png(rep, png)
+    if quiet:
+        return png
+    table = Table(title=f"Draft latency at batch {rep.batch_size}, {rep.new_tokens} new token, "
+                        f"context {rep.context_tokens} ({rep.device_name}, {rep.dtype})")
+    for col in ("series", "shape", "layers", "hidden", "non-emb params", "measured ms", "IQR",
+                "model ms", "split"):
+        table.add_column(col, justify="left" if col in ("series", "shape", "split") else "right")
+    for r in rep.rows:
+        measured = "-" if r.measured_ms is None else f"{r.measured_ms:.2f}"
+        iqr = "-" if r.q1_ms is None else f"{r.q1_ms:.2f}-{r.q3_ms:.2f}"
+        table.add_row(r.series, r.shape, str(r.layers), str(r.hidden_size),
+                      fmt_params(r.non_embedding_params), measured, iqr, f"{r.predicted_ms:.2f}", r.split)
+    console.print(table)
+    console.print(f"Fitted: {rep.ms_per_layer_overhead:.3f} ms fixed per layer + "
+                  f"{rep.ms_per_million_layer_params:.3f} ms per million layer parameters (batch 1). "
+                  f"Plot: {png}")
+    return png

@@ -1,0 +1,491 @@
+"""Latency profiles and the per-device latency model. Pure python + numpy; no torch.
+
+A `LatencyProfile` is what `draftnas profile` writes: raw timings of decoder
+shapes on one device (or, for `kind="spec-sheet"`, none: coefficients derived
+from a data sheet), plus the coefficients of a roofline-shaped model fitted to
+them and that model's error on shapes held out of the fit.
+
+The model (all times in ms; b = bytes per weight, T = batch_size * new_tokens
+tokens in the forward pass, C = context_tokens, L layers, P parameters of one
+layer, N rows of the LM head, h hidden size, r the ridge point in FLOPs/byte):
+
+    T_ms = call + layer * L + token * T + layer_token * L * T
+         + gemm_mb    * L * max(P*b, 2*P*T / r) / 1e6        (weights read / matmul FLOPs, roofline)
+         + gemm_gflop * L * 2*P*T / 1e9                       (compute not hidden by the roofline)
+         + kv_mb      * L * max(KV bytes read, attention FLOPs / r) / 1e6
+         + head_mb    * max(N*h*b, 2*N*h*T / r) / 1e6         (final norm + LM head of N rows)
+         + head_gflop * 2*N*h*T / 1e9
+
+This is the roofline of Williams et al. (2009), "Roofline: an insightful visual
+performance model", with max(bytes / bandwidth, FLOPs / peak) per operator; with
+the spec-sheet coefficients (gemm_mb = kv_mb = head_mb = 1e9 / bandwidth,
+r = peak / bandwidth, overhead terms from a stated per-kernel cost) it is exactly
+that roofline plus launch overhead. For a measured device the coefficients are
+fitted by non-negative least squares on relative error (each row divided by its
+measured time), and `r` by a grid search on the training shapes only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftnas.errors import InvalidInputError, ProfileError
+from draftnas.record import Record
+from draftnas.registry import Architecture
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+KINDS = ("measured", "spec-sheet")
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+#: Coefficient names, in feature-column order (see the module docstring).
+MODEL_TERMS: tuple[str, ...] = (
+    "call", "layer", "token", "layer_token", "gemm_mb", "gemm_gflop",
+    "kv_mb", "head_mb", "head_gflop",
+)
+#: Extra column only head-only micro-benchmarks have (their own call overhead); never predicted.
+HEAD_CALL = "head_call"
+FIT_TERMS: tuple[str, ...] = (*MODEL_TERMS, HEAD_CALL)
+RIDGE = "ridge_flops_per_byte"
+RIDGE_GRID: tuple[float, ...] = tuple(float(x) for x in np.geomspace(0.25, 2048.0, 40))
+
+
+@dataclass(frozen=True)
+class Measurement(Record):
+    """One timed configuration: median and quartiles of `repeats` timed calls, in ms.
+
+    kind "model": a full forward of `shape` (embedding, layers, final norm, LM head of
+    `head_rows` = vocab rows) over `new_tokens` new tokens per sequence with a KV cache
+    of `context_tokens`. kind "head": final norm + LM head of `head_rows` rows only, on
+    [batch_size, new_tokens, hidden] activations. `split` is "train", "heldout" or
+    "extrapolation" (timings used only to check the k-layer extrapolation).
+    """
+
+    kind: str
+    shape: str
+    batch_size: int
+    new_tokens: int
+    context_tokens: int
+    head_rows: int
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    repeats: int
+    split: str = "train"
+
+
+@dataclass(frozen=True)
+class ExtrapolationPoint(Record):
+    batch_size: int
+    new_tokens: int
+    context_tokens: int
+    full_ms: float
+    extrapolated_ms: float
+    error_pct: float  # (extrapolated - full) / full * 100
+
+
+@dataclass(frozen=True)
+class ExtrapolationCheck(Record):
+    """Error of "time k layers, extrapolate fixed + L * per-layer" on a model that fits.
+
+    Two stacks of `timed_layers` (k1 < k2) layers give per_layer = (t2 - t1) / (k2 - k1)
+    and fixed = t1 - k1 * per_layer; the estimate for L layers is fixed + L * per_layer.
+    """
+
+    shape: str
+    full_layers: int
+    timed_layers: tuple[int, ...]
+    points: tuple[ExtrapolationPoint, ...]
+    mean_abs_error_pct: float
+    max_abs_error_pct: float
+
+
+@dataclass(frozen=True)
+class LatencyProfile(Record):
+    """A device's latency profile (schema-versioned JSON under `profiles/`)."""
+
+    schema_version: int
+    kind: str  # "measured" | "spec-sheet"
+    device: str  # "cpu" | "cuda"
+    device_name: str
+    dtype: str  # fp32 | fp16 | bf16
+    versions: dict[str, str]
+    measurements: tuple[Measurement, ...]
+    coefficients: dict[str, float]
+    heldout_mape: float | None
+    train_mape: float | None = None
+    mode: str = "eager"  # "eager" | "cuda-graph"
+    threads: int | None = None
+    shapes: tuple[Architecture, ...] = ()
+    heldout_shapes: tuple[str, ...] = ()
+    extrapolation: ExtrapolationCheck | None = None
+    created: str = ""
+    wall_s: float | None = None
+    command: str = ""
+    notes: str = ""
+    spec: dict[str, float] = field(default_factory=dict)
+    series: dict[str, tuple[str, ...]] = field(default_factory=dict)  # "depth"/"width" -> shape names
+
+
+# --------------------------------------------------------------------------- features
+
+
+def _terms(arch: Architecture, batch_size: int, new_tokens: int, context_tokens: int,
+           head_rows: int, dtype_bytes: int, ridge: float) -> tuple[float, ...]:
+    """Feature values in MODEL_TERMS order (units: 1, layers, tokens, MB, GFLOP)."""
+    layers = arch.num_hidden_layers
+    tokens = batch_size * new_tokens
+    layer_params = arch.layer_parameters()
+    gemm_flops = 2.0 * layer_params * tokens
+    kv_bytes = 2.0 * batch_size * (context_tokens + new_tokens) * arch.kv_dim * dtype_bytes
+    # QK^T and AV: 2 matmuls of [new, ctx+new] x head_dim per query head, 2 FLOPs per MAC
+    attn_flops = 4.0 * tokens * (context_tokens + new_tokens) * arch.q_dim
+    head_params = float(head_rows * arch.hidden_size)
+    head_flops = 2.0 * head_params * tokens
+    return (
+        1.0,
+        float(layers),
+        float(tokens),
+        float(layers * tokens),
+        layers * max(layer_params * dtype_bytes, gemm_flops / ridge) / 1e6,
+        layers * gemm_flops / 1e9,
+        layers * max(kv_bytes, attn_flops / ridge) / 1e6,
+        max(head_params * dtype_bytes, head_flops / ridge) / 1e6,
+        head_flops / 1e9,
+    )
+
+
+def _head_terms(hidden_size: int, head_rows: int, tokens: int, dtype_bytes: int,
+                ridge: float) -> tuple[float, ...]:
+    head_params = float(head_rows * hidden_size)
+    head_flops = 2.0 * head_params * tokens
+    zeros = (0.0,) * MODEL_TERMS.index("head_mb")
+    return (*zeros, max(head_params * dtype_bytes, head_flops / ridge) / 1e6, head_flops / 1e9)
+
+
+def feature_row(m: Measurement, shapes: dict[str, Architecture], dtype_bytes: int,
+                ridge: float) -> list[float]:
+    """Feature values of one measurement in FIT_TERMS order."""
+    arch = shapes.get(m.shape)
+    if arch is None:
+        raise InvalidInputError(f"measurement names shape {m.shape!r} that the profile does not list")
+    if m.kind == "head":
+        return [*_head_terms(arch.hidden_size, m.head_rows, m.batch_size * m.new_tokens,
+                             dtype_bytes, ridge), 1.0]
+    return [*_terms(arch, m.batch_size, m.new_tokens, m.context_tokens, m.head_rows,
+                    dtype_bytes, ridge), 0.0]
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+@dataclass(frozen=True)
+class FitResult(Record):
+    """Coefficients (ms per feature unit, plus the ridge point) and their errors in %."""
+
+    coefficients: dict[str, float]
+    train_mape: float
+    heldout_mape: float | None
+    n_train: int
+    n_heldout: int
+
+
+def _nnls_relative(rows: np.ndarray, times_ms: np.ndarray) -> np.ndarray:
+    """argmin_{c >= 0} sum_i ((rows_i . c - t_i) / t_i)^2, with column scaling for conditioning."""
+    from scipy.optimize import nnls
+
+    weighted = rows / times_ms[:, None]
+    scale = np.linalg.norm(weighted, axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(weighted / scale, np.ones(len(times_ms)), maxiter=5000)
+    return np.asarray(coef / scale)
+
+
+def _mape(rows: np.ndarray, coef: np.ndarray, times_ms: np.ndarray) -> float:
+    return float(np.mean(np.abs(rows @ coef - times_ms) / times_ms) * 100.0)
+
+
+def _design(measurements: Sequence[Measurement], shapes: dict[str, Architecture], dtype_bytes: int,
+            ridge: float) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.array([feature_row(m, shapes, dtype_bytes, ridge) for m in measurements], dtype=float)
+    return rows, np.array([m.median_ms for m in measurements], dtype=float)
+
+
+def fit_latency_model(measurements: Sequence[Measurement], shapes: Iterable[Architecture],
+                      dtype: str, ridge_grid: Sequence[float] = RIDGE_GRID) -> FitResult:
+    """Fit the coefficients on split=="train" rows; report MAPE (%) on split=="heldout" rows.
+
+    The ridge point r is chosen on the training rows only, so held-out shapes never
+    influence the fit. Held-out error is over "model" rows (whole drafter/target passes).
+    """
+    by_name = {a.name: a for a in shapes}
+    dtype_bytes = _dtype_bytes(dtype)
+    train = [m for m in measurements if m.split == "train"]
+    heldout = [m for m in measurements if m.split == "heldout" and m.kind == "model"]
+    if len(train) < len(FIT_TERMS):
+        raise InvalidInputError(
+            f"need at least {len(FIT_TERMS)} training measurements to fit, got {len(train)}")
+    best: tuple[float, float, np.ndarray] | None = None
+    for ridge in ridge_grid:
+        rows, times = _design(train, by_name, dtype_bytes, ridge)
+        coef = _nnls_relative(rows, times)
+        err = _mape(rows, coef, times)
+        if best is None or err < best[0] - 1e-9:
+            best = (err, ridge, coef)
+    assert best is not None
+    train_err, ridge, coef = best
+    coefficients = {name: float(c) for name, c in zip(FIT_TERMS, coef, strict=True)}
+    coefficients[RIDGE] = float(ridge)
+    heldout_err = None
+    if heldout:
+        rows, times = _design(heldout, by_name, dtype_bytes, ridge)
+        heldout_err = _mape(rows, coef, times)
+    return FitResult(coefficients=coefficients, train_mape=train_err, heldout_mape=heldout_err,
+                     n_train=len(train), n_heldout=len(heldout))
+
+
+def _dtype_bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise InvalidInputError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    return DTYPE_BYTES[dtype]
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+class LatencyModel:
+    """Predicts one forward pass's latency (ms) for any decoder shape on one device.
+
+    Pure python arithmetic (tens of thousands of predictions per second), so a search
+    can ask it for every candidate and every gamma.
+    """
+
+    def __init__(self, coefficients: dict[str, float], dtype: str, *, name: str = "") -> None:
+        missing = [t for t in (*MODEL_TERMS, RIDGE) if t not in coefficients]
+        if missing:
+            raise ProfileError(f"latency model {name or '?'}: coefficients miss {', '.join(missing)}")
+        self.name = name
+        self.dtype = dtype
+        self._dtype_bytes = _dtype_bytes(dtype)
+        self._ridge = float(coefficients[RIDGE])
+        self._coef = tuple(float(coefficients[t]) for t in MODEL_TERMS)
+
+    @classmethod
+    def from_profile(cls, profile: LatencyProfile) -> LatencyModel:
+        return cls(profile.coefficients, profile.dtype, name=profile.device_name)
+
+    def predict_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
+                   context_tokens: int = 128, head_vocab_size: int | None = None) -> float:
+        """Latency (ms) of one forward over `new_tokens` tokens per sequence at `batch_size`.
+
+        new_tokens=1 is a draft step, gamma+1 a verification; `context_tokens` is the KV
+        cache length before the step; `head_vocab_size` is the number of LM-head rows
+        (a reduced draft vocabulary), None for the full `arch.vocab_size`.
+        """
+        if batch_size < 1 or new_tokens < 1 or context_tokens < 0:
+            raise InvalidInputError(
+                f"batch_size and new_tokens must be >= 1 and context_tokens >= 0, got "
+                f"{batch_size}, {new_tokens}, {context_tokens}")
+        rows = arch.vocab_size if head_vocab_size is None else head_vocab_size
+        if rows < 1:
+            raise InvalidInputError(f"head_vocab_size must be >= 1, got {rows}")
+        terms = _terms(arch, batch_size, new_tokens, context_tokens, rows, self._dtype_bytes,
+                       self._ridge)
+        c = self._coef
+        return (c[0] * terms[0] + c[1] * terms[1] + c[2] * terms[2] + c[3] * terms[3]
+                + c[4] * terms[4] + c[5] * terms[5] + c[6] * terms[6] + c[7] * terms[7]
+                + c[8] * terms[8])
+
+    def breakdown_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
+                     context_tokens: int = 128, head_vocab_size: int | None = None) -> dict[str, float]:
+        """The prediction split by term (ms), e.g. to see how much is per-layer overhead."""
+        rows = arch.vocab_size if head_vocab_size is None else head_vocab_size
+        terms = _terms(arch, batch_size, new_tokens, context_tokens, rows, self._dtype_bytes,
+                       self._ridge)
+        return {name: c * t for name, c, t in zip(MODEL_TERMS, self._coef, terms, strict=True)}
+
+
+def heldout_errors(profile: LatencyProfile) -> dict[str, float]:
+    """Mean absolute percentage error of the profile's model on each held-out shape."""
+    model = LatencyModel.from_profile(profile)
+    shapes = {a.name: a for a in profile.shapes}
+    errors: dict[str, list[float]] = {}
+    for m in profile.measurements:
+        if m.split != "heldout" or m.kind != "model" or m.shape not in shapes:
+            continue
+        predicted = model.predict_ms(shapes[m.shape], batch_size=m.batch_size, new_tokens=m.new_tokens,
+                                     context_tokens=m.context_tokens, head_vocab_size=m.head_rows)
+        errors.setdefault(m.shape, []).append(abs(predicted - m.median_ms) / m.median_ms * 100.0)
+    return {name: float(np.mean(errs)) for name, errs in errors.items()}
+
+
+# --------------------------------------------------------------------------- files
+
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "schema_version": int, "kind": str, "device": str, "device_name": str, "dtype": str,
+    "versions": dict, "measurements": list, "coefficients": dict,
+    "heldout_mape": (int, float, type(None)),
+}
+_MEASUREMENT_FIELDS = ("kind", "shape", "batch_size", "new_tokens", "context_tokens", "head_rows",
+                       "median_ms", "q1_ms", "q3_ms", "repeats")
+
+
+def _schema_problems(data: Any) -> list[str]:
+    """Every schema problem of a decoded profile, as short phrases."""
+    if not isinstance(data, dict):
+        return [f"top level is a {type(data).__name__}, expected an object"]
+    problems = []
+    if "schema_version" in data and data["schema_version"] != SCHEMA_VERSION:
+        return [f"schema_version {data['schema_version']!r} is not supported (expected {SCHEMA_VERSION})"]
+    for key, tp in _REQUIRED.items():
+        if key not in data:
+            problems.append(f"missing field {key!r}")
+        elif not isinstance(data[key], tp) or isinstance(data[key], bool) and tp is int:
+            problems.append(f"field {key!r} has the wrong type ({type(data[key]).__name__})")
+    if problems:
+        return problems
+    if data["kind"] not in KINDS:
+        problems.append(f"kind {data['kind']!r} is not one of {', '.join(KINDS)}")
+    if data["dtype"] not in DTYPE_BYTES:
+        problems.append(f"dtype {data['dtype']!r} is not one of {', '.join(DTYPE_BYTES)}")
+    coefs = data["coefficients"]
+    missing = [t for t in (*MODEL_TERMS, RIDGE) if t not in coefs]
+    if missing:
+        problems.append(f"coefficients miss {', '.join(missing)}")
+    bad = [k for k, v in coefs.items() if not isinstance(v, int | float) or not math.isfinite(v) or v < 0]
+    if bad:
+        problems.append(f"coefficients {', '.join(bad)} are not finite non-negative numbers")
+    for i, m in enumerate(data["measurements"]):
+        lacking = [f for f in _MEASUREMENT_FIELDS if not isinstance(m, dict) or f not in m]
+        if lacking:
+            problems.append(f"measurements[{i}] misses {', '.join(lacking)}")
+            break
+    if data["kind"] == "measured" and not data["measurements"]:
+        problems.append("a measured profile has no measurements")
+    return problems
+
+
+def load_profile(path: str | os.PathLike[str]) -> LatencyProfile:
+    """Read and schema-check a profile; any problem is one `ProfileError` line naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ProfileError(f"latency profile {path} not found") from None
+    except OSError as exc:
+        raise ProfileError(f"latency profile {path} cannot be read: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(
+            f"latency profile {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    problems = _schema_problems(data)
+    if problems:
+        raise ProfileError(f"latency profile {path}: " + "; ".join(problems))
+    try:
+        return LatencyProfile.from_dict(data)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ProfileError(f"latency profile {path}: malformed ({exc})") from None
+
+
+def save_profile(profile: LatencyProfile, path: str | os.PathLike[str]) -> Path:
+    """Write a profile as indented JSON (creating parent folders); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+    return path
+
+
+def profiles_dir() -> Path:
+    """Shipped profiles: $DRAFTNAS_PROFILES, else `profiles/` next to the package."""
+    if env := os.environ.get("DRAFTNAS_PROFILES"):
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "profiles"
+
+
+#: Names accepted by `default_profile`, mapped to the shipped file.
+SHIPPED_PROFILES: dict[str, str] = {
+    "cpu": "cpu-2core-fp32.json",
+    "a100-80gb": "a100-80gb-spec.json",
+    "h100-sxm": "h100-sxm-spec.json",
+    "rtx-3090": "rtx-3090-spec.json",
+}
+
+
+def default_profile(device: str = "cpu") -> LatencyProfile:
+    """The shipped profile for `device` ("cpu", or a spec-sheet GPU: a100-80gb, h100-sxm, rtx-3090)."""
+    key = device.lower()
+    if key not in SHIPPED_PROFILES:
+        raise ProfileError(
+            f"no shipped latency profile for {device!r}; shipped: {', '.join(SHIPPED_PROFILES)} "
+            "(or measure one with `draftnas profile`)")
+    return load_profile(profiles_dir() / SHIPPED_PROFILES[key])
+
+
+# --------------------------------------------------------------------------- spec sheets
+
+
+@dataclass(frozen=True)
+class SpecSheet(Record):
+    """A GPU's data-sheet figures and the overheads assumed on top of them."""
+
+    name: str
+    memory_bandwidth_gb_s: float
+    peak_tflops: float  # dense fp16/bf16 tensor-core, fp32 accumulate
+    kernel_overhead_us: float = 4.0
+    kernels_per_layer: int = 12
+    call_overhead_us: float = 50.0
+    source: str = ""
+
+
+SPEC_SHEETS: dict[str, SpecSheet] = {
+    "a100-80gb": SpecSheet("NVIDIA A100-SXM4-80GB", 2039.0, 312.0,
+                           source="NVIDIA A100 datasheet: HBM2e 2,039 GB/s; FP16/BF16 tensor "
+                                  "312 TFLOPS dense"),
+    "h100-sxm": SpecSheet("NVIDIA H100-SXM5-80GB", 3350.0, 989.0,
+                          source="NVIDIA H100 datasheet: HBM3 3.35 TB/s; FP16/BF16 tensor "
+                                 "989 TFLOPS dense"),
+    "rtx-3090": SpecSheet("NVIDIA GeForce RTX 3090", 936.0, 71.0,
+                          source="NVIDIA Ampere GA102 whitepaper: GDDR6X 936 GB/s; FP16 tensor with "
+                                 "FP32 accumulate 71 TFLOPS dense"),
+}
+
+
+def spec_sheet_profile(key: str, dtype: str = "fp16") -> LatencyProfile:
+    """A `kind="spec-sheet"` profile: roofline from data-sheet figures, NOT measured."""
+    sheet = SPEC_SHEETS[key]
+    ms_per_mb = 1e6 / (sheet.memory_bandwidth_gb_s * 1e9) * 1e3
+    coefficients = {t: 0.0 for t in FIT_TERMS}
+    coefficients.update(
+        call=sheet.call_overhead_us / 1e3,
+        layer=sheet.kernel_overhead_us * sheet.kernels_per_layer / 1e3,
+        gemm_mb=ms_per_mb, kv_mb=ms_per_mb, head_mb=ms_per_mb,
+    )
+    coefficients[RIDGE] = sheet.peak_tflops * 1e12 / (sheet.memory_bandwidth_gb_s * 1e9)
+    notes = (
+        f"SPEC-SHEET ROOFLINE, NOT MEASURED. {sheet.source}. Each operator costs "
+        "max(bytes / bandwidth, FLOPs / peak) at 100% of the data-sheet figures, plus an assumed "
+        f"{sheet.kernel_overhead_us:g} us per kernel x {sheet.kernels_per_layer} kernels per layer and "
+        f"{sheet.call_overhead_us:g} us per forward call (CUDA-graph replay; eager PyTorch adds "
+        "Python launch overhead not modelled here). Real latencies are higher; use it to rank "
+        "shapes, and measure with `draftnas profile --device cuda` for absolute figures."
+    )
+    return LatencyProfile(
+        schema_version=SCHEMA_VERSION, kind="spec-sheet", device="cuda", device_name=sheet.name,
+        dtype=dtype, versions={}, measurements=(), coefficients=coefficients, heldout_mape=None,
+        mode="cuda-graph", notes=notes, command=f"draftnas.latency.spec_sheet_profile({key!r})", spec={
+            "memory_bandwidth_gb_s": sheet.memory_bandwidth_gb_s, "peak_tflops": sheet.peak_tflops,
+            "kernel_overhead_us": sheet.kernel_overhead_us,
+            "kernels_per_layer": float(sheet.kernels_per_layer),
+            "call_overhead_us": sheet.call_overhead_us},
+    )

@@ -1,0 +1,659 @@
+"""Measure decoder latency on this machine and fit a `LatencyProfile` (`draftnas profile`).
+
+LLaMA-family decoder stacks of a given `Architecture` are built with random
+weights (nothing is downloaded) and one forward pass is timed at the shapes
+speculative decoding uses: a draft step (1 new token) and a verification
+(gamma + 1 new tokens) at several batch sizes, on top of a KV cache holding
+`context_tokens` tokens. The cache is filled with random keys/values (a real
+prefill would cost more than all the timing) and cropped back after every call,
+so every repeat sees the same context. The LM head alone (final norm + N-row
+projection) is timed at a few N so a reduced draft vocabulary can be predicted.
+
+All configurations of one shape are timed round-robin (one call each per round),
+so a burst of background load spreads over all of them instead of skewing one.
+On CUDA, timings use CUDA events after a synchronize; in "cuda-graph" mode the
+decode step is captured once with a static cache and replayed, as serving
+engines do. torch and transformers are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftnas.errors import DeviceError, InvalidInputError
+from draftnas.latency import (
+    SCHEMA_VERSION,
+    ExtrapolationCheck,
+    ExtrapolationPoint,
+    LatencyModel,
+    LatencyProfile,
+    Measurement,
+    fit_latency_model,
+)
+from draftnas.record import Record
+from draftnas.registry import Architecture, get_architecture
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+Condition = tuple[int, int, int]  # (batch_size, new_tokens, context_tokens)
+
+DEVICES = ("cpu", "cuda")
+MODES = ("eager", "cuda-graph")
+DTYPES_BY_DEVICE = {"cpu": ("fp32", "bf16"), "cuda": ("fp16", "bf16")}
+DRAFT_CONDITION: Condition = (1, 1, 128)
+
+
+@dataclass(frozen=True)
+class ProfileOptions(Record):
+    """What to measure. `quick` is a reduced grid that takes a few minutes on a 2-core CPU."""
+
+    device: str = "cpu"
+    dtype: str | None = None  # None: fp32 on CPU, fp16 on CUDA
+    mode: str = "eager"  # "eager" | "cuda-graph" (CUDA only)
+    quick: bool = False
+    warmup: int = 2
+    repeats: int | None = None  # None: 9 quick, 15 full
+    seed: int = 0
+    extrapolation_check: bool = True
+    threads: int | None = None  # None: torch's default for this machine
+
+    def resolved_dtype(self) -> str:
+        return self.dtype or DTYPES_BY_DEVICE.get(self.device, ("fp32",))[0]
+
+    def resolved_repeats(self) -> int:
+        return self.repeats if self.repeats is not None else (9 if self.quick else 15)
+
+    def validate(self) -> ProfileOptions:
+        problems = []
+        if self.device not in DEVICES:
+            problems.append(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        elif self.resolved_dtype() not in DTYPES_BY_DEVICE[self.device]:
+            problems.append(f"dtype on {self.device} must be one of "
+                            f"{', '.join(DTYPES_BY_DEVICE[self.device])}, got {self.dtype!r}")
+        if self.mode not in MODES:
+            problems.append(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        elif self.mode == "cuda-graph" and self.device != "cuda":
+            problems.append("mode cuda-graph needs --device cuda")
+        if self.warmup < 0 or self.resolved_repeats() < 3:
+            problems.append("warmup must be >= 0 and repeats >= 3")
+        if problems:
+            raise InvalidInputError("; ".join(problems))
+        return self
+
+
+@dataclass(frozen=True)
+class ProfilePlan(Record):
+    """The shapes and conditions one profiling run times (pure data; see `plan_profile`)."""
+
+    shapes: tuple[Architecture, ...]
+    heldout: tuple[str, ...]
+    conditions: tuple[tuple[int, int, int], ...]
+    head_points: tuple[tuple[str, int, int], ...]  # (shape whose hidden size, head rows, tokens)
+    extrapolation_shape: Architecture | None
+    extrapolation_layers: tuple[int, ...]
+    extrapolation_conditions: tuple[tuple[int, int, int], ...]
+    series: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def _llama(name: str, layers: int, hidden: int, inter: int, heads: int, kv: int, vocab: int,
+           head_dim: int = 64, tied: bool = True) -> Architecture:
+    return Architecture(name=name, family="llama", num_hidden_layers=layers, hidden_size=hidden,
+                        intermediate_size=inter, num_attention_heads=heads, num_key_value_heads=kv,
+                        head_dim=head_dim, vocab_size=vocab, tie_word_embeddings=tied)
+
+
+def _cpu_plan(quick: bool) -> ProfilePlan:
+    # Depth series: SmolLM2-135M's layer (576 hidden, 9 q / 3 kv heads, MLP 1536), 1..16 layers.
+    depth = [_llama(f"depth-L{n}", n, 576, 1536, 9, 3, 49152) for n in (1, 2, 4, 8, 16)]
+    # Width series at 4 layers; 576 is depth-L4.
+    width = [_llama("width-h256", 4, 256, 704, 4, 2, 49152),
+             _llama("width-h384", 4, 384, 1024, 6, 2, 49152),
+             _llama("width-h768", 4, 768, 2048, 12, 4, 49152),
+             _llama("width-h960", 4, 960, 2560, 15, 5, 49152)]
+    mixed = [_llama("mix-2x1024-v32k", 2, 1024, 2816, 16, 8, 32000, tied=False),
+             _llama("mix-6x384-mha-v8k", 6, 384, 1536, 6, 6, 8192),
+             _llama("mix-12x256-v16k", 12, 256, 512, 4, 1, 16384),
+             _llama("mix-8x576-pruned", 8, 576, 768, 6, 2, 49152),
+             _llama("mix-3x640-hd256-v64k", 3, 640, 2048, 4, 1, 65536, head_dim=256)]
+    conditions: list[Condition] = [(1, 1, 128), (1, 1, 512), (1, 3, 128), (1, 5, 128), (1, 9, 128),
+                                   (4, 1, 128), (4, 5, 256), (16, 1, 128), (16, 3, 128), (64, 1, 128)]
+    if not quick:
+        conditions += [(1, 2, 128), (1, 4, 128), (1, 7, 128), (1, 1, 1024), (2, 1, 128), (8, 1, 128),
+                       (8, 5, 512), (32, 1, 128), (64, 2, 128), (1, 5, 1024)]
+    heads = tuple((s, rows, tokens) for s in ("depth-L1", "width-h960")
+                  for rows in ((4096, 16384, 49152) if quick else (2048, 8192, 16384, 32768, 49152))
+                  for tokens in (1, 5, 64))
+    return ProfilePlan(
+        shapes=tuple(depth + width + mixed),
+        heldout=("depth-L8", "width-h768", "mix-6x384-mha-v8k", "mix-8x576-pruned"),
+        conditions=tuple(conditions), head_points=heads,
+        extrapolation_shape=get_architecture("smollm2-360m"), extrapolation_layers=(4, 8),
+        extrapolation_conditions=((1, 1, 128), (1, 5, 128), (8, 1, 128)),
+        series={"depth": tuple(a.name for a in depth),
+                "width": ("width-h256", "width-h384", "depth-L4", "width-h768", "width-h960")},
+    )
+
+
+def _cuda_plan(quick: bool) -> ProfilePlan:
+    # LLaMA-7B's layer (the paper's drafters are LLaMA-7B cut to 1/3/5 layers).
+    depth = [_llama(f"depth-L{n}", n, 4096, 11008, 32, 32, 32000, 128, False) for n in (1, 2, 4, 8, 16)]
+    width = [_llama("width-h1024", 4, 1024, 2816, 8, 8, 32000, 128, False),
+             _llama("width-h2048", 4, 2048, 5504, 16, 16, 32000, 128, False),
+             _llama("width-h3072", 4, 3072, 8192, 24, 24, 32000, 128, False),
+             _llama("width-h5120", 4, 5120, 13824, 40, 40, 32000, 128, False)]
+    mixed = [_llama("mix-2x8192-gqa8", 2, 8192, 28672, 64, 8, 32000, 128, False),
+             _llama("mix-8x2048-v128k", 8, 2048, 8192, 16, 8, 128256, 128, False),
+             _llama("mix-24x1024", 24, 1024, 4096, 16, 4, 32000, 64, False),
+             _llama("mix-4x4096-pruned", 4, 4096, 5504, 16, 16, 32000, 128, False),
+             _llama("mix-6x3584-v152k", 6, 3584, 18944, 28, 4, 152064, 128, False)]
+    conditions: list[Condition] = [(1, 1, 128), (1, 1, 2048), (1, 3, 128), (1, 5, 128), (1, 9, 128),
+                                   (4, 1, 512), (4, 5, 512), (16, 1, 512), (16, 5, 512), (64, 1, 512),
+                                   (64, 9, 512)]
+    if not quick:
+        conditions += [(1, 2, 128), (1, 4, 128), (1, 7, 128), (2, 1, 128), (8, 1, 1024), (32, 1, 1024),
+                       (8, 9, 1024), (32, 5, 2048), (64, 3, 2048), (1, 1, 8192)]
+    heads = tuple((s, rows, tokens) for s in ("width-h2048", "depth-L1")
+                  for rows in (4096, 16384, 32000, 65536, 128256) for tokens in (1, 9, 64, 576))
+    return ProfilePlan(
+        shapes=tuple(depth + width + mixed),
+        heldout=("depth-L8", "width-h3072", "mix-24x1024", "mix-4x4096-pruned"),
+        conditions=tuple(conditions), head_points=heads,
+        extrapolation_shape=get_architecture("llama-7b"), extrapolation_layers=(4, 8),
+        extrapolation_conditions=((1, 1, 128), (1, 5, 128), (16, 1, 512), (16, 5, 512)),
+        series={"depth": tuple(a.name for a in depth),
+                "width": ("width-h1024", "width-h2048", "width-h3072", "depth-L4", "width-h5120")},
+    )
+
+
+def plan_profile(options: ProfileOptions) -> ProfilePlan:
+    """The measurement grid for a device: depth and width series, mixed shapes, held-out shapes."""
+    plan = _cuda_plan(options.quick) if options.device == "cuda" else _cpu_plan(options.quick)
+    if not options.extrapolation_check:
+        plan = dataclasses.replace(plan, extrapolation_shape=None)
+    return plan
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+class _Runtime:
+    """Device, dtype and a timer for one profiling run."""
+
+    def __init__(self, options: ProfileOptions) -> None:
+        import torch
+
+        self.torch = torch
+        self.options = options
+        self.cuda = options.device == "cuda"
+        if self.cuda and not torch.cuda.is_available():
+            raise DeviceError("--device cuda asked for, but torch sees no CUDA device here "
+                              f"(torch {torch.__version__}); use --device cpu")
+        if options.threads:
+            torch.set_num_threads(options.threads)
+        self.device = torch.device("cuda" if self.cuda else "cpu")
+        self.dtype = {"fp32": torch.float32, "fp16": torch.float16,
+                      "bf16": torch.bfloat16}[options.resolved_dtype()]
+        self.generator = torch.Generator(device="cpu").manual_seed(options.seed)
+
+    def randint(self, high: int, shape: tuple[int, ...]) -> Any:
+        return self.torch.randint(0, high, shape, generator=self.generator).to(self.device)
+
+    def randn(self, shape: tuple[int, ...]) -> Any:
+        t = self.torch.randn(shape, generator=self.generator, dtype=self.torch.float32)
+        return t.to(self.device, self.dtype)
+
+    def time_ms(self, fn: Callable[[], Any]) -> float:
+        """Wall time of fn() in ms; on CUDA between two events after a synchronize."""
+        torch = self.torch
+        if self.cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end))
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    def build(self, arch: Architecture) -> Any:
+        """A random-weight LlamaForCausalLM of `arch`'s shape on the device, in eval mode."""
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch = self.torch
+        config = LlamaConfig(
+            vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,
+            intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_hidden_layers,
+            num_attention_heads=arch.num_attention_heads, num_key_value_heads=arch.num_key_value_heads,
+            head_dim=arch.head_dim, tie_word_embeddings=arch.tie_word_embeddings,
+            max_position_embeddings=16384,
+        )
+        config._attn_implementation = "sdpa"
+        torch.manual_seed(self.options.seed)
+        with torch.device(self.device):
+            model = LlamaForCausalLM._from_config(config, dtype=self.dtype)
+        return model.eval()
+
+    def device_name(self) -> str:
+        if self.cuda:
+            return str(self.torch.cuda.get_device_name(self.device))
+        return f"{_cpu_model_name()} ({_cpu_count()} cores, {self.torch.get_num_threads()} threads)"
+
+
+def _cpu_model_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class _EagerStep:
+    """One decode/verify forward over a DynamicCache holding `context` random tokens."""
+
+    def __init__(self, rt: _Runtime, model: Any, arch: Architecture, cond: Condition, layers: int) -> None:
+        from transformers import DynamicCache
+
+        batch, new, context = cond
+        self.model, self.new_tokens, self.layers = model, new, layers
+        self.cache = DynamicCache()
+        kv_shape = (batch, arch.num_key_value_heads, context, arch.head_dim)
+        for i in range(layers):  # keys/values: [B, kv_heads, context, head_dim]
+            self.cache.update(rt.randn(kv_shape), rt.randn(kv_shape), i)
+        self.input_ids = rt.randint(arch.vocab_size, (batch, new))
+
+    def __call__(self) -> None:
+        self.model.config.num_hidden_layers = self.layers  # LlamaModel runs layers[:n]
+        self.model(input_ids=self.input_ids, past_key_values=self.cache, use_cache=True)
+
+    def reset(self) -> None:
+        self.cache.crop(-self.new_tokens)  # back to `context` tokens
+
+
+class _GraphStep:
+    """The same step captured as a CUDA graph over a StaticCache of context + new tokens.
+
+    The static cache's write position (a device tensor) is reset to `context` before
+    each replay, outside the timed region, so every replay overwrites the same slots.
+    """
+
+    def __init__(self, rt: _Runtime, model: Any, arch: Architecture, cond: Condition, layers: int) -> None:
+        from transformers import StaticCache
+
+        torch = rt.torch
+        batch, new, context = cond
+        self.context = context
+        model.config.num_hidden_layers = layers
+        self.cache = StaticCache(config=model.config, max_cache_len=context + new)
+        kv_shape = (batch, arch.num_key_value_heads, context, arch.head_dim)
+        for i in range(layers):
+            self.cache.update(rt.randn(kv_shape), rt.randn(kv_shape), i)
+        self.input_ids = rt.randint(arch.vocab_size, (batch, new))
+        self.position_ids = torch.arange(context, context + new, device=rt.device).unsqueeze(0)
+
+        def forward() -> Any:
+            return model(input_ids=self.input_ids, position_ids=self.position_ids,
+                         past_key_values=self.cache, use_cache=True).logits
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(stream):  # warm-up off the default stream, as capture requires
+                for _ in range(3):
+                    forward()
+                    self.reset()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = forward()
+        except RuntimeError as exc:
+            raise DeviceError(f"CUDA-graph capture of the decode step failed ({str(exc).splitlines()[0]}); "
+                              "use --mode eager") from None
+        self.reset()
+
+    def __call__(self) -> None:
+        self.graph.replay()
+
+    def reset(self) -> None:
+        for layer in self.cache.layers:
+            counter = getattr(layer, "cumulative_length", None)
+            if counter is not None and hasattr(counter, "fill_"):
+                counter.fill_(self.context)
+
+
+# --------------------------------------------------------------------------- timing
+
+
+@dataclass
+class _Job:
+    label: str
+    layers: int
+    cond: Condition
+    step: Any
+    times_ms: list[float] = field(default_factory=list)
+
+
+def _summary(times_ms: Sequence[float]) -> tuple[float, float, float]:
+    q1, med, q3 = np.percentile(np.asarray(times_ms), [25, 50, 75])
+    return float(med), float(q1), float(q3)
+
+
+def _run_round_robin(rt: _Runtime, jobs: list[_Job], warmup: int, repeats: int,
+                     tick: Callable[[], None]) -> None:
+    """Warm every job up, then time one call of each per round; `tick` after each round."""
+    torch = rt.torch
+    with torch.inference_mode():
+        for job in jobs:
+            for _ in range(warmup):
+                job.step()
+                job.step.reset()
+        tick()
+        for _ in range(repeats):
+            for job in jobs:
+                job.times_ms.append(rt.time_ms(job.step))
+                job.step.reset()
+            tick()
+
+
+def _step_class(rt: _Runtime) -> type:
+    return _GraphStep if rt.options.mode == "cuda-graph" else _EagerStep
+
+
+def measure_shape(rt: _Runtime, arch: Architecture, conditions: Sequence[Condition], split: str,
+                  tick: Callable[[], None]) -> list[Measurement]:
+    """Median/IQR latency of full forwards of `arch` at each condition."""
+    model = rt.build(arch)
+    step_cls = _step_class(rt)
+    layers = arch.num_hidden_layers
+    jobs = [_Job(arch.name, layers, c, step_cls(rt, model, arch, c, layers)) for c in conditions]
+    _run_round_robin(rt, jobs, rt.options.warmup, rt.options.resolved_repeats(), tick)
+    out = []
+    for job in jobs:
+        med, q1, q3 = _summary(job.times_ms)
+        b, n, ctx = job.cond
+        out.append(Measurement(kind="model", shape=arch.name, batch_size=b, new_tokens=n,
+                               context_tokens=ctx, head_rows=arch.vocab_size, median_ms=med,
+                               q1_ms=q1, q3_ms=q3, repeats=len(job.times_ms), split=split))
+    del model, jobs
+    return out
+
+
+class _HeadStep:
+    """Final RMSNorm + LM head of `rows` rows on [tokens, 1, hidden] activations."""
+
+    def __init__(self, rt: _Runtime, hidden: int, rows: int, tokens: int) -> None:
+        torch = rt.torch
+        with torch.device(rt.device):
+            self.norm = torch.nn.RMSNorm(hidden, eps=1e-5, dtype=rt.dtype)
+            self.head = torch.nn.Linear(hidden, rows, bias=False, dtype=rt.dtype)
+        self.x = rt.randn((tokens, 1, hidden))
+
+    def __call__(self) -> None:
+        self.head(self.norm(self.x))
+
+    def reset(self) -> None:
+        pass
+
+
+def measure_heads(rt: _Runtime, plan: ProfilePlan, tick: Callable[[], None]) -> list[Measurement]:
+    """LM-head cost as a function of its row count N (for reduced draft vocabularies)."""
+    shapes = {a.name: a for a in plan.shapes}
+    jobs = []
+    for shape, rows, tokens in plan.head_points:
+        hidden = shapes[shape].hidden_size
+        jobs.append(_Job(shape, 0, (tokens, 1, 0), _HeadStep(rt, hidden, rows, tokens)))
+    _run_round_robin(rt, jobs, rt.options.warmup, rt.options.resolved_repeats(), tick)
+    out = []
+    for job, (shape, rows, tokens) in zip(jobs, plan.head_points, strict=True):
+        med, q1, q3 = _summary(job.times_ms)
+        out.append(Measurement(kind="head", shape=shape, batch_size=tokens, new_tokens=1,
+                               context_tokens=0, head_rows=rows, median_ms=med, q1_ms=q1, q3_ms=q3,
+                               repeats=len(job.times_ms), split="train"))
+    return out
+
+
+def extrapolate_from_layers(times_ms: dict[int, float], layers: int) -> float:
+    """fixed + L * per_layer from timings of stacks with different layer counts (least squares)."""
+    ks = np.array(sorted(times_ms), dtype=float)
+    if len(ks) < 2:
+        raise InvalidInputError("extrapolation needs timings of at least two layer counts")
+    ts = np.array([times_ms[int(k)] for k in ks])
+    per_layer, fixed = np.polyfit(ks, ts, 1)
+    return float(fixed + layers * per_layer)
+
+
+def time_layer_stacks(rt: _Runtime, arch: Architecture, layer_counts: Sequence[int],
+                      conditions: Sequence[Condition], tick: Callable[[], None]
+                      ) -> dict[tuple[int, Condition], list[float]]:
+    """Timings of the first k layers of one random-weight `arch` model, for each k, interleaved.
+
+    For a target too big for the device, pass `arch` with num_hidden_layers = max(k): only
+    that many layers are built, and `extrapolate_from_layers` estimates the full depth.
+    """
+    model = rt.build(arch.with_shape(num_hidden_layers=max(layer_counts)))
+    step_cls = _step_class(rt)
+    jobs = [_Job(f"{arch.name}[:{k}]", k, c, step_cls(rt, model, arch, c, k))
+            for k in layer_counts for c in conditions]
+    _run_round_robin(rt, jobs, rt.options.warmup, rt.options.resolved_repeats(), tick)
+    return {(job.layers, job.cond): job.times_ms for job in jobs}
+
+
+def check_extrapolation(rt: _Runtime, plan: ProfilePlan, tick: Callable[[], None]
+                        ) -> tuple[ExtrapolationCheck, list[Measurement]]:
+    """Error of the k-layer extrapolation against the full model, on a model that fits."""
+    arch = plan.extrapolation_shape
+    assert arch is not None
+    full = arch.num_hidden_layers
+    counts = (*plan.extrapolation_layers, full)
+    timings = time_layer_stacks(rt, arch, counts, plan.extrapolation_conditions, tick)
+    points, measurements = [], []
+    for cond in plan.extrapolation_conditions:
+        medians = {k: _summary(timings[(k, cond)])[0] for k in counts}
+        estimate = extrapolate_from_layers({k: medians[k] for k in plan.extrapolation_layers}, full)
+        points.append(ExtrapolationPoint(
+            batch_size=cond[0], new_tokens=cond[1], context_tokens=cond[2], full_ms=medians[full],
+            extrapolated_ms=estimate, error_pct=(estimate - medians[full]) / medians[full] * 100.0))
+        for k in counts:
+            med, q1, q3 = _summary(timings[(k, cond)])
+            measurements.append(Measurement(
+                kind="model", shape=arch.name if k == full else f"{arch.name}[:{k}]",
+                batch_size=cond[0], new_tokens=cond[1], context_tokens=cond[2],
+                head_rows=arch.vocab_size, median_ms=med, q1_ms=q1, q3_ms=q3,
+                repeats=len(timings[(k, cond)]), split="extrapolation"))
+    errors = [abs(p.error_pct) for p in points]
+    check = ExtrapolationCheck(shape=arch.name, full_layers=full, timed_layers=plan.extrapolation_layers,
+                               points=tuple(points), mean_abs_error_pct=float(np.mean(errors)),
+                               max_abs_error_pct=float(np.max(errors)))
+    return check, measurements
+
+
+# --------------------------------------------------------------------------- the whole run
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("draftnas", "torch", "transformers", "numpy", "scipy"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "missing"
+    return out
+
+
+def count_ticks(plan: ProfilePlan, options: ProfileOptions) -> int:
+    """Progress units of a run: one per round (plus one for warm-up) per timed group."""
+    per_group = options.resolved_repeats() + 1
+    groups = len(plan.shapes) + (1 if plan.head_points else 0)
+    groups += 1 if plan.extrapolation_shape is not None else 0
+    return groups * per_group
+
+
+def _extrapolation_shapes(plan: ProfilePlan) -> tuple[Architecture, ...]:
+    arch = plan.extrapolation_shape
+    if arch is None:
+        return ()
+    return (arch, *(arch.with_shape(name=f"{arch.name}[:{k}]", num_hidden_layers=k)
+                    for k in plan.extrapolation_layers))
+
+
+def measure_profile(options: ProfileOptions, progress: Progress | None = None,
+                    plan: ProfilePlan | None = None) -> LatencyProfile:
+    """Time the plan's shapes on this device, fit the latency model, return the profile."""
+    options.validate()
+    started = time.perf_counter()
+    rt = _Runtime(options)
+    plan = plan or plan_profile(options)
+    total, done = count_ticks(plan, options), 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    measurements: list[Measurement] = []
+    heldout = set(plan.heldout)
+    for arch in plan.shapes:
+        log.info("timing %s", arch.name)
+        split = "heldout" if arch.name in heldout else "train"
+        measurements += measure_shape(rt, arch, plan.conditions, split, tick)
+    if plan.head_points:
+        measurements += measure_heads(rt, plan, tick)
+    extrapolation = None
+    if plan.extrapolation_shape is not None:
+        extrapolation, extra = check_extrapolation(rt, plan, tick)
+        measurements += extra
+    fit = fit_latency_model(measurements, plan.shapes, options.resolved_dtype())
+    return LatencyProfile(
+        schema_version=SCHEMA_VERSION, kind="measured", device=options.device,
+        device_name=rt.device_name(), dtype=options.resolved_dtype(), versions=_versions(),
+        measurements=tuple(measurements), coefficients=fit.coefficients,
+        heldout_mape=fit.heldout_mape, train_mape=fit.train_mape, mode=options.mode,
+        threads=rt.torch.get_num_threads(), shapes=(*plan.shapes, *_extrapolation_shapes(plan)),
+        heldout_shapes=plan.heldout, extrapolation=extrapolation,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        wall_s=round(time.perf_counter() - started, 1), notes=f"options: {options.to_dict()}",
+        series=plan.series,
+    )
+
+
+# --------------------------------------------------------------------------- depth vs width report
+
+
+@dataclass(frozen=True)
+class ReportRow(Record):
+    series: str  # "depth" | "width"
+    shape: str
+    layers: int
+    hidden_size: int
+    non_embedding_params: int
+    measured_ms: float | None
+    q1_ms: float | None
+    q3_ms: float | None
+    predicted_ms: float
+    split: str
+
+
+@dataclass(frozen=True)
+class DepthWidthReport(Record):
+    """Draft latency (batch 1, one new token) against depth and against width."""
+
+    device_name: str
+    dtype: str
+    batch_size: int
+    new_tokens: int
+    context_tokens: int
+    rows: tuple[ReportRow, ...]
+    ms_per_layer_overhead: float  # the fitted per-layer fixed cost
+    ms_per_million_layer_params: float  # the fitted marginal cost of layer weights at batch 1
+
+
+def depth_width_report(profile: LatencyProfile) -> DepthWidthReport:
+    """Measured and predicted draft latency along the profile's depth and width series."""
+    batch, new, context = DRAFT_CONDITION
+    model = LatencyModel.from_profile(profile)
+    shapes = {a.name: a for a in profile.shapes}
+    measured = {m.shape: m for m in profile.measurements if m.kind == "model"
+                and (m.batch_size, m.new_tokens, m.context_tokens) == DRAFT_CONDITION}
+    rows = []
+    for series, names in profile.series.items():
+        for name in names:
+            arch, m = shapes[name], measured.get(name)
+            rows.append(ReportRow(
+                series=series, shape=name, layers=arch.num_hidden_layers, hidden_size=arch.hidden_size,
+                non_embedding_params=arch.non_embedding_parameters(),
+                measured_ms=m.median_ms if m else None, q1_ms=m.q1_ms if m else None,
+                q3_ms=m.q3_ms if m else None,
+                predicted_ms=model.predict_ms(arch, batch_size=batch, new_tokens=new,
+                                              context_tokens=context),
+                split=m.split if m else "-"))
+    c = profile.coefficients
+    per_mparam = c["gemm_mb"] * _bytes(profile.dtype) + c["gemm_gflop"] * 2e-3
+    return DepthWidthReport(device_name=profile.device_name, dtype=profile.dtype, batch_size=batch,
+                            new_tokens=new, context_tokens=context, rows=tuple(rows),
+                            ms_per_layer_overhead=c["layer"] + c["layer_token"],
+                            ms_per_million_layer_params=per_mparam)
+
+
+def _bytes(dtype: str) -> int:
+    from draftnas.latency import DTYPE_BYTES
+
+    return DTYPE_BYTES[dtype]
+
+
+def save_report_png(report: DepthWidthReport, path: str | Path) -> Path:
+    """Two panels: draft latency vs layers (fixed width) and vs hidden size (fixed depth)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, series, key, label in ((axes[0], "depth", "layers", "layers (depth)"),
+                                   (axes[1], "width", "hidden_size", "hidden size (width)")):
+        rows = sorted((r for r in report.rows if r.series == series), key=lambda r: getattr(r, key))
+        xs = [getattr(r, key) for r in rows]
+        ax.plot(xs, [r.predicted_ms for r in rows], "-", color="tab:blue", label="latency model")
+        pts = [r for r in rows if r.measured_ms is not None]
+        err = [[(r.measured_ms or 0.0) - (r.q1_ms or 0.0) for r in pts],
+               [(r.q3_ms or 0.0) - (r.measured_ms or 0.0) for r in pts]]
+        ax.errorbar([getattr(r, key) for r in pts], [r.measured_ms for r in pts], yerr=err, fmt="o",
+                    color="tab:orange", capsize=3, label="measured (median, IQR)")
+        for r in pts:
+            if r.split == "heldout":
+                ax.annotate("held out", (getattr(r, key), r.measured_ms), fontsize=7,
+                            textcoords="offset points", xytext=(4, -10))
+        ax.set_xlabel(label)
+        ax.set_ylabel("draft latency (ms)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{report.device_name}, {report.dtype}: batch {report.batch_size}, "
+                 f"{report.new_tokens} new token, context {report.context_tokens}", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
