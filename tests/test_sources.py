@@ -57,16 +57,3 @@ def test_embedded_model_loads_and_generates(smollm2):
     assert out.shape[1] == ids.shape[1] + 4
     assert (smollm2.folder / "model.safetensors").is_file()
 
-
-def test_gemma_template_renders_turns():
-    from jinja2 import Template
-
-    from draftnas.sources import GEMMA3_CHAT_TEMPLATE
-
-    text = Template(GEMMA3_CHAT_TEMPLATE).render(
-        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                  {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Bye"}],
-        add_generation_prompt=True, bos_token="<bos>")
-    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
-                    "<start_of_turn>model\nHello<end_of_turn>\n"
-                    "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
