@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 
 from draftnas.cli import cmd_basic  # noqa: F401  (registers commands)
+from draftnas.cli import cmd_search  # noqa: F401
+from draftnas.cli import cmd_report  # noqa: F401
 from draftnas.cli import cmd_profile  # noqa: F401
 from draftnas.cli.app import app, err_console
 from draftnas.errors import DraftnasError

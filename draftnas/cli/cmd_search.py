@@ -1,0 +1,153 @@
+"""`draftnas search`: an Optuna study over drafter shapes, ranked by predicted throughput."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from draftnas.cli.app import app, console, err_console, fmt_params, print_json
+
+if TYPE_CHECKING:  # pragma: no cover
+    from draftnas.search import RankedTrial, SearchResult
+
+
+def ranked_table(result: SearchResult, top: int = 15) -> Table:
+    """The ranking as a rich table (best first); says when acceptance is assumed."""
+    info = result.info
+    assumed = info.acceptance_assumed
+    title = (f"study {result.study_name}: drafters for {info.target} from {info.base}, "
+             f"ranked by predicted tokens/s on {info.profile}")
+    if assumed:
+        title += f"\n[bold yellow]ACCEPTANCE ASSUMED ({info.acceptance_prior:g} per token), NOT MEASURED[/]"
+    table = Table(title=title, header_style="bold", title_justify="left")
+    acc_col = "assumed α / tok/step" if assumed else "top-1 / tok/step"
+    for col in ("#", "trial", "candidate", "layers x width", "params", "draft ms", "verify ms",
+                acc_col, "best γ", "tokens/s", "speedup"):
+        table.add_column(col, justify="left" if col in ("candidate", "layers x width") else "right")
+    for rank, r in enumerate(result.ranked[:top], start=1):
+        table.add_row(*_row(rank, r))
+    batches = result.ranked[0].latency.batch_sizes if result.ranked else ()
+    if len(batches) > 1:
+        table.caption = (f"ms and γ at the workload's main batch size; tokens/s and speedup over batch "
+                         f"sizes {', '.join(map(str, batches))} (weighted)")
+    return table
+
+
+def _row(rank: int, r: RankedTrial) -> list[str]:
+    p = r.primary
+    acc = f"{r.acceptance.acceptance_rate:.3f} / {p.tokens_per_step:.2f}"
+    trial = f"{r.number}" + (f" (=#{r.reused_from})" if r.reused_from is not None else "")
+    return [str(rank), trial, r.candidate.name, r.candidate.shape_label(),
+            fmt_params(r.candidate.arch.count_parameters()), f"{p.draft_ms:.3f}", f"{p.verify_ms:.3f}",
+            acc, str(p.gamma), f"{r.throughput.tokens_per_s:,.1f}", f"{r.throughput.speedup:.3f}x"]
+
+
+def summary_lines(result: SearchResult) -> list[str]:
+    c = result.counts
+    lines = [
+        f"trials: {c.get('COMPLETE', 0)} complete, {c.get('PRUNED', 0)} pruned "
+        f"({result.pruned_by_upper_bound} by the upper bound, {result.pruned_infeasible} infeasible), "
+        f"{c.get('FAIL', 0)} failed, {c.get('RUNNING', 0)} running; this process told "
+        f"{len(result.told_here)} in {result.wall_s:.1f} s",
+        f"storage: {result.storage}  (study {result.study_name})",
+    ]
+    if result.pruned_by_upper_bound:
+        what = "healing + acceptance estimates" if not result.info.acceptance_assumed else "evaluations"
+        lines.append(f"upper-bound pruning saved {result.pruned_by_upper_bound} {what} "
+                     "(acceptance 1 at their latency could not beat the best trial)")
+    if result.reused:
+        lines.append(f"{result.reused} trial(s) re-proposed an evaluated drafter and reused its evaluation")
+    if result.best is not None:
+        b = result.best
+        lines.append(f"best: trial {b.number} {b.candidate.name}: {b.throughput.tokens_per_s:,.1f} tokens/s, "
+                     f"{b.throughput.speedup:.3f}x plain decoding "
+                     f"({b.throughput.baseline_tokens_per_s:,.1f} tokens/s)")
+    if result.info.acceptance_assumed:
+        lines.append(f"NOTE: {result.info.note}; ranking reflects latency only.")
+    return lines
+
+
+def result_json(result: SearchResult) -> dict[str, Any]:
+    data = result.to_dict()
+    data["acceptance"] = "ASSUMED" if result.info.acceptance_assumed else "measured"
+    data["note"] = result.info.note
+    return data
+
+
+@app.command()
+def search(
+    target: str = typer.Option(..., "--target", "-t", help="Target model: registry name or weights."),
+    base: str | None = typer.Option(None, "--base", help="Base to prune drafters from (weights; "
+                                    "default: the space's base)."),
+    base_shape: str | None = typer.Option(None, "--base-shape", help="Registry name giving the base's "
+                                          "shape for a latency-only search (no weights)."),
+    space: str | None = typer.Option(None, "--space", help="Search space YAML or shipped name "
+                                     "(default: the shipped space for --target)."),
+    profile: str | None = typer.Option(None, "--profile", help="Latency profile JSON or shipped name "
+                                       "(default: the space's)."),
+    traces: str | None = typer.Option(None, "--traces", help="Target traces (draftnas trace); default: "
+                                      "built once into the run folder when the target has weights."),
+    trials: int = typer.Option(20, "--trials", "-n", help="Finished trials the study should hold."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Stop asking new trials after S s."),
+    storage: str | None = typer.Option(None, "--storage", help="sqlite:///F, postgresql://..., "
+                                       "journal:F (default: runs/<study>/study.db)."),
+    study: str | None = typer.Option(None, "--study", help="Study name (default from space/target)."),
+    sampler: str = typer.Option("tpe", "--sampler", help="tpe | nsga2 (latency vs acceptance "
+                                "Pareto front) | random."),
+    seed: int | None = typer.Option(0, "--seed", help="Sampler seed."),
+    acceptance_prior: float | None = typer.Option(None, "--acceptance-prior", help="Assume this "
+                                                  "per-token acceptance instead of measuring it."),
+    run_dir: str = typer.Option("runs", "--run-dir", help="Folder for studies' outputs."),
+    top: int = typer.Option(15, "--top", help="Rows in the ranked table."),
+    json_path: str | None = typer.Option(None, "--json", help="Write the result as JSON to PATH "
+                                         "('-' for stdout)."),
+) -> None:
+    """Search drafter depth/width for a target; rank by predicted speculative tokens/s."""
+    from draftnas.search import SearchRequest
+    from draftnas.search import search as run
+
+    request = SearchRequest(target=target, base=base, base_shape=base_shape, space=space, profile=profile,
+                            traces=traces, n_trials=trials, timeout_s=timeout, storage=storage,
+                            study_name=study, sampler=sampler, seed=seed,
+                            acceptance_prior=acceptance_prior, run_dir=run_dir)
+    signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
+    quiet = json_path == "-"
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, disable=quiet, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def on(name: str) -> Any:
+            def update(done: int, total: int) -> None:
+                if name not in tasks:
+                    tasks[name] = bar.add_task(name, total=total)
+                bar.update(tasks[name], completed=done, total=total)
+            return update
+
+        result = run(request, progress=on("trials"), trace_progress=on("tracing target"))
+    _render(result, top, json_path)
+    if result.interrupted:
+        err_console.print("[yellow]interrupted: the trial in flight was marked FAIL; re-run the same "
+                          "command to resume[/yellow]")
+        sys.exit(130)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _render(result: SearchResult, top: int, json_path: str | None) -> None:
+    if json_path == "-":
+        print_json(result_json(result))
+        return
+    if json_path:
+        Path(json_path).write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
+    console.print(ranked_table(result, top))
+    for line in summary_lines(result):
+        console.print(line, highlight=False, soft_wrap=True)
