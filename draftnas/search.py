@@ -18,6 +18,7 @@ the next run marks FAIL (same host: its process is gone; other hosts: heartbeat)
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import logging
@@ -630,9 +631,7 @@ def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) 
 
 
 def _one_trial(run: _Run, trials: Sequence[FrozenTrial]) -> None:
-    with _quiet():  # "heartbeat is supposed to be used with optimize": we beat ourselves
-        trial = run.study.ask(fixed_distributions=run.dists)
-    trial.set_user_attr("worker", _worker_id())
+    trial = _ask(run.study, run.dists)
     try:
         with _heartbeat(run.study, trial._trial_id):
             state, values = _evaluate_trial(run, trial, trials)
@@ -654,6 +653,24 @@ def _one_trial(run: _Run, trials: Sequence[FrozenTrial]) -> None:
     run.failures_in_a_row = 0
     run.study.tell(trial, values=values, state=state)
     run.told.append(trial.number)
+
+
+def _ask(study: optuna.Study, dists: dict[str, BaseDistribution]) -> optuna.Trial:
+    """`Study.ask`, but the trial is created already carrying its worker's identity.
+
+    One storage write creates the RUNNING trial together with `user_attrs["worker"]`, so a
+    process killed at any moment leaves no RUNNING trial that a resume cannot attribute.
+    """
+    now = datetime.datetime.now()
+    template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=now,
+                           datetime_complete=None, params={}, distributions={},
+                           user_attrs={"worker": _worker_id()}, system_attrs={}, intermediate_values={},
+                           trial_id=-1)
+    trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
+    trial = optuna.Trial(study, trial_id)
+    for name, dist in dists.items():
+        trial._suggest(name, dist)
+    return trial
 
 
 def _prune(trial: optuna.Trial, kind: str, reason: str,

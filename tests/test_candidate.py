@@ -1,0 +1,73 @@
+"""Candidates: width ratios become shapes in whole GQA groups; infeasible points are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftnas.candidate import (
+    Candidate,
+    CandidateChoice,
+    InfeasibleCandidateError,
+    build_candidate,
+    drafter_shape,
+)
+from draftnas.prune import PruningPlan
+from draftnas.registry import get_architecture
+from draftnas.space import load_search_space
+
+SMOL = get_architecture("smollm2-135m")  # 9 q heads, 3 KV heads (groups of 3), MLP 1536
+LLAMA7 = get_architecture("llama-7b")  # 32 heads, multi-head (32 KV heads), MLP 11008
+
+
+def test_smollm2_ratios_keep_whole_gqa_groups():
+    a = drafter_shape(SMOL, CandidateChoice(depth=4, kv_head_ratio=0.67, query_head_ratio=0.67,
+                                            mlp_ratio=0.5))
+    assert (a.num_hidden_layers, a.num_key_value_heads, a.num_attention_heads) == (4, 2, 4)
+    assert a.intermediate_size == 768 and a.hidden_size == 576 and a.head_dim == 64
+    assert a.num_attention_heads % a.num_key_value_heads == 0
+
+
+def test_llama_multi_head_and_hidden_rounding():
+    a = drafter_shape(LLAMA7, CandidateChoice(depth=3, kv_head_ratio=0.25, mlp_ratio=0.25,
+                                              hidden_ratio=0.75))
+    assert (a.num_attention_heads, a.num_key_value_heads) == (8, 8)
+    assert a.intermediate_size == 2752 and a.hidden_size == 3072
+    assert a.hidden_size % a.head_dim == 0
+
+
+def test_shape_plan_is_a_valid_pruning_plan_of_the_same_shape():
+    space = load_search_space("smollm2-135m")
+    for sel in ("first", "even"):
+        choice = CandidateChoice(depth=5, layer_selection=sel, kv_head_ratio=0.67, mlp_ratio=0.5)
+        cand = build_candidate(space, SMOL, "smollm2-135m", choice, target=SMOL)
+        assert cand.plan is not None
+        plan = PruningPlan.from_data(cand.plan)
+        shaped = plan.architecture(SMOL)
+        assert shaped.with_shape(name="") == cand.arch.with_shape(name="")
+    assert PruningPlan.from_data(cand.plan).layers == (0, 7, 14, 22, 29)
+
+
+def test_hidden_pruned_candidate_has_no_plan():
+    space = load_search_space("llama-65b-from-llama-7b")
+    cand = build_candidate(space, LLAMA7, "llama-7b", CandidateChoice(depth=2, hidden_ratio=0.5),
+                           target=get_architecture("llama-65b"))
+    assert cand.plan is None and cand.arch.hidden_size == 2048
+
+
+def test_infeasible_points_say_why():
+    space = load_search_space("smollm2-135m")
+    with pytest.raises(InfeasibleCandidateError, match="depth 31 outside 1..30"):
+        build_candidate(space, SMOL, "smollm2-135m", CandidateChoice(depth=31), target=SMOL)
+    with pytest.raises(InfeasibleCandidateError, match="not fewer than the target's"):
+        build_candidate(space, SMOL, "smollm2-135m", CandidateChoice(depth=30), target=SMOL)
+
+
+def test_from_params_fills_single_valued_knobs_and_round_trips():
+    space = load_search_space("llama-65b-from-llama-7b")
+    choice = CandidateChoice.from_params({"depth": 3, "mlp_ratio": 0.5}, space)
+    assert choice == CandidateChoice(depth=3, layer_selection="first", kv_head_ratio=1.0,
+                                     query_head_ratio=1.0, mlp_ratio=0.5, hidden_ratio=1.0)
+    cand = build_candidate(space, LLAMA7, "llama-7b", choice)
+    again = Candidate.from_dict(cand.to_dict())
+    assert again == cand and again.key == cand.key
+    assert cand.shape_label() == "3 x 4096 (q32/kv32, mlp 5504)"

@@ -1,0 +1,312 @@
+"""The search: scoring arithmetic, the Optuna loop, storage, resume after SIGKILL, workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from draftnas.candidate import Candidate
+from draftnas.errors import DraftnasError, InvalidInputError
+from draftnas.registry import get_architecture
+from draftnas.search import (
+    AcceptanceReading,
+    Evaluation,
+    LatencyReading,
+    PriorEvaluator,
+    SearchOptions,
+    assumed_acceptance,
+    load_results,
+    load_trial,
+    normalize_storage,
+    open_storage,
+    predict_workload,
+    run_search,
+)
+from draftnas.space import GammaRange, Workload, load_search_space, parse_search_space
+from draftnas.throughput import best_gamma, expected_tokens_per_step, predict_throughput
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOL = get_architecture("smollm2-135m")
+
+
+class StubLatency:
+    """FIELD-NOTES fit of SmolLM2 on this CPU: 0.3 ms + 0.31 ms/layer + 0.19 ms/M params + LM head."""
+
+    def predict_ms(self, arch, *, batch_size=1, new_tokens=1, context_tokens=128, head_vocab_size=None):
+        rows = head_vocab_size or arch.vocab_size
+        head = 4.3 * rows * arch.hidden_size / (49152 * 576)
+        base = 0.3 + 0.31 * arch.num_hidden_layers + 0.19 * arch.non_embedding_parameters() / 1e6 + head
+        return base * (1 + 0.04 * (batch_size * new_tokens - 1))
+
+
+class FakeMeasured:
+    """A 'measuring' evaluator: deeper drafters are accepted more (alpha = 1 - 0.6 / depth^0.5)."""
+
+    measured = True
+
+    def __init__(self, fail_when=None, interrupt_at=None, alpha=None):
+        self.alpha = alpha
+        self.calls: list[str] = []
+        self.fail_when = fail_when
+        self.interrupt_at = interrupt_at
+
+    def evaluate(self, candidate: Candidate) -> Evaluation:
+        self.calls.append(candidate.key)
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        if self.fail_when is not None and self.fail_when(candidate):
+            raise RuntimeError("flaky measurement")
+        alpha = self.alpha or 1 - 0.6 / candidate.arch.num_hidden_layers ** 0.5
+        tokens = {str(g): expected_tokens_per_step(alpha, g) for g in range(1, 9)}
+        return Evaluation(candidate, AcceptanceReading(kind="measured", acceptance_rate=alpha,
+                                                        tokens_per_step=tokens))
+
+
+def smol_options(tmp_path, n_trials=12, sampler="tpe", prior=None, study="t", storage=None, **kw):
+    return SearchOptions(target="smollm2-135m", target_arch=SMOL, base="smollm2-135m", base_arch=SMOL,
+                         space=load_search_space("smollm2-135m"), profile="stub", n_trials=n_trials,
+                         storage=storage or str(tmp_path / "study.db"), study_name=study, sampler=sampler,
+                         acceptance_prior=prior, run_dir=str(tmp_path), **kw)
+
+
+# ---------------------------------------------------------------- scoring arithmetic
+
+
+def _latency():
+    return LatencyReading(profile="hand", batch_sizes=(1, 8), context_tokens=128, draft_ms=(2.0, 3.0),
+                          target_ms=(20.0, 25.0),
+                          verify_ms=tuple(tuple(t + g for g in range(5)) for t in (20.0, 25.0)))
+
+
+def test_workload_is_the_weighted_harmonic_mean_at_each_batch_best_gamma():
+    workload = Workload(batch_sizes=(1, 8), batch_weights=(0.75, 0.25))
+    gamma = GammaRange(0, 4)
+    pred = predict_workload(_latency(), assumed_acceptance(0.8), workload, gamma)
+    b1 = best_gamma(acceptance_rate=0.8, draft_ms=2.0, target_ms=20.0, verify_ms=lambda g: 20.0 + g,
+                    max_gamma=4, batch_size=1)
+    b8 = best_gamma(acceptance_rate=0.8, draft_ms=3.0, target_ms=25.0, verify_ms=lambda g: 25.0 + g,
+                    max_gamma=4, batch_size=8)
+    assert pred.per_batch == (b1, b8)
+    assert pred.tokens_per_s == pytest.approx(1 / (0.75 / b1.tokens_per_s + 0.25 / b8.tokens_per_s))
+    baseline = 1 / (0.75 / (1000 / 20) + 0.25 / (8000 / 25))
+    assert pred.baseline_tokens_per_s == pytest.approx(baseline)
+    assert pred.speedup == pytest.approx(pred.tokens_per_s / baseline)
+    assert pred.acceptance_assumed
+
+
+def test_measured_tokens_per_step_pick_the_best_gamma_in_range():
+    # tokens/step saturates after gamma 2: gamma 2 is best at batch 1 (step 20+2+2*2 ms)
+    acc = AcceptanceReading(kind="measured", acceptance_rate=0.5,
+                            tokens_per_step={"1": 1.9, "2": 2.8, "3": 2.85, "4": 2.86})
+    workload = Workload(batch_sizes=(1,), batch_weights=(1.0,))
+    lat = _latency()
+    lat1 = LatencyReading(profile="hand", batch_sizes=(1,), context_tokens=128, draft_ms=(2.0,),
+                          target_ms=(20.0,), verify_ms=(lat.verify_ms[0],))
+    pred = predict_workload(lat1, acc, workload, GammaRange(1, 4))
+    expected = max((predict_throughput(gamma=g, draft_ms=2.0, target_ms=20.0, verify_ms=20.0 + g,
+                                       tokens_per_step=acc.tokens_per_step[str(g)]) for g in range(1, 5)),
+                   key=lambda e: e.tokens_per_s)
+    assert pred.per_batch[0] == expected and expected.gamma == 2
+    assert not pred.acceptance_assumed
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def test_latency_only_search_stores_records_and_ranks_from_storage(tmp_path):
+    result = run_search(smol_options(tmp_path, n_trials=15, prior=0.7), StubLatency(), PriorEvaluator(0.7))
+    assert result.counts.get("COMPLETE", 0) + result.counts.get("PRUNED", 0) == 15
+    assert result.info.acceptance_assumed and "ASSUMED" in result.info.note
+    speeds = [r.throughput.tokens_per_s for r in result.ranked]
+    assert speeds == sorted(speeds, reverse=True)
+    study = _load(normalize_storage(str(tmp_path / "study.db"), "t"), "t")
+    for t in study.get_trials(states=(TrialState.COMPLETE,)):
+        assert {"candidate", "plan", "latency", "acceptance", "throughput", "worker"} <= set(t.user_attrs)
+        json.dumps(t.user_attrs)  # JSON of records
+        assert t.values[0] == pytest.approx(t.user_attrs["throughput"]["tokens_per_s"])
+    again = load_results("t", str(tmp_path / "study.db"))
+    assert [r.number for r in again.ranked] == [r.number for r in result.ranked]
+    best = load_trial("t", str(tmp_path / "study.db"))
+    assert best == result.ranked[0] and best.acceptance.kind == "assumed"
+
+
+def test_upper_bound_prunes_without_evaluating(tmp_path):
+    evaluator = FakeMeasured(alpha=0.95)  # well accepted: deep drafters cannot catch up even at 1
+    options = smol_options(tmp_path, n_trials=30, sampler="random", seed=3)
+    result = run_search(options, StubLatency(), evaluator)
+    study = _load(normalize_storage(options.storage, "t"), "t")
+    pruned = [t for t in study.get_trials() if t.user_attrs.get("pruned_kind") == "upper_bound"]
+    assert result.pruned_by_upper_bound == len(pruned) > 0
+    best = max(t.values[0] for t in study.get_trials(states=(TrialState.COMPLETE,)))
+    for t in pruned:
+        assert t.user_attrs["upper_bound_tokens_per_s"] <= best
+        assert "cannot beat the best trial" in t.user_attrs["pruned_reason"]
+    evaluated = result.counts["COMPLETE"] - result.reused
+    assert len(evaluator.calls) == evaluated  # pruned and reused trials never reached the evaluator
+    assert len(set(evaluator.calls)) == len(evaluator.calls)
+
+
+def test_infeasible_candidates_are_pruned_with_the_reason(tmp_path):
+    space = parse_search_space({"schema_version": 1, "name": "deep", "target": "smollm2-135m",
+                                "base": "smollm2-135m", "depth": {"min": 28, "max": 30}})
+    options = smol_options(tmp_path, n_trials=6, prior=0.7, sampler="random")
+    options.space = space
+    result = run_search(options, StubLatency(), PriorEvaluator(0.7))
+    assert result.pruned_infeasible == 6 and not result.ranked
+    study = _load(normalize_storage(options.storage, "t"), "t")
+    reasons = {t.user_attrs["pruned_reason"] for t in study.get_trials()}
+    assert any("not fewer than the target's" in r for r in reasons)
+    assert any("drafter too slow" in r for r in reasons)
+
+
+def test_a_failing_evaluation_fails_one_trial_not_the_study(tmp_path):
+    evaluator = FakeMeasured(fail_when=lambda c: c.arch.num_hidden_layers == 1)
+    result = run_search(smol_options(tmp_path, n_trials=10, sampler="random", seed=1,
+                                     upper_bound_pruning=False), StubLatency(), evaluator)
+    assert result.counts.get("FAIL", 0) >= 1
+    assert result.counts["COMPLETE"] + result.counts.get("PRUNED", 0) == 10
+    with pytest.raises(DraftnasError, match="3 trials in a row failed; last: flaky"):
+        run_search(smol_options(tmp_path, study="always"), StubLatency(), FakeMeasured(lambda c: True))
+
+
+def test_ctrl_c_fails_the_trial_in_flight_and_a_rerun_resumes(tmp_path):
+    first = run_search(smol_options(tmp_path, n_trials=8, sampler="random", upper_bound_pruning=False),
+                       StubLatency(), FakeMeasured(interrupt_at=3))
+    assert first.interrupted and first.counts["FAIL"] == 1 and first.counts["COMPLETE"] == 2
+    study = _load(normalize_storage(str(tmp_path / "study.db"), "t"), "t")
+    failed = study.get_trials(states=(TrialState.FAIL,))[0]
+    assert failed.user_attrs["failed_reason"] == "interrupted (Ctrl-C)"
+    second = run_search(smol_options(tmp_path, n_trials=8, sampler="random", upper_bound_pruning=False),
+                        StubLatency(), FakeMeasured())
+    assert not second.interrupted
+    assert second.counts["COMPLETE"] + second.counts.get("PRUNED", 0) == 8
+
+
+def test_resuming_with_other_settings_is_refused(tmp_path):
+    run_search(smol_options(tmp_path, n_trials=2, prior=0.7), StubLatency(), PriorEvaluator(0.7))
+    with pytest.raises(InvalidInputError, match="made with a different acceptance_prior"):
+        run_search(smol_options(tmp_path, n_trials=2, prior=0.6), StubLatency(), PriorEvaluator(0.6))
+
+
+def test_nsga2_front_and_journal_storage(tmp_path):
+    options = smol_options(tmp_path, n_trials=16, sampler="nsga2", storage=f"journal:{tmp_path / 'j.log'}")
+    result = run_search(options, StubLatency(), FakeMeasured())
+    assert result.info.objectives == "latency,acceptance" and result.pruned_by_upper_bound == 0
+    by_number = {r.number: r for r in result.ranked}
+    front = [by_number[n] for n in result.pareto]
+    assert front
+    for f in front:  # nothing is faster and better accepted than a front point
+        assert not any(r.primary.draft_ms < f.primary.draft_ms
+                       and r.acceptance.acceptance_rate > f.acceptance.acceptance_rate for r in result.ranked)
+    assert load_results("t", f"journal:{tmp_path / 'j.log'}").pareto == result.pareto
+
+
+def test_storage_urls():
+    assert normalize_storage("x/study.db", "s").startswith("sqlite:///")
+    assert normalize_storage("x/j.log", "s").startswith("journal:")
+    assert normalize_storage("postgresql://u@h/db", "s") == "postgresql://u@h/db"
+    with pytest.raises(InvalidInputError, match="allowed: sqlite"):
+        normalize_storage("x/thing.txt", "s")
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "draftnas", "search", "--target", "llama-65b", "--base-shape", "llama-7b",
+            "--acceptance-prior", "0.7", *args]
+
+
+def _load(storage: str, study: str) -> optuna.Study:
+    return optuna.load_study(study_name=study, storage=open_storage(storage))
+
+
+def test_sigkill_then_rerun_loses_no_completed_trial(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'k.db'}"
+    args = ["--storage", storage, "--study", "k", "--seed", "1", "--json", str(tmp_path / "r.json")]
+    proc = subprocess.Popen(_cli("--trials", "100000", *args), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    completed = 0
+    while completed < 8 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.3)
+        with pytest.MonkeyPatch.context():
+            try:
+                completed = len(_load(storage, "k").get_trials(states=(TrialState.COMPLETE,)))
+            except KeyError:
+                completed = 0
+    assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {t.number: t.values[0] for t in _load(storage, "k").get_trials(states=(TrialState.COMPLETE,))}
+    in_flight = [t.number for t in _load(storage, "k").get_trials(states=(TrialState.RUNNING,))]
+    assert len(before) >= 8 and len(in_flight) <= 1
+    target = len(before) + 4
+    rerun = subprocess.run(_cli("--trials", str(target), *args), cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    study = _load(storage, "k")
+    after = {t.number: t for t in study.get_trials()}
+    for number, value in before.items():  # every completed trial survived, unchanged
+        assert after[number].state == TrialState.COMPLETE and after[number].values[0] == value
+    for number in in_flight:  # the trial in flight is marked FAIL on resume, with the reason
+        assert after[number].state == TrialState.FAIL
+        assert "died" in after[number].user_attrs["failed_reason"]
+    states = [t.state for t in after.values()]
+    assert TrialState.RUNNING not in states and states.count(TrialState.FAIL) == len(in_flight)
+    assert sum(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states) == target
+    assert json.loads((tmp_path / "r.json").read_text())["acceptance"] == "ASSUMED"
+
+
+def _concurrent_workers(tmp_path, storage: str, study: str, n_trials: int = 24) -> None:
+    procs = []
+    for i in range(2):
+        out = tmp_path / f"w{i}.json"
+        procs.append((out, subprocess.Popen(
+            _cli("--trials", str(n_trials), "--storage", storage, "--study", study, "--seed", str(i),
+                 "--json", str(out)), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True)))
+    told = []
+    for out, proc in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+        told.append(json.loads(out.read_text())["told_here"])
+    trials = _load(storage, study).get_trials()
+    numbers = sorted(t.number for t in trials)
+    assert numbers == list(range(len(trials)))  # none lost, none duplicated
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert n_trials <= len(trials) <= n_trials + 1  # at most one raced past the target
+    assert not set(told[0]) & set(told[1]) and sorted(told[0] + told[1]) == numbers
+    assert told[0] and told[1]  # both workers did work
+
+
+def test_two_workers_share_one_sqlite_study(tmp_path):
+    _concurrent_workers(tmp_path, f"sqlite:///{tmp_path / 'shared.db'}", "shared", n_trials=16)
+
+
+@pytest.mark.postgres
+def test_two_workers_share_one_postgres_study(tmp_path):
+    url = os.environ.get("DRAFTNAS_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("DRAFTNAS_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL server and sets it)")
+    _concurrent_workers(tmp_path, url, f"pg-{os.getpid()}-{int(time.time())}")
+
+
+def test_cli_without_weights_or_prior_says_what_to_pass_and_imports_stay_lazy():
+    out = subprocess.run([sys.executable, "-m", "draftnas", "search", "--target", "llama-65b", "--base-shape",
+                          "llama-7b"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--acceptance-prior" in lines[0] and "latency-only" in lines[0]
+    code = "import sys, draftnas.cli; print('optuna' in sys.modules, 'torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT).stdout.strip() == "False False"

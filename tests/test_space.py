@@ -1,0 +1,103 @@
+"""Search spaces: shipped files load, and validation reports every problem at once."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from draftnas.errors import SearchSpaceError
+from draftnas.registry import get_architecture
+from draftnas.space import default_space_for, load_search_space, parse_search_space, shipped_spaces
+
+GOOD = {
+    "schema_version": 1, "name": "t", "target": "smollm2-135m", "base": "smollm2-135m",
+    "depth": {"min": 1, "max": 4},
+    "layer_selection": ["first", "even"],
+    "width": {"kv_head_ratios": [1.0, 0.67], "mlp_ratios": [1.0, 0.5]},
+    "gamma": {"min": 0, "max": 6},
+    "workload": {"batch_sizes": {1: 3, 8: 1}, "temperature": 0.0},
+}
+
+
+def test_shipped_spaces_load_and_have_the_documented_shape():
+    assert {"smollm2-135m", "llama-65b-from-llama-7b"} <= set(shipped_spaces())
+    llama = load_search_space("llama-65b-from-llama-7b")
+    assert (llama.target, llama.base, llama.latency_only) == ("llama-65b", "llama-7b", True)
+    assert (llama.depth.min, llama.depth.max) == (1, 32)
+    assert llama.problems_for_base(get_architecture("llama-7b")) == []
+    small = load_search_space("smollm2-135m")
+    assert not small.latency_only and small.heal.steps > 0
+    assert small.problems_for_base(get_architecture("smollm2-135m")) == []
+
+
+def test_default_space_is_found_by_target():
+    assert default_space_for("llama-65b").name == "llama-65b-from-llama-7b"
+    with pytest.raises(SearchSpaceError, match="no shipped search space targets 'opt-125m'"):
+        default_space_for("opt-125m")
+
+
+def test_batch_weights_are_normalized_shares():
+    space = parse_search_space(GOOD)
+    assert space.workload.batch_sizes == (1, 8)
+    assert space.workload.batch_weights == pytest.approx((0.75, 0.25))
+    assert space.workload.primary_batch_size == 1
+    assert space.size() == 4 * 2 * 2 * 1 * 2 * 1
+
+
+def test_three_mistakes_are_all_reported():
+    bad = {**GOOD, "depth": {"min": 0, "max": 4}, "gamma": {"min": 0, "max": 40},
+           "width": {"mlp_ratios": [1.0, 1.5]}}
+    with pytest.raises(SearchSpaceError) as info:
+        parse_search_space(bad, source="bad.yaml")
+    msg = str(info.value)
+    assert "bad.yaml has 3 problems" in msg
+    assert "depth.min: 0 is out of range (allowed: an integer >= 1)" in msg
+    assert "gamma.max: 40 is out of range (allowed: an integer in 1..16)" in msg
+    assert "width.mlp_ratios[1]: 1.5 is out of range (allowed: a number in (0, 1])" in msg
+    assert "\n" not in msg
+
+
+def test_unknown_fields_and_bad_choices_name_the_allowed_values():
+    bad = {**GOOD, "dpeth": 3, "layer_selection": ["first", "random"], "schema_version": 2}
+    with pytest.raises(SearchSpaceError) as info:
+        parse_search_space(bad)
+    msg = str(info.value)
+    assert "dpeth: unknown field (allowed: schema_version, name" in msg
+    assert "layer_selection[1]: 'random' is not allowed (allowed: first, even, block_influence)" in msg
+    assert "schema_version: 2 is not supported (allowed: 1)" in msg
+
+
+def test_hidden_size_pruning_needs_a_latency_only_space():
+    bad = {**GOOD, "width": {"hidden_ratios": [1.0, 0.5]}}
+    with pytest.raises(SearchSpaceError, match="latency_only: true"):
+        parse_search_space(bad)
+    assert parse_search_space({**bad, "latency_only": True}).width.hidden_ratios == (1.0, 0.5)
+
+
+def test_missing_required_fields_and_non_mapping(tmp_path):
+    with pytest.raises(SearchSpaceError) as info:
+        parse_search_space({"schema_version": 1})
+    for field in ("name: is required", "target: is required", "base: is required", "depth: is required"):
+        assert field in str(info.value)
+    with pytest.raises(SearchSpaceError, match="must be a YAML mapping"):
+        parse_search_space([1, 2])
+    path = tmp_path / "broken.yaml"
+    path.write_text("depth: [1, 2\nname: x\n")
+    with pytest.raises(SearchSpaceError, match="not valid YAML at line"):
+        load_search_space(path)
+
+
+def test_space_file_round_trip(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    space = load_search_space(path)
+    assert space.source == str(path)
+    assert type(space).from_dict(space.to_dict()) == space
+    with pytest.raises(SearchSpaceError, match="no file and no shipped space"):
+        load_search_space(tmp_path / "nope.yaml")
+
+
+def test_depth_beyond_the_base_is_a_problem():
+    space = parse_search_space({**GOOD, "depth": {"min": 1, "max": 40}})
+    problems = space.problems_for_base(get_architecture("smollm2-135m"))
+    assert problems == ["depth.max: 40 but base smollm2-135m has 30 layers (allowed: 1..30)"]
