@@ -1,0 +1,467 @@
+"""Export: a drafter as a Hugging Face folder that serving engines load.
+
+The folder holds `config.json` (written by transformers from the model, whose config
+`apply_plan` set from the tensor shapes), `model.safetensors`, the tokenizer files,
+`generation_config.json` (assisted-generation settings for the drafter), a model card
+`README.md` and `draftnas.json` (candidate, plan, profile, estimates, seed, versions).
+
+It is written into a temporary folder next to the destination and renamed into place
+at the end, so a crash never leaves a half-written drafter; a non-empty destination is
+refused unless `force`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from draftnas.distill import HealOptions, HealResult
+from draftnas.errors import ExportError
+from draftnas.prune import PruningPlan, load_plan
+from draftnas.record import Record
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class ExportInfo(Record):
+    """What the exported folder records about where the drafter came from.
+
+    base: the spec pruned; target: the model it drafts for; gamma: draft tokens per
+    step the card and generation_config recommend. candidate / profile / estimates
+    (latency, acceptance, throughput) are the search's `to_dict()` records, as stored
+    in the Optuna trial; measured: figures measured at export (e.g. top-1 after healing).
+    """
+
+    base: str
+    target: str
+    plan: PruningPlan | None = None
+    candidate: dict[str, Any] | None = None
+    profile: dict[str, Any] | None = None
+    estimates: dict[str, Any] | None = None
+    heal: HealResult | None = None
+    measured: dict[str, Any] | None = None
+    source: str = ""
+    seed: int = 0
+    gamma: int = 4
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("draftnas", "torch", "transformers", "optuna", "safetensors"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "unknown"
+    return out
+
+
+def check_destination(out_dir: str | Path, force: bool) -> Path:
+    """The destination, refused (ExportError) when it is a file or a non-empty folder without force."""
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is not a folder; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ExportError(f"{out} is not empty; pass --force to replace it, or choose another --out")
+    return out
+
+
+def export_drafter(model: Any, tokenizer: Any, out_dir: str | Path, info: ExportInfo,
+                   force: bool = False) -> Path:
+    """Write `model` + `tokenizer` as a loadable HF folder at `out_dir` (atomically). Returns it."""
+    out = check_destination(out_dir, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        _write_folder(model, tokenizer, tmp, info)
+        _replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.info("exported drafter to %s", out)
+    return out
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Rename `tmp` to `out`; an existing `out` is moved aside first and removed after."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{time.time_ns()}")
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) -> None:
+    from draftnas.registry import Architecture
+
+    _set_generation_config(model, info.gamma)
+    model.save_pretrained(folder, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    arch = Architecture.from_hf_config(model.config, name=_drafter_name(info))
+    parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "created_unix_s": int(time.time()),
+        "architecture": arch.to_dict(),
+        "parameters": parameters,
+        **info.to_dict(),
+        "versions": _versions(),
+    }
+    (folder / "draftnas.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    (folder / "README.md").write_text(model_card(info, arch.to_dict(), parameters))
+
+
+def _set_generation_config(model: Any, gamma: int) -> None:
+    """Assisted-generation settings read from the drafter's generation_config by transformers:
+    a constant `gamma` draft tokens per step and no confidence cut-off, which is what the
+    search's estimates assume."""
+    gen = getattr(model, "generation_config", None)
+    if gen is None:
+        return
+    gen.num_assistant_tokens = int(gamma)
+    gen.num_assistant_tokens_schedule = "constant"
+    gen.assistant_confidence_threshold = 0.0
+
+
+def _drafter_name(info: ExportInfo) -> str:
+    label = info.plan.label() if info.plan else "drafter"
+    return f"{info.base}-{label}"
+
+
+# --------------------------------------------------------------------------- model card
+
+
+def model_card(info: ExportInfo, arch: dict[str, Any], parameters: int) -> str:
+    """README.md with YAML metadata (base_model, tags, target) and the plan and figures."""
+    name = _drafter_name(info)
+    front = [
+        "---",
+        "library_name: transformers",
+        f"base_model: {_yaml_str(info.base)}",
+        "tags:",
+        "- speculative-decoding",
+        "- draft-model",
+        "- draftnas",
+        "- pruned",
+        f"target_model: {_yaml_str(info.target)}",
+        "pipeline_tag: text-generation",
+        "---",
+        "",
+    ]
+    body = [
+        f"# {name}",
+        "",
+        f"A draft model for speculative decoding of **{info.target}**, cut from **{info.base}** by "
+        "[draftnas](https://github.com/) (search for the fastest drafter: latency first, then acceptance).",
+        "",
+        "## Shape",
+        "",
+        "| field | value |",
+        "|---|---|",
+        *[f"| {k} | {arch[k]} |" for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                           "num_key_value_heads", "head_dim", "intermediate_size",
+                                           "vocab_size")],
+        f"| parameters | {parameters:,} |",
+        "",
+        *_plan_section(info.plan),
+        *_figures_section(info),
+        *_usage_section(info),
+    ]
+    return "\n".join(front + body) + "\n"
+
+
+def _yaml_str(value: str) -> str:
+    return json.dumps(value)
+
+
+def _plan_section(plan: PruningPlan | None) -> list[str]:
+    if plan is None:
+        return []
+    return [
+        "## Pruning plan",
+        "",
+        f"- base layers kept ({plan.layer_selection}): {list(plan.layers)} of {plan.base_num_layers}",
+        f"- query heads {plan.num_attention_heads}, KV heads {plan.num_key_value_heads}, "
+        f"MLP channels {plan.intermediate_size} (importance: {plan.importance})",
+        "- the full plan (kept head, KV-group and channel indices per layer) is in `draftnas.json`; "
+        "`draftnas export --plan draftnas.json --base BASE` replays it bit-identically.",
+        "",
+    ]
+
+
+def _figures_section(info: ExportInfo) -> list[str]:
+    lines = ["## Figures", ""]
+    if info.heal is not None:
+        h = info.heal
+        lines += [
+            f"Healing: {h.steps} steps of distillation toward the target ({h.teacher} teacher), "
+            f"{h.train_s / 60:.1f} min on the export machine.",
+            "",
+            "| measured on held-out prompts | before healing | after healing |",
+            "|---|---|---|",
+            f"| top-1 agreement with the target | {h.top1_before:.3f} | {h.top1_after:.3f} |",
+            f"| greedy tokens per step (gamma={h.gamma}) | {h.tokens_per_step_before:.3f} | "
+            f"{h.tokens_per_step_after:.3f} |",
+            "",
+        ]
+    for title, data in (("Measured", info.measured), ("Predicted by the search", info.estimates)):
+        if data:
+            lines += [f"{title}:", "", "```json", json.dumps(data, indent=2, default=str)[:4000],
+                      "```", ""]
+    if len(lines) == 2:
+        lines += ["No figures were recorded for this export.", ""]
+    return lines
+
+
+def _usage_section(info: ExportInfo) -> list[str]:
+    g = info.gamma
+    return [
+        "## Use",
+        "",
+        "transformers (assisted generation; greedy output is identical to the target's own):",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f"target = AutoModelForCausalLM.from_pretrained({info.target!r})",
+        "drafter = AutoModelForCausalLM.from_pretrained(\"path/to/this/folder\")",
+        f"tokenizer = AutoTokenizer.from_pretrained({info.target!r})",
+        "inputs = tokenizer(\"Hello\", return_tensors=\"pt\")",
+        "out = target.generate(**inputs, assistant_model=drafter, do_sample=False, max_new_tokens=64)",
+        "```",
+        "",
+        f"`generation_config.json` sets `num_assistant_tokens={g}` with a constant schedule.",
+        "",
+        "vLLM:",
+        "",
+        "```python",
+        "from vllm import LLM",
+        f"llm = LLM(model={info.target!r}, speculative_config={{\"model\": \"path/to/this/folder\", "
+        f"\"num_speculative_tokens\": {g}}})",
+        "```",
+        "",
+        "Drafter and target must share one tokenizer (this drafter keeps the base's vocabulary).",
+        "",
+    ]
+
+
+# --------------------------------------------------------------------------- hub
+
+
+def push_to_hub(folder: str | Path, repo: str, *, private: bool = False) -> str:
+    """Upload an exported folder to the hub; ExportError (one line) when the machine is offline."""
+    from draftnas.sources import hub_reachable
+
+    if not hub_reachable():
+        raise ExportError(f"cannot push to {repo}: the model hub is unreachable from this machine "
+                          f"(offline or HF_HUB_OFFLINE set); the drafter is saved at {folder}, upload it "
+                          f"later with: huggingface-cli upload {repo} {folder}")
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        api.create_repo(repo, private=private, exist_ok=True)
+        api.upload_folder(repo_id=repo, folder_path=str(folder), commit_message="draftnas export")
+    except Exception as exc:  # noqa: BLE001 - hub errors vary (auth, network); one line for the CLI
+        raise ExportError(f"push to {repo} failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+    return f"https://huggingface.co/{repo}"
+
+
+# --------------------------------------------------------------------------- from a study or a plan file
+
+
+@dataclass(frozen=True)
+class TrialChoice(Record):
+    """The plan and records of one Optuna trial (written by `draftnas search`)."""
+
+    study: str
+    trial: int
+    plan: PruningPlan
+    candidate: dict[str, Any] | None = None
+    estimates: dict[str, Any] | None = None
+    profile: dict[str, Any] | None = None
+    target: str | None = None
+
+
+def _attr(value: Any) -> Any:
+    """User attrs are JSON values; a string holding JSON (older writers) is decoded."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def load_trial(study_name: str, storage: str, trial: int | None = None) -> TrialChoice:
+    """The trial's plan and records: trial number `trial`, else the best completed trial."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise ExportError(f"no study {study_name!r} in {storage}") from None
+    chosen = _pick_trial(study, trial)
+    attrs = chosen.user_attrs
+    if attrs.get("plan") is None:
+        raise ExportError(f"trial {chosen.number} of study {study_name!r} holds no pruning plan "
+                          "(user attr 'plan'; latency-only candidates cannot be exported)")
+    plan = PruningPlan.from_data(_attr(attrs["plan"]))
+    estimates = {k: _attr(attrs[k]) for k in ("latency", "acceptance", "throughput") if k in attrs}
+    info = _attr(study.user_attrs.get("draftnas")) or {}
+    return TrialChoice(
+        study=study_name, trial=chosen.number, plan=plan, candidate=_attr(attrs.get("candidate")),
+        estimates=estimates or None, profile=_profile_of(info),
+        target=info.get("target") if isinstance(info, dict) else None,
+    )
+
+
+def _profile_of(info: Any) -> dict[str, Any] | None:
+    if isinstance(info, dict) and info.get("profile") is not None:
+        profile = info["profile"]
+        return profile if isinstance(profile, dict) else {"name": profile}
+    return None
+
+
+def _pick_trial(study: Any, number: int | None) -> Any:
+    from optuna.trial import TrialState
+
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if number is not None:
+        for t in study.get_trials(deepcopy=False):
+            if t.number == number:
+                if t.state != TrialState.COMPLETE:
+                    raise ExportError(f"trial {number} is {t.state.name.lower()}, not complete "
+                                      f"(complete: {[c.number for c in complete][:20]})")
+                return t
+        raise ExportError(f"study has no trial {number} (complete: {[c.number for c in complete][:20]})")
+    if not complete:
+        raise ExportError("the study has no complete trial to export")
+    if len(study.directions) > 1:
+        front = [t.number for t in study.best_trials]
+        raise ExportError(f"multi-objective study: pass --trial N (Pareto front: {front})")
+    return study.best_trial
+
+
+@dataclass(frozen=True)
+class ExportRequest(Record):
+    """What `draftnas export` was asked: a study trial or a plan file, and where to write."""
+
+    out_dir: str
+    study: str | None = None
+    storage: str | None = None
+    trial: int | None = None
+    plan_file: str | None = None
+    base: str | None = None
+    target: str | None = None
+    traces: str | None = None
+    heal_steps: int = 0
+    heal: HealOptions | None = None
+    gamma: int | None = None
+    force: bool = False
+    push_to_hub: str | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ExportResult(Record):
+    out_dir: str
+    plan: PruningPlan
+    parameters: int
+    heal: HealResult | None = None
+    hub_url: str | None = None
+    source: str = ""
+
+
+def _resolve_plan(request: ExportRequest) -> tuple[PruningPlan, TrialChoice | None, str]:
+    if (request.study is None) == (request.plan_file is None):
+        raise ExportError("pass either --study NAME --storage URL [--trial N] or --plan FILE --base BASE")
+    if request.study is not None:
+        if not request.storage:
+            raise ExportError("--study needs --storage URL (e.g. sqlite:///draftnas.db)")
+        choice = load_trial(request.study, request.storage, request.trial)
+        return choice.plan, choice, f"study {request.study} trial {choice.trial}"
+    assert request.plan_file is not None
+    return load_plan(request.plan_file), None, f"plan {request.plan_file}"
+
+
+def _gamma(request: ExportRequest, choice: TrialChoice | None) -> int:
+    if request.gamma is not None:
+        return request.gamma
+    throughput = (choice.estimates or {}).get("throughput") if choice else None
+    if isinstance(throughput, dict):
+        for key in ("gamma", "best_gamma"):
+            if isinstance(throughput.get(key), int):
+                return int(throughput[key])
+    return 4
+
+
+def export_from_request(request: ExportRequest, *, progress: Progress | None = None,
+                        data_progress: Progress | None = None) -> ExportResult:
+    """Resolve the plan, prune the base's weights, heal (optional), export, push (optional)."""
+    from draftnas.distill import heal
+    from draftnas.prune import apply_plan
+    from draftnas.sources import load_model
+
+    check_destination(request.out_dir, request.force)  # fail before minutes of work
+    plan, choice, source = _resolve_plan(request)
+    base = request.base or plan.base
+    if not base:
+        raise ExportError("the plan names no base model; pass --base")
+    target = request.target or (choice.target if choice and choice.target else None) or base
+    loaded = load_model(base)
+    drafter = apply_plan(loaded.model, plan)
+    heal_result = None
+    if request.heal_steps > 0:
+        options = replace(request.heal or HealOptions(), steps=request.heal_steps, seed=request.seed)
+        teacher = _teacher(request, target, base, loaded)
+        checkpoint = Path(request.out_dir + ".heal-checkpoint")
+        heal_result = heal(drafter, teacher, options, tokenizer=loaded.tokenizer, checkpoint_dir=checkpoint,
+                           progress=progress, data_progress=data_progress)
+    drafter.eval()
+    info = ExportInfo(
+        base=base, target=target, plan=plan, candidate=choice.candidate if choice else None,
+        profile=choice.profile if choice else None, estimates=choice.estimates if choice else None,
+        heal=heal_result, source=source, seed=request.seed, gamma=_gamma(request, choice),
+        measured={"top1_agreement_after_healing": heal_result.top1_after} if heal_result else None,
+    )
+    out = export_drafter(drafter, loaded.tokenizer, request.out_dir, info, force=request.force)
+    if heal_result is not None:
+        shutil.rmtree(request.out_dir + ".heal-checkpoint", ignore_errors=True)
+    hub_url = push_to_hub(out, request.push_to_hub) if request.push_to_hub else None
+    parameters = sum(p.numel() for p in {id(p): p for p in drafter.parameters()}.values())
+    return ExportResult(out_dir=str(out), plan=plan, parameters=parameters, heal=heal_result,
+                        hub_url=hub_url, source=source)
+
+
+def _teacher(request: ExportRequest, target: str, base: str, loaded: Any) -> Any:
+    """Traces when given, else the live target (the already loaded base when they are the same)."""
+    if request.traces:
+        from draftnas.traces import load_traces
+
+        return load_traces(request.traces).select(temperature=0.0)
+    if target in (base, loaded.source.spec):
+        return loaded.model
+    from draftnas.sources import load_model
+
+    return load_model(target).model
+
+
+__all__ = [
+    "ExportInfo", "ExportRequest", "ExportResult", "TrialChoice", "check_destination", "export_drafter",
+    "export_from_request", "load_trial", "model_card", "push_to_hub",
+]
