@@ -645,8 +645,86 @@ def _result(drafter: Any, data: HealData, options: HealOptions, params: list, ru
     )
 
 
+# --------------------------------------------------------------------------- from specs (the CLI)
+
+
+@dataclass(frozen=True)
+class HealRequest(Record):
+    """What `draftnas heal` was asked: a drafter (plan + base, or a folder) and a teacher."""
+
+    plan_file: str | None = None
+    base: str | None = None
+    drafter: str | None = None
+    target: str | None = None
+    traces: str | None = None
+    options: HealOptions = field(default_factory=HealOptions)
+    checkpoint_dir: str | None = None
+    out_dir: str | None = None
+    force: bool = False
+
+
+def heal_from_request(request: HealRequest, *, progress: Progress | None = None,
+                      on_reading: Callable[[HealReading], None] | None = None,
+                      data_progress: Progress | None = None) -> HealResult:
+    """Build or load the drafter, load the teacher, heal, and (with `out_dir`) export the result."""
+    from draftnas.export import ExportInfo, check_destination, export_drafter
+    from draftnas.sources import load_model
+
+    if (request.plan_file is None) == (request.drafter is None):
+        raise InvalidInputError("pass either --plan FILE [--base BASE] or --drafter FOLDER")
+    if request.out_dir:
+        check_destination(request.out_dir, request.force)
+    drafter, tokenizer, plan, base, default_target = _drafter_from_request(request)
+    target = request.target or default_target
+    if request.traces:
+        from draftnas.traces import load_traces
+
+        teacher = load_traces(request.traces).select(temperature=0.0)
+    elif target == base and drafter.base_loaded is not None:
+        teacher = drafter.base_loaded.model
+    else:
+        teacher = load_model(target).model
+    result = heal(drafter.model, teacher, request.options, tokenizer=tokenizer,
+                  checkpoint_dir=request.checkpoint_dir, progress=progress, on_reading=on_reading,
+                  data_progress=data_progress)
+    if request.out_dir:
+        info = ExportInfo(base=base, target=target, plan=plan, heal=result, seed=request.options.seed,
+                          gamma=request.options.gamma, source="draftnas heal",
+                          measured={"top1_agreement_after_healing": result.top1_after})
+        export_drafter(drafter.model, tokenizer, request.out_dir, info, force=request.force)
+    return result
+
+
+@dataclass
+class _Drafter:
+    model: Any
+    base_loaded: Any
+
+
+def _drafter_from_request(request: HealRequest) -> tuple[_Drafter, Any, Any, str, str]:
+    """(drafter, tokenizer, plan or None, base spec, default target spec)."""
+    from draftnas.prune import PruningPlan, apply_plan, load_plan
+    from draftnas.sources import load_model
+
+    if request.plan_file is not None:
+        plan = load_plan(request.plan_file)
+        base = request.base or plan.base
+        if not base:
+            raise InvalidInputError("the plan names no base model; pass --base")
+        loaded = load_model(base)
+        drafter = _Drafter(apply_plan(loaded.model, plan), loaded)
+        return drafter, loaded.tokenizer, plan, base, base
+    assert request.drafter is not None
+    loaded = load_model(request.drafter)
+    meta_path = Path(request.drafter) / "draftnas.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    folder_plan = PruningPlan.from_data(meta["plan"]) if meta.get("plan") else None
+    base = str(meta.get("base") or request.drafter)
+    return _Drafter(loaded.model, None), loaded.tokenizer, folder_plan, base, str(meta.get("target") or base)
+
+
 __all__ = [
-    "HealData", "HealOptions", "HealReading", "HealResult", "HealSequence", "data_from_traces",
-    "generate_heal_data", "greedy_tokens_per_step", "heal", "kl_to_logits", "kl_to_topk",
+    "HealData", "HealOptions", "HealReading", "HealRequest", "HealResult", "HealSequence", "data_from_traces",
+    "generate_heal_data", "greedy_tokens_per_step", "heal", "heal_from_request", "kl_to_logits", "kl_to_topk",
     "measure_agreement", "trainable_parameters",
 ]

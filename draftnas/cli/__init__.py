@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 
 from draftnas.cli import cmd_basic  # noqa: F401  (registers commands)
+from draftnas.cli import cmd_heal  # noqa: F401
+from draftnas.cli import cmd_export  # noqa: F401
 from draftnas.cli import cmd_search  # noqa: F401
 from draftnas.cli import cmd_report  # noqa: F401
 from draftnas.cli import cmd_profile  # noqa: F401

@@ -1,0 +1,50 @@
+"""`draftnas export`: a search trial or a plan file as a Hugging Face drafter folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from draftnas.cli.app import app, console, fmt_params, print_json
+from draftnas.cli.cmd_heal import progress_bars, render_heal
+
+
+@app.command()
+def export(
+    out: Path = typer.Option(..., "--out", "-o", help="Folder to write (refused when not empty)."),
+    study: str | None = typer.Option(None, "--study", help="Optuna study name (with --storage)."),
+    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL, e.g. sqlite:///s.db."),
+    trial: int | None = typer.Option(None, "--trial", help="Trial number [default: the best]."),
+    plan: Path | None = typer.Option(None, "--plan", help="Pruning plan JSON instead of a study."),
+    base: str | None = typer.Option(None, "--base", help="Base model [default: the plan's]."),
+    target: str | None = typer.Option(None, "--target", help="Target it drafts for [default: the base]."),
+    traces: Path | None = typer.Option(None, "--traces", help="Heal toward these traces (no target)."),
+    heal_steps: int = typer.Option(0, "--heal-steps", help="Distillation steps before export (0: none)."),
+    gamma: int | None = typer.Option(None, "--gamma",
+                                     help="Draft tokens per step for generation_config [default: "
+                                          "the search's best, else 4]."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty --out folder."),
+    push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Upload to this hub repo (online)."),
+    seed: int = typer.Option(0, "--seed"),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Export a drafter (from a study trial or a plan) as a Hugging Face folder."""
+    from draftnas.export import ExportRequest, export_from_request
+
+    request = ExportRequest(out_dir=str(out), study=study, storage=storage, trial=trial,
+                            plan_file=str(plan) if plan else None, base=base, target=target,
+                            traces=str(traces) if traces else None, heal_steps=heal_steps, gamma=gamma,
+                            force=force, push_to_hub=push_to_hub, seed=seed)
+    with progress_bars(json_out) as on:
+        result = export_from_request(request, progress=on("healing"),
+                                     data_progress=on("target continuations"))
+    if json_out:
+        print_json(result.to_dict())
+        return
+    if result.heal is not None:
+        render_heal(result.heal)
+    console.print(f"exported [bold]{result.plan.label()}[/bold] ({fmt_params(result.parameters)} parameters, "
+                  f"from {result.source}) to [bold]{result.out_dir}[/bold]")
+    if result.hub_url:
+        console.print(f"pushed to {result.hub_url}")

@@ -1,0 +1,96 @@
+"""`draftnas heal`: distill a pruned drafter toward its target and report acceptance before/after."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from draftnas.cli.app import app, console, err_console, fmt_params, print_json
+
+if TYPE_CHECKING:
+    from draftnas.distill import HealResult
+
+
+@contextlib.contextmanager
+def progress_bars(quiet: bool) -> Iterator[Callable[[str], Callable[[int, int], None]]]:
+    """Rich progress bars on stderr, one per named phase (stdout stays clean for --json)."""
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=True, disable=quiet) as bar:
+        tasks: dict[str, Any] = {}
+
+        def on(name: str) -> Callable[[int, int], None]:
+            def update(done: int, total: int) -> None:
+                if name not in tasks:
+                    tasks[name] = bar.add_task(name, total=total)
+                bar.update(tasks[name], completed=done, total=total)
+            return update
+        yield on
+
+
+@app.command()
+def heal(
+    plan: Path | None = typer.Option(None, "--plan", help="Pruning plan JSON (or a draftnas.json)."),
+    base: str | None = typer.Option(None, "--base", help="Base model the plan prunes [default: the plan's]."),
+    drafter: Path | None = typer.Option(None, "--drafter", help="An exported drafter folder (not --plan)."),
+    target: str | None = typer.Option(None, "--target", help="Live teacher [default: the base]."),
+    traces: Path | None = typer.Option(None, "--traces",
+                                       help="Distill toward these traces' top-k (no target forward)."),
+    steps: int = typer.Option(150, "--steps", help="Optimizer steps."),
+    batch_size: int = typer.Option(4, "--batch-size", help="Sequences per step."),
+    lr: float = typer.Option(2e-3, "--lr", help="Peak AdamW learning rate (cosine schedule)."),
+    max_minutes: float | None = typer.Option(None, "--max-minutes", help="Stop after this much training."),
+    eval_every: int = typer.Option(25, "--eval-every", help="Steps between held-out readings (0: ends)."),
+    prompts: str = typer.Option("all", "--prompts", help="Prompt set for self-distillation data (live)."),
+    per_domain: int = typer.Option(10, "--per-domain", help="Prompts per domain for live data."),
+    max_new_tokens: int = typer.Option(96, "--max-new-tokens", help="Target continuation length (live)."),
+    train: str = typer.Option("layers", "--train", help="layers (kept layers + final norm) or all."),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint",
+                                           help="Folder for resumable state (rerun to resume)."),
+    out: Path | None = typer.Option(None, "--out", help="Export the healed drafter to this folder."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty --out folder."),
+    seed: int = typer.Option(0, "--seed"),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Heal a pruned drafter by distillation toward its target (top-1 agreement before/after)."""
+    from draftnas.distill import HealOptions, HealRequest, heal_from_request
+
+    options = HealOptions(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
+                          prompts=prompts, prompts_per_domain=per_domain, max_new_tokens=max_new_tokens,
+                          train=train, seed=seed,
+                          max_seconds=max_minutes * 60 if max_minutes is not None else None)
+    request = HealRequest(plan_file=str(plan) if plan else None, base=base,
+                          drafter=str(drafter) if drafter else None, target=target,
+                          traces=str(traces) if traces else None, options=options,
+                          checkpoint_dir=str(checkpoint) if checkpoint else None,
+                          out_dir=str(out) if out else None, force=force)
+    with progress_bars(json_out) as on:
+        result = heal_from_request(request, progress=on("healing"),
+                                   data_progress=on("target continuations"))
+    if json_out:
+        print_json(result.to_dict())
+        return
+    render_heal(result)
+    if out:
+        console.print(f"healed drafter exported to [bold]{out}[/bold]")
+
+
+def render_heal(result: HealResult) -> None:
+    table = Table(title=f"Healing ({result.teacher} teacher, {result.steps} steps, "
+                        f"{result.train_s / 60:.1f} min)", header_style="bold")
+    for col in ("step", "minutes", "loss", "top-1 agreement", f"tokens/step (g={result.gamma})"):
+        table.add_column(col, justify="right")
+    for r in result.readings:
+        table.add_row(str(r.step), f"{r.train_s / 60:.2f}", "-" if r.loss is None else f"{r.loss:.3f}",
+                      f"{r.top1_agreement:.3f}", f"{r.tokens_per_step:.3f}")
+    console.print(table)
+    console.print(f"top-1 {result.top1_before:.3f} -> {result.top1_after:.3f} "
+                  f"({result.top1_rise_per_minute:+.3f} per minute of training); held out: "
+                  f"{result.n_heldout_sequences} sequences, {result.n_heldout_positions} positions; "
+                  f"trained {fmt_params(result.trainable_parameters)} parameters"
+                  + (f"; resumed at step {result.resumed_from_step}" if result.resumed_from_step else ""))
