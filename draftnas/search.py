@@ -89,7 +89,8 @@ class AcceptanceReading(Record):
 
     Assumed: `acceptance_rate` is the user's prior alpha (i.i.d. per token).
     Measured: `tokens_per_step[str(gamma)]` from `estimate_acceptance`, `acceptance_rate`
-    its top-1 agreement; `estimate` and `heal` hold the full records.
+    its mean per-position acceptance (greedy: top-1 agreement); `estimate` and `heal` hold
+    the full records.
     """
 
     kind: str  # "measured" | "assumed"
@@ -930,7 +931,7 @@ class WeightsEvaluator:
                                        temperature=self.space.workload.temperature)
         arch = PruningPlan.from_data(plan.to_dict()).architecture(self.base_arch)
         reading = AcceptanceReading(
-            kind="measured", acceptance_rate=float(estimate.top1_agreement),
+            kind="measured", acceptance_rate=float(estimate.acceptance_rate),
             tokens_per_step={str(k): float(v) for k, v in estimate.tokens_per_step.items()},
             estimate=estimate.to_dict(), heal=heal_result.to_dict() if heal_result else None,
             evaluate_s=round(time.perf_counter() - started, 3))
