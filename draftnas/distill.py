@@ -525,7 +525,7 @@ def heal(
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
     live = not _is_traces(teacher)
-    if not live:
+    if not live and getattr(teacher, "metadata", None) is not None:
         _check_traces_vocab(drafter, teacher)
     data = _load_or_make_data(teacher, tokenizer, options, folder, data, data_progress)
     pad = _pad_id(tokenizer)
@@ -594,7 +594,7 @@ def _train(drafter: Any, target: Any, data: HealData, options: HealOptions, para
         run.step += 1
         run.train_s += time.perf_counter() - started
         run.trained_tokens += int(batch.positions.shape[0])
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         _after_step(drafter, data, options, params, optimizer, scheduler, run, folder, key, pad,
                     losses, progress, on_reading)
     drafter.eval()

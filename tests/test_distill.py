@@ -1,0 +1,207 @@
+"""Healing: losses, greedy replay, training on tiny models (live and trace teachers), resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftnas.distill import HealData, HealOptions, HealSequence, greedy_tokens_per_step
+from draftnas.errors import InvalidInputError
+
+
+def test_greedy_tokens_per_step_hand_computed():
+    # all agree, gamma 4, 10 tokens: steps advance 5, 5 -> 2 steps
+    assert greedy_tokens_per_step([True] * 10, 4) == (10.0, 2)
+    # none agree: one token per step
+    assert greedy_tokens_per_step([False] * 3, 4) == (3.0, 3)
+    # T T F T: step 1 accepts 2 and the target's token at position 2 -> pos 3; step 2 accepts 1 -> done
+    assert greedy_tokens_per_step([True, True, False, True], 4) == (4.0, 2)
+
+
+def test_kl_losses_match_definitions():
+    import torch
+
+    from draftnas.distill import kl_to_logits, kl_to_topk
+
+    torch.manual_seed(0)
+    d, t = torch.randn(5, 11), torch.randn(5, 11)
+    assert float(kl_to_logits(t, t)) == pytest.approx(0.0, abs=1e-6)
+    ref = torch.nn.functional.kl_div(torch.log_softmax(d, -1), torch.log_softmax(t, -1),
+                                     log_target=True, reduction="batchmean")
+    assert float(kl_to_logits(d, t)) == pytest.approx(float(ref), rel=1e-5)
+    # top-k with k = V and no leftover is the full KL
+    p = torch.softmax(t, -1)
+    probs, ids = p.sort(-1, descending=True)
+    full = kl_to_topk(d, ids, probs, torch.zeros(5))
+    assert float(full) == pytest.approx(float(ref), rel=1e-4)
+    # a drafter equal to the target scores ~0 on a truncated top-3 + leftover too
+    left = 1 - probs[:, :3].sum(-1)
+    assert float(kl_to_topk(t, ids[:, :3], probs[:, :3], left)) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_options_validate_every_problem():
+    with pytest.raises(InvalidInputError) as err:
+        HealOptions(steps=0, lr=2.0, train="some").validate()
+    message = str(err.value)
+    assert "steps" in message and "lr" in message and "train" in message
+
+
+# --------------------------------------------------------------------------- tiny models
+
+
+def _models(config):
+    import copy
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from draftnas.prune import PruningPlan, apply_plan
+
+    config = copy.deepcopy(config)
+    config.initializer_range = 0.2  # a target whose layers matter (0.02 makes every layer ~identity)
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(config).eval()
+    plan = PruningPlan(base="tiny", base_num_layers=4, layers=(0,), layer_selection="first",
+                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    return target, apply_plan(target, plan)
+
+
+def _data(target, n_train=12, n_held=4, prompt_len=4, seq_len=16, top_k=None, memorize=False) -> HealData:
+    """Random token sequences labelled by the target's own top-1 (and top-k) at each position
+    after the prompt. `memorize`: the held-out set is the training set (tests the machinery)."""
+    import torch
+
+    ids = torch.randint(3, 128, (n_train + n_held, seq_len), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        logits = target(ids).logits[:, prompt_len - 1:-1]  # [N, C, V]
+    probs = torch.softmax(logits, -1)
+    seqs = []
+    for i in range(len(ids)):
+        seq = HealSequence(ids[i].tolist(), prompt_len, logits[i].argmax(-1).tolist())
+        if top_k:
+            vals, top = probs[i].topk(top_k, -1)
+            seq.topk_ids, seq.topk_probs, seq.leftover = top, vals, 1 - vals.sum(-1)
+        seqs.append(seq)
+    train = seqs[:n_train]
+    return HealData(train=train, heldout=train if memorize else seqs[n_train:], source="test")
+
+
+def test_heal_live_teacher_raises_agreement(tiny_llama_config):
+    from draftnas.distill import heal
+
+    target, drafter = _models(tiny_llama_config)
+    data = _data(target, memorize=True)
+    options = HealOptions(steps=40, batch_size=4, lr=1e-2, eval_every=20, train="all", seed=0)
+    seen = []
+    result = heal(drafter, target, options, data=data, progress=lambda d, t: seen.append((d, t)))
+    assert result.teacher == "live" and result.steps == 40
+    assert result.top1_after > result.top1_before
+    assert [r.step for r in result.readings] == [0, 20, 40]
+    assert seen[-1] == (40, 40)
+    assert result.readings[-1].loss is not None and result.readings[-1].loss < 5
+
+
+def test_heal_trains_only_layers_by_default(tiny_llama_config):
+    import torch
+
+    from draftnas.distill import heal
+
+    target, drafter = _models(tiny_llama_config)
+    embed = drafter.get_input_embeddings().weight.clone()
+    layer = drafter.model.layers[0].mlp.up_proj.weight.clone()
+    result = heal(drafter, target, HealOptions(steps=3, batch_size=2, eval_every=0), data=_data(target, 4, 2))
+    assert torch.equal(drafter.get_input_embeddings().weight, embed)
+    assert not torch.equal(drafter.model.layers[0].mlp.up_proj.weight, layer)
+    per_layer = sum(p.numel() for p in drafter.model.layers.parameters())
+    assert result.trainable_parameters == per_layer + drafter.model.norm.weight.numel()
+
+
+def test_heal_topk_teacher(tiny_llama_config):
+    from draftnas.distill import heal
+
+    target, drafter = _models(tiny_llama_config)
+    data = _data(target, top_k=8, memorize=True)
+    traces_like = type("T", (), {"records": [], "metadata": None})()
+    result = heal(drafter, traces_like, HealOptions(steps=40, batch_size=4, lr=1e-2, eval_every=0,
+                                                    train="all"), data=data)
+    assert result.teacher == "traces"
+    assert result.top1_after > result.top1_before
+
+
+def test_interrupted_heal_resumes_to_the_same_weights(tiny_llama_config, tmp_path):
+    import torch
+
+    from draftnas.distill import heal
+
+    target, _ = _models(tiny_llama_config)
+    data = _data(target, 6, 2)
+    options = HealOptions(steps=8, batch_size=2, lr=5e-3, eval_every=0, checkpoint_every=2)
+
+    _, straight = _models(tiny_llama_config)
+    heal(straight, target, options, data=data)
+
+    class Stop(Exception):
+        pass
+
+    def interrupt(done: int, total: int) -> None:
+        if done == 5:
+            raise Stop
+
+    _, first = _models(tiny_llama_config)
+    with pytest.raises(Stop):
+        heal(first, target, options, data=data, checkpoint_dir=tmp_path, progress=interrupt)
+    _, second = _models(tiny_llama_config)  # a fresh process: un-healed weights, state from disk
+    result = heal(second, target, options, data=data, checkpoint_dir=tmp_path)
+    assert result.resumed_from_step == 4 and result.steps == 8
+    for a, b in zip(straight.parameters(), second.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_checkpoint_of_other_options_refused(tiny_llama_config, tmp_path):
+    from draftnas.distill import heal
+
+    target, drafter = _models(tiny_llama_config)
+    data = _data(target, 4, 2)
+    heal(drafter, target, HealOptions(steps=2, batch_size=2, eval_every=0), data=data,
+         checkpoint_dir=tmp_path)
+    with pytest.raises(InvalidInputError, match="fresh --checkpoint"):
+        heal(drafter, target, HealOptions(steps=3, batch_size=2, eval_every=0), data=data,
+             checkpoint_dir=tmp_path)
+
+
+def test_data_from_traces_splits_and_keeps_topk():
+    import torch
+
+    from draftnas.distill import data_from_traces
+
+    class Info:
+        def __init__(self, n):
+            self.continuation_len, self.prompt_len = n, 3
+
+    class Rec:
+        def __init__(self, i):
+            self.info = Info(4)
+            self.input_ids = torch.arange(7) + i
+            self.topk_ids = torch.arange(8).repeat(4, 1)
+            self.topk_probs = torch.full((4, 8), 0.1)
+            self.leftover = torch.full((4,), 0.2)
+
+    traces = type("T", (), {"records": [Rec(i) for i in range(10)], "metadata": None})()
+    data = data_from_traces(traces, HealOptions(heldout_every=5))
+    assert len(data.heldout) == 2 and len(data.train) == 8
+    assert data.train[0].top1 == [0, 0, 0, 0] and data.train[0].prompt_len == 3
+
+
+@pytest.mark.real_model
+def test_smollm2_first2_heals_on_live_target(smollm2):
+    """Real weights, a few steps on two short self-distilled continuations: agreement rises."""
+    from draftnas.distill import generate_heal_data, heal
+    from draftnas.prune import PruningPlan, apply_plan
+
+    plan = PruningPlan(base="smollm2-135m", base_num_layers=30, layers=(0, 1), layer_selection="first",
+                       num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
+    drafter = apply_plan(smollm2.model, plan)
+    options = HealOptions(steps=12, batch_size=2, lr=3e-3, eval_every=0, prompts="chat",
+                          prompts_per_domain=6, max_new_tokens=24, heldout_every=3)
+    data = generate_heal_data(smollm2.model, smollm2.tokenizer, options)
+    result = heal(drafter, smollm2.model, options, tokenizer=smollm2.tokenizer, data=data)
+    assert result.n_heldout_sequences == 2 and result.top1_after > result.top1_before
