@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from draftnas.cli import cmd_basic  # noqa: F401  (registers commands)
+from draftnas.cli import cmd_trace  # noqa: F401
 from draftnas.cli import cmd_heal  # noqa: F401
 from draftnas.cli import cmd_export  # noqa: F401
 from draftnas.cli import cmd_search  # noqa: F401

@@ -1,0 +1,153 @@
+"""Traces: generation (batched = unbatched), file round-trip, resume after interruption, identity checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from draftnas.errors import InvalidInputError, TraceError
+from draftnas.prompts import Prompt
+from draftnas.sources import LoadedModel, ModelSource
+from draftnas.traces import (
+    TraceOptions,
+    build_traces,
+    check_compatible,
+    decode_batch,
+    load_traces,
+    tokenizer_fingerprint,
+)
+
+
+class TinyTokenizer:
+    """Character-level stand-in: ids are code points mod 128 (no chat template)."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def __init__(self, shift: int = 0) -> None:
+        self.shift = shift
+
+    def get_vocab(self):
+        return {f"t{(i + self.shift) % 128}": i for i in range(128)}
+
+    def __call__(self, text):
+        return {"input_ids": [ord(c) % 128 for c in text]}
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tiny_llama_config):
+    from transformers import LlamaForCausalLM
+
+    config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2})
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = 5
+    return LoadedModel(model, TinyTokenizer(), ModelSource(spec="tiny", kind="folder", location="/tiny"),
+                       None, 0.0, True)
+
+
+PROMPTS = [Prompt(id=f"p{i}", domain="ab"[i % 2], text="hello draft " * (i + 1)) for i in range(6)]
+
+
+def test_batched_decoding_equals_one_prompt_at_a_time(tiny_target):
+    encoded = [[ord(c) % 128 for c in p.text] for p in PROMPTS]
+    kw = dict(temperature=0.0, max_new_tokens=12, top_k=4, eos_ids=[5])
+    together = decode_batch(tiny_target.model, encoded, **kw)
+    alone = [decode_batch(tiny_target.model, [e], **kw)[0] for e in encoded]
+    for a, b in zip(together, alone, strict=True):
+        assert a.continuation == b.continuation
+        assert torch.allclose(a.topk_probs, b.topk_probs, atol=1e-5)
+        assert a.continuation[0] == int(a.topk_ids[0, 0])  # greedy picks the top-1
+        assert (a.leftover >= 0).all() and (a.leftover <= 1).all()
+
+
+def test_round_trip_metadata_and_records(tiny_target, tmp_path):
+    options = TraceOptions(max_new_tokens=10, temperatures=(0.0, 0.8), top_k=6, seed=3, batch_size=4)
+    path = build_traces(tiny_target, PROMPTS, options, tmp_path / "t.safetensors", prompt_set="tiny-set")
+    traces = load_traces(path)
+    meta = traces.metadata
+    assert (meta.target, meta.vocab_size, meta.top_k, meta.seed) == ("tiny", 128, 6, 3)
+    assert meta.temperatures == (0.0, 0.8) and meta.n_records == 12 == len(traces)
+    assert meta.tokenizer_fingerprint == tokenizer_fingerprint(TinyTokenizer())
+    assert meta.n_tokens == traces.n_tokens > 0
+    assert traces.temperatures == (0.0, 0.8) and set(traces.domains) == {"a", "b"}
+    for rec in traces.records:
+        c = rec.info.continuation_len
+        assert rec.topk_ids.shape == (c, 6) == rec.topk_probs.shape and rec.leftover.shape == (c,)
+        assert torch.allclose(rec.topk_probs.sum(-1) + rec.leftover, torch.ones(c), atol=2e-3)
+        assert rec.input_ids.tolist() == rec.prompt_ids.tolist() + rec.continuation_ids.tolist()
+    assert len(traces.select(temperature=0.8)) == 6 and len(traces.select(domains=["a"])) == 6
+    with pytest.raises(TraceError, match="no records at temperature 0.5"):
+        traces.select(temperature=0.5)
+    assert not (tmp_path / "t.safetensors.partial").exists()
+
+
+def test_sampled_traces_are_seeded(tiny_target, tmp_path):
+    options = TraceOptions(max_new_tokens=10, temperatures=(1.0,), top_k=4, seed=1)
+    a = load_traces(build_traces(tiny_target, PROMPTS, options, tmp_path / "a.safetensors"))
+    b = load_traces(build_traces(tiny_target, PROMPTS, options, tmp_path / "b.safetensors"))
+    c = load_traces(build_traces(tiny_target, PROMPTS, TraceOptions(
+        max_new_tokens=10, temperatures=(1.0,), top_k=4, seed=2), tmp_path / "c.safetensors"))
+    seqs = [[r.continuation_ids.tolist() for r in t.records] for t in (a, b, c)]
+    assert seqs[0] == seqs[1] and seqs[0] != seqs[2]
+
+
+def test_interrupted_run_resumes_from_finished_shards(tiny_target, tmp_path, monkeypatch):
+    import draftnas.traces as traces_mod
+
+    options = TraceOptions(max_new_tokens=8, top_k=4, batch_size=2, shard_size=2)
+    out = tmp_path / "r.safetensors"
+    calls = []
+    real = traces_mod.decode_batch
+    monkeypatch.setattr(traces_mod, "decode_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def interrupt(done, total):
+        if done >= 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_traces(tiny_target, PROMPTS, options, out, progress=interrupt)
+    assert not out.exists() and len(list((tmp_path / "r.safetensors.partial").glob("shard-*"))) == 1
+    calls.clear()
+    seen = []
+    build_traces(tiny_target, PROMPTS, options, out, progress=lambda d, t: seen.append((d, t)))
+    assert seen[0] == (2, 6) and seen[-1] == (6, 6)
+    assert len(calls) == 2  # only the two unfinished batches ran again
+    fresh = build_traces(tiny_target, PROMPTS, options, tmp_path / "fresh.safetensors")
+    resumed, whole = load_traces(out), load_traces(fresh)
+    assert [r.info for r in resumed.records] == [r.info for r in whole.records]
+    assert all(torch.equal(a.continuation_ids, b.continuation_ids)
+               for a, b in zip(resumed.records, whole.records, strict=True))
+
+
+def test_partial_from_other_options_is_discarded(tiny_target, tmp_path):
+    out = tmp_path / "x.safetensors"
+    partial = tmp_path / "x.safetensors.partial"
+    partial.mkdir()
+    (partial / "manifest.json").write_text(json.dumps({"seed": 99}))
+    (partial / "shard-00000.safetensors").write_text("stale")
+    build_traces(tiny_target, PROMPTS[:2], TraceOptions(max_new_tokens=4, top_k=2), out)
+    assert len(load_traces(out)) == 2
+
+
+def test_bad_files_and_options_are_refused(tmp_path):
+    with pytest.raises(TraceError, match="not found"):
+        load_traces(tmp_path / "missing.safetensors")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a safetensors file")
+    with pytest.raises(TraceError, match="not a readable safetensors"):
+        load_traces(junk)
+    with pytest.raises(InvalidInputError, match="top_k.*temperatures|temperatures"):
+        TraceOptions(temperatures=(0.0, 0.0), top_k=0).validate()
+
+
+def test_tokenizer_mismatch_is_refused(tiny_target, tmp_path):
+    traces = load_traces(build_traces(tiny_target, PROMPTS[:1], TraceOptions(max_new_tokens=3, top_k=2),
+                                      tmp_path / "m.safetensors"))
+    check_compatible(traces, vocab_size=128, fingerprint=tokenizer_fingerprint(TinyTokenizer()))
+    with pytest.raises(TraceError, match="tokenizer.*differs"):
+        check_compatible(traces, vocab_size=128, fingerprint=tokenizer_fingerprint(TinyTokenizer(shift=1)))
+    with pytest.raises(TraceError, match="vocabulary of 256 ids"):
+        check_compatible(traces, vocab_size=256)
