@@ -1,0 +1,230 @@
+"""Export: folder contents, atomic writes, --force, reload, study trials, hub offline, lossless use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from draftnas.errors import ExportError
+from draftnas.export import ExportInfo
+from draftnas.prune import PruningPlan
+
+
+def _plan(base: str = "tiny") -> PruningPlan:
+    return PruningPlan(base=base, base_num_layers=4, layers=(0, 3), layer_selection="explicit",
+                       num_attention_heads=2, num_key_value_heads=1, intermediate_size=32,
+                       importance="magnitude")
+
+
+@pytest.fixture()
+def tiny_base(tiny_llama_config, tmp_path):
+    """A tiny random LLaMA with a word-level tokenizer, saved as a HF folder: (folder, model, tokenizer)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_llama_config).eval()
+    vocab = {f"w{i}": i for i in range(128)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w1", pad_token="w2")
+    folder = tmp_path / "base"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, model, tokenizer
+
+
+def _export(tiny_base, out, **info):
+    from draftnas.export import export_drafter
+    from draftnas.prune import apply_plan
+
+    _, model, tokenizer = tiny_base
+    drafter = apply_plan(model, _plan())
+    defaults = dict(base="tiny", target="tiny-target", plan=_plan(), gamma=3)
+    return drafter, export_drafter(drafter, tokenizer, out, ExportInfo(**{**defaults, **info}))
+
+
+def test_export_writes_a_loadable_folder(tiny_base, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    drafter, out = _export(tiny_base, tmp_path / "drafter", estimates={"throughput": {"speedup": 1.3}})
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "README.md",
+            "draftnas.json", "tokenizer.json"} <= names
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp folder left
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"],
+            config["intermediate_size"], config["head_dim"]) == (2, 2, 1, 32, 8)
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["num_assistant_tokens"] == 3 and gen["num_assistant_tokens_schedule"] == "constant"
+    meta = json.loads((out / "draftnas.json").read_text())
+    assert PruningPlan.from_data(meta["plan"]) == _plan()
+    assert meta["architecture"]["num_hidden_layers"] == 2 and "transformers" in meta["versions"]
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\n") and 'base_model: "tiny"' in card
+    assert "- speculative-decoding" in card and "- draft-model" in card and "assistant_model=" in card
+    assert '"num_speculative_tokens": 3' in card and '"speedup": 1.3' in card
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    probe = torch.tensor([[4, 5, 6]])
+    with torch.no_grad():
+        assert torch.equal(loaded(probe).logits, drafter(probe).logits)
+    assert AutoTokenizer.from_pretrained(out)("w5 w6")["input_ids"] == [5, 6]
+
+
+def test_non_empty_folder_refused_without_force(tiny_base, tmp_path):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(ExportError, match="not empty; pass --force"):
+        _export(tiny_base, out)
+    assert (out / "keep.txt").read_text() == "mine"
+    from draftnas.export import export_drafter
+
+    _, model, tokenizer = tiny_base
+    export_drafter(model, tokenizer, out, ExportInfo(base="tiny", target="tiny"), force=True)
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "busy"]
+
+
+def test_failed_export_leaves_nothing_behind(tiny_base, tmp_path, monkeypatch):
+    import draftnas.export as export
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(export, "model_card", boom)
+    with pytest.raises(RuntimeError):
+        _export(tiny_base, tmp_path / "drafter")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]
+
+
+def test_push_to_hub_offline_says_so(tmp_path, monkeypatch):
+    from draftnas.export import push_to_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ExportError, match="unreachable.*offline.*saved at"):
+        push_to_hub(tmp_path, "me/drafter")
+
+
+# --------------------------------------------------------------------------- from a study
+
+
+def _study(storage: str, *, directions=("maximize",), with_plan=True, base="tiny"):
+    import optuna
+
+    study = optuna.create_study(study_name="s", storage=storage, directions=list(directions))
+    study.set_user_attr("draftnas", {"target": "tiny-target", "profile": "cpu-default"})
+    for i, value in enumerate((10.0, 30.0, 20.0)):
+        trial = study.ask()
+        if with_plan:
+            trial.set_user_attr("plan", _plan(base).to_dict())
+        trial.set_user_attr("candidate", {"name": f"c{i}"})
+        trial.set_user_attr("throughput", {"gamma": 5, "tokens_per_s": value})
+        study.tell(trial, [value] * len(directions))
+    return study
+
+
+def test_load_trial_best_and_numbered(tmp_path):
+    from draftnas.export import load_trial
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    _study(storage)
+    best = load_trial("s", storage)
+    assert best.trial == 1 and best.plan == _plan() and best.candidate == {"name": "c1"}
+    assert best.target == "tiny-target" and best.estimates["throughput"]["gamma"] == 5
+    assert load_trial("s", storage, 2).candidate == {"name": "c2"}
+    with pytest.raises(ExportError, match="no trial 7"):
+        load_trial("s", storage, 7)
+    with pytest.raises(ExportError, match="no study 'other'"):
+        load_trial("other", storage)
+
+
+def test_load_trial_errors(tmp_path):
+    from draftnas.export import load_trial
+
+    multi = f"sqlite:///{tmp_path / 'm.db'}"
+    _study(multi, directions=("minimize", "maximize"))
+    with pytest.raises(ExportError, match="multi-objective study: pass --trial"):
+        load_trial("s", multi)
+    bare = f"sqlite:///{tmp_path / 'b.db'}"
+    _study(bare, with_plan=False)
+    with pytest.raises(ExportError, match="holds no pruning plan"):
+        load_trial("s", bare)
+
+
+def test_export_from_study_end_to_end(tiny_base, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from draftnas.export import ExportRequest, export_from_request
+
+    folder, _, _ = tiny_base
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    _study(storage, base=str(folder))
+    out = tmp_path / "from-study"
+    result = export_from_request(ExportRequest(out_dir=str(out), study="s", storage=storage))
+    assert result.source == "study s trial 1" and result.plan == _plan(str(folder))
+    meta = json.loads((out / "draftnas.json").read_text())
+    assert meta["target"] == "tiny-target" and meta["gamma"] == 5 and meta["candidate"] == {"name": "c1"}
+    assert meta["profile"] == {"name": "cpu-default"}
+    assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
+
+
+def test_export_from_plan_file_with_healing(tiny_base, tmp_path):
+    """--plan + --base + --heal-steps: heals toward the (live) base on self-distilled text."""
+    from draftnas.distill import HealOptions
+    from draftnas.export import ExportRequest, export_from_request
+
+    folder, _, _ = tiny_base
+    plan_file = _plan(str(folder)).save(tmp_path / "plan.json")
+    heal = HealOptions(prompts="chat", prompts_per_domain=4, max_new_tokens=4, heldout_every=2, eval_every=0,
+                       batch_size=2)
+    result = export_from_request(ExportRequest(out_dir=str(tmp_path / "healed"), plan_file=str(plan_file),
+                                               heal_steps=2, heal=heal))
+    assert result.heal is not None and result.heal.steps == 2 and result.heal.teacher == "live"
+    meta = json.loads((tmp_path / "healed" / "draftnas.json").read_text())
+    assert meta["heal"]["steps"] == 2 and meta["measured"]["top1_agreement_after_healing"] >= 0
+    assert not (tmp_path / "healed.heal-checkpoint").exists()
+
+
+def test_cli_refuses_busy_folder_in_one_line(tmp_path):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "x").write_text("x")
+    plan_file = _plan().save(tmp_path / "plan.json")
+    proc = subprocess.run([sys.executable, "-m", "draftnas", "export", "--plan", str(plan_file),
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "--force" in lines[0]
+
+
+# --------------------------------------------------------------------------- the real thing
+
+
+@pytest.mark.real_model
+def test_exported_smollm2_drafter_is_a_lossless_assistant(smollm2, tmp_path):
+    """Export a 2-layer drafter, reload it with from_pretrained, and use it as assistant_model:
+    the target's greedy output is unchanged."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from draftnas.export import export_drafter
+    from draftnas.prune import apply_plan
+
+    plan = PruningPlan(base="smollm2-135m", base_num_layers=30, layers=(0, 1), layer_selection="first",
+                       num_attention_heads=6, num_key_value_heads=2, intermediate_size=768)
+    drafter = apply_plan(smollm2.model, plan)
+    out = export_drafter(drafter, smollm2.tokenizer, tmp_path / "d",
+                         ExportInfo(base="smollm2-135m", target="smollm2-135m", plan=plan, gamma=3))
+    assistant = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert assistant.config.num_hidden_layers == 2 and assistant.config.num_key_value_heads == 2
+    inputs = smollm2.tokenizer("The three primary colours are", return_tensors="pt")
+    with torch.no_grad():
+        plain = smollm2.model.generate(**inputs, max_new_tokens=12, do_sample=False)
+        assisted = smollm2.model.generate(**inputs, assistant_model=assistant, max_new_tokens=12,
+                                          do_sample=False)
+    assert torch.equal(plain, assisted)
