@@ -15,14 +15,19 @@ layer, N rows of the LM head, h hidden size, r the ridge point in FLOPs/byte):
          + kv_mb      * L * max(KV bytes read, attention FLOPs / r) / 1e6
          + head_mb    * max(N*h*b, 2*N*h*T / r) / 1e6         (final norm + LM head of N rows)
          + head_gflop * 2*N*h*T / 1e9
+         + gemm_tile_gflop * L * 2*P*min(T, m) / 1e9 + head_tile_gflop * 2*N*h*min(T, m) / 1e9
 
 This is the roofline of Williams et al. (2009), "Roofline: an insightful visual
 performance model", with max(bytes / bandwidth, FLOPs / peak) per operator; with
 the spec-sheet coefficients (gemm_mb = kv_mb = head_mb = 1e9 / bandwidth,
 r = peak / bandwidth, overhead terms from a stated per-kernel cost) it is exactly
-that roofline plus launch overhead. For a measured device the coefficients are
-fitted by non-negative least squares on relative error (each row divided by its
-measured time), and `r` by a grid search on the training shapes only.
+that roofline plus launch overhead. The two "tile" terms model skinny matrix
+products: a GEMM of T < m rows runs its microkernel tiles (m rows high) partly
+empty, so its first rows cost more per FLOP than the rest (on this 2-core CPU,
+m = 8 cut the held-out error of the previous form roughly in half). For a measured
+device the coefficients are fitted by non-negative least squares on relative error
+(each row divided by its measured time), and `r` and `m` by a grid search on the
+training shapes only.
 """
 
 from __future__ import annotations
@@ -51,13 +56,16 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: Coefficient names, in feature-column order (see the module docstring).
 MODEL_TERMS: tuple[str, ...] = (
     "call", "layer", "token", "layer_token", "gemm_mb", "gemm_gflop",
-    "kv_mb", "head_mb", "head_gflop",
+    "kv_mb", "head_mb", "head_gflop", "gemm_tile_gflop", "head_tile_gflop",
 )
 #: Extra column only head-only micro-benchmarks have (their own call overhead); never predicted.
 HEAD_CALL = "head_call"
 FIT_TERMS: tuple[str, ...] = (*MODEL_TERMS, HEAD_CALL)
 RIDGE = "ridge_flops_per_byte"
 RIDGE_GRID: tuple[float, ...] = tuple(float(x) for x in np.geomspace(0.25, 2048.0, 40))
+TILE = "tile_rows"
+TILE_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+HYPERPARAMETERS = (RIDGE, TILE)
 
 
 @dataclass(frozen=True)
@@ -141,10 +149,11 @@ class LatencyProfile(Record):
 
 
 def _terms(arch: Architecture, batch_size: int, new_tokens: int, context_tokens: int,
-           head_rows: int, dtype_bytes: int, ridge: float) -> tuple[float, ...]:
+           head_rows: int, dtype_bytes: int, ridge: float, tile: float) -> tuple[float, ...]:
     """Feature values in MODEL_TERMS order (units: 1, layers, tokens, MB, GFLOP)."""
     layers = arch.num_hidden_layers
     tokens = batch_size * new_tokens
+    skinny = min(tokens, tile)
     layer_params = arch.layer_parameters()
     gemm_flops = 2.0 * layer_params * tokens
     kv_bytes = 2.0 * batch_size * (context_tokens + new_tokens) * arch.kv_dim * dtype_bytes
@@ -162,28 +171,31 @@ def _terms(arch: Architecture, batch_size: int, new_tokens: int, context_tokens:
         layers * max(kv_bytes, attn_flops / ridge) / 1e6,
         max(head_params * dtype_bytes, head_flops / ridge) / 1e6,
         head_flops / 1e9,
+        layers * 2.0 * layer_params * skinny / 1e9,
+        2.0 * head_params * skinny / 1e9,
     )
 
 
 def _head_terms(hidden_size: int, head_rows: int, tokens: int, dtype_bytes: int,
-                ridge: float) -> tuple[float, ...]:
+                ridge: float, tile: float) -> tuple[float, ...]:
     head_params = float(head_rows * hidden_size)
     head_flops = 2.0 * head_params * tokens
     zeros = (0.0,) * MODEL_TERMS.index("head_mb")
-    return (*zeros, max(head_params * dtype_bytes, head_flops / ridge) / 1e6, head_flops / 1e9)
+    return (*zeros, max(head_params * dtype_bytes, head_flops / ridge) / 1e6, head_flops / 1e9,
+            0.0, 2.0 * head_params * min(tokens, tile) / 1e9)
 
 
 def feature_row(m: Measurement, shapes: dict[str, Architecture], dtype_bytes: int,
-                ridge: float) -> list[float]:
+                ridge: float, tile: float) -> list[float]:
     """Feature values of one measurement in FIT_TERMS order."""
     arch = shapes.get(m.shape)
     if arch is None:
         raise InvalidInputError(f"measurement names shape {m.shape!r} that the profile does not list")
     if m.kind == "head":
         return [*_head_terms(arch.hidden_size, m.head_rows, m.batch_size * m.new_tokens,
-                             dtype_bytes, ridge), 1.0]
+                             dtype_bytes, ridge, tile), 1.0]
     return [*_terms(arch, m.batch_size, m.new_tokens, m.context_tokens, m.head_rows,
-                    dtype_bytes, ridge), 0.0]
+                    dtype_bytes, ridge, tile), 0.0]
 
 
 # --------------------------------------------------------------------------- fitting
@@ -216,17 +228,19 @@ def _mape(rows: np.ndarray, coef: np.ndarray, times_ms: np.ndarray) -> float:
 
 
 def _design(measurements: Sequence[Measurement], shapes: dict[str, Architecture], dtype_bytes: int,
-            ridge: float) -> tuple[np.ndarray, np.ndarray]:
-    rows = np.array([feature_row(m, shapes, dtype_bytes, ridge) for m in measurements], dtype=float)
+            ridge: float, tile: float) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.array([feature_row(m, shapes, dtype_bytes, ridge, tile) for m in measurements],
+                    dtype=float)
     return rows, np.array([m.median_ms for m in measurements], dtype=float)
 
 
 def fit_latency_model(measurements: Sequence[Measurement], shapes: Iterable[Architecture],
-                      dtype: str, ridge_grid: Sequence[float] = RIDGE_GRID) -> FitResult:
+                      dtype: str, ridge_grid: Sequence[float] = RIDGE_GRID,
+                      tile_grid: Sequence[int] = TILE_GRID) -> FitResult:
     """Fit the coefficients on split=="train" rows; report MAPE (%) on split=="heldout" rows.
 
-    The ridge point r is chosen on the training rows only, so held-out shapes never
-    influence the fit. Held-out error is over "model" rows (whole drafter/target passes).
+    The ridge point r and tile height m are chosen on the training rows only, so held-out
+    shapes never influence the fit. Held-out error is over "model" rows (whole passes).
     """
     by_name = {a.name: a for a in shapes}
     dtype_bytes = _dtype_bytes(dtype)
@@ -235,20 +249,22 @@ def fit_latency_model(measurements: Sequence[Measurement], shapes: Iterable[Arch
     if len(train) < len(FIT_TERMS):
         raise InvalidInputError(
             f"need at least {len(FIT_TERMS)} training measurements to fit, got {len(train)}")
-    best: tuple[float, float, np.ndarray] | None = None
-    for ridge in ridge_grid:
-        rows, times = _design(train, by_name, dtype_bytes, ridge)
-        coef = _nnls_relative(rows, times)
-        err = _mape(rows, coef, times)
-        if best is None or err < best[0] - 1e-9:
-            best = (err, ridge, coef)
+    best: tuple[float, float, int, np.ndarray] | None = None
+    for tile in tile_grid:
+        for ridge in ridge_grid:
+            rows, times = _design(train, by_name, dtype_bytes, ridge, tile)
+            coef = _nnls_relative(rows, times)
+            err = _mape(rows, coef, times)
+            if best is None or err < best[0] - 1e-9:
+                best = (err, ridge, tile, coef)
     assert best is not None
-    train_err, ridge, coef = best
+    train_err, ridge, tile, coef = best
     coefficients = {name: float(c) for name, c in zip(FIT_TERMS, coef, strict=True)}
     coefficients[RIDGE] = float(ridge)
+    coefficients[TILE] = float(tile)
     heldout_err = None
     if heldout:
-        rows, times = _design(heldout, by_name, dtype_bytes, ridge)
+        rows, times = _design(heldout, by_name, dtype_bytes, ridge, tile)
         heldout_err = _mape(rows, coef, times)
     return FitResult(coefficients=coefficients, train_mape=train_err, heldout_mape=heldout_err,
                      n_train=len(train), n_heldout=len(heldout))
@@ -271,13 +287,14 @@ class LatencyModel:
     """
 
     def __init__(self, coefficients: dict[str, float], dtype: str, *, name: str = "") -> None:
-        missing = [t for t in (*MODEL_TERMS, RIDGE) if t not in coefficients]
+        missing = [t for t in (*MODEL_TERMS, *HYPERPARAMETERS) if t not in coefficients]
         if missing:
             raise ProfileError(f"latency model {name or '?'}: coefficients miss {', '.join(missing)}")
         self.name = name
         self.dtype = dtype
         self._dtype_bytes = _dtype_bytes(dtype)
         self._ridge = float(coefficients[RIDGE])
+        self._tile = float(coefficients[TILE])
         self._coef = tuple(float(coefficients[t]) for t in MODEL_TERMS)
 
     @classmethod
@@ -300,18 +317,18 @@ class LatencyModel:
         if rows < 1:
             raise InvalidInputError(f"head_vocab_size must be >= 1, got {rows}")
         terms = _terms(arch, batch_size, new_tokens, context_tokens, rows, self._dtype_bytes,
-                       self._ridge)
+                       self._ridge, self._tile)
         c = self._coef
         return (c[0] * terms[0] + c[1] * terms[1] + c[2] * terms[2] + c[3] * terms[3]
                 + c[4] * terms[4] + c[5] * terms[5] + c[6] * terms[6] + c[7] * terms[7]
-                + c[8] * terms[8])
+                + c[8] * terms[8] + c[9] * terms[9] + c[10] * terms[10])
 
     def breakdown_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
                      context_tokens: int = 128, head_vocab_size: int | None = None) -> dict[str, float]:
         """The prediction split by term (ms), e.g. to see how much is per-layer overhead."""
         rows = arch.vocab_size if head_vocab_size is None else head_vocab_size
         terms = _terms(arch, batch_size, new_tokens, context_tokens, rows, self._dtype_bytes,
-                       self._ridge)
+                       self._ridge, self._tile)
         return {name: c * t for name, c, t in zip(MODEL_TERMS, self._coef, terms, strict=True)}
 
 
@@ -359,7 +376,7 @@ def _schema_problems(data: Any) -> list[str]:
     if data["dtype"] not in DTYPE_BYTES:
         problems.append(f"dtype {data['dtype']!r} is not one of {', '.join(DTYPE_BYTES)}")
     coefs = data["coefficients"]
-    missing = [t for t in (*MODEL_TERMS, RIDGE) if t not in coefs]
+    missing = [t for t in (*MODEL_TERMS, *HYPERPARAMETERS) if t not in coefs]
     if missing:
         problems.append(f"coefficients miss {', '.join(missing)}")
     bad = [k for k, v in coefs.items() if not isinstance(v, int | float) or not math.isfinite(v) or v < 0]
@@ -472,6 +489,7 @@ def spec_sheet_profile(key: str, dtype: str = "fp16") -> LatencyProfile:
         gemm_mb=ms_per_mb, kv_mb=ms_per_mb, head_mb=ms_per_mb,
     )
     coefficients[RIDGE] = sheet.peak_tflops * 1e12 / (sheet.memory_bandwidth_gb_s * 1e9)
+    coefficients[TILE] = 1.0  # no skinny-GEMM penalty assumed (tile terms are 0)
     notes = (
         f"SPEC-SHEET ROOFLINE, NOT MEASURED. {sheet.source}. Each operator costs "
         "max(bytes / bandwidth, FLOPs / peak) at 100% of the data-sheet figures, plus an assumed "

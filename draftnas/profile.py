@@ -19,6 +19,8 @@ engines do. torch and transformers are imported inside the functions.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
 import logging
 import platform
 import time
@@ -63,8 +65,8 @@ class ProfileOptions(Record):
     dtype: str | None = None  # None: fp32 on CPU, fp16 on CUDA
     mode: str = "eager"  # "eager" | "cuda-graph" (CUDA only)
     quick: bool = False
-    warmup: int = 2
-    repeats: int | None = None  # None: 9 quick, 15 full
+    warmup: int | None = None  # None: 1 quick, 2 full (per configuration, after building)
+    repeats: int | None = None  # None: 7 quick, 15 full
     seed: int = 0
     extrapolation_check: bool = True
     threads: int | None = None  # None: torch's default for this machine
@@ -73,7 +75,10 @@ class ProfileOptions(Record):
         return self.dtype or DTYPES_BY_DEVICE.get(self.device, ("fp32",))[0]
 
     def resolved_repeats(self) -> int:
-        return self.repeats if self.repeats is not None else (9 if self.quick else 15)
+        return self.repeats if self.repeats is not None else (7 if self.quick else 15)
+
+    def resolved_warmup(self) -> int:
+        return self.warmup if self.warmup is not None else (1 if self.quick else 2)
 
     def validate(self) -> ProfileOptions:
         problems = []
@@ -86,7 +91,7 @@ class ProfileOptions(Record):
             problems.append(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         elif self.mode == "cuda-graph" and self.device != "cuda":
             problems.append("mode cuda-graph needs --device cuda")
-        if self.warmup < 0 or self.resolved_repeats() < 3:
+        if self.resolved_warmup() < 0 or self.resolved_repeats() < 3:
             problems.append("warmup must be >= 0 and repeats >= 3")
         if problems:
             raise InvalidInputError("; ".join(problems))
@@ -205,14 +210,32 @@ class _Runtime:
         self.device = torch.device("cuda" if self.cuda else "cpu")
         self.dtype = {"fp32": torch.float32, "fp16": torch.float16,
                       "bf16": torch.bfloat16}[options.resolved_dtype()]
-        self.generator = torch.Generator(device="cpu").manual_seed(options.seed)
+        self.dtype_bytes = 4 if options.resolved_dtype() == "fp32" else 2
+        self.generator = torch.Generator(device=self.device).manual_seed(options.seed)
 
     def randint(self, high: int, shape: tuple[int, ...]) -> Any:
-        return self.torch.randint(0, high, shape, generator=self.generator).to(self.device)
+        return self.torch.randint(0, high, shape, generator=self.generator, device=self.device)
 
     def randn(self, shape: tuple[int, ...]) -> Any:
-        t = self.torch.randn(shape, generator=self.generator, dtype=self.torch.float32)
-        return t.to(self.device, self.dtype)
+        return self.torch.randn(shape, generator=self.generator, device=self.device, dtype=self.dtype)
+
+    def state_budget_bytes(self) -> int:
+        """Memory the KV caches of one round-robin chunk may take (a third of what is free)."""
+        if self.cuda:
+            free, _ = self.torch.cuda.mem_get_info(self.device)
+            return int(free // 3)
+        import os
+
+        try:
+            pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            pages = 4 << 30
+        return int(min(pages // 3, 4 << 30))
+
+    def free(self) -> None:
+        gc.collect()
+        if self.cuda:
+            self.torch.cuda.empty_cache()
 
     def time_ms(self, fn: Callable[[], Any]) -> float:
         """Wall time of fn() in ms; on CUDA between two events after a synchronize."""
@@ -347,56 +370,106 @@ class _GraphStep:
 
 @dataclass
 class _Job:
-    label: str
+    """One configuration to time; `make(model)` builds its step (KV cache, inputs) when timed."""
+
+    kind: str  # "model" | "head"
+    arch: Architecture
     layers: int
     cond: Condition
-    step: Any
+    head_rows: int
+    split: str
+    make: Callable[[Any], Any]
+    state_bytes: int = 0
     times_ms: list[float] = field(default_factory=list)
 
+    @property
+    def shape_name(self) -> str:
+        full = self.layers == self.arch.num_hidden_layers or self.kind == "head"
+        return self.arch.name if full else f"{self.arch.name}[:{self.layers}]"
 
-def _summary(times_ms: Sequence[float]) -> tuple[float, float, float]:
-    q1, med, q3 = np.percentile(np.asarray(times_ms), [25, 50, 75])
-    return float(med), float(q1), float(q3)
-
-
-def _run_round_robin(rt: _Runtime, jobs: list[_Job], warmup: int, repeats: int,
-                     tick: Callable[[], None]) -> None:
-    """Warm every job up, then time one call of each per round; `tick` after each round."""
-    torch = rt.torch
-    with torch.inference_mode():
-        for job in jobs:
-            for _ in range(warmup):
-                job.step()
-                job.step.reset()
-        tick()
-        for _ in range(repeats):
-            for job in jobs:
-                job.times_ms.append(rt.time_ms(job.step))
-                job.step.reset()
-            tick()
+    def measurement(self) -> Measurement:
+        q1, med, q3 = np.percentile(np.asarray(self.times_ms), [25, 50, 75])
+        batch, new, context = self.cond
+        return Measurement(kind=self.kind, shape=self.shape_name, batch_size=batch, new_tokens=new,
+                           context_tokens=context, head_rows=self.head_rows, median_ms=float(med),
+                           q1_ms=float(q1), q3_ms=float(q3), repeats=len(self.times_ms),
+                           split=self.split)
 
 
-def _step_class(rt: _Runtime) -> type:
-    return _GraphStep if rt.options.mode == "cuda-graph" else _EagerStep
+@dataclass
+class _Group:
+    """Jobs sharing one model (None for the head-only micro-benchmarks)."""
+
+    build: Callable[[], Any]
+    weight_bytes: int
+    jobs: list[_Job]
+
+    @property
+    def state_bytes(self) -> int:
+        return self.weight_bytes + sum(job.state_bytes for job in self.jobs)
 
 
-def measure_shape(rt: _Runtime, arch: Architecture, conditions: Sequence[Condition], split: str,
-                  tick: Callable[[], None]) -> list[Measurement]:
-    """Median/IQR latency of full forwards of `arch` at each condition."""
-    model = rt.build(arch)
-    step_cls = _step_class(rt)
-    layers = arch.num_hidden_layers
-    jobs = [_Job(arch.name, layers, c, step_cls(rt, model, arch, c, layers)) for c in conditions]
-    _run_round_robin(rt, jobs, rt.options.warmup, rt.options.resolved_repeats(), tick)
-    out = []
-    for job in jobs:
-        med, q1, q3 = _summary(job.times_ms)
-        b, n, ctx = job.cond
-        out.append(Measurement(kind="model", shape=arch.name, batch_size=b, new_tokens=n,
-                               context_tokens=ctx, head_rows=arch.vocab_size, median_ms=med,
-                               q1_ms=q1, q3_ms=q3, repeats=len(job.times_ms), split=split))
-    del model, jobs
+def _chunks(groups: list[_Group], budget_bytes: int) -> list[list[_Group]]:
+    """Consecutive groups whose weights and KV caches fit in `budget_bytes` together."""
+    out: list[list[_Group]] = [[]]
+    used = 0
+    for group in groups:
+        if out[-1] and used + group.state_bytes > budget_bytes:
+            out.append([])
+            used = 0
+        out[-1].append(group)
+        used += group.state_bytes
     return out
+
+
+def _run_round_robin(rt: _Runtime, groups: list[_Group], tick: Callable[[], None]) -> None:
+    """Warm every job up, then time one call of every job per round; `tick` after every call.
+
+    Interleaving all shapes and configurations spreads background-load bursts and drift
+    over all of them instead of skewing whichever shape was being timed; groups are taken
+    in chunks so weights and KV caches never exceed the memory budget at once.
+    """
+    warmup, repeats = rt.options.resolved_warmup(), rt.options.resolved_repeats()
+    with rt.torch.inference_mode():
+        for chunk in _chunks(groups, rt.state_budget_bytes()):
+            steps: list[tuple[_Job, Any]] = []
+            for group in chunk:
+                model = group.build()
+                steps += [(job, job.make(model)) for job in group.jobs]
+                del model
+            for _job, step in steps:
+                for _ in range(warmup):
+                    step()
+                    step.reset()
+                    tick()
+            for _ in range(repeats):
+                for job, step in steps:
+                    job.times_ms.append(rt.time_ms(step))
+                    step.reset()
+                    tick()
+            del steps
+            rt.free()
+
+
+def _kv_bytes(rt: _Runtime, arch: Architecture, cond: Condition, layers: int) -> int:
+    batch, new, context = cond
+    return 2 * layers * batch * (context + new) * arch.kv_dim * rt.dtype_bytes
+
+
+def _weight_bytes(rt: _Runtime, arch: Architecture) -> int:
+    return arch.count_parameters() * rt.dtype_bytes
+
+
+def _model_group(rt: _Runtime, arch: Architecture, layer_counts: Sequence[int],
+                 conditions: Sequence[Condition], split: str) -> _Group:
+    """A model of `arch` with max(layer_counts) layers, timed through its first k layers for each k."""
+    built = arch.with_shape(num_hidden_layers=max(layer_counts))
+    step_cls = _GraphStep if rt.options.mode == "cuda-graph" else _EagerStep
+    jobs = [_Job("model", arch, k, c, arch.vocab_size, split,
+                 functools.partial(lambda model, c, k: step_cls(rt, model, arch, c, k), c=c, k=k),
+                 _kv_bytes(rt, arch, c, k))
+            for k in layer_counts for c in conditions]
+    return _Group(functools.partial(rt.build, built), _weight_bytes(rt, built), jobs)
 
 
 class _HeadStep:
@@ -416,21 +489,17 @@ class _HeadStep:
         pass
 
 
-def measure_heads(rt: _Runtime, plan: ProfilePlan, tick: Callable[[], None]) -> list[Measurement]:
+def _head_group(rt: _Runtime, plan: ProfilePlan) -> _Group:
     """LM-head cost as a function of its row count N (for reduced draft vocabularies)."""
     shapes = {a.name: a for a in plan.shapes}
     jobs = []
     for shape, rows, tokens in plan.head_points:
         hidden = shapes[shape].hidden_size
-        jobs.append(_Job(shape, 0, (tokens, 1, 0), _HeadStep(rt, hidden, rows, tokens)))
-    _run_round_robin(rt, jobs, rt.options.warmup, rt.options.resolved_repeats(), tick)
-    out = []
-    for job, (shape, rows, tokens) in zip(jobs, plan.head_points, strict=True):
-        med, q1, q3 = _summary(job.times_ms)
-        out.append(Measurement(kind="head", shape=shape, batch_size=tokens, new_tokens=1,
-                               context_tokens=0, head_rows=rows, median_ms=med, q1_ms=q1, q3_ms=q3,
-                               repeats=len(job.times_ms), split="train"))
-    return out
+        jobs.append(_Job("head", shapes[shape], 0, (tokens, 1, 0), rows, "train",
+                         functools.partial(lambda _m, h, r, t: _HeadStep(rt, h, r, t),
+                                           h=hidden, r=rows, t=tokens),
+                         hidden * rows * rt.dtype_bytes))
+    return _Group(lambda: None, 0, jobs)
 
 
 def extrapolate_from_layers(times_ms: dict[int, float], layers: int) -> float:
@@ -443,49 +512,40 @@ def extrapolate_from_layers(times_ms: dict[int, float], layers: int) -> float:
     return float(fixed + layers * per_layer)
 
 
-def time_layer_stacks(rt: _Runtime, arch: Architecture, layer_counts: Sequence[int],
-                      conditions: Sequence[Condition], tick: Callable[[], None]
-                      ) -> dict[tuple[int, Condition], list[float]]:
-    """Timings of the first k layers of one random-weight `arch` model, for each k, interleaved.
+def measure_extrapolated(options: ProfileOptions, arch: Architecture, conditions: Sequence[Condition],
+                         layer_counts: Sequence[int] = (2, 4), progress: Progress | None = None
+                         ) -> dict[Condition, float]:
+    """Latency (ms) of `arch` at full depth from timings of only its first k layers.
 
-    For a target too big for the device, pass `arch` with num_hidden_layers = max(k): only
-    that many layers are built, and `extrapolate_from_layers` estimates the full depth.
+    For targets too big for the device (e.g. LLaMA-65B on one GPU): only max(k) layers
+    are built; each condition's estimate is fixed + L * per-layer (`extrapolate_from_layers`).
+    The method's error is measured by `check_extrapolation` on a model that fits.
     """
-    model = rt.build(arch.with_shape(num_hidden_layers=max(layer_counts)))
-    step_cls = _step_class(rt)
-    jobs = [_Job(f"{arch.name}[:{k}]", k, c, step_cls(rt, model, arch, c, k))
-            for k in layer_counts for c in conditions]
-    _run_round_robin(rt, jobs, rt.options.warmup, rt.options.resolved_repeats(), tick)
-    return {(job.layers, job.cond): job.times_ms for job in jobs}
+    rt = _Runtime(options.validate())
+    group = _model_group(rt, arch, layer_counts, conditions, "extrapolation")
+    _run_round_robin(rt, [group], _ticker(progress, len(group.jobs) * _calls_per_job(options)))
+    out = {}
+    for cond in conditions:
+        medians = {j.layers: j.measurement().median_ms for j in group.jobs if j.cond == cond}
+        out[cond] = extrapolate_from_layers(medians, arch.num_hidden_layers)
+    return out
 
 
-def check_extrapolation(rt: _Runtime, plan: ProfilePlan, tick: Callable[[], None]
-                        ) -> tuple[ExtrapolationCheck, list[Measurement]]:
-    """Error of the k-layer extrapolation against the full model, on a model that fits."""
+def _extrapolation_result(plan: ProfilePlan, group: _Group) -> ExtrapolationCheck:
     arch = plan.extrapolation_shape
     assert arch is not None
     full = arch.num_hidden_layers
-    counts = (*plan.extrapolation_layers, full)
-    timings = time_layer_stacks(rt, arch, counts, plan.extrapolation_conditions, tick)
-    points, measurements = [], []
+    points = []
     for cond in plan.extrapolation_conditions:
-        medians = {k: _summary(timings[(k, cond)])[0] for k in counts}
+        medians = {j.layers: j.measurement().median_ms for j in group.jobs if j.cond == cond}
         estimate = extrapolate_from_layers({k: medians[k] for k in plan.extrapolation_layers}, full)
         points.append(ExtrapolationPoint(
             batch_size=cond[0], new_tokens=cond[1], context_tokens=cond[2], full_ms=medians[full],
             extrapolated_ms=estimate, error_pct=(estimate - medians[full]) / medians[full] * 100.0))
-        for k in counts:
-            med, q1, q3 = _summary(timings[(k, cond)])
-            measurements.append(Measurement(
-                kind="model", shape=arch.name if k == full else f"{arch.name}[:{k}]",
-                batch_size=cond[0], new_tokens=cond[1], context_tokens=cond[2],
-                head_rows=arch.vocab_size, median_ms=med, q1_ms=q1, q3_ms=q3,
-                repeats=len(timings[(k, cond)]), split="extrapolation"))
     errors = [abs(p.error_pct) for p in points]
-    check = ExtrapolationCheck(shape=arch.name, full_layers=full, timed_layers=plan.extrapolation_layers,
-                               points=tuple(points), mean_abs_error_pct=float(np.mean(errors)),
-                               max_abs_error_pct=float(np.max(errors)))
-    return check, measurements
+    return ExtrapolationCheck(shape=arch.name, full_layers=full, timed_layers=plan.extrapolation_layers,
+                              points=tuple(points), mean_abs_error_pct=float(np.mean(errors)),
+                              max_abs_error_pct=float(np.max(errors)))
 
 
 # --------------------------------------------------------------------------- the whole run
@@ -501,12 +561,28 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _calls_per_job(options: ProfileOptions) -> int:
+    return options.resolved_warmup() + options.resolved_repeats()
+
+
 def count_ticks(plan: ProfilePlan, options: ProfileOptions) -> int:
-    """Progress units of a run: one per round (plus one for warm-up) per timed group."""
-    per_group = options.resolved_repeats() + 1
-    groups = len(plan.shapes) + (1 if plan.head_points else 0)
-    groups += 1 if plan.extrapolation_shape is not None else 0
-    return groups * per_group
+    """Progress units of a run: one per forward call (warm-up or timed)."""
+    jobs = len(plan.shapes) * len(plan.conditions) + len(plan.head_points)
+    if plan.extrapolation_shape is not None:
+        jobs += (len(plan.extrapolation_layers) + 1) * len(plan.extrapolation_conditions)
+    return jobs * _calls_per_job(options)
+
+
+def _ticker(progress: Progress | None, total: int) -> Callable[[], None]:
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    return tick
 
 
 def _extrapolation_shapes(plan: ProfilePlan) -> tuple[Architecture, ...]:
@@ -517,34 +593,40 @@ def _extrapolation_shapes(plan: ProfilePlan) -> tuple[Architecture, ...]:
                     for k in plan.extrapolation_layers))
 
 
+def _load_average() -> str:
+    import os
+
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
 def measure_profile(options: ProfileOptions, progress: Progress | None = None,
                     plan: ProfilePlan | None = None) -> LatencyProfile:
-    """Time the plan's shapes on this device, fit the latency model, return the profile."""
+    """Time the plan's shapes on this device, fit the latency model, return the profile.
+
+    `progress(done, total)` is called after every forward call (warm-up or timed).
+    """
     options.validate()
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), _load_average()
     rt = _Runtime(options)
     plan = plan or plan_profile(options)
-    total, done = count_ticks(plan, options), 0
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total)
-
-    measurements: list[Measurement] = []
     heldout = set(plan.heldout)
-    for arch in plan.shapes:
-        log.info("timing %s", arch.name)
-        split = "heldout" if arch.name in heldout else "train"
-        measurements += measure_shape(rt, arch, plan.conditions, split, tick)
+    groups = [_model_group(rt, a, (a.num_hidden_layers,), plan.conditions,
+                           "heldout" if a.name in heldout else "train") for a in plan.shapes]
     if plan.head_points:
-        measurements += measure_heads(rt, plan, tick)
-    extrapolation = None
+        groups.append(_head_group(rt, plan))
+    extrapolation_group = None
     if plan.extrapolation_shape is not None:
-        extrapolation, extra = check_extrapolation(rt, plan, tick)
-        measurements += extra
+        arch = plan.extrapolation_shape
+        extrapolation_group = _model_group(rt, arch, (*plan.extrapolation_layers, arch.num_hidden_layers),
+                                           plan.extrapolation_conditions, "extrapolation")
+        groups.append(extrapolation_group)
+    _run_round_robin(rt, groups, _ticker(progress, count_ticks(plan, options)))
+    measurements = [job.measurement() for group in groups for job in group.jobs]
     fit = fit_latency_model(measurements, plan.shapes, options.resolved_dtype())
+    extrapolation = _extrapolation_result(plan, extrapolation_group) if extrapolation_group else None
     return LatencyProfile(
         schema_version=SCHEMA_VERSION, kind="measured", device=options.device,
         device_name=rt.device_name(), dtype=options.resolved_dtype(), versions=_versions(),
@@ -553,7 +635,9 @@ def measure_profile(options: ProfileOptions, progress: Progress | None = None,
         threads=rt.torch.get_num_threads(), shapes=(*plan.shapes, *_extrapolation_shapes(plan)),
         heldout_shapes=plan.heldout, extrapolation=extrapolation,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        wall_s=round(time.perf_counter() - started, 1), notes=f"options: {options.to_dict()}",
+        wall_s=round(time.perf_counter() - started, 1),
+        notes=f"load average (1/5/15 min) before: {load_before}, after: {_load_average()}; "
+              f"options: {options.to_dict()}",
         series=plan.series,
     )
 

@@ -1,0 +1,170 @@
+"""Profiling: plans, a tiny real CPU measurement, the CLI's device errors, CUDA paths (skipped here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from draftnas.errors import InvalidInputError
+from draftnas.latency import LatencyModel, load_profile, save_profile
+from draftnas.profile import (
+    ProfileOptions,
+    ProfilePlan,
+    depth_width_report,
+    extrapolate_from_layers,
+    measure_profile,
+    plan_profile,
+    save_report_png,
+)
+from draftnas.registry import Architecture
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+needs_cuda = pytest.mark.skipif(not _cuda(), reason="needs a CUDA device")
+
+
+def _tiny(name: str, layers: int, hidden: int, vocab: int = 512) -> Architecture:
+    return Architecture(name=name, family="llama", num_hidden_layers=layers, hidden_size=hidden,
+                        intermediate_size=2 * hidden, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=hidden // 4, vocab_size=vocab, tie_word_embeddings=True)
+
+
+def _tiny_plan() -> ProfilePlan:
+    shapes = (_tiny("d1", 1, 64), _tiny("d2", 2, 64), _tiny("d4", 4, 64, 1024), _tiny("w32", 2, 32, 256),
+              _tiny("w128", 2, 128, 2048), _tiny("d3", 3, 96))
+    return ProfilePlan(
+        shapes=shapes, heldout=("d3",), conditions=((1, 1, 128), (2, 3, 16), (4, 1, 32)),
+        head_points=(("d1", 256, 1), ("d1", 2048, 4)),
+        extrapolation_shape=_tiny("ex", 6, 64), extrapolation_layers=(2, 3),
+        extrapolation_conditions=((1, 1, 16),),
+        series={"depth": ("d1", "d2", "d4"), "width": ("w32", "d2", "w128")},
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_profile():
+    ticks: list[tuple[int, int]] = []
+    options = ProfileOptions(device="cpu", repeats=3, warmup=1, threads=1)
+    prof = measure_profile(options, progress=lambda done, total: ticks.append((done, total)),
+                           plan=_tiny_plan())
+    return prof, ticks
+
+
+def test_tiny_cpu_measurement_is_a_valid_profile(tiny_profile, tmp_path):
+    prof, ticks = tiny_profile
+    assert prof.kind == "measured" and prof.device == "cpu" and prof.dtype == "fp32"
+    assert {"torch", "transformers"} <= set(prof.versions)
+    models = [m for m in prof.measurements if m.kind == "model" and m.split != "extrapolation"]
+    assert len(models) == 6 * 3
+    assert all(0 < m.q1_ms <= m.median_ms <= m.q3_ms and m.repeats == 3 for m in prof.measurements)
+    assert {m.split for m in models if m.shape == "d3"} == {"heldout"}
+    assert prof.heldout_mape is not None and prof.train_mape is not None
+    assert prof.extrapolation is not None and prof.extrapolation.full_layers == 6
+    assert ticks[-1][0] == ticks[-1][1]  # the progress callback reached its total
+    # the saved file passes the schema check and predicts
+    again = load_profile(save_profile(prof, tmp_path / "cpu.json"))
+    assert LatencyModel.from_profile(again).predict_ms(_tiny("x", 5, 64)) > 0
+
+
+def test_report_png(tiny_profile, tmp_path):
+    prof, _ = tiny_profile
+    report = depth_width_report(prof)
+    assert [r.layers for r in report.rows if r.series == "depth"] == [1, 2, 4]
+    assert all(r.measured_ms is not None for r in report.rows)
+    png = save_report_png(report, tmp_path / "r.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cache_context_stays_fixed_between_repeats():
+    import torch
+
+    from draftnas.profile import _EagerStep, _Runtime
+
+    rt = _Runtime(ProfileOptions(threads=1))
+    arch = _tiny("t", 2, 32)
+    step = _EagerStep(rt, rt.build(arch), arch, (2, 3, 20), layers=2)
+    with torch.inference_mode():
+        for _ in range(3):
+            step()
+            assert step.cache.get_seq_length() == 23
+            step.reset()
+            assert step.cache.get_seq_length() == 20
+
+
+def test_extrapolate_from_layers_is_fixed_plus_per_layer():
+    assert extrapolate_from_layers({2: 5.0, 4: 7.0}, 32) == pytest.approx(3.0 + 32 * 1.0)
+    with pytest.raises(InvalidInputError):
+        extrapolate_from_layers({2: 5.0}, 32)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_plans_cover_draft_and_verify_shapes(device):
+    plan = plan_profile(ProfileOptions(device=device, quick=True))
+    names = {a.name for a in plan.shapes}
+    assert set(plan.heldout) < names and 2 <= len(plan.heldout) <= len(names) // 3
+    assert all(set(series) <= names for series in plan.series.values())
+    assert (1, 1, 128) in plan.conditions
+    assert {n - 1 for _, n, _ in plan.conditions} >= {0, 2, 4, 8}  # draft, gamma 2/4/8 verification
+    assert max(b for b, _, _ in plan.conditions) == 64
+    assert plan.extrapolation_shape is not None
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"device": "tpu"}, "device must be"),
+    ({"dtype": "fp16"}, "dtype on cpu"),
+    ({"mode": "cuda-graph"}, "needs --device cuda"),
+    ({"repeats": 1}, "repeats"),
+])
+def test_bad_options(kwargs, needle):
+    with pytest.raises(InvalidInputError, match=needle):
+        ProfileOptions(**kwargs).validate()
+
+
+@pytest.mark.skipif(_cuda(), reason="this machine has CUDA")
+def test_cli_cuda_without_cuda_is_one_line_exit_2():
+    out = subprocess.run([sys.executable, "-m", "draftnas", "profile", "--device", "cuda"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "cuda" in lines[0].lower() and "Traceback" not in out.stderr
+
+
+def test_cli_report_from_shipped_profile(tmp_path):
+    from typer.testing import CliRunner
+
+    from draftnas.cli import app
+    from draftnas.latency import default_profile
+
+    src = save_profile(default_profile("cpu"), tmp_path / "cpu.json")
+    result = CliRunner().invoke(app, ["profile", "--from", str(src), "--report", "--json",
+                                      "--report-png", str(tmp_path / "r.png")])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["heldout_mape"] is not None and (tmp_path / "r.png").exists()
+
+
+def test_cli_corrupt_profile_exit_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    out = subprocess.run([sys.executable, "-m", "draftnas", "profile", "--from", str(bad)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and str(bad) in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", ["eager", "cuda-graph"])
+def test_tiny_cuda_measurement(mode):
+    options = ProfileOptions(device="cuda", dtype="fp16", mode=mode, repeats=3, warmup=1)
+    prof = measure_profile(options, plan=_tiny_plan())
+    assert prof.device == "cuda" and prof.mode == mode and prof.heldout_mape is not None
+    assert all(m.median_ms > 0 for m in prof.measurements)
