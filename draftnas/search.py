@@ -862,12 +862,15 @@ def fingerprint_text(data: Any) -> str:
 class WeightsEvaluator:
     """Measured acceptance: prune the base's real weights, heal briefly, estimate on traces.
 
-    The base is loaded once per process. Traces are split: every 4th record is held out
+    The base is loaded once per process. Traces are split: every 3rd record is held out
     for the acceptance estimate, the rest teach the healing (so a drafter is never scored
-    on the sequences it was distilled on).
+    on the sequences it was distilled on). Importance (block influence, activations) is
+    measured on a small calibration sample: the search re-plans for every trial.
     """
 
     measured = True
+    calibration_sequences = 4
+    calibration_seq_len = 96
 
     def __init__(self, base: str, base_arch: Architecture, traces_path: Path, space: SearchSpace,
                  seed: int = 0) -> None:
@@ -893,8 +896,8 @@ class WeightsEvaluator:
         self._loaded = load_model(self.base)
         self._loaded.model.eval()
         traces = load_traces(self.traces_path).select(temperature=self.space.workload.temperature)
-        held = [r for i, r in enumerate(traces.records) if i % 4 == 0]
-        rest = [r for i, r in enumerate(traces.records) if i % 4 != 0]
+        held = [r for i, r in enumerate(traces.records) if i % 3 == 0]
+        rest = [r for i, r in enumerate(traces.records) if i % 3 != 0]
         self._eval_traces = Traces(metadata=traces.metadata, records=held)
         self._heal_traces = Traces(metadata=traces.metadata, records=rest or held)
 
@@ -904,7 +907,7 @@ class WeightsEvaluator:
         h = self.space.heal
         return HealOptions(steps=h.steps, batch_size=h.batch_size, lr=h.learning_rate, eval_every=0,
                            max_seq_len=h.seq_len, max_seconds=h.max_seconds, seed=self.seed,
-                           heldout_every=max(2, min(5, len(self._heal_traces.records))))
+                           heldout_every=max(2, min(4, len(self._heal_traces.records))))
 
     def evaluate(self, candidate: Candidate) -> Evaluation:
         from draftnas.acceptance import estimate_acceptance
@@ -917,7 +920,9 @@ class WeightsEvaluator:
         plan = plan_pruning(self._loaded.model, PlanOptions(
             num_layers=a.num_hidden_layers, layer_selection=choice.layer_selection,
             num_attention_heads=a.num_attention_heads, num_key_value_heads=a.num_key_value_heads,
-            intermediate_size=a.intermediate_size, base=self.base), tokenizer=self._loaded.tokenizer)
+            intermediate_size=a.intermediate_size, base=self.base,
+            calibration_sequences=self.calibration_sequences, calibration_seq_len=self.calibration_seq_len),
+            tokenizer=self._loaded.tokenizer)
         drafter = apply_plan(self._loaded.model, plan)
         heal_result = None
         if self.space.heal.steps > 0:
@@ -1016,7 +1021,8 @@ def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    options = TraceOptions(max_new_tokens=t.max_new_tokens, temperatures=(w.temperature,))
+    options = TraceOptions(max_new_tokens=t.max_new_tokens, temperatures=(w.temperature,),
+                           batch_size=min(len(prompts), 16))
     log.info("building traces of %s over %d %s prompts into %s", request.target, len(prompts),
              w.prompt_set, out)
     return build_traces(request.target, prompts, options, out, prompt_set=w.prompt_set, progress=progress)

@@ -310,3 +310,28 @@ def test_cli_without_weights_or_prior_says_what_to_pass_and_imports_stay_lazy():
     code = "import sys, draftnas.cli; print('optuna' in sys.modules, 'torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT).stdout.strip() == "False False"
+
+
+@pytest.mark.real_model
+def test_weights_evaluator_prunes_heals_and_measures_on_real_smollm2(smollm2, tmp_path):
+    from draftnas.candidate import CandidateChoice, build_candidate
+    from draftnas.prompts import load_prompts
+    from draftnas.search import WeightsEvaluator
+    from draftnas.traces import TraceOptions, build_traces
+
+    prompts = list(load_prompts("chat"))[:3]
+    traces = build_traces(smollm2, prompts, TraceOptions(max_new_tokens=12, batch_size=3),
+                          tmp_path / "t.safetensors", prompt_set="chat")
+    space = parse_search_space({"schema_version": 1, "name": "tiny", "target": "smollm2-135m",
+                                "base": "smollm2-135m", "depth": {"min": 2, "max": 2},
+                                "width": {"mlp_ratios": [0.5]}, "gamma": {"min": 1, "max": 4},
+                                "heal": {"steps": 2, "batch_size": 1, "seq_len": 64}})
+    cand = build_candidate(space, SMOL, "smollm2-135m", CandidateChoice(depth=2, mlp_ratio=0.5), target=SMOL)
+    evaluation = WeightsEvaluator("smollm2-135m", SMOL, traces, space).evaluate(cand)
+    acc = evaluation.acceptance
+    assert acc.kind == "measured" and 0.0 <= acc.acceptance_rate <= 1.0
+    assert set(acc.tokens_per_step or {}) == {"1", "2", "3", "4"} and acc.heal is not None
+    plan = evaluation.candidate.plan
+    assert plan is not None and plan["intermediate_size"] == 768 and len(plan["layers"]) == 2
+    assert plan["kept_channels"] is not None  # a real plan: importance chose the channels
+    assert evaluation.candidate.arch.intermediate_size == 768
