@@ -166,7 +166,7 @@ def model_card(info: ExportInfo, arch: dict[str, Any], parameters: int) -> str:
         f"# {name}",
         "",
         f"A draft model for speculative decoding of **{info.target}**, cut from **{info.base}** by "
-        "[draftnas](https://github.com/) (search for the fastest drafter: latency first, then acceptance).",
+        "draftnas (a search for the fastest drafter: latency first, then acceptance).",
         "",
         "## Shape",
         "",

@@ -481,6 +481,9 @@ def _select_layers(options: PlanOptions, n: int, block_influence: Sequence[float
     if not 1 <= k <= n:
         raise PlanError(f"num_layers: {k} (allowed: 1..{n})")
     sel = options.layer_selection
+    if sel == "explicit":
+        raise PlanError("layers: layer_selection 'explicit' needs the list of base layer indices "
+                        f"(allowed: sorted unique indices in 0..{n - 1})")
     if sel == "first":
         return tuple(range(k)), sel
     if sel == "even":
