@@ -1,0 +1,149 @@
+"""Speculative decoding: greedy equals the target's greedy; the sampling rule is lossless in distribution."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from draftnas.speculative import _accept, crop_cache, greedy_generate, speculative_generate
+
+# chi-square critical values at significance 0.001 (df -> value), so a correct rule fails 1 run in 1000
+CHI2_CRIT_001 = {3: 16.27, 7: 24.32, 15: 37.70}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread (no OpenMP hand-offs on a shared 2-core box)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def truncated(model, k):
+    """The model with only its first k layers (layer_idx re-indexed, config updated)."""
+    small = copy.deepcopy(model)
+    small.model.layers = torch.nn.ModuleList(list(small.model.layers)[:k])
+    for i, layer in enumerate(small.model.layers):
+        layer.self_attn.layer_idx = i
+    small.config.num_hidden_layers = k
+    return small
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_llama_config):
+    from transformers import LlamaForCausalLM
+
+    config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2})
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(config).eval()
+    return target, truncated(target, 2)
+
+
+PROMPTS = [[1, 5, 9, 3, 7], [2, 4, 8, 16, 32, 64], [100, 3]]
+
+
+@pytest.mark.parametrize("gamma", [0, 1, 3, 6])
+def test_greedy_speculative_equals_target_greedy(pair, gamma):
+    target, drafter = pair
+    for prompt in PROMPTS:
+        ref = greedy_generate(target, prompt, max_new_tokens=25)
+        out = speculative_generate(target, drafter, prompt, gamma=gamma, max_new_tokens=25)
+        assert out.tokens == ref
+        assert len(out.tokens) == sum(out.accepted) + out.steps  # k accepted + 1 target token per step
+        assert all(0 <= a <= d <= gamma for a, d in zip(out.accepted, out.drafted, strict=True))
+
+
+def test_greedy_with_some_rejections_and_a_perfect_drafter(pair):
+    target, drafter = pair
+    out = speculative_generate(target, drafter, PROMPTS[0], gamma=3, max_new_tokens=25)
+    assert 0 < sum(out.accepted) < sum(out.drafted)  # the test exercises rollback
+    same = speculative_generate(target, target, PROMPTS[0], gamma=3, max_new_tokens=25)
+    assert same.tokens == out.tokens and sum(same.accepted) == sum(same.drafted)
+    assert same.tokens_per_step > out.tokens_per_step
+
+
+def test_eos_stops_and_is_kept(pair):
+    target, drafter = pair
+    ref = greedy_generate(target, PROMPTS[1], max_new_tokens=25)
+    eos = ref[10]
+    first = ref.index(eos)
+    out = speculative_generate(target, drafter, PROMPTS[1], gamma=4, max_new_tokens=25, eos_token_ids=[eos])
+    assert out.tokens == ref[:first + 1]
+    assert greedy_generate(target, PROMPTS[1], max_new_tokens=25, eos_token_ids=[eos]) == out.tokens
+
+
+def test_vocab_subset_drafter_stays_lossless(pair):
+    target, drafter = pair
+    ref = greedy_generate(target, PROMPTS[0], max_new_tokens=20)
+    subset = sorted(set(range(0, 128, 2)) | set(ref[:5]))
+    out = speculative_generate(target, drafter, PROMPTS[0], gamma=3, max_new_tokens=20, vocab_subset=subset)
+    assert out.tokens == ref
+    hopeless = speculative_generate(target, drafter, PROMPTS[0], gamma=3, max_new_tokens=20,
+                                      vocab_subset=[t for t in range(128) if t not in set(ref)])
+    assert hopeless.tokens == ref and sum(hopeless.accepted) == 0  # nothing it can draft is right
+
+
+def test_crop_cache_drops_the_tail():
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 2, 7, 4), torch.zeros(1, 2, 7, 4), 0)
+    crop_cache(cache, 4)
+    assert cache.get_seq_length() == 4
+    crop_cache(cache, 9)
+    assert cache.get_seq_length() == 4
+
+
+def test_rejection_rule_emits_the_target_distribution():
+    """One step's first emitted token is distributed as p, whatever q is (a test that can fail)."""
+    gen = torch.Generator().manual_seed(1234)
+    p = torch.tensor([0.5, 0.25, 0.15, 0.10])
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    logits = torch.log(torch.stack([p, p]))  # target logits at temperature 1 for [draft, bonus]
+    counts = torch.zeros(4)
+    drafted = torch.zeros(4)
+    for _ in range(2500):
+        x = int(torch.multinomial(q, 1, generator=gen))
+        drafted[x] += 1
+        k, nxt = _accept(logits, [x], [q], 1.0, gen)
+        counts[x if k == 1 else nxt] += 1
+    assert chi_square(counts, p) < CHI2_CRIT_001[3]
+    assert chi_square(drafted, p) > CHI2_CRIT_001[3]  # the statistic has the power to see q != p
+
+
+def test_speculative_sampling_matches_the_targets_joint_distribution():
+    """The first two tokens of the full loop (gamma 2, vocab 4) follow the target's p(x1) and p(x2)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=4, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                         max_position_embeddings=32, initializer_range=0.5, tie_word_embeddings=True)
+    torch.manual_seed(3)
+    target = LlamaForCausalLM(config).eval()
+    drafter = truncated(target, 1)
+    prompt = [1, 2]
+    with torch.inference_mode():
+        p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1], -1)
+        p2 = torch.stack([torch.softmax(target(torch.tensor([prompt + [x]])).logits[0, -1], -1)
+                          for x in range(4)])
+        q1 = torch.softmax(drafter(torch.tensor([prompt])).logits[0, -1], -1)
+    second = (p1[:, None] * p2).sum(0)  # marginal of x2: sum over x1 of p(x1) p(x2 | x1)
+    assert (p1 - q1).abs().max() > 0.05  # the drafter really differs from the target
+    gen = torch.Generator().manual_seed(7)
+    first, then = torch.zeros(4), torch.zeros(4)
+    for _ in range(800):
+        out = speculative_generate(target, drafter, prompt, gamma=2, max_new_tokens=3, temperature=1.0,
+                                   generator=gen)
+        first[out.tokens[0]] += 1
+        then[out.tokens[1]] += 1
+    assert chi_square(first, p1) < CHI2_CRIT_001[3]
+    assert chi_square(then, second) < CHI2_CRIT_001[3]
+    assert chi_square(first, q1) > CHI2_CRIT_001[3]  # the drafter's own distribution is told apart
