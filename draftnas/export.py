@@ -198,7 +198,8 @@ def _plan_section(plan: PruningPlan | None) -> list[str]:
         f"- query heads {plan.num_attention_heads}, KV heads {plan.num_key_value_heads}, "
         f"MLP channels {plan.intermediate_size} (importance: {plan.importance})",
         "- the full plan (kept head, KV-group and channel indices per layer) is in `draftnas.json`; "
-        "`draftnas export --plan draftnas.json --base BASE` replays it bit-identically.",
+        "`draftnas export --plan draftnas.json --base BASE` replays the pruning bit-identically "
+        "(healing, when recorded below, is then redone).",
         "",
     ]
 
@@ -227,8 +228,16 @@ def _figures_section(info: ExportInfo) -> list[str]:
     return lines
 
 
+def _model_ref(spec: str) -> str:
+    """A hub id as is; a local or embedded name as a placeholder path the reader fills in."""
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        return repr(spec)
+    return repr(f"path/to/{Path(spec).name or spec}")
+
+
 def _usage_section(info: ExportInfo) -> list[str]:
     g = info.gamma
+    target = _model_ref(info.target)
     return [
         "## Use",
         "",
@@ -236,9 +245,9 @@ def _usage_section(info: ExportInfo) -> list[str]:
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        f"target = AutoModelForCausalLM.from_pretrained({info.target!r})",
+        f"target = AutoModelForCausalLM.from_pretrained({target})",
         "drafter = AutoModelForCausalLM.from_pretrained(\"path/to/this/folder\")",
-        f"tokenizer = AutoTokenizer.from_pretrained({info.target!r})",
+        f"tokenizer = AutoTokenizer.from_pretrained({target})",
         "inputs = tokenizer(\"Hello\", return_tensors=\"pt\")",
         "out = target.generate(**inputs, assistant_model=drafter, do_sample=False, max_new_tokens=64)",
         "```",
@@ -249,7 +258,7 @@ def _usage_section(info: ExportInfo) -> list[str]:
         "",
         "```python",
         "from vllm import LLM",
-        f"llm = LLM(model={info.target!r}, speculative_config={{\"model\": \"path/to/this/folder\", "
+        f"llm = LLM(model={target}, speculative_config={{\"model\": \"path/to/this/folder\", "
         f"\"num_speculative_tokens\": {g}}})",
         "```",
         "",

@@ -228,3 +228,18 @@ def test_exported_smollm2_drafter_is_a_lossless_assistant(smollm2, tmp_path):
         assisted = smollm2.model.generate(**inputs, assistant_model=assistant, max_new_tokens=12,
                                           do_sample=False)
     assert torch.equal(plain, assisted)
+
+
+def test_heal_cli_json_and_out(tiny_base, tmp_path):
+    """`draftnas heal --plan ... --json --out DIR`: heals toward the live base, exports the result."""
+    folder, _, _ = tiny_base
+    plan_file = _plan(str(folder)).save(tmp_path / "plan.json")
+    out = tmp_path / "healed"
+    proc = subprocess.run([sys.executable, "-m", "draftnas", "heal", "--plan", str(plan_file), "--steps", "2",
+                           "--batch-size", "2", "--prompts", "chat", "--per-domain", "4",
+                           "--max-new-tokens", "4", "--eval-every", "0", "--json", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["steps"] == 2 and result["teacher"] == "live" and len(result["readings"]) == 2
+    assert json.loads((out / "draftnas.json").read_text())["heal"]["steps"] == 2
