@@ -216,7 +216,7 @@ def model_vocab_size(model: Any) -> int:
     return int(model.get_input_embeddings().weight.shape[0])
 
 
-def _versions() -> dict[str, str]:
+def package_versions() -> dict[str, str]:
     import importlib.metadata as md
 
     out = {}
@@ -248,7 +248,7 @@ def make_metadata(loaded: LoadedModel, prompts: Sequence[Prompt], options: Trace
         top_k=options.top_k,
         max_new_tokens=options.max_new_tokens,
         eos_token_ids=eos_token_ids(model, tokenizer),
-        versions=_versions(),
+        versions=package_versions(),
     )
 
 

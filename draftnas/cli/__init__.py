@@ -10,6 +10,7 @@ import sys
 
 from draftnas.cli import cmd_basic  # noqa: F401  (registers commands)
 from draftnas.cli import cmd_trace  # noqa: F401
+from draftnas.cli import cmd_bench  # noqa: F401
 from draftnas.cli import cmd_heal  # noqa: F401
 from draftnas.cli import cmd_export  # noqa: F401
 from draftnas.cli import cmd_search  # noqa: F401

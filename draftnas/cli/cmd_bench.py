@@ -1,0 +1,82 @@
+"""`draftnas bench`: real speculative decoding of target + drafter, measured beside the estimate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from draftnas.cli.app import app, console, err_console
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _flag(value: bool | None) -> str:
+    return "n/a (sampling)" if value is None else ("[green]true[/green]" if value else "[red]false[/red]")
+
+
+@app.command()
+def bench(
+    target: str = typer.Option(..., "--target", "-t", help="Target model: embedded name, folder or .gguf."),
+    draft: str = typer.Option(..., "--draft", "-d", help="Draft model folder (target's tokenizer)."),
+    gamma: int = typer.Option(4, "--gamma", "-g", help="Draft tokens per step."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (checked lossless)."),
+    prompts: str = typer.Option("all", "--prompts", "-p", help="Prompt set or JSONL file."),
+    per_domain: int | None = typer.Option(2, "--per-domain",
+                                          help="At most this many prompts per domain (0 = all)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="New tokens per prompt."),
+    seed: int = typer.Option(0, "--seed", help="Seed of sampling runs."),
+    no_hf: bool = typer.Option(False, "--no-hf", help="Skip transformers' assisted generation."),
+    json_path: Path | None = typer.Option(None, "--json", help="Also write the result as JSON here."),
+) -> None:
+    """Decode with the target alone, draftnas's speculative loop and HF assisted generation; compare."""
+    from draftnas.bench import BenchOptions, run_bench
+    from draftnas.prompts import load_prompts
+
+    prompt_list = load_prompts(prompts, per_domain=per_domain or None)
+    options = BenchOptions(gamma=gamma, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                           hf_assisted=not no_hf)
+    options.validate()
+    with Progress(TextColumn("[bold]bench[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console) as bar:
+        task = bar.add_task("bench", total=None)
+        result = run_bench(target, draft, prompt_list, options,
+                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    per = Table(title="Per prompt", header_style="bold")
+    for col in ("prompt", "domain", "new tok", "target s", "draftnas s", "HF s", "tok/step", "lossless"):
+        per.add_column(col, justify="left" if col in ("prompt", "domain") else "right")
+    for r in result.prompts:
+        per.add_row(r.prompt_id, r.domain, str(r.new_tokens), f"{r.target_s:.2f}", f"{r.draftnas_s:.2f}",
+                    _fmt(r.hf_assisted_s), f"{r.draftnas_tokens / max(r.steps, 1):.2f}", _flag(r.lossless))
+    console.print(per)
+    table = Table(show_header=False,
+                  title=f"Speculative decoding, gamma={result.gamma}, T={result.temperature:g} "
+                        f"({result.n_prompts} prompts x {result.max_new_tokens} tokens, {result.device}, "
+                        f"{result.dtype}, {result.threads} threads)")
+    rows = [
+        ("target alone", f"{result.target_tokens_per_s:.2f} tokens/s"),
+        ("draftnas loop", f"{result.draftnas_tokens_per_s:.2f} tokens/s ({result.draftnas_speedup:.3f}x)"),
+        ("HF assisted generate", f"{_fmt(result.hf_assisted_tokens_per_s)} tokens/s "
+                                 f"({_fmt(result.hf_assisted_speedup, '.3f')}x)"),
+        ("tokens per step (measured)",
+         f"{result.tokens_per_step:.3f}  (HF: {_fmt(result.hf_tokens_per_step, '.3f')})"),
+        ("tokens per step (estimated)",
+         f"{_fmt(result.predicted_tokens_per_step, '.3f')}  [{_fmt(result.predicted_ci_low, '.3f')}, "
+         f"{_fmt(result.predicted_ci_high, '.3f')}] in {_fmt(result.estimator_s)} s"),
+        ("mean accepted drafts per step", f"{result.mean_accepted_per_step:.3f} "
+                                          f"(acceptance {result.draft_acceptance_rate:.3f})"),
+        ("lossless (draftnas / HF)", f"{_flag(result.lossless)} / {_flag(result.hf_lossless)}"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)
+    if json_path is not None:
+        console.print(f"result written to {json_path}")

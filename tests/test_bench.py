@@ -1,0 +1,113 @@
+"""`draftnas bench` on tiny random models (structure), and one short run on the real SmolLM2."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from draftnas.bench import BenchOptions, BenchResult, run_bench
+from draftnas.errors import InvalidInputError
+from draftnas.prompts import Prompt
+from draftnas.sources import LoadedModel, ModelSource
+
+
+class TinyTokenizer:
+    chat_template = None
+    eos_token_id = None
+    pad_token_id = 0
+
+    def __init__(self, shift: int = 0) -> None:
+        self.shift = shift
+
+    def get_vocab(self):
+        return {f"t{(i + self.shift) % 128}": i for i in range(128)}
+
+    def __call__(self, text):
+        return {"input_ids": [ord(c) % 128 for c in text]}
+
+
+def _loaded(model, spec, tokenizer=None):
+    return LoadedModel(model, tokenizer or TinyTokenizer(), ModelSource(spec=spec, kind="folder", location=spec),
+                       None, 0.0, True)
+
+
+def _truncated(model, k):
+    small = copy.deepcopy(model)
+    small.model.layers = torch.nn.ModuleList(list(small.model.layers)[:k])
+    for i, layer in enumerate(small.model.layers):
+        layer.self_attn.layer_idx = i
+    small.config.num_hidden_layers = k
+    return small
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tiny_llama_config):
+    from transformers import LlamaForCausalLM
+
+    config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2})
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(config).eval()
+    target.generation_config.eos_token_id = None
+    target.generation_config.pad_token_id = 0
+    drafter = _truncated(target, 2)
+    return _loaded(target, "tiny-target"), _loaded(drafter, "tiny-draft")
+
+
+PROMPTS = (Prompt(id="a", domain="x", text="speculate "), Prompt(id="b", domain="y", text="draft nas " * 2),
+           Prompt(id="c", domain="x", text="verify"))
+
+
+def test_greedy_bench_is_lossless_and_the_estimate_is_exact(tiny_pair):
+    target, draft = tiny_pair
+    result = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16))
+    assert result.lossless is True and result.hf_lossless is True
+    assert all(r.lossless for r in result.prompts) and len(result.prompts) == 3
+    assert result.predicted_tokens_per_step == pytest.approx(result.tokens_per_step, rel=1e-9)
+    assert 1.0 <= result.tokens_per_step <= 4.0
+    assert result.mean_accepted_per_step == pytest.approx(result.tokens_per_step - 1.0)
+    assert result.target_tokens_per_s > 0 and result.draftnas_tokens_per_s > 0
+    assert result.hf_assisted_tokens_per_s and result.hf_tokens_per_step
+    assert BenchResult.from_dict(result.to_dict()) == result
+
+
+def test_sampling_bench_runs_without_a_lossless_claim(tiny_pair):
+    target, draft = tiny_pair
+    progress = []
+    result = run_bench(target, draft, PROMPTS[:2], BenchOptions(gamma=2, temperature=1.0, max_new_tokens=8,
+                                                                hf_assisted=False),
+                       progress=lambda done, total: progress.append((done, total)))
+    assert result.lossless is None and result.hf_assisted_tokens_per_s is None
+    assert result.predicted_tokens_per_step is not None and 1.0 <= result.predicted_tokens_per_step <= 3.0
+    assert progress[-1] == (3, 3)
+
+
+def test_other_tokenizer_and_bad_options_are_refused(tiny_pair):
+    target, draft = tiny_pair
+    other = _loaded(draft.model, "other", TinyTokenizer(shift=1))
+    with pytest.raises(InvalidInputError, match="must share one tokenizer"):
+        run_bench(target, other, PROMPTS, BenchOptions(max_new_tokens=4))
+    with pytest.raises(InvalidInputError, match="gamma must be in"):
+        run_bench(target, draft, PROMPTS, BenchOptions(gamma=0))
+
+
+@pytest.fixture
+def one_thread():
+    """A shared 2-core box decodes a small model faster on one thread (no OpenMP hand-offs)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.real_model
+@pytest.mark.usefixtures("one_thread")
+def test_smollm2_bench_is_lossless_and_matches_the_estimate(smollm2):
+    drafter = _truncated(smollm2.model, 4)
+    draft = LoadedModel(drafter, smollm2.tokenizer, ModelSource(spec="first4", kind="folder", location="-"),
+                        None, 0.0, True)
+    prompts = (Prompt(id="m", domain="math", text="What is 12 times 12?"),)
+    result = run_bench(smollm2, draft, prompts, BenchOptions(gamma=3, max_new_tokens=10, hf_assisted=False))
+    assert result.lossless is True
+    assert result.predicted_tokens_per_step == pytest.approx(result.tokens_per_step, rel=1e-6)
