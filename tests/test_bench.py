@@ -29,8 +29,8 @@ class TinyTokenizer:
 
 
 def _loaded(model, spec, tokenizer=None):
-    return LoadedModel(model, tokenizer or TinyTokenizer(), ModelSource(spec=spec, kind="folder", location=spec),
-                       None, 0.0, True)
+    source = ModelSource(spec=spec, kind="folder", location=spec)
+    return LoadedModel(model, tokenizer or TinyTokenizer(), source, None, 0.0, True)
 
 
 def _truncated(model, k):
