@@ -31,7 +31,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -192,6 +192,7 @@ class SearchResult(Record):
     interrupted: bool
     wall_s: float
     baseline_tokens_per_s: float
+    interrupted_trial: int | None = None  # the trial in flight at Ctrl-C (told FAIL), if any
 
     @property
     def best(self) -> RankedTrial | None:
@@ -573,6 +574,7 @@ class _Run:
     dists: dict[str, BaseDistribution]
     told: list[int] = field(default_factory=list)
     failures_in_a_row: int = 0
+    interrupted_trial: int | None = None
 
 
 def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: Evaluator, *,
@@ -608,9 +610,10 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
         _loop(run, start, progress)
     except KeyboardInterrupt:
         interrupted = True
-        log.warning("interrupted: the trial in flight was marked FAIL; re-run the command to resume")
-    return collect_result(study, storage_url, options, info, run.told, interrupted,
-                          time.monotonic() - start)
+        log.info("interrupted (trial in flight: %s); re-run the command to resume", run.interrupted_trial)
+    result = collect_result(study, storage_url, options, info, run.told, interrupted,
+                            time.monotonic() - start)
+    return replace(result, interrupted_trial=run.interrupted_trial)
 
 
 def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) -> None:
@@ -637,6 +640,7 @@ def _one_trial(run: _Run, trials: Sequence[FrozenTrial]) -> None:
         with _heartbeat(run.study, trial._trial_id):
             state, values = _evaluate_trial(run, trial, trials)
     except KeyboardInterrupt:
+        run.interrupted_trial = trial.number
         with contextlib.suppress(Exception):
             trial.set_user_attr("failed_reason", "interrupted (Ctrl-C)")
             run.study.tell(trial, state=TrialState.FAIL)

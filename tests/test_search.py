@@ -182,6 +182,7 @@ def test_ctrl_c_fails_the_trial_in_flight_and_a_rerun_resumes(tmp_path):
     first = run_search(smol_options(tmp_path, n_trials=8, sampler="random", upper_bound_pruning=False),
                        StubLatency(), FakeMeasured(interrupt_at=3))
     assert first.interrupted and first.counts["FAIL"] == 1 and first.counts["COMPLETE"] == 2
+    assert first.interrupted_trial == 2
     study = _load(normalize_storage(str(tmp_path / "study.db"), "t"), "t")
     failed = study.get_trials(states=(TrialState.FAIL,))[0]
     assert failed.user_attrs["failed_reason"] == "interrupted (Ctrl-C)"
@@ -335,3 +336,22 @@ def test_weights_evaluator_prunes_heals_and_measures_on_real_smollm2(smollm2, tm
     assert plan is not None and plan["intermediate_size"] == 768 and len(plan["layers"]) == 2
     assert plan["kept_channels"] is not None  # a real plan: importance chose the channels
     assert evaluation.candidate.arch.intermediate_size == 768
+
+
+def test_ctrl_c_on_the_cli_prints_the_table_so_far_and_leaves_nothing_running(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'c.db'}"
+    proc = subprocess.Popen(_cli("--trials", "100000", "--storage", storage, "--study", "c"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.3)
+        try:
+            if len(_load(storage, "c").get_trials(states=(TrialState.COMPLETE,))) >= 3:
+                break
+        except KeyError:
+            pass
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "ACCEPTANCE ASSUMED" in out and "trials:" in out and "interrupted:" in err
+    assert not _load(storage, "c").get_trials(states=(TrialState.RUNNING,))

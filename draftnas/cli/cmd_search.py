@@ -133,8 +133,9 @@ def search(
         result = run(request, progress=on("trials"), trace_progress=on("tracing target"))
     _render(result, top, json_path)
     if result.interrupted:
-        err_console.print("[yellow]interrupted: the trial in flight was marked FAIL; re-run the same "
-                          "command to resume[/yellow]")
+        lost = (f"trial {result.interrupted_trial} (in flight) was marked FAIL"
+                if result.interrupted_trial is not None else "no trial was in flight")
+        err_console.print(f"[yellow]interrupted: {lost}; re-run the same command to resume[/yellow]")
         sys.exit(130)
 
 
