@@ -71,6 +71,9 @@ def render_markdown(result: SearchResult, plot_names: list[str], top: int = 20) 
         lines += [f"**Best:** trial {b.number}, `{b.candidate.name}` ({b.candidate.shape_label()}): "
                   f"{b.throughput.tokens_per_s:,.1f} tokens/s predicted, {b.throughput.speedup:.3f}x "
                   f"plain decoding ({b.throughput.baseline_tokens_per_s:,.1f} tokens/s).", ""]
+        if b.throughput.speedup < 1.0:
+            lines += ["No candidate beats plain decoding: measured acceptance is below break-even at "
+                      "this healing budget (the ranking shows which drafters come closest).", ""]
     lines += ["## Ranking", "", _table(result.ranked[:top], info.acceptance_assumed), ""]
     if result.pareto:
         lines += ["## Pareto front (draft latency vs acceptance)", "",

@@ -69,6 +69,9 @@ def summary_lines(result: SearchResult) -> list[str]:
         lines.append(f"best: trial {b.number} {b.candidate.name}: {b.throughput.tokens_per_s:,.1f} tokens/s, "
                      f"{b.throughput.speedup:.3f}x plain decoding "
                      f"({b.throughput.baseline_tokens_per_s:,.1f} tokens/s)")
+    if result.best is not None and result.best.throughput.speedup < 1.0:
+        lines.append("NOTE: no candidate beats plain decoding (speedup < 1): acceptance is below "
+                     "break-even at this healing budget; heal longer or search another base.")
     if result.info.acceptance_assumed:
         lines.append(f"NOTE: {result.info.note}; ranking reflects latency only.")
     return lines
