@@ -370,6 +370,10 @@ def estimate_acceptance(
     model, fingerprint = _unwrap(drafter_model)
     check_compatible(traces, vocab_size=model_vocab_size(model), fingerprint=fingerprint)
     selected = traces.select(temperature=temperature)
+    if vocab_subset is None:  # a drafter given a reduced head by draftnas.vocab.apply_vocab_subset
+        vocab_subset = getattr(model, "draft_vocab_subset", None)
+    if vocab_subset is not None and hasattr(vocab_subset, "ids"):
+        vocab_subset = list(vocab_subset.ids)
     subset = _subset_tensor(vocab_subset, traces.metadata.vocab_size)
     _check_head(model, traces.metadata.vocab_size, subset)
     per = _teacher_forced(model, selected.records, temperature, subset, traces.metadata.vocab_size, progress)

@@ -287,6 +287,25 @@ def _selected_logits(model: Any, batch: _Batch) -> torch.Tensor:
     return head(hidden[batch.positions[:, 0], batch.positions[:, 1]]).float()  # [N, V]
 
 
+def _head_subset(model: Any) -> torch.Tensor | None:
+    """Full ids of a reduced draft head's rows (draftnas.vocab.apply_vocab_subset), else None."""
+    subset = getattr(model, "draft_vocab_subset", None)
+    return None if subset is None else subset.head_to_full()
+
+
+def _topk_to_head(model: Any, batch: _Batch) -> tuple[Any, ...]:
+    """The batch's top-k teacher in the drafter's head rows: ids outside a reduced head's subset
+    move their probability into the leftover bucket."""
+    subset = getattr(model, "draft_vocab_subset", None)
+    if subset is None:
+        return batch.topk_ids, batch.topk_probs, batch.leftover, None
+    rows = subset.full_to_head()[batch.topk_ids]  # [N, K], -1 outside
+    inside = rows >= 0
+    probs = batch.topk_probs * inside
+    leftover = batch.leftover + (batch.topk_probs * ~inside).sum(-1)
+    return rows.clamp(min=0), probs, leftover, inside
+
+
 def kl_to_logits(drafter_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
     """Mean over positions of KL(softmax(target) || softmax(drafter)); inputs [N, V]."""
     import torch
@@ -297,7 +316,7 @@ def kl_to_logits(drafter_logits: torch.Tensor, target_logits: torch.Tensor) -> t
 
 
 def kl_to_topk(drafter_logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor,
-               leftover: torch.Tensor) -> torch.Tensor:
+               leftover: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean KL of the target's top-k + leftover bucket to the drafter's matching buckets.
 
     drafter_logits [N, V]; topk_ids / topk_probs [N, K]; leftover [N] (1 - sum of top-k).
@@ -307,7 +326,8 @@ def kl_to_topk(drafter_logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs:
 
     log_q = torch.log_softmax(drafter_logits, dim=-1)
     log_q_k = log_q.gather(1, topk_ids)  # [N, K]
-    q_rest = (1.0 - log_q_k.exp().sum(-1)).clamp(min=1e-8)
+    q_k = log_q_k.exp() if mask is None else log_q_k.exp() * mask  # mask: top-k ids the head has
+    q_rest = (1.0 - q_k.sum(-1)).clamp(min=1e-8)
     p = topk_probs.clamp(min=0.0)
     eps = 1e-8
     kl_k = (p * (torch.log(p + eps) - log_q_k)).sum(-1)
@@ -349,6 +369,9 @@ def measure_agreement(model: Any, seqs: Sequence[HealSequence], *, gamma: int = 
             chunk = seqs[start:start + batch_size]
             batch = _collate(chunk, pad_id, with_topk=False)
             pred = _selected_logits(model, batch).argmax(-1)
+            subset = _head_subset(model)
+            if subset is not None:  # head rows -> full-vocabulary ids
+                pred = subset[pred]
             agree = (pred == batch.top1).tolist()
             hits += sum(agree)
             total += len(agree)
@@ -373,9 +396,11 @@ def trainable_parameters(drafter: Any, train: str) -> list[tuple[str, Any]]:
     else:
         frozen_ids = {id(drafter.get_input_embeddings().weight)}
         head = drafter.get_output_embeddings()
-        if head is not None:
+        if head is not None and _head_subset(drafter) is None:  # a reduced head is untied: it trains
             frozen_ids.add(id(head.weight))
         chosen = {n for n, p in named if id(p) not in frozen_ids and (".layers." in n or "norm" in n)}
+        if head is not None and _head_subset(drafter) is not None:
+            chosen |= {n for n, p in named if p is head.weight}
     out = []
     for name, param in named:
         param.requires_grad_(name in chosen)
@@ -583,9 +608,12 @@ def _train(drafter: Any, target: Any, data: HealData, options: HealOptions, para
         if target is not None:
             with torch.no_grad():
                 target_logits = _selected_logits(target, batch)
+            subset = _head_subset(drafter)
+            if subset is not None:  # a reduced head: KL to the target renormalized over the subset
+                target_logits = target_logits[:, subset]
             loss = kl_to_logits(logits, target_logits)
         else:
-            loss = kl_to_topk(logits, batch.topk_ids, batch.topk_probs, batch.leftover)
+            loss = kl_to_topk(logits, *_topk_to_head(drafter, batch))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)

@@ -106,9 +106,20 @@ def _replace(tmp: Path, out: Path) -> None:
 
 def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) -> None:
     from draftnas.registry import Architecture
+    from draftnas.vocab import expand_head, model_subset
 
     _set_generation_config(model, info.gamma)
-    model.save_pretrained(folder, safe_serialization=True)
+    subset = model_subset(model)
+    if subset is not None:  # a reduced head: store the full-vocabulary head, the kept ids beside it
+        reduced = model.get_output_embeddings()
+        expand_head(model, subset)
+        try:
+            model.save_pretrained(folder, safe_serialization=True)
+        finally:
+            model.set_output_embeddings(reduced)
+        subset.save(folder)
+    else:
+        model.save_pretrained(folder, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     arch = Architecture.from_hf_config(model.config, name=_drafter_name(info))
@@ -122,7 +133,7 @@ def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) ->
         "versions": _versions(),
     }
     (folder / "draftnas.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    (folder / "README.md").write_text(model_card(info, arch.to_dict(), parameters))
+    (folder / "README.md").write_text(model_card(info, arch.to_dict(), parameters, subset))
 
 
 def _set_generation_config(model: Any, gamma: int) -> None:
@@ -145,7 +156,7 @@ def _drafter_name(info: ExportInfo) -> str:
 # --------------------------------------------------------------------------- model card
 
 
-def model_card(info: ExportInfo, arch: dict[str, Any], parameters: int) -> str:
+def model_card(info: ExportInfo, arch: dict[str, Any], parameters: int, subset: Any = None) -> str:
     """README.md with YAML metadata (base_model, tags, target) and the plan and figures."""
     name = _drafter_name(info)
     front = [
@@ -180,6 +191,7 @@ def model_card(info: ExportInfo, arch: dict[str, Any], parameters: int) -> str:
         *_plan_section(info.plan),
         *_figures_section(info),
         *_usage_section(info),
+        *_vocab_section(subset, info),
     ]
     return "\n".join(front + body) + "\n"
 
@@ -263,6 +275,43 @@ def _usage_section(info: ExportInfo) -> list[str]:
         "```",
         "",
         "Drafter and target must share one tokenizer (this drafter keeps the base's vocabulary).",
+        "",
+    ]
+
+
+def _vocab_section(subset: Any, info: ExportInfo) -> list[str]:
+    """How the reduced draft vocabulary is stored and which runtimes can use it."""
+    if subset is None:
+        return []
+    measured = info.measured or {}
+    cost = ""
+    if "draft_ms_reduced_head" in measured and "draft_ms_full_head" in measured:
+        cost = (f" Measured on the export machine: {measured['draft_ms_full_head']:.1f} ms per drafted "
+                f"token with the full head against {measured['draft_ms_reduced_head']:.1f} ms with the "
+                f"reduced head.")
+    coverage = f"{subset.coverage:.3f}" if subset.coverage is not None else "unknown"
+    return [
+        "## Reduced draft vocabulary",
+        "",
+        f"This drafter was trained to predict over **{subset.size:,} of the {subset.vocab_size:,} "
+        "token ids** "
+        f"(the most frequent tokens of the target's own outputs on the workload, plus special tokens; "
+        f"coverage of those outputs: {coverage}). "
+        f"The kept ids are in `draft_vocab.json` (fingerprint `{subset.fingerprint}`).",
+        "",
+        "- **draftnas** (`draftnas bench`, `draftnas.speculative.speculative_generate`) reads "
+        "`draft_vocab.json` and slices the LM head to those rows: that small head is where the speed "
+        "comes from. Verification by the target is unchanged, so greedy output stays identical to the "
+        "target's own.",
+        "- **Plain transformers** (`assistant_model=`): `model.safetensors` holds a full-vocabulary, untied "
+        "LM head (kept rows = the trained reduced head, the other rows = the input embedding), so the folder "
+        "loads with no remote code and stays lossless, but every drafted token pays for the full head."
+        + cost,
+        "- **vLLM / SGLang**: neither reads `draft_vocab.json` for a plain draft model. Their "
+        "reduced-vocabulary support is for EAGLE-family heads (EAGLE-3 checkpoints carry "
+        "draft-to-target id maps; SGLang's "
+        "`--speculative-token-map` gives EAGLE-2 a frequency-ranked head). Serve this folder as an ordinary "
+        "draft model there (full head).",
         "",
     ]
 

@@ -46,6 +46,7 @@ class SpeculativeOutput:
     accepted: list[int] = field(default_factory=list)
     drafted: list[int] = field(default_factory=list)
     elapsed_s: float = 0.0
+    draft_s: float = 0.0  # time spent in the drafter (all steps)
 
     @property
     def steps(self) -> int:
@@ -182,6 +183,10 @@ def speculative_generate(
                                 f"{gamma}, {max_new_tokens}, {temperature:g}")
     started = time.perf_counter()
     vocab_size = int(target.get_input_embeddings().weight.shape[0])
+    if vocab_subset is None:  # a drafter given a reduced head by draftnas.vocab.apply_vocab_subset
+        vocab_subset = getattr(drafter, "draft_vocab_subset", None)
+    if vocab_subset is not None and hasattr(vocab_subset, "ids"):
+        vocab_subset = list(vocab_subset.ids)
     subset = None if vocab_subset is None else torch.as_tensor(vocab_subset, dtype=torch.long)
     draft = _Drafter(drafter, vocab_size, subset)
     cache, cached = DynamicCache(), 0
@@ -191,7 +196,9 @@ def speculative_generate(
         while len(out.tokens) < max_new_tokens:
             base = len(seq)
             g = max(0, min(gamma, max_new_tokens - len(out.tokens) - 1))
+            t0 = time.perf_counter()
             drafts, qs = _draft(draft, seq, g, temperature, eos, generator)
+            out.draft_s += time.perf_counter() - t0
             feed = torch.tensor([seq[cached:] + drafts], dtype=torch.long)
             logits = target(input_ids=feed, past_key_values=cache, use_cache=True,
                             logits_to_keep=len(drafts) + 1).logits[0]  # [g+1, V]

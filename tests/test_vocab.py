@@ -1,0 +1,246 @@
+"""Reduced-vocabulary draft heads: ids, selection, lossless decoding, healing, export; Gemma-3 pruning."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from draftnas.errors import InvalidInputError
+from draftnas.vocab import (
+    VocabSubset,
+    apply_vocab_subset,
+    expand_head,
+    load_vocab_subset,
+    maybe_apply_saved_subset,
+    select_subset,
+    special_token_ids,
+)
+
+V = 128
+
+
+def _tiny_llama(config, seed=0):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_ids_round_trip_and_out_of_subset_is_minus_one():
+    s = VocabSubset(ids=(2, 5, 9, 100), vocab_size=V)
+    assert s.size == 4
+    assert s.to_full(s.to_head([2, 5, 9, 100])) == [2, 5, 9, 100]
+    assert s.to_head([3, 9]) == [-1, 2]
+    f2h, h2f = s.full_to_head(), s.head_to_full()
+    assert torch.equal(h2f[f2h[h2f]], h2f)
+    assert int((f2h >= 0).sum()) == 4 and int(f2h[7]) == -1
+    assert len(s.fingerprint) == 16 and s.fingerprint != VocabSubset(ids=(2, 5, 9), vocab_size=V).fingerprint
+
+
+@pytest.mark.parametrize("ids", [(), (3, 2), (1, 1), (V,), (-1,)])
+def test_bad_subsets_are_refused(ids):
+    with pytest.raises(InvalidInputError):
+        VocabSubset(ids=ids, vocab_size=V)
+
+
+def test_selection_keeps_specials_then_most_frequent():
+    seqs = [[5, 5, 5, 7, 7, 9], [5, 7, 11]]
+    s = select_subset(seqs, 3, V, required=[0])
+    assert s.ids == (0, 5, 7)  # special 0, then 5 (4x), 7 (3x)
+    assert s.coverage == pytest.approx(7 / 9)
+    filled = select_subset([[4]], 4, V, fallback_sequences=[[50, 50, 60]])
+    assert filled.ids == (0, 4, 50, 60)  # 4 ranked, then the fallback 50, 60, then the lowest id
+    with pytest.raises(InvalidInputError):
+        select_subset(seqs, 1, V, required=[0, 1])
+
+
+def test_special_tokens_include_eos_and_template_tokens():
+    class Tok:
+        eos_token_id, bos_token_id, pad_token_id, unk_token_id = 2, 1, None, None
+        all_special_ids = [1, 2, 3]
+        chat_template = "{{ '<|im_start|>' }}"
+
+        def get_added_vocab(self):
+            return {"<|im_start|>": 7, "<unused>": 8}
+
+    assert special_token_ids(Tok()) == [1, 2, 3, 7]
+
+
+def test_save_load_and_head_slicing(tmp_path, tiny_llama_config):
+    model = _tiny_llama(tiny_llama_config)
+    full_logits = model(torch.tensor([[1, 2, 3]])).logits[0, -1]
+    s = VocabSubset(ids=tuple(range(0, V, 4)), vocab_size=V, source="x")
+    apply_vocab_subset(model, s)
+    assert model.get_output_embeddings().weight.shape[0] == s.size
+    assert model.get_input_embeddings().weight.shape[0] == V  # reads any target token
+    reduced = model(torch.tensor([[1, 2, 3]])).logits[0, -1]
+    assert torch.allclose(reduced, full_logits[s.head_to_full()], atol=1e-5)
+    s.save(tmp_path)
+    assert load_vocab_subset(tmp_path) == s
+    assert json.loads((tmp_path / "draft_vocab.json").read_text())["size"] == s.size
+    expand_head(model, s)
+    assert model.get_output_embeddings().weight.shape[0] == V
+    assert maybe_apply_saved_subset(model, tmp_path) == s
+    assert model.get_output_embeddings().weight.shape[0] == s.size
+
+
+def test_sampled_q_over_a_subset_is_a_distribution():
+    from draftnas.speculative import _Drafter, _probs
+
+    s = VocabSubset(ids=(1, 4, 9, 30), vocab_size=V)
+    drafter = _Drafter.__new__(_Drafter)
+    drafter.vocab_size, drafter.subset = V, s.head_to_full()
+    q = drafter.full_probs(_probs(torch.tensor([0.3, -1.0, 2.0, 0.0]), 0.7))
+    assert q.shape == (V,) and float(q.sum()) == pytest.approx(1.0)
+    outside = torch.ones(V, dtype=torch.bool)
+    outside[s.head_to_full()] = False
+    assert float(q[outside].sum()) == 0.0
+    # the acceptance probability sum_x min(p, q) is a probability, and a target token outside the
+    # subset is never drafted: its p mass can only be reached through the residual
+    p = torch.softmax(torch.randn(V), -1)
+    beta = float(torch.minimum(p, q).sum())
+    assert 0.0 <= beta <= 1.0
+    residual = (p - q).clamp(min=0)
+    assert float((residual / residual.sum()).sum()) == pytest.approx(1.0)
+
+
+def test_estimator_counts_out_of_subset_tokens_as_rejections():
+    from draftnas.acceptance import estimate_acceptance
+    from tests.test_acceptance import AGREE, StubDrafter, bigram, make_traces
+
+    full = estimate_acceptance(StubDrafter(bigram), make_traces([AGREE]), max_gamma=1)
+    subset = VocabSubset(ids=tuple(t for t in range(16) if t != 5), vocab_size=16)
+    cut = estimate_acceptance(StubDrafter(bigram), make_traces([AGREE]), max_gamma=1, vocab_subset=subset)
+    assert full.top1_agreement == 1.0 and cut.top1_agreement == pytest.approx(11 / 12)
+
+
+def test_reduced_head_drafter_is_lossless_in_the_loop(tiny_llama_config):
+    from draftnas.speculative import greedy_generate, speculative_generate
+
+    target = _tiny_llama(tiny_llama_config, seed=0)
+    drafter = _tiny_llama(tiny_llama_config, seed=0)
+    prompt = [3, 17, 42, 5]
+    ref = greedy_generate(target, prompt, max_new_tokens=24)
+    # a subset that holds some of the target's tokens and misses others
+    s = VocabSubset(ids=tuple(sorted(set(ref[::2]) | {0, 1})), vocab_size=V)
+    apply_vocab_subset(drafter, s)
+    out = speculative_generate(target, drafter, prompt, gamma=3, max_new_tokens=24)  # subset from the model
+    assert out.tokens == ref
+    assert out.draft_s > 0 and sum(out.accepted) > 0
+    gen = torch.Generator().manual_seed(0)
+    sampled = speculative_generate(target, drafter, prompt, gamma=2, max_new_tokens=16, temperature=1.0,
+                                   generator=gen)
+    assert len(sampled.tokens) == 16
+
+
+def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
+    from draftnas.distill import HealOptions, heal
+    from draftnas.speculative import greedy_generate
+    from draftnas.traces import TraceMetadata, TraceRecord, TraceRecordInfo, Traces
+
+    target = _tiny_llama(tiny_llama_config, seed=0)
+    records = []
+    for i in range(6):
+        prompt = [i + 1, 2 * i + 3]
+        cont = torch.tensor(greedy_generate(target, prompt, max_new_tokens=16))
+        top_ids = torch.stack([cont, (cont + 1) % V], -1)
+        top_p = torch.tensor([[0.7, 0.2]]).expand(len(cont), 2).contiguous()
+        info = TraceRecordInfo(prompt_id=f"p{i}", domain="d", language="en", temperature=0.0,
+                               prompt_len=2, continuation_len=len(cont), ended_with_eos=False)
+        records.append(TraceRecord(info, torch.tensor(prompt), cont, top_ids, top_p, 1 - top_p.sum(-1)))
+    meta = TraceMetadata(schema_version=1, target="t", target_kind="folder", model_type="llama",
+                         num_hidden_layers=4, vocab_size=V, tokenizer_fingerprint="f", chat_template=False,
+                         prompt_set="x", prompt_set_hash="h", n_prompts=6, temperatures=(0.0,), seed=0,
+                         top_k=2, max_new_tokens=16, eos_token_ids=())
+    traces = Traces(meta, records)
+    drafter = _tiny_llama(tiny_llama_config, seed=1)
+    drafter.model.layers = drafter.model.layers[:1]
+    drafter.config.num_hidden_layers = 1
+    cont_ids = [r.continuation_ids.tolist() for r in records]
+    s = select_subset(cont_ids, 24, V)
+    apply_vocab_subset(drafter, s)
+    head_before = drafter.get_output_embeddings().weight.detach().clone()
+    result = heal(drafter, traces, HealOptions(steps=30, batch_size=2, lr=1e-2, eval_every=0, heldout_every=3,
+                                               checkpoint_every=100))
+    assert not torch.equal(head_before, drafter.get_output_embeddings().weight)
+    assert result.top1_after >= result.top1_before
+
+
+def test_export_of_a_reduced_head_reloads_with_plain_transformers(tmp_path, tiny_llama_config):
+    from transformers import AutoModelForCausalLM
+
+    from draftnas.export import ExportInfo, export_drafter
+
+    model = _tiny_llama(tiny_llama_config)
+    s = VocabSubset(ids=tuple(range(0, V, 2)), vocab_size=V)
+    apply_vocab_subset(model, s)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(1.5)  # as if healed: differs from the embedding
+    ids = torch.tensor([[4, 8, 15]])
+    want = model(ids).logits[0, -1]
+    out = export_drafter(model, None, tmp_path / "d", ExportInfo(base="tiny", target="tiny"))
+    assert model.get_output_embeddings().weight.shape[0] == s.size  # the live model keeps its head
+    assert load_vocab_subset(out) == s
+    card = (out / "README.md").read_text()
+    assert "draft_vocab.json" in card and "assistant_model" in card
+    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert loaded.get_output_embeddings().weight.shape[0] == V
+    full = loaded(ids).logits[0, -1]
+    assert torch.allclose(full[s.head_to_full()], want, atol=1e-5)
+    maybe_apply_saved_subset(loaded, out)
+    assert torch.allclose(loaded(ids).logits[0, -1], want, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- Gemma-3
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=256, sliding_window=8,
+        layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2
+        + ["full_attention"], tie_word_embeddings=True, query_pre_attn_scalar=16,
+    )
+    torch.manual_seed(0)
+    return Gemma3ForCausalLM(config).eval()
+
+
+def test_gemma3_depth_and_width_pruning_reloads(tmp_path, tiny_gemma):
+    from transformers import AutoModelForCausalLM
+
+    from draftnas.prune import PlanOptions, apply_plan, plan_pruning
+
+    calib = torch.randint(0, V, (2, 24))
+    options = PlanOptions(layers=(0, 2, 4), num_attention_heads=2, intermediate_size=32)
+    plan = plan_pruning(tiny_gemma, options, calib)
+    drafter = apply_plan(tiny_gemma, plan)
+    cfg = drafter.config
+    assert cfg.num_hidden_layers == 3 and cfg.num_attention_heads == 2 and cfg.num_key_value_heads == 1
+    assert list(cfg.layer_types) == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert [layer.self_attn.is_sliding for layer in drafter.model.layers] == [True, False, True]
+    ids = torch.randint(0, V, (1, 20))  # longer than the sliding window
+    want = drafter(ids).logits
+    drafter.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert list(loaded.config.layer_types) == list(cfg.layer_types)
+    assert loaded.config.sliding_window == 8
+    assert torch.allclose(loaded(ids).logits, want, atol=1e-5)
+    assert len(tiny_gemma.model.layers) == 6  # the base is untouched
+
+
+def test_gemma3_reduced_head_drafter_is_lossless(tiny_gemma):
+    from draftnas.prune import PlanOptions, apply_plan, plan_pruning
+    from draftnas.speculative import greedy_generate, speculative_generate
+
+    drafter = apply_plan(tiny_gemma, plan_pruning(tiny_gemma, PlanOptions(layers=(0, 1, 2, 3, 4, 5))))
+    prompt = [5, 9, 2, 77, 31, 8, 64, 12, 3, 99]  # past the sliding window while decoding
+    ref = greedy_generate(tiny_gemma, prompt, max_new_tokens=20)
+    apply_vocab_subset(drafter, VocabSubset(ids=tuple(sorted(set(ref) | {0})), vocab_size=V))
+    out = speculative_generate(tiny_gemma, drafter, prompt, gamma=2, max_new_tokens=20)
+    assert out.tokens == ref
+    assert sum(out.accepted) > 0
