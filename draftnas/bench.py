@@ -78,6 +78,7 @@ class BenchPrompt(Record):
     hf_assisted_tokens: int | None = None
     hf_steps: int | None = None
     hf_lossless: bool | None = None
+    draft_s: float | None = None  # time inside the drafter in draftnas's loop
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,8 @@ class BenchResult(Record):
     prompts: tuple[BenchPrompt, ...] = ()
     versions: dict[str, str] | None = None
     wall_s: float = 0.0
+    draft_ms_per_token: float | None = None  # drafter time per drafted token in draftnas's loop
+    draft_vocab_size: int | None = None  # rows of a reduced draft head (draft_vocab.json), None = full
 
 
 @dataclass
@@ -126,6 +129,7 @@ class _Run:
     steps: int = 0
     accepted: int = 0
     drafted: int = 0
+    draft_s: float = 0.0
 
 
 class _Bench:
@@ -145,10 +149,25 @@ class _Bench:
         }
         if sampling:  # the plain temperature-T softmax: no top-k/top-p warping
             self.gen_kwargs.update(temperature=options.temperature, top_k=0, top_p=1.0)
+        self.full_head = self.reduced_head = None
+        self.subset = self._reduced_head(draft)
         cfg = draft.model.generation_config
         cfg.num_assistant_tokens = options.gamma
         cfg.num_assistant_tokens_schedule = "constant"
         cfg.assistant_confidence_threshold = 0.0
+
+    def _reduced_head(self, draft: LoadedModel) -> Any:
+        """A drafter folder with draft_vocab.json: draftnas's loop slices the head to the kept rows;
+        HF assisted generation gets the stored full-vocabulary head back for its runs."""
+        from draftnas.vocab import maybe_apply_saved_subset, model_subset
+
+        subset = model_subset(draft.model)
+        if subset is None and draft.folder is not None:
+            full = draft.model.get_output_embeddings()
+            subset = maybe_apply_saved_subset(draft.model, draft.folder)
+            if subset is not None:
+                self.full_head, self.reduced_head = full, draft.model.get_output_embeddings()
+        return subset
 
     def _generate(self, ids: list[int], seed: int, max_new_tokens: int, **extra: Any) -> _Run:
         import torch
@@ -167,10 +186,14 @@ class _Bench:
     def run_hf(self, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
         calls = [0]
         hook = self.target.model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        if self.full_head is not None:  # transformers needs the full-vocabulary head
+            self.draft.model.set_output_embeddings(self.full_head)
         try:
             run = self._generate(ids, seed, max_new_tokens, assistant_model=self.draft.model)
         finally:
             hook.remove()
+            if self.reduced_head is not None:
+                self.draft.model.set_output_embeddings(self.reduced_head)
         run.steps = calls[0]
         return run
 
@@ -185,7 +208,7 @@ class _Bench:
             eos_token_ids=self.eos, generator=torch.Generator().manual_seed(seed),
         )
         return _Run(tokens=out.tokens, elapsed_s=out.elapsed_s, steps=out.steps,
-                    accepted=sum(out.accepted), drafted=sum(out.drafted))
+                    accepted=sum(out.accepted), drafted=sum(out.drafted), draft_s=out.draft_s)
 
     def run(self, method: str, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
         runner = {"target": self.run_target, "draftnas": self.run_draftnas, "hf_assisted": self.run_hf}
@@ -220,6 +243,7 @@ def _bench_prompt(bench: _Bench, prompt: Prompt, ids: list[int], index: int) -> 
         hf_assisted_s=hf.elapsed_s if hf else None, hf_assisted_tokens=len(hf.tokens) if hf else None,
         hf_steps=hf.steps if hf else None,
         hf_lossless=(hf.tokens == ref.tokens) if (hf and greedy) else None,
+        draft_s=own.draft_s,
     )
     return row, ref.tokens
 
@@ -250,6 +274,8 @@ def _summary(rows: Sequence[BenchPrompt]) -> dict[str, Any]:
         "mean_accepted_per_step": sum(r.accepted for r in rows) / max(steps, 1),
         "draft_acceptance_rate": sum(r.accepted for r in rows) / max(sum(r.drafted for r in rows), 1),
         "lossless": None if rows[0].lossless is None else all(bool(r.lossless) for r in rows),
+        "draft_ms_per_token": 1000 * sum(r.draft_s or 0.0 for r in rows)
+        / max(sum(r.drafted for r in rows), 1),
     }
     if rows[0].hf_assisted_s is not None:
         hf_tokens = sum(r.hf_assisted_tokens or 0 for r in rows)
@@ -308,6 +334,7 @@ def run_bench(
         temperature=options.temperature, max_new_tokens=options.max_new_tokens, n_prompts=len(prompts),
         device=str(param.device), dtype=str(param.dtype).removeprefix("torch."),
         threads=torch.get_num_threads(), prompts=tuple(rows), versions=package_versions(),
+        draft_vocab_size=bench.subset.size if bench.subset is not None else None,
         wall_s=round(time.perf_counter() - started, 2), **summary,
     )
 
