@@ -1,0 +1,159 @@
+"""`draftnas e2e`: the whole pipeline on a tiny random target, and its analysis on hand-made figures."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from draftnas.e2e import (
+    Budget,
+    E2EOptions,
+    Measured,
+    MeasuredTerms,
+    Prediction,
+    budget_preset,
+    decompose,
+    mape,
+    run_e2e,
+    spearman,
+)
+from draftnas.errors import InvalidInputError
+
+TINY_BUDGET = Budget(name="tiny", trace_per_domain=2, trace_new_tokens=10, trials=2, depth_max=2,
+                     search_heal_steps=1, search_heal_seconds=5.0, heal_steps=2, heal_batch_size=2,
+                     heal_seq_len=32, bench_per_domain=1, bench_new_tokens=8, repeats=2, fixed_gamma=2,
+                     max_gamma=3, term_repeats=3)
+
+SPACE = """schema_version: 1
+name: tiny
+target: {target}
+base: {target}
+depth: {{min: 1, max: 2}}
+layer_selection: [first, even]
+width: {{mlp_ratios: [1.0, 0.5]}}
+gamma: {{min: 1, max: 3}}
+heal: {{steps: 1, batch_size: 2, seq_len: 32}}
+workload: {{context_tokens: 32}}
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory, tiny_llama_config):
+    """A tiny random 12-layer LLaMA (1-2 layer drafters are cheaper) and a word-level tokenizer, as a
+    HF folder with no end-of-sequence id (so every generation runs to its budget)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2,
+                                            "num_hidden_layers": 12, "eos_token_id": None,
+                                            "bos_token_id": None})
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    vocab = {f"w{i}": i for i in range(128)}
+    for i, word in enumerate("the a to of and is in what how write translate code sum".split()):
+        vocab[word] = 100 + i
+        del vocab[f"w{100 + i}"]
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", pad_token="w2")
+    folder = tmp_path_factory.mktemp("e2e") / "tiny-target"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    space = folder.parent / "space.yaml"
+    space.write_text(SPACE.format(target=folder))
+    return folder, space
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_target, tmp_path_factory):
+    folder, space = tiny_target
+    out = tmp_path_factory.mktemp("run") / "e2e"
+    options = E2EOptions(target=str(folder), out_dir=str(out), budget=TINY_BUDGET, profile="cpu",
+                         space=str(space))
+    seen: dict[str, int] = {}
+    result = run_e2e(options, progress=lambda stage, done, total: seen.__setitem__(stage, done))
+    return options, result, seen
+
+
+def test_pipeline_writes_records_and_a_consistent_table(tiny_run):
+    options, result, seen = tiny_run
+    out = options.out_dir
+    assert {"profile", "traces", "search", "heal + export", "latency terms", "bench"} <= set(seen)
+    assert [r.role for r in result.rows] == ["winner", "first-k", "deep-narrow", "even"]
+    data = json.loads((__import__("pathlib").Path(out) / "results.json").read_text())
+    assert data["fidelity"]["n_drafters"] == result.fidelity.n_drafters >= 1
+    md = (__import__("pathlib").Path(out) / "results.md").read_text()
+    assert "target alone" in md and "Per-domain acceptance of the winner" in md
+    fixed = str(TINY_BUDGET.fixed_gamma)
+    for row in result.rows:
+        assert row.folder and (__import__("pathlib").Path(row.folder) / "config.json").is_file()
+        assert fixed in row.measured and fixed in row.predicted and row.terms is not None
+        m = row.measured[fixed]
+        assert m.repeats == TINY_BUDGET.repeats and m.lossless is True  # greedy: identical to the target
+        assert 1.0 <= m.tokens_per_step <= TINY_BUDGET.fixed_gamma + 1
+        # greedy estimate on the bench's own outputs reproduces the loop exactly
+        assert m.bench_estimate_tokens_per_step == pytest.approx(m.tokens_per_step, rel=1e-6)
+        assert m.speedup == pytest.approx(m.tokens_per_s / m.target_tokens_per_s, rel=0.35)
+        d = row.decomposition[fixed]
+        parts = d.delta_acceptance + d.delta_draft + d.delta_verify + d.delta_target + d.delta_overhead
+        assert d.predicted + parts == pytest.approx(d.measured)  # the decomposition adds up
+        assert f"| {m.speedup:.3f}x |" in md
+    winner, first = result.row("winner"), result.row("first-k")
+    assert len(first.layers) == len(winner.layers) and first.layers == tuple(range(len(winner.layers)))
+    narrow = result.row("deep-narrow")
+    assert narrow.non_embedding_parameters < 2.5 * winner.non_embedding_parameters
+    assert len(narrow.layers) > len(winner.layers) or len(narrow.layers) == 12
+    distinct = [r for r in result.rows if r.same_as is None]
+    pred = [r.predicted[fixed].speedup for r in distinct]
+    meas = [r.measured[fixed].speedup for r in distinct]
+    assert result.fidelity.mape_fixed_gamma == pytest.approx(mape(pred, meas))
+    assert result.notes and any("MAPE" in n for n in result.notes)
+    assert result.machine.logical_cores >= 1 and result.machine.load_average_after
+
+
+def test_rerun_resumes_from_the_run_folder(tiny_run):
+    options, first, _ = tiny_run
+    again = run_e2e(options)
+    assert again.stage_s.get("heal + export", 0.0) < 5.0  # drafters loaded, not rebuilt
+    for a, b in zip(first.rows, again.rows, strict=True):
+        assert a.measured == b.measured  # benches read back from bench/*.json
+        assert a.layers == b.layers
+
+
+def test_budget_presets_and_bad_budgets():
+    assert budget_preset("quick").trials < budget_preset("full").trials
+    assert budget_preset("full", repeats=5).repeats == 5
+    with pytest.raises(InvalidInputError, match="allowed: quick, full"):
+        budget_preset("huge")
+    with pytest.raises(InvalidInputError, match="fixed_gamma 5 must be <= max_gamma 4"):
+        budget_preset("quick", fixed_gamma=5, max_gamma=4)
+
+
+def test_spearman_and_mape_by_hand():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert spearman([1, 2], [1, 2]) is None
+    assert mape([1.1, 0.9], [1.0, 1.0]) == pytest.approx(10.0)
+
+
+def test_decomposition_names_the_term_that_is_off():
+    # predicted: 2 tokens/step, draft 2 ms, verify 10 ms, target 10 ms at gamma 2 -> 2*10/14 = 1.4286
+    pred = Prediction(gamma=2, tokens_per_step=2.0, draft_ms=2.0, verify_ms=10.0, target_ms=10.0,
+                      tokens_per_s=0.0, speedup=20 / 14)
+    terms = MeasuredTerms(context_tokens=64, draft_ms=5.0, target_ms=10.0, verify_ms={"2": 10.0},
+                          prefill_target_ms=0.0, prefill_draft_ms=0.0, prompt_tokens=8, repeats=3)
+    # measured: same acceptance, but the drafter costs 5 ms: 2*10/20 = 1.0 (+ no overhead)
+    meas = Measured(gamma=2, target_tokens_per_s=100.0, tokens_per_s=100.0, speedup=1.0,
+                    speedup_spread=(1.0, 1.0), tokens_per_step=2.0, mean_accepted_per_step=1.0,
+                    bench_estimate_tokens_per_step=2.0, lossless=True, repeats=1, step_ms=20.0,
+                    target_token_ms=10.0, drafted_per_step=2.0)
+    d = decompose(pred, meas, terms)
+    assert d.worst_term == "draft latency"
+    assert d.delta_draft == pytest.approx(1.0 - 20 / 14)
+    assert d.delta_acceptance == pytest.approx(0.0) and math.isclose(d.delta_overhead, 0.0, abs_tol=1e-12)
+    assert d.loop_overhead_ms_per_step == pytest.approx(0.0)
