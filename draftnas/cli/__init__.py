@@ -16,6 +16,7 @@ from draftnas.cli import cmd_export  # noqa: F401
 from draftnas.cli import cmd_search  # noqa: F401
 from draftnas.cli import cmd_report  # noqa: F401
 from draftnas.cli import cmd_profile  # noqa: F401
+from draftnas.cli import cmd_e2e  # noqa: F401
 from draftnas.cli.app import app, err_console
 from draftnas.errors import DraftnasError
 
