@@ -33,6 +33,7 @@ class CandidateChoice(Record):
     query_head_ratio: float = 1.0
     mlp_ratio: float = 1.0
     hidden_ratio: float = 1.0
+    vocab_size: int = 0  # rows of a reduced draft head (draftnas.vocab); 0 = the full vocabulary
 
     @classmethod
     def from_params(cls, params: dict[str, Any], space: SearchSpace) -> CandidateChoice:
@@ -45,6 +46,7 @@ class CandidateChoice(Record):
             query_head_ratio=float(params.get("query_head_ratio", w.query_head_ratios[0])),
             mlp_ratio=float(params.get("mlp_ratio", w.mlp_ratios[0])),
             hidden_ratio=float(params.get("hidden_ratio", w.hidden_ratios[0])),
+            vocab_size=int(params.get("vocab_size", space.vocab_sizes[0])),
         )
 
 
@@ -67,8 +69,15 @@ class Candidate(Record):
     def key(self) -> str:
         """Identity for de-duplication: same key, same drafter (the shape and layer picking)."""
         a = self.arch
-        return (f"{a.num_hidden_layers}|{self.choice.layer_selection}|{a.hidden_size}|"
-                f"{a.num_attention_heads}|{a.num_key_value_heads}|{a.intermediate_size}")
+        key = (f"{a.num_hidden_layers}|{self.choice.layer_selection}|{a.hidden_size}|"
+               f"{a.num_attention_heads}|{a.num_key_value_heads}|{a.intermediate_size}")
+        return key + (f"|v{self.choice.vocab_size}" if self.choice.vocab_size else "")
+
+    @property
+    def head_vocab_size(self) -> int | None:
+        """Rows of the drafter's LM head: a reduced draft vocabulary, or None for the full one."""
+        n = self.choice.vocab_size
+        return n if n and n < self.arch.vocab_size else None
 
     def shape_label(self) -> str:
         """`layers x width`, e.g. `4 x 576 (q9/kv3, mlp 1536)`."""
@@ -109,7 +118,8 @@ def drafter_shape(base: Architecture, choice: CandidateChoice, channel_multiple:
 def _label(choice: CandidateChoice, heads: int, kv: int) -> str:
     sel = {"first": "f", "even": "e", "block_influence": "bi"}.get(choice.layer_selection, "?")
     hidden = "" if choice.hidden_ratio >= 1.0 else f"-d{choice.hidden_ratio:g}"
-    return f"L{choice.depth}{sel}-h{heads}kv{kv}-m{choice.mlp_ratio:g}{hidden}"
+    vocab = f"-v{choice.vocab_size}" if choice.vocab_size else ""
+    return f"L{choice.depth}{sel}-h{heads}kv{kv}-m{choice.mlp_ratio:g}{hidden}{vocab}"
 
 
 def shape_plan(base: Architecture, base_spec: str, choice: CandidateChoice,
@@ -139,6 +149,8 @@ def build_candidate(space: SearchSpace, base: Architecture, base_spec: str, choi
     problems = []
     if not 1 <= choice.depth <= base.num_hidden_layers:
         problems.append(f"depth {choice.depth} outside 1..{base.num_hidden_layers} layers of {base.name}")
+    if choice.vocab_size and not 1 <= choice.vocab_size <= base.vocab_size:
+        problems.append(f"draft vocabulary {choice.vocab_size} outside 1..{base.vocab_size}")
     if choice.layer_selection not in space.layer_selection:
         problems.append(f"layer selection {choice.layer_selection!r} not in the space "
                         f"({', '.join(space.layer_selection)})")
@@ -146,7 +158,9 @@ def build_candidate(space: SearchSpace, base: Architecture, base_spec: str, choi
         raise InfeasibleCandidateError("; ".join(problems))
     arch = drafter_shape(base, choice, space.width.channel_multiple)
     problems = arch.problems()
-    if target is not None and arch.count_parameters() >= target.count_parameters():
+    # a reduced draft head costs far less than its parameter count says (the full input embedding is
+    # a lookup): the search's latency bound judges those instead
+    if target is not None and not choice.vocab_size and arch.count_parameters() >= target.count_parameters():
         problems.append(f"drafter has {arch.count_parameters():,} parameters, not fewer than the "
                         f"target's {target.count_parameters():,}")
     if problems:

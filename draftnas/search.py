@@ -222,10 +222,14 @@ def target_latency(predictor: LatencyPredictor, target: Architecture, workload: 
 
 
 def read_latency(predictor: LatencyPredictor, profile: str, arch: Architecture, workload: Workload,
-                 target: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]) -> LatencyReading:
-    """The candidate's draft latency per batch size beside the (shared) target latencies."""
+                 target: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]],
+                 head_vocab_size: int | None = None) -> LatencyReading:
+    """The candidate's draft latency per batch size beside the (shared) target latencies.
+
+    head_vocab_size: rows of a reduced draft head (None: the full vocabulary)."""
     ctx = workload.context_tokens
-    draft = tuple(predictor.predict_ms(arch, batch_size=b, new_tokens=1, context_tokens=ctx)
+    draft = tuple(predictor.predict_ms(arch, batch_size=b, new_tokens=1, context_tokens=ctx,
+                                       head_vocab_size=head_vocab_size)
                   for b in workload.batch_sizes)
     return LatencyReading(profile=profile, batch_sizes=workload.batch_sizes,
                           context_tokens=workload.context_tokens, draft_ms=draft,
@@ -430,7 +434,7 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
     w = space.width
     for name, values in (("layer_selection", space.layer_selection), ("kv_head_ratio", w.kv_head_ratios),
                          ("query_head_ratio", w.query_head_ratios), ("mlp_ratio", w.mlp_ratios),
-                         ("hidden_ratio", w.hidden_ratios)):
+                         ("hidden_ratio", w.hidden_ratios), ("vocab_size", space.vocab_sizes)):
         if len(values) > 1:
             out[name] = CategoricalDistribution(list(values))
     return out
@@ -696,7 +700,8 @@ def _evaluate_trial(run: _Run, trial: optuna.Trial,
         candidate = build_candidate(o.space, o.base_arch, o.base, choice, target=o.target_arch)
     except InfeasibleCandidateError as exc:
         return _prune(trial, "infeasible", str(exc), {"choice": choice.to_dict()})
-    latency = read_latency(run.predictor, o.profile, candidate.arch, o.space.workload, run.target_latency)
+    latency = read_latency(run.predictor, o.profile, candidate.arch, o.space.workload, run.target_latency,
+                           candidate.head_vocab_size)
     bound = predict_workload(latency, assumed_acceptance(1.0), o.space.workload, o.space.gamma)
     records = {"candidate": candidate.to_dict(), "latency": latency.to_dict(),
                "upper_bound_tokens_per_s": bound.tokens_per_s}
@@ -743,7 +748,8 @@ def _finish(run: _Run, trial: optuna.Trial, evaluation: Evaluation, proposed: Ca
     o = run.options
     candidate = evaluation.candidate
     if candidate.arch != proposed.arch:  # the real plan's shape differs from the proposed one
-        latency = read_latency(run.predictor, o.profile, candidate.arch, o.space.workload, run.target_latency)
+        latency = read_latency(run.predictor, o.profile, candidate.arch, o.space.workload, run.target_latency,
+                               candidate.head_vocab_size)
     prediction = predict_workload(latency, evaluation.acceptance, o.space.workload, o.space.gamma)
     for key, rec in (("candidate", candidate), ("latency", latency), ("acceptance", evaluation.acceptance),
                      ("throughput", prediction)):
@@ -928,6 +934,12 @@ class WeightsEvaluator:
             calibration_sequences=self.calibration_sequences, calibration_seq_len=self.calibration_seq_len),
             tokenizer=self._loaded.tokenizer)
         drafter = apply_plan(self._loaded.model, plan)
+        if candidate.head_vocab_size is not None:  # the N most frequent target tokens of the healing traces
+            from draftnas.vocab import apply_vocab_subset, subset_from_traces
+
+            subset = subset_from_traces(self._heal_traces, candidate.head_vocab_size, self._loaded.tokenizer,
+                                        source=str(self.traces_path))
+            apply_vocab_subset(drafter, subset)
         heal_result = None
         if self.space.heal.steps > 0:
             options = self._heal_options()

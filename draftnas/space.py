@@ -5,6 +5,9 @@ layer-selection strategies, the width ratios (query heads per GQA group, KV head
 MLP channels, and — only in latency-only spaces — the hidden size), the gamma
 range, the healing budget per trial, and the workload the drafter is ranked on
 (batch sizes with their share of generated tokens, temperature, prompt set).
+Optionally ``vocab: {sizes: [full, 16384, 4096]}``: the drafter's LM head keeps
+the N most frequent target tokens of the workload's traces (draftnas.vocab);
+``full`` (or 0) is the whole vocabulary.
 
 Loading validates everything at once: a file with three mistakes reports all
 three, each as ``field: message (allowed: ...)``. Shipped spaces live in
@@ -129,6 +132,7 @@ class SearchSpace(Record):
     profile: str | None = None
     description: str = ""
     source: str = ""
+    vocab_sizes: tuple[int, ...] = (0,)  # draft-head rows to try; 0 = the full vocabulary
 
     def problems_for_base(self, base: Architecture) -> list[str]:
         """Problems that only show against the base's shape (depth beyond its layers)."""
@@ -142,11 +146,12 @@ class SearchSpace(Record):
         """Number of distinct parameter combinations (before rounding collapses any)."""
         w = self.width
         return (len(self.depth.values()) * len(self.layer_selection) * len(w.kv_head_ratios)
-                * len(w.query_head_ratios) * len(w.mlp_ratios) * len(w.hidden_ratios))
+                * len(w.query_head_ratios) * len(w.mlp_ratios) * len(w.hidden_ratios)
+                * len(self.vocab_sizes))
 
 
 _TOP_FIELDS = ("schema_version", "name", "description", "target", "base", "latency_only", "profile",
-               "depth", "layer_selection", "width", "gamma", "heal", "workload", "traces")
+               "depth", "layer_selection", "width", "gamma", "heal", "workload", "traces", "vocab")
 _SECTION_FIELDS: dict[str, tuple[str, ...]] = {
     "depth": ("min", "max", "step"),
     "width": ("kv_head_ratios", "query_head_ratios", "mlp_ratios", "hidden_ratios", "channel_multiple"),
@@ -154,6 +159,7 @@ _SECTION_FIELDS: dict[str, tuple[str, ...]] = {
     "heal": ("steps", "batch_size", "seq_len", "learning_rate", "max_seconds"),
     "workload": ("batch_sizes", "temperature", "context_tokens", "prompt_set", "domain"),
     "traces": ("prompts", "max_new_tokens"),
+    "vocab": ("sizes",),
 }
 
 
@@ -249,6 +255,7 @@ def parse_search_space(data: Any, source: str = "<search space>") -> SearchSpace
     heal = _parse_heal(c, top.get("heal"))
     workload = _parse_workload(c, top.get("workload"))
     traces = _parse_traces(c, top.get("traces"))
+    vocab_sizes = _parse_vocab(c, top.get("vocab"))
     if c.problems:
         n = len(c.problems)
         raise SearchSpaceError(f"search space {source} has {n} problem{'s' if n > 1 else ''}: "
@@ -257,7 +264,7 @@ def parse_search_space(data: Any, source: str = "<search space>") -> SearchSpace
         schema_version=SCHEMA_VERSION, name=name, target=target, base=base, depth=depth,
         layer_selection=selection, width=width, gamma=gamma, heal=heal, workload=workload,
         traces=traces, latency_only=latency_only, profile=profile,
-        description=str(top.get("description", "")).strip(), source=source,
+        description=str(top.get("description", "")).strip(), source=source, vocab_sizes=vocab_sizes,
     )
 
 
@@ -306,6 +313,27 @@ def _parse_gamma(c: _Checker, raw: Any) -> GammaRange:
     if low is not None and high is not None and high < low:
         c.add("gamma.max", f"{high} is below gamma.min={low} (allowed: {low}..{MAX_GAMMA})")
     return GammaRange(low if low is not None else 0, high or 8)
+
+
+def _parse_vocab(c: _Checker, raw: Any) -> tuple[int, ...]:
+    """Draft-head sizes: positive ints, or "full" / 0 for the whole vocabulary."""
+    if raw is None:
+        return (0,)
+    v = c.mapping("vocab", raw, _SECTION_FIELDS["vocab"])
+    items = v.get("sizes", ["full"])
+    if not isinstance(items, list | tuple) or not items:
+        c.add("vocab.sizes", f"{items!r} is not a non-empty list (allowed: positive ints and 'full')")
+        return (0,)
+    out: list[int] = []
+    for i, item in enumerate(items):
+        if item == "full" or item == 0:
+            out.append(0)
+        elif isinstance(item, int) and not isinstance(item, bool) and item > 0:
+            out.append(item)
+        else:
+            c.add(f"vocab.sizes[{i}]", f"{item!r} is not a draft-head size "
+                  "(allowed: positive ints and 'full')")
+    return tuple(dict.fromkeys(out)) or (0,)
 
 
 def _parse_heal(c: _Checker, raw: Any) -> HealBudget:

@@ -244,3 +244,45 @@ def test_gemma3_reduced_head_drafter_is_lossless(tiny_gemma):
     out = speculative_generate(tiny_gemma, drafter, prompt, gamma=2, max_new_tokens=20)
     assert out.tokens == ref
     assert sum(out.accepted) > 0
+
+
+# --------------------------------------------------------------------------- search dimension
+
+
+def test_vocab_size_is_a_search_dimension():
+    from draftnas.candidate import CandidateChoice, build_candidate
+    from draftnas.errors import SearchSpaceError
+    from draftnas.registry import get_architecture
+    from draftnas.search import distributions
+    from draftnas.space import load_search_space, parse_search_space
+
+    space = load_search_space("gemma-3-270m")
+    assert space.vocab_sizes[0] == 0 and 4096 in space.vocab_sizes
+    assert "vocab_size" in distributions(space)
+    base = get_architecture("gemma-3-270m")
+    full = build_candidate(space, base, "gemma-3-270m", CandidateChoice(depth=18, layer_selection="first"),
+                           target=None)
+    cut = build_candidate(space, base, "gemma-3-270m",
+                          CandidateChoice(depth=18, layer_selection="first", vocab_size=4096), target=base)
+    assert full.head_vocab_size is None and cut.head_vocab_size == 4096
+    assert full.key != cut.key and cut.name.endswith("-v4096")
+    assert CandidateChoice.from_params({"vocab_size": 8192}, space).vocab_size == 8192
+    data = {"schema_version": 1, "name": "x", "target": "t", "base": "b", "depth": {"min": 1, "max": 2}}
+    with pytest.raises(SearchSpaceError, match=r"vocab.sizes\[1\]"):
+        parse_search_space({**data, "vocab": {"sizes": ["full", -3]}})
+    assert parse_search_space(data).vocab_sizes == (0,)
+
+
+def test_latency_reading_charges_the_reduced_head():
+    from draftnas.latency import LatencyModel, default_profile
+    from draftnas.registry import get_architecture
+    from draftnas.search import read_latency
+    from draftnas.space import load_search_space
+
+    space = load_search_space("gemma-3-270m")
+    model = LatencyModel.from_profile(default_profile("cpu"))
+    arch = get_architecture("gemma-3-270m").with_shape(num_hidden_layers=4)
+    target = ((30.0,), ((30.0, 35.0, 40.0, 45.0, 50.0),))
+    full = read_latency(model, "cpu", arch, space.workload, target)
+    cut = read_latency(model, "cpu", arch, space.workload, target, head_vocab_size=4096)
+    assert cut.draft_ms[0] < full.draft_ms[0] / 2
