@@ -6,19 +6,17 @@ red line and exit code 2 (the traceback only with --debug).
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-from draftnas.cli import cmd_basic  # noqa: F401  (registers commands)
-from draftnas.cli import cmd_trace  # noqa: F401
-from draftnas.cli import cmd_bench  # noqa: F401
-from draftnas.cli import cmd_heal  # noqa: F401
-from draftnas.cli import cmd_export  # noqa: F401
-from draftnas.cli import cmd_search  # noqa: F401
-from draftnas.cli import cmd_report  # noqa: F401
-from draftnas.cli import cmd_profile  # noqa: F401
-from draftnas.cli import cmd_e2e  # noqa: F401
 from draftnas.cli.app import app, err_console
 from draftnas.errors import DraftnasError
+
+# Registration order is the order of `draftnas --help`: the pipeline's order.
+_COMMAND_MODULES = ("cmd_basic", "cmd_profile", "cmd_trace", "cmd_search", "cmd_report",
+                    "cmd_heal", "cmd_export", "cmd_bench", "cmd_e2e")
+for _module in _COMMAND_MODULES:
+    importlib.import_module(f"draftnas.cli.{_module}")
 
 
 def main() -> None:
