@@ -126,6 +126,7 @@ class E2EOptions(Record):
     seed: int = 0
     profile: str | None = None
     space: str | None = None
+    threads: int | None = None  # torch CPU threads (None: torch's default); 1 on an oversubscribed CPU
 
 
 @dataclass(frozen=True)
@@ -464,9 +465,8 @@ def baseline_options(winner: PruningPlan, base: Architecture) -> dict[str, Any]:
     from draftnas.prune import PlanOptions
 
     k = winner.num_layers
-    narrow_kv = 1
-    group = base.num_attention_heads // max(base.num_key_value_heads, 1)
-    narrow_q = max(1, group // 3) * narrow_kv if group >= 3 else narrow_kv
+    narrow_kv = 1  # one whole GQA group (its query heads), a quarter of the MLP: narrow, so deep
+    narrow_q = base.num_attention_heads // max(base.num_key_value_heads, 1) * narrow_kv
     narrow_mlp = max(8, (base.intermediate_size // 4) // 8 * 8)
     narrow = base.with_shape(num_attention_heads=narrow_q, num_key_value_heads=narrow_kv,
                              intermediate_size=narrow_mlp)
@@ -863,6 +863,8 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
     out = Path(options.out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(options.seed)
+    if options.threads is not None:  # OpenMP spin-waits collapse when other jobs hold the cores
+        torch.set_num_threads(options.threads)
     machine = machine_info()
     stages = _Stages(progress)
 
