@@ -286,3 +286,28 @@ def test_latency_reading_charges_the_reduced_head():
     full = read_latency(model, "cpu", arch, space.workload, target)
     cut = read_latency(model, "cpu", arch, space.workload, target, head_vocab_size=4096)
     assert cut.draft_ms[0] < full.draft_ms[0] / 2
+
+
+def test_bench_runs_a_reduced_head_folder_in_its_own_loop(tmp_path, tiny_llama_config):
+    from draftnas.bench import BenchOptions, run_bench
+    from draftnas.prompts import Prompt
+    from draftnas.sources import LoadedModel, ModelSource
+    from tests.test_bench import TinyTokenizer, _truncated
+
+    config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2})
+    target = _tiny_llama(config)
+    target.generation_config.eos_token_id = None
+    target.generation_config.pad_token_id = 0
+    drafter = _truncated(target, 2)
+    VocabSubset(ids=tuple(range(0, V, 2)), vocab_size=V).save(tmp_path)  # the folder's draft_vocab.json
+
+    def loaded(model, spec, folder=None):
+        return LoadedModel(model, TinyTokenizer(), ModelSource(spec=spec, kind="folder", location=spec),
+                           folder, 0.0, True)
+
+    prompts = (Prompt(id="a", domain="x", text="speculate "), Prompt(id="b", domain="y", text="verify"))
+    result = run_bench(loaded(target, "t"), loaded(drafter, "d", tmp_path), prompts,
+                       BenchOptions(gamma=2, max_new_tokens=10))
+    assert result.draft_vocab_size == V // 2 and result.lossless and result.hf_lossless
+    assert result.draft_ms_per_token is not None and result.draft_ms_per_token > 0
+    assert drafter.get_output_embeddings().weight.shape[0] == V // 2  # draftnas's loop kept the small head

@@ -74,6 +74,9 @@ def bench(
         ("mean accepted drafts per step", f"{result.mean_accepted_per_step:.3f} "
                                           f"(acceptance {result.draft_acceptance_rate:.3f})"),
         ("lossless (draftnas / HF)", f"{_flag(result.lossless)} / {_flag(result.hf_lossless)}"),
+        ("drafter ms per drafted token", f"{_fmt(result.draft_ms_per_token)}  (head: "
+         + (f"{result.draft_vocab_size:,} of the vocabulary's ids, draft_vocab.json)"
+            if result.draft_vocab_size else "full vocabulary)")),
     ]
     for k, v in rows:
         table.add_row(k, v)
