@@ -11,7 +11,9 @@ layer_idx, config.num_hidden_layers updated), on the same prompts:
   the target's greedy output (lossless).
 
 Goals (issue 4): greedy estimate within 1% relative of measured (it should be exact
-up to float noise), estimator >= 20x faster than real decoding.
+up to float noise), estimator >= 20x faster than real decoding. With --temperature T
+the traces and decoding are sampled: the estimate (sum of min(p, q) over the stored
+top-k, upper bound with the leftover mass) is compared with one stochastic run.
 
     python benchmarks/validate_acceptance.py                       # ~5-10 min on 2 CPU cores
     python benchmarks/validate_acceptance.py --per-domain 4 --max-new-tokens 96 --gammas 1,2,4,8
@@ -111,7 +113,7 @@ def main() -> None:
                                            max_new_tokens=args.max_new_tokens, eos_token_ids=eos,
                                            temperature=args.temperature,
                                            generator=torch.Generator().manual_seed(i))
-                lossless &= args.temperature > 0 or out.tokens == rec.continuation_ids.tolist()
+                lossless &= out.tokens == rec.continuation_ids.tolist()
                 tokens += len(out.tokens)
                 steps += out.steps
             real_s = time.perf_counter() - started
@@ -123,14 +125,15 @@ def main() -> None:
                 "predicted_upper": est.tokens_per_step_upper[str(gamma)],
                 "measured": measured, "rel_err": abs(predicted - measured) / measured,
                 "estimator_s": est.elapsed_s, "real_s": real_s, "speed_ratio": real_s / est.elapsed_s,
-                "lossless": lossless, "all_gammas": est.tokens_per_step,
+                "lossless": lossless if args.temperature <= 0 else "n/a (sampling)",
+                "all_gammas": est.tokens_per_step,
             })
             r = rows[-1]
             print(f"{spec:>8} ({r['layers']:2d} layers) gamma={gamma}: top-1 {r['top1']:.3f}  "
                   f"estimated {predicted:.4f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] (truncation upper bound "
                   f"{r['predicted_upper']:.4f})  measured {measured:.4f}  "
                   f"rel.err {100 * r['rel_err']:.2f}%  estimator {r['estimator_s']:.2f} s vs decoding "
-                  f"{real_s:.1f} s ({r['speed_ratio']:.0f}x)  lossless {lossless}", flush=True)
+                  f"{real_s:.1f} s ({r['speed_ratio']:.0f}x)  lossless {r['lossless']}", flush=True)
     print("\n| drafter | layers | gamma | top-1 | estimated tok/step [95% CI] | measured tok/step "
           "| rel. error | estimator s | real decoding s | ratio | lossless |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -140,8 +143,9 @@ def main() -> None:
               f"{r['estimator_s']:.2f} | {r['real_s']:.1f} | {r['speed_ratio']:.0f}x | {r['lossless']} |")
     worst = max(r["rel_err"] for r in rows)
     slowest = min(r["speed_ratio"] for r in rows)
-    print(f"\nworst relative error {100 * worst:.3f}% (goal <= 1%); smallest speed ratio {slowest:.0f}x "
-          f"(goal >= 20x); target trace (shared by all drafters) {trace_s:.1f} s")
+    print(f"\nworst relative error {100 * worst:.3f}% (goal <= 1% for greedy; a sampled run is one noisy "
+          f"sample); smallest speed ratio {slowest:.0f}x (goal >= 20x); target trace (shared by all "
+          f"drafters) {trace_s:.1f} s")
     if args.json:
         args.json.write_text(json.dumps({"trace_s": trace_s, "rows": rows}, indent=2))
 
