@@ -311,3 +311,28 @@ def test_bench_runs_a_reduced_head_folder_in_its_own_loop(tmp_path, tiny_llama_c
     assert result.draft_vocab_size == V // 2 and result.lossless and result.hf_lossless
     assert result.draft_ms_per_token is not None and result.draft_ms_per_token > 0
     assert drafter.get_output_embeddings().weight.shape[0] == V // 2  # draftnas's loop kept the small head
+
+
+def test_gemma3_reduced_head_heals_from_traces(tiny_gemma):
+    from draftnas.distill import HealOptions, heal
+    from draftnas.prune import PlanOptions, apply_plan, plan_pruning
+    from draftnas.speculative import greedy_generate
+    from draftnas.traces import TraceMetadata, TraceRecord, TraceRecordInfo, Traces
+
+    records = []
+    for i in range(4):
+        prompt = [i + 3, 2 * i + 5, 7]
+        cont = torch.tensor(greedy_generate(tiny_gemma, prompt, max_new_tokens=12))
+        info = TraceRecordInfo(prompt_id=f"p{i}", domain="d", language="en", temperature=0.0,
+                               prompt_len=3, continuation_len=len(cont), ended_with_eos=False)
+        records.append(TraceRecord(info, torch.tensor(prompt), cont, cont[:, None], torch.ones(len(cont), 1),
+                                   torch.zeros(len(cont))))
+    meta = TraceMetadata(schema_version=1, target="g", target_kind="folder", model_type="gemma3_text",
+                         num_hidden_layers=6, vocab_size=V, tokenizer_fingerprint="f", chat_template=False,
+                         prompt_set="x", prompt_set_hash="h", n_prompts=4, temperatures=(0.0,), seed=0,
+                         top_k=1, max_new_tokens=12, eos_token_ids=())
+    drafter = apply_plan(tiny_gemma, plan_pruning(tiny_gemma, PlanOptions(num_layers=2)))
+    apply_vocab_subset(drafter, select_subset([r.continuation_ids.tolist() for r in records], 16, V))
+    result = heal(drafter, Traces(meta, records), HealOptions(steps=8, batch_size=2, eval_every=0,
+                                                               heldout_every=2, checkpoint_every=100))
+    assert result.steps == 8 and result.top1_after >= 0.0
