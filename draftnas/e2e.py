@@ -377,8 +377,8 @@ def stage_profile(options: E2EOptions, out: Path, tick: Callable[[int, int], Non
     path = out / "profile.json"
     if path.is_file():
         return load_profile(path), str(path)
-    profile = measure_profile(ProfileOptions(quick=options.budget.profile_quick, seed=options.seed),
-                              progress=tick)
+    profile = measure_profile(ProfileOptions(quick=options.budget.profile_quick, seed=options.seed,
+                                             threads=options.threads), progress=tick)
     save_profile(profile, path)
     return profile, str(path)
 
@@ -967,8 +967,13 @@ def honest_notes(result: E2EResult) -> list[str]:
     notes.append(f"prediction fidelity over {f.n_drafters} drafters: MAPE {f.mape_best_gamma:.1f}% at the "
                  f"best gamma, {f.mape_fixed_gamma:.1f}% at the fixed gamma; Spearman "
                  f"{_fmt_opt(f.spearman_best_gamma)} / {_fmt_opt(f.spearman_fixed_gamma)}.")
-    for key, term in f.worst_terms.items():
-        notes.append(f"{key}: off by more than 10%; the largest part comes from {term}.")
+    if f.worst_terms:
+        terms = sorted(set(f.worst_terms.values()), key=list(f.worst_terms.values()).count, reverse=True)
+        notes.append(f"off by more than 10%: {', '.join(f.worst_terms)}; largest term: {', '.join(terms)} "
+                     "(see the decomposition table).")
+    close = [r.name for r, m in scored if r is not top and m.speedup >= 0.98 * top_m.speedup]
+    if close:
+        notes.append(f"{', '.join(close)} measured within 2% of the top: a tie within noise here.")
     return notes
 
 
