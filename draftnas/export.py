@@ -293,7 +293,7 @@ def _vocab_section(subset: Any, info: ExportInfo) -> list[str]:
     return [
         "## Reduced draft vocabulary",
         "",
-        f"This drafter was trained to predict over **{subset.size:,} of the {subset.vocab_size:,} "
+        f"This drafter's LM head covers **{subset.size:,} of the {subset.vocab_size:,} "
         "token ids** "
         f"(the most frequent tokens of the target's own outputs on the workload, plus special tokens; "
         f"coverage of those outputs: {coverage}). "
@@ -304,7 +304,7 @@ def _vocab_section(subset: Any, info: ExportInfo) -> list[str]:
         "comes from. Verification by the target is unchanged, so greedy output stays identical to the "
         "target's own.",
         "- **Plain transformers** (`assistant_model=`): `model.safetensors` holds a full-vocabulary, untied "
-        "LM head (kept rows = the trained reduced head, the other rows = the input embedding), so the folder "
+        "LM head (kept rows = the reduced head, the other rows = the input embedding), so the folder "
         "loads with no remote code and stays lossless, but every drafted token pays for the full head."
         + cost,
         "- **vLLM / SGLang**: neither reads `draft_vocab.json` for a plain draft model. Their "
