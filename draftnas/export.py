@@ -368,9 +368,12 @@ def load_trial(study_name: str, storage: str, trial: int | None = None) -> Trial
     """The trial's plan and records: trial number `trial`, else the best completed trial."""
     import optuna
 
+    from draftnas.search import normalize_storage, open_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
+        study = optuna.load_study(study_name=study_name,
+                                  storage=open_storage(normalize_storage(storage, study_name)))
     except KeyError:
         raise ExportError(f"no study {study_name!r} in {storage}") from None
     chosen = _pick_trial(study, trial)
@@ -449,9 +452,15 @@ def _resolve_plan(request: ExportRequest) -> tuple[PruningPlan, TrialChoice | No
     if (request.study is None) == (request.plan_file is None):
         raise ExportError("pass either --study NAME --storage URL [--trial N] or --plan FILE --base BASE")
     if request.study is not None:
-        if not request.storage:
-            raise ExportError("--study needs --storage URL (e.g. sqlite:///draftnas.db)")
-        choice = load_trial(request.study, request.storage, request.trial)
+        storage = request.storage
+        if not storage:  # `draftnas search`'s default: runs/<study>/study.db
+            default = Path("runs") / request.study / "study.db"
+            if not default.is_file():
+                raise ExportError(
+                    f"--study {request.study} without --storage looks for {default}, which does not "
+                    "exist; pass --storage URL (sqlite:///F, postgresql://..., journal:F)")
+            storage = f"sqlite:///{default.resolve()}"
+        choice = load_trial(request.study, storage, request.trial)
         return choice.plan, choice, f"study {request.study} trial {choice.trial}"
     assert request.plan_file is not None
     return load_plan(request.plan_file), None, f"plan {request.plan_file}"

@@ -14,7 +14,9 @@ from draftnas.cli.cmd_heal import progress_bars, render_heal
 def export(
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write (refused when not empty)."),
     study: str | None = typer.Option(None, "--study", help="Optuna study name (with --storage)."),
-    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL, e.g. sqlite:///s.db."),
+    storage: str | None = typer.Option(
+        None, "--storage",
+        help="Optuna storage: sqlite:///F, postgresql://..., journal:F (default: runs/<study>/study.db)."),
     trial: int | None = typer.Option(None, "--trial", help="Trial number [default: the best]."),
     plan: Path | None = typer.Option(None, "--plan", help="Pruning plan JSON instead of a study."),
     base: str | None = typer.Option(None, "--base", help="Base model [default: the plan's]."),
