@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -11,6 +9,7 @@ from draftnas.bench import BenchOptions, BenchResult, run_bench
 from draftnas.errors import InvalidInputError
 from draftnas.prompts import Prompt
 from draftnas.sources import LoadedModel, ModelSource
+from tests.helpers import truncated
 
 
 class TinyTokenizer:
@@ -33,15 +32,6 @@ def _loaded(model, spec, tokenizer=None):
     return LoadedModel(model, tokenizer or TinyTokenizer(), source, None, 0.0, True)
 
 
-def _truncated(model, k):
-    small = copy.deepcopy(model)
-    small.model.layers = torch.nn.ModuleList(list(small.model.layers)[:k])
-    for i, layer in enumerate(small.model.layers):
-        layer.self_attn.layer_idx = i
-    small.config.num_hidden_layers = k
-    return small
-
-
 @pytest.fixture(scope="module")
 def tiny_pair(tiny_llama_config):
     from transformers import LlamaForCausalLM
@@ -51,7 +41,7 @@ def tiny_pair(tiny_llama_config):
     target = LlamaForCausalLM(config).eval()
     target.generation_config.eos_token_id = None
     target.generation_config.pad_token_id = 0
-    drafter = _truncated(target, 2)
+    drafter = truncated(target, 2)
     return _loaded(target, "tiny-target"), _loaded(drafter, "tiny-draft")
 
 
@@ -104,7 +94,7 @@ def one_thread():
 @pytest.mark.real_model
 @pytest.mark.usefixtures("one_thread")
 def test_smollm2_bench_is_lossless_and_matches_the_estimate(smollm2):
-    drafter = _truncated(smollm2.model, 4)
+    drafter = truncated(smollm2.model, 4)
     draft = LoadedModel(drafter, smollm2.tokenizer, ModelSource(spec="first4", kind="folder", location="-"),
                         None, 0.0, True)
     prompts = (Prompt(id="m", domain="math", text="What is 12 times 12?"),)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from draftnas.speculative import _accept, crop_cache, greedy_generate, speculative_generate
+from tests.helpers import truncated
 
 # chi-square critical values at significance 0.001 (df -> value), so a correct rule fails 1 run in 1000
 CHI2_CRIT_001 = {3: 16.27, 7: 24.32, 15: 37.70}
@@ -25,16 +24,6 @@ def one_thread():
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
     expected = probs * counts.sum()
     return float(((counts - expected) ** 2 / expected).sum())
-
-
-def truncated(model, k):
-    """The model with only its first k layers (layer_idx re-indexed, config updated)."""
-    small = copy.deepcopy(model)
-    small.model.layers = torch.nn.ModuleList(list(small.model.layers)[:k])
-    for i, layer in enumerate(small.model.layers):
-        layer.self_attn.layer_idx = i
-    small.config.num_hidden_layers = k
-    return small
 
 
 @pytest.fixture(scope="module")

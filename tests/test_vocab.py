@@ -292,13 +292,14 @@ def test_bench_runs_a_reduced_head_folder_in_its_own_loop(tmp_path, tiny_llama_c
     from draftnas.bench import BenchOptions, run_bench
     from draftnas.prompts import Prompt
     from draftnas.sources import LoadedModel, ModelSource
-    from tests.test_bench import TinyTokenizer, _truncated
+    from tests.helpers import truncated
+    from tests.test_bench import TinyTokenizer
 
     config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2})
     target = _tiny_llama(config)
     target.generation_config.eos_token_id = None
     target.generation_config.pad_token_id = 0
-    drafter = _truncated(target, 2)
+    drafter = truncated(target, 2)
     VocabSubset(ids=tuple(range(0, V, 2)), vocab_size=V).save(tmp_path)  # the folder's draft_vocab.json
 
     def loaded(model, spec, folder=None):
