@@ -448,7 +448,42 @@ class ExportResult(Record):
     source: str = ""
 
 
-def _resolve_plan(request: ExportRequest) -> tuple[PruningPlan, TrialChoice | None, str]:
+def _trial_vocab_size(choice: TrialChoice | None) -> int:
+    """Rows of the trial's reduced draft head (0: the full vocabulary)."""
+    cand = (choice.candidate or {}) if choice else {}
+    vocab = int((cand.get("choice") or {}).get("vocab_size") or 0)
+    full = int((cand.get("arch") or {}).get("vocab_size") or 0)
+    return vocab if vocab and (not full or vocab < full) else 0
+
+
+def _study_traces(request: ExportRequest, storage: str | None) -> str:
+    """The traces a reduced-vocabulary trial chose its subset from: --traces, else the study folder's."""
+    if request.traces:
+        return request.traces
+    if storage and storage.startswith("sqlite:///"):
+        found = sorted(Path(storage.removeprefix("sqlite:///")).parent.glob("traces-*.safetensors"))
+        if len(found) == 1:
+            return str(found[0])
+    raise ExportError("this trial's drafter has a reduced draft vocabulary, chosen from the search's "
+                      "traces; pass them with --traces FILE")
+
+
+def _apply_trial_vocab(drafter: Any, tokenizer: Any, request: ExportRequest, choice: TrialChoice | None,
+                       storage: str | None) -> None:
+    """Give the drafter the trial's reduced head, rebuilt from the same trace records as in the search."""
+    size = _trial_vocab_size(choice)
+    if not size:
+        return
+    from draftnas.search import split_traces
+    from draftnas.traces import load_traces
+    from draftnas.vocab import apply_vocab_subset, subset_from_traces
+
+    path = _study_traces(request, storage)
+    _, rest = split_traces(load_traces(path).select(temperature=0.0))
+    apply_vocab_subset(drafter, subset_from_traces(rest, size, tokenizer, source=path))
+
+
+def _resolve_plan(request: ExportRequest) -> tuple[PruningPlan, TrialChoice | None, str, str | None]:
     if (request.study is None) == (request.plan_file is None):
         raise ExportError("pass either --study NAME --storage URL [--trial N] or --plan FILE --base BASE")
     if request.study is not None:
@@ -461,9 +496,9 @@ def _resolve_plan(request: ExportRequest) -> tuple[PruningPlan, TrialChoice | No
                     "exist; pass --storage URL (sqlite:///F, postgresql://..., journal:F)")
             storage = f"sqlite:///{default.resolve()}"
         choice = load_trial(request.study, storage, request.trial)
-        return choice.plan, choice, f"study {request.study} trial {choice.trial}"
+        return choice.plan, choice, f"study {request.study} trial {choice.trial}", storage
     assert request.plan_file is not None
-    return load_plan(request.plan_file), None, f"plan {request.plan_file}"
+    return load_plan(request.plan_file), None, f"plan {request.plan_file}", None
 
 
 def _gamma(request: ExportRequest, choice: TrialChoice | None) -> int:
@@ -485,13 +520,14 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     from draftnas.sources import load_model
 
     check_destination(request.out_dir, request.force)  # fail before minutes of work
-    plan, choice, source = _resolve_plan(request)
+    plan, choice, source, storage = _resolve_plan(request)
     base = request.base or plan.base
     if not base:
         raise ExportError("the plan names no base model; pass --base")
     target = request.target or (choice.target if choice and choice.target else None) or base
     loaded = load_model(base)
     drafter = apply_plan(loaded.model, plan)
+    _apply_trial_vocab(drafter, loaded.tokenizer, request, choice, storage)
     heal_result = None
     if request.heal_steps > 0:
         options = replace(request.heal or HealOptions(), steps=request.heal_steps, seed=request.seed)

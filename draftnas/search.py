@@ -306,6 +306,20 @@ class PriorEvaluator:
         return Evaluation(candidate=candidate, acceptance=self.reading)
 
 
+def split_traces(traces: Any) -> tuple[Any, Any]:
+    """(held out for the acceptance estimate, the rest for healing and the draft vocabulary).
+
+    Every 3rd record is held out. Export calls this too, so a trial's reduced draft
+    vocabulary is rebuilt from exactly the records the search chose it from.
+    """
+    from draftnas.traces import Traces
+
+    held = [r for i, r in enumerate(traces.records) if i % 3 == 0]
+    rest = [r for i, r in enumerate(traces.records) if i % 3 != 0]
+    return (Traces(metadata=traces.metadata, records=held),
+            Traces(metadata=traces.metadata, records=rest or held))
+
+
 # ---------------------------------------------------------------- storage
 
 
@@ -900,16 +914,13 @@ class WeightsEvaluator:
         import torch
 
         from draftnas.sources import load_model
-        from draftnas.traces import Traces, load_traces
+        from draftnas.traces import load_traces
 
         torch.manual_seed(self.seed)
         self._loaded = load_model(self.base)
         self._loaded.model.eval()
         traces = load_traces(self.traces_path).select(temperature=self.space.workload.temperature)
-        held = [r for i, r in enumerate(traces.records) if i % 3 == 0]
-        rest = [r for i, r in enumerate(traces.records) if i % 3 != 0]
-        self._eval_traces = Traces(metadata=traces.metadata, records=held)
-        self._heal_traces = Traces(metadata=traces.metadata, records=rest or held)
+        self._eval_traces, self._heal_traces = split_traces(traces)
 
     def _heal_options(self) -> Any:
         from draftnas.distill import HealOptions

@@ -21,7 +21,10 @@ def export(
     plan: Path | None = typer.Option(None, "--plan", help="Pruning plan JSON instead of a study."),
     base: str | None = typer.Option(None, "--base", help="Base model [default: the plan's]."),
     target: str | None = typer.Option(None, "--target", help="Target it drafts for [default: the base]."),
-    traces: Path | None = typer.Option(None, "--traces", help="Heal toward these traces (no target)."),
+    traces: Path | None = typer.Option(
+        None, "--traces",
+        help=("Traces to heal toward (no target needed); also where a reduced-vocabulary "
+              "trial's draft vocabulary comes from (default: the study folder's traces).")),
     heal_steps: int = typer.Option(0, "--heal-steps", help="Distillation steps before export (0: none)."),
     gamma: int | None = typer.Option(None, "--gamma",
                                      help="Draft tokens per step for generation_config [default: "
