@@ -16,8 +16,8 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _flag(value: bool | None) -> str:
-    return "n/a (sampling)" if value is None else ("[green]true[/green]" if value else "[red]false[/red]")
+def _flag(value: bool | None, why_none: str = "sampling") -> str:
+    return f"n/a ({why_none})" if value is None else ("[green]true[/green]" if value else "[red]false[/red]")
 
 
 @app.command()
@@ -73,7 +73,8 @@ def bench(
          f"{_fmt(result.predicted_ci_high, '.3f')}] in {_fmt(result.estimator_s)} s"),
         ("mean accepted drafts per step", f"{result.mean_accepted_per_step:.3f} "
                                           f"(acceptance {result.draft_acceptance_rate:.3f})"),
-        ("lossless (draftnas / HF)", f"{_flag(result.lossless)} / {_flag(result.hf_lossless)}"),
+        ("lossless (draftnas / HF)", f"{_flag(result.lossless)} / "
+         f"{_flag(result.hf_lossless, 'sampling' if result.lossless is None else 'not run')}"),
         ("drafter ms per drafted token", f"{_fmt(result.draft_ms_per_token)}  (head: "
          + (f"{result.draft_vocab_size:,} of the vocabulary's ids, draft_vocab.json)"
             if result.draft_vocab_size else "full vocabulary)")),
