@@ -291,7 +291,9 @@ def _concurrent_workers(tmp_path, storage: str, study: str, n_trials: int = 24) 
 
 
 def test_two_workers_share_one_sqlite_study(tmp_path):
-    _concurrent_workers(tmp_path, f"sqlite:///{tmp_path / 'shared.db'}", "shared", n_trials=16)
+    # Enough trials that the second worker's start-up (~1 s) cannot let the first finish alone
+    # on a fast machine (latency-only trials run at ~20/s).
+    _concurrent_workers(tmp_path, f"sqlite:///{tmp_path / 'shared.db'}", "shared", n_trials=200)
 
 
 @pytest.mark.postgres
@@ -299,7 +301,7 @@ def test_two_workers_share_one_postgres_study(tmp_path):
     url = os.environ.get("DRAFTNAS_TEST_POSTGRES_URL")
     if not url:
         pytest.skip("DRAFTNAS_TEST_POSTGRES_URL is not set (.ci/run starts a PostgreSQL server and sets it)")
-    _concurrent_workers(tmp_path, url, f"pg-{os.getpid()}-{int(time.time())}")
+    _concurrent_workers(tmp_path, url, f"pg-{os.getpid()}-{int(time.time())}", n_trials=60)
 
 
 def test_cli_without_weights_or_prior_says_what_to_pass_and_imports_stay_lazy():
