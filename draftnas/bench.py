@@ -301,8 +301,8 @@ def run_bench(
     """
     import torch
 
+    from draftnas.provenance import package_versions
     from draftnas.sources import load_model
-    from draftnas.traces import package_versions
 
     options.validate()
     if not prompts:

@@ -285,7 +285,7 @@ def _load_average() -> str:
 def machine_info() -> MachineInfo:
     import torch
 
-    from draftnas.traces import package_versions
+    from draftnas.provenance import package_versions
 
     cpu = platform.processor() or platform.machine()
     try:

@@ -12,7 +12,6 @@ refused unless `force`.
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import logging
 import shutil
@@ -25,6 +24,7 @@ from typing import Any
 
 from draftnas.distill import HealOptions, HealResult
 from draftnas.errors import ExportError
+from draftnas.provenance import package_versions
 from draftnas.prune import PruningPlan, load_plan
 from draftnas.record import Record
 
@@ -55,16 +55,6 @@ class ExportInfo(Record):
     source: str = ""
     seed: int = 0
     gamma: int = 4
-
-
-def _versions() -> dict[str, str]:
-    out = {}
-    for pkg in ("draftnas", "torch", "transformers", "optuna", "safetensors"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "unknown"
-    return out
 
 
 def check_destination(out_dir: str | Path, force: bool) -> Path:
@@ -130,7 +120,7 @@ def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) ->
         "architecture": arch.to_dict(),
         "parameters": parameters,
         **info.to_dict(),
-        "versions": _versions(),
+        "versions": package_versions(("draftnas", "torch", "transformers", "optuna", "safetensors")),
     }
     (folder / "draftnas.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     (folder / "README.md").write_text(model_card(info, arch.to_dict(), parameters, subset))

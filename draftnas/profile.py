@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from draftnas.latency import (
     Measurement,
     fit_latency_model,
 )
+from draftnas.provenance import package_versions
 from draftnas.record import Record
 from draftnas.registry import Architecture, get_architecture
 
@@ -551,16 +551,6 @@ def _extrapolation_result(plan: ProfilePlan, group: _Group) -> ExtrapolationChec
 # --------------------------------------------------------------------------- the whole run
 
 
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("draftnas", "torch", "transformers", "numpy", "scipy"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "missing"
-    return out
-
-
 def _calls_per_job(options: ProfileOptions) -> int:
     return options.resolved_warmup() + options.resolved_repeats()
 
@@ -600,6 +590,11 @@ def _load_average() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "unknown"
+
+
+def _versions() -> dict[str, str]:
+    packages = ("draftnas", "torch", "transformers", "numpy", "scipy")
+    return {"python": platform.python_version(), **package_versions(packages, missing="missing")}
 
 
 def measure_profile(options: ProfileOptions, progress: Progress | None = None,

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftnas.errors import InvalidInputError, TraceError
 from draftnas.prompts import Prompt, encode_prompt, prompt_set_hash, uses_chat_template
+from draftnas.provenance import package_versions
 from draftnas.record import Record
 
 if TYPE_CHECKING:
@@ -214,18 +215,6 @@ def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
 def model_vocab_size(model: Any) -> int:
     """Rows of the input embedding (the ids a model can read)."""
     return int(model.get_input_embeddings().weight.shape[0])
-
-
-def package_versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {}
-    for pkg in ("draftnas", "torch", "transformers"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "unknown"
-    return out
 
 
 def make_metadata(loaded: LoadedModel, prompts: Sequence[Prompt], options: TraceOptions,
