@@ -98,9 +98,11 @@ BUDGETS: dict[str, Budget] = {
                     search_heal_steps=4, search_heal_seconds=20.0, heal_steps=12, bench_per_domain=1,
                     bench_new_tokens=32, repeats=1, fixed_gamma=3, max_gamma=6, term_repeats=7),
     # the README figures: under an hour on a quiet 2-core CPU
-    "full": Budget(name="full", profile_quick=True, trace_per_domain=6, trace_new_tokens=64, trials=12,
-                   depth_max=8, search_heal_steps=10, search_heal_seconds=45.0, heal_steps=100,
-                   heal_batch_size=4, heal_seq_len=192, bench_per_domain=3, bench_new_tokens=64, repeats=3,
+    # (healing is data-bound: on 24 traced prompts a 1-layer drafter overfit by step 40 at top-1
+    # 0.06-0.14; on all 112 non-bench prompts x 96 tokens it reaches 0.20, 2 layers 0.24)
+    "full": Budget(name="full", profile_quick=True, trace_per_domain=28, trace_new_tokens=96, trials=12,
+                   depth_max=8, search_heal_steps=30, search_heal_seconds=30.0, heal_steps=150,
+                   heal_batch_size=8, heal_seq_len=256, bench_per_domain=3, bench_new_tokens=48, repeats=3,
                    fixed_gamma=3, max_gamma=6, term_repeats=15),
 }
 
@@ -482,9 +484,9 @@ def baseline_options(winner: PruningPlan, base: Architecture) -> dict[str, Any]:
     }
 
 
-def _plan_key(plan: PruningPlan) -> tuple[Any, ...]:
+def _plan_key(plan: PruningPlan, vocab_size: int = 0) -> tuple[Any, ...]:
     return (plan.layers, plan.num_attention_heads, plan.num_key_value_heads, plan.intermediate_size,
-            plan.kept_heads, plan.kept_kv_heads, plan.kept_channels)
+            plan.kept_heads, plan.kept_kv_heads, plan.kept_channels, vocab_size)
 
 
 @dataclass(frozen=True)
@@ -497,6 +499,15 @@ class BuiltDrafter(Record):
     heal: dict[str, Any] | None
     estimate: dict[str, Any]
     same_as: str | None = None
+    vocab_size: int = 0  # rows of a reduced draft head (draftnas.vocab); 0 = the full vocabulary
+
+    @property
+    def head_vocab_size(self) -> int | None:
+        return self.vocab_size or None
+
+    @property
+    def name(self) -> str:
+        return self.plan.label() + (f"-v{self.vocab_size}" if self.vocab_size else "")
 
 
 def split_traces(traces: Traces) -> tuple[Traces, Traces]:
@@ -517,8 +528,10 @@ def heal_options(budget: Budget, seed: int, n_records: int) -> Any:
 
 
 def build_drafter(role: str, plan: PruningPlan, base: LoadedModel, traces: tuple[Traces, Traces],
-                  options: E2EOptions, out: Path, data: Any = None) -> BuiltDrafter:
-    """apply_plan -> heal on the traces (the budget's steps) -> export -> estimate on held-out traces."""
+                  options: E2EOptions, out: Path, data: Any = None, vocab_size: int = 0) -> BuiltDrafter:
+    """apply_plan (+ the reduced draft head of `vocab_size` rows, chosen from the heal split's
+    tokens as the search did) -> heal on the traces (the budget's steps) -> export -> estimate
+    on held-out traces."""
     from draftnas.acceptance import estimate_acceptance
     from draftnas.distill import heal
     from draftnas.export import ExportInfo, export_drafter
@@ -530,6 +543,11 @@ def build_drafter(role: str, plan: PruningPlan, base: LoadedModel, traces: tuple
         return BuiltDrafter.from_dict(json.loads(record.read_text()))
     heal_traces, held = traces
     drafter = apply_plan(base.model, plan)
+    if vocab_size:
+        from draftnas.vocab import apply_vocab_subset, subset_from_traces
+
+        apply_vocab_subset(drafter, subset_from_traces(heal_traces, vocab_size, base.tokenizer,
+                                                       source="e2e heal split"))
     h_options = heal_options(options.budget, options.seed, len(heal_traces.records))
     result = None
     if options.budget.heal_steps > 0:
@@ -542,14 +560,19 @@ def build_drafter(role: str, plan: PruningPlan, base: LoadedModel, traces: tuple
                       measured={"top1_agreement_heldout": estimate.top1_agreement})
     export_drafter(drafter, base.tokenizer, folder, info, force=True)
     built = BuiltDrafter(role=role, plan=plan, folder=str(folder), heal=result.to_dict() if result else None,
-                         estimate=estimate.to_dict())
+                         estimate=estimate.to_dict(), vocab_size=vocab_size)
     _write_json(record, built.to_dict())
     return built
 
 
 def stage_drafters(winner: PruningPlan, base: LoadedModel, base_arch: Architecture, traces_path: Path,
-                   options: E2EOptions, out: Path, tick: Callable[[int, int], None]) -> list[BuiltDrafter]:
-    """The winner and the three baselines, healed alike; a baseline equal to the winner is not rebuilt."""
+                   options: E2EOptions, out: Path, tick: Callable[[int, int], None],
+                   winner_vocab: int = 0) -> list[BuiltDrafter]:
+    """The winner and the three baselines, healed alike; a baseline equal to the winner is not rebuilt.
+
+    The winner keeps the reduced draft head the search chose (`winner_vocab` rows); the baselines
+    are what one would build without a search: pruned layers under the base's full LM head.
+    """
     from draftnas.distill import data_from_traces
     from draftnas.prune import plan_pruning
     from draftnas.traces import load_traces
@@ -560,12 +583,15 @@ def stage_drafters(winner: PruningPlan, base: LoadedModel, base_arch: Architectu
     traces = split_traces(load_traces(traces_path).select(temperature=0.0))
     data = data_from_traces(traces[0], heal_options(options.budget, options.seed, len(traces[0].records)))
     built: list[BuiltDrafter] = []
+    vocab = {"winner": winner_vocab}
     for i, role in enumerate(ROLES):
-        twin = next((b for b in built if _plan_key(b.plan) == _plan_key(plans[role])), None)
+        key = _plan_key(plans[role], vocab.get(role, 0))
+        twin = next((b for b in built if _plan_key(b.plan, b.vocab_size) == key), None)
         if twin is not None:
             built.append(replace(twin, role=role, same_as=twin.role))
         else:
-            built.append(build_drafter(role, plans[role], base, traces, options, out, data))
+            built.append(build_drafter(role, plans[role], base, traces, options, out, data,
+                                       vocab_size=vocab.get(role, 0)))
         tick(i + 1, len(ROLES))
     return built
 
@@ -630,10 +656,12 @@ def measure_terms(target: Any, drafter: Any, prompt_ids: Sequence[int], context_
 
 
 def predict(model: LatencyModel, drafter: Architecture, target: Architecture, tokens_per_step: float,
-            gamma: int, context_tokens: int) -> Prediction:
+            gamma: int, context_tokens: int, head_vocab_size: int | None = None) -> Prediction:
+    """`head_vocab_size`: rows of the drafter's reduced LM head (None: the full vocabulary)."""
     from draftnas.throughput import predict_throughput
 
-    draft_ms = model.predict_ms(drafter, new_tokens=1, context_tokens=context_tokens)
+    draft_ms = model.predict_ms(drafter, new_tokens=1, context_tokens=context_tokens,
+                                head_vocab_size=head_vocab_size)
     target_ms = model.predict_ms(target, new_tokens=1, context_tokens=context_tokens)
     verify_ms = model.predict_ms(target, new_tokens=gamma + 1, context_tokens=context_tokens)
     est = predict_throughput(gamma=gamma, draft_ms=draft_ms, target_ms=target_ms, verify_ms=verify_ms,
@@ -644,10 +672,12 @@ def predict(model: LatencyModel, drafter: Architecture, target: Architecture, to
 
 
 def best_predicted_gamma(model: LatencyModel, drafter: Architecture, target: Architecture,
-                         tokens_per_step: dict[str, float], max_gamma: int, context_tokens: int) -> int:
+                         tokens_per_step: dict[str, float], max_gamma: int, context_tokens: int,
+                         head_vocab_size: int | None = None) -> int:
     """The gamma >= 1 with the highest predicted tokens/s (gamma 0 is the target alone, benched anyway)."""
     def tokens_per_s(g: int) -> float:
-        return predict(model, drafter, target, tokens_per_step[str(g)], g, context_tokens).tokens_per_s
+        return predict(model, drafter, target, tokens_per_step[str(g)], g, context_tokens,
+                       head_vocab_size).tokens_per_s
 
     return max(range(1, max_gamma + 1), key=tokens_per_s)
 
@@ -779,28 +809,37 @@ def _row_for(ctx: _Context, built: BuiltDrafter, gpu: LatencyModel | None,
     tps: dict[str, float] = {str(k): float(v) for k, v in est["tokens_per_step"].items()}
     fixed = ctx.options.budget.fixed_gamma
     gammas = sorted({fixed, best})
-    predicted = {str(g): predict(ctx.latency, arch, ctx.target_arch, tps[str(g)], g, ctx.context_tokens)
-                 for g in gammas}
+    predicted = {str(g): predict(ctx.latency, arch, ctx.target_arch, tps[str(g)], g, ctx.context_tokens,
+                                 built.head_vocab_size) for g in gammas}
     measured = {str(g): summarize_bench(runs[g], terms) for g in gammas if runs.get(g) and terms}
     decomposition = {g: decompose(predicted[g], m, terms) for g, m in measured.items() if terms}
     gpu_speedup = None
     if gpu is not None and str(best) in measured:
         gpu_speedup = predict(gpu, arch, ctx.target_arch, measured[str(best)].tokens_per_step, best,
-                              ctx.context_tokens).speedup
+                              ctx.context_tokens, built.head_vocab_size).speedup
     heal = built.heal or {}
     per_domain = {d: {"top1": float(v["top1_agreement"]),
                       "tokens_per_step": float(v["tokens_per_step"][str(fixed)]),
                       "prompts": float(v["n_prompts"])} for d, v in est.get("per_domain", {}).items()}
+    head = f", head {built.vocab_size}" if built.vocab_size else ""
     return DrafterRow(
-        name=built.plan.label(), role=built.role, layers=built.plan.layers,
+        name=built.name, role=built.role, layers=built.plan.layers,
         shape=f"{arch.num_hidden_layers} x {arch.hidden_size} (q{arch.num_attention_heads}/"
-              f"kv{arch.num_key_value_heads}, mlp {arch.intermediate_size})",
-        parameters=arch.count_parameters(), non_embedding_parameters=arch.non_embedding_parameters(),
+              f"kv{arch.num_key_value_heads}, mlp {arch.intermediate_size}{head})",
+        parameters=drafter_parameters(arch, built.vocab_size),
+        non_embedding_parameters=arch.non_embedding_parameters(),
         folder=built.folder, heal_top1_before=heal.get("top1_before"), heal_top1_after=heal.get("top1_after"),
         estimate_tokens_per_step=tps, estimate_per_domain=per_domain, predicted_best_gamma=best,
         predicted=predicted, measured=measured, terms=terms, decomposition=decomposition,
         measured_per_domain=per_domain_measured(runs.get(fixed, [])), gpu_predicted_speedup=gpu_speedup,
         same_as=built.same_as)
+
+
+def drafter_parameters(arch: Architecture, vocab_size: int = 0) -> int:
+    """All parameters; a reduced draft head (`vocab_size` rows) is untied from the full input embedding."""
+    if not vocab_size:
+        return arch.count_parameters()
+    return arch.count_parameters() - arch.head_parameters() + vocab_size * arch.hidden_size
 
 
 def _gpu_model() -> LatencyModel | None:
@@ -838,7 +877,11 @@ def _terms_for(ctx: _Context, built: BuiltDrafter, gammas: Sequence[int]) -> Mea
     path = ctx.out / "terms" / f"{built.role}.json"
     if path.is_file():
         return MeasuredTerms.from_dict(json.loads(path.read_text()))
-    draft = load_model(built.folder).model.eval()
+    from draftnas.vocab import maybe_apply_saved_subset
+
+    loaded = load_model(built.folder)
+    draft = loaded.model.eval()
+    maybe_apply_saved_subset(draft, loaded.folder)  # time the head the loop uses
     terms = measure_terms(ctx.target.model, draft, ctx.sample_ids, ctx.context_tokens, gammas,
                           ctx.options.budget.term_repeats, ctx.prompt_tokens)
     _write_json(path, terms.to_dict())
@@ -885,7 +928,8 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
     winner = PruningPlan.from_data(search.best.candidate.plan)
     target_arch = resolve_architecture(options.target)
     built = stage_drafters(winner, target, target_arch, traces_path, options, out,
-                           stages.start("heal + export", len(ROLES)))
+                           stages.start("heal + export", len(ROLES)),
+                           winner_vocab=search.best.candidate.head_vocab_size or 0)
     stages.done()
 
     encoded = [encode_prompt(target.tokenizer, p.text) for p in bench_prompts]
@@ -897,7 +941,7 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
     bests = {b.role: best_predicted_gamma(
         ctx.latency, b.plan.architecture(target_arch), target_arch,
         {str(k): float(v) for k, v in b.estimate["tokens_per_step"].items()},
-        options.budget.max_gamma, ctx.context_tokens) for b in built}
+        options.budget.max_gamma, ctx.context_tokens, b.head_vocab_size) for b in built}
     tick = stages.start("latency terms", len(built))
     terms: dict[str, MeasuredTerms] = {}
     for i, b in enumerate(built):

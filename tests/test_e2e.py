@@ -34,6 +34,7 @@ base: {target}
 depth: {{min: 1, max: 2}}
 layer_selection: [first, even]
 width: {{mlp_ratios: [1.0, 0.5]}}
+vocab: {{sizes: [48]}}
 gamma: {{min: 1, max: 3}}
 heal: {{steps: 1, batch_size: 2, seq_len: 32}}
 workload: {{context_tokens: 32}}
@@ -121,6 +122,29 @@ def test_pipeline_writes_records_and_a_consistent_table(tiny_run):
     assert result.fidelity.mape_fixed_gamma == pytest.approx(mape(pred, meas))
     assert result.notes and any("MAPE" in n for n in result.notes)
     assert result.machine.logical_cores >= 1 and result.machine.load_average_after
+
+
+def test_winner_keeps_the_searched_draft_head_and_baselines_the_full_one(tiny_run):
+    """The space allows only a 48-row draft head: the winner is healed, exported, timed and priced
+    with it; the baselines (what one builds without a search) keep the base's full head."""
+    from draftnas.sources import load_model
+    from draftnas.vocab import load_vocab_subset, maybe_apply_saved_subset
+
+    _, result, _ = tiny_run
+    winner = result.row("winner")
+    assert winner.name.endswith("-v48") and "head 48" in winner.shape
+    subset = load_vocab_subset(winner.folder)
+    assert subset.size == 48 and subset.vocab_size == 128
+    loaded = load_model(winner.folder)
+    maybe_apply_saved_subset(loaded.model, loaded.folder)
+    assert loaded.model.get_output_embeddings().weight.shape[0] == 48
+    first = result.row("first-k")
+    assert len(winner.layers) == len(first.layers)
+    for row in result.rows:
+        if row.role != "winner" and row.same_as is None:
+            assert not (Path(row.folder) / "draft_vocab.json").exists() and "head" not in row.shape
+    # an untied 48-row head beside the full input embedding: the row counts the live module
+    assert winner.parameters == sum(p.numel() for p in loaded.model.parameters())
 
 
 def test_rerun_resumes_from_the_run_folder(tiny_run):
