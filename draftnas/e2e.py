@@ -1001,6 +1001,14 @@ def honest_notes(result: E2EResult) -> list[str]:
         notes.append(f"on this CPU speculative decoding does NOT beat the target alone for this target: best "
                      f"{top_m.tokens_per_s:.1f} tokens/s vs {top_m.target_tokens_per_s:.1f} tokens/s alone "
                      f"({top_m.speedup:.3f}x); acceptance after this healing budget is below break-even.")
+    else:
+        lo, hi = top_m.speedup_spread
+        same = {True: "identical to", False: "NOT identical to", None: "not compared with"}[top_m.lossless]
+        notes.append(f"speculative decoding with {top.name} beats the target alone on this machine: "
+                     f"{top_m.tokens_per_s:.1f} tokens/s vs {top_m.target_tokens_per_s:.1f} tokens/s alone "
+                     f"({top_m.speedup:.3f}x, {lo:.3f}-{hi:.3f} over {top_m.repeats} repeats); greedy output "
+                     f"{same} the target's.")
+    notes += _edge_notes(result, winner)
     gpu = [(r, r.gpu_predicted_speedup) for r, _ in scored if r.gpu_predicted_speedup is not None]
     if gpu:
         r, s = max(gpu, key=lambda x: x[1] or 0.0)
@@ -1018,6 +1026,22 @@ def honest_notes(result: E2EResult) -> list[str]:
     close = [r.name for r, m in scored if r is not top and m.speedup >= 0.98 * top_m.speedup]
     if close:
         notes.append(f"{', '.join(close)} measured within 2% of the top: a tie within noise here.")
+    return notes
+
+
+def _edge_notes(result: E2EResult, winner: DrafterRow) -> list[str]:
+    """Where the winner's speedup over each baseline comes from: its draft step or its acceptance."""
+    w = _best_measured(winner)
+    if w is None or winner.terms is None:
+        return []
+    notes = []
+    for row in result.rows:
+        b = _best_measured(row)
+        if row.role == "winner" or row.same_as or b is None or row.terms is None:
+            continue
+        notes.append(f"winner vs {row.role} {row.name}: {w.speedup:.3f}x vs {b.speedup:.3f}x; draft step "
+                     f"{winner.terms.draft_ms:.1f} vs {row.terms.draft_ms:.1f} ms, tokens/step "
+                     f"{w.tokens_per_step:.2f} (γ {w.gamma}) vs {b.tokens_per_step:.2f} (γ {b.gamma}).")
     return notes
 
 

@@ -145,6 +145,9 @@ def test_winner_keeps_the_searched_draft_head_and_baselines_the_full_one(tiny_ru
             assert not (Path(row.folder) / "draft_vocab.json").exists() and "head" not in row.shape
     # an untied 48-row head beside the full input embedding: the row counts the live module
     assert winner.parameters == sum(p.numel() for p in loaded.model.parameters())
+    # the notes say where the winner's edge over each distinct baseline comes from
+    edge = next(n for n in result.notes if n.startswith("winner vs first-k"))
+    assert f"{winner.terms.draft_ms:.1f} vs {first.terms.draft_ms:.1f} ms" in edge
 
 
 def test_rerun_resumes_from_the_run_folder(tiny_run):
