@@ -74,6 +74,11 @@ class Candidate(Record):
         return key + (f"|v{self.choice.vocab_size}" if self.choice.vocab_size else "")
 
     @property
+    def parameters(self) -> int:
+        """All parameters, the reduced draft head (untied, `head_vocab_size` rows) counted as such."""
+        return self.arch.parameters_with_head(self.head_vocab_size)
+
+    @property
     def head_vocab_size(self) -> int | None:
         """Rows of the drafter's LM head: a reduced draft vocabulary, or None for the full one."""
         n = self.choice.vocab_size

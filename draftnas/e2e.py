@@ -445,7 +445,8 @@ def stage_search(options: E2EOptions, profile: LatencyProfile, label: str, trace
 
 def search_summary(result: SearchResult) -> dict[str, Any]:
     top = [{"trial": r.number, "candidate": r.candidate.name, "shape": r.candidate.shape_label(),
-            "parameters": r.candidate.arch.count_parameters(), "top1": r.acceptance.acceptance_rate,
+            "parameters": r.candidate.parameters,
+            "top1": r.acceptance.acceptance_rate,
             "predicted_speedup": r.throughput.speedup, "gamma": r.primary.gamma} for r in result.ranked[:8]]
     return {"study": result.study_name, "storage": result.storage, "counts": result.counts,
             "wall_s": result.wall_s, "top": top}
@@ -837,9 +838,7 @@ def _row_for(ctx: _Context, built: BuiltDrafter, gpu: LatencyModel | None,
 
 def drafter_parameters(arch: Architecture, vocab_size: int = 0) -> int:
     """All parameters; a reduced draft head (`vocab_size` rows) is untied from the full input embedding."""
-    if not vocab_size:
-        return arch.count_parameters()
-    return arch.count_parameters() - arch.head_parameters() + vocab_size * arch.hidden_size
+    return arch.parameters_with_head(vocab_size or None)
 
 
 def _gpu_model() -> LatencyModel | None:
@@ -997,6 +996,14 @@ def honest_notes(result: E2EResult) -> list[str]:
     verdict = "has" if top.role == "winner" else f"does NOT have (the {top.role} baseline does)"
     notes.append(f"the draftnas winner {winner.name} {verdict} the highest measured speedup: "
                  f"{top.name} {top_m.speedup:.3f}x at gamma {top_m.gamma}.")
+    others = [(r, m) for r, m in scored if r is not top]
+    if others:
+        best_other = max(m.speedup_spread[1] for _, m in others)
+        runner = max(m.speedup for _, m in others)
+        apart = "apart" if top_m.speedup_spread[0] > best_other else "overlapping"
+        notes.append(f"margin over the next drafter: {top_m.speedup / runner - 1:+.1%} (medians); repeats "
+                     f"{apart}: the top's slowest {top_m.speedup_spread[0]:.3f}x vs the others' fastest "
+                     f"{best_other:.3f}x.")
     if top_m.speedup < 1.0:
         notes.append(f"on this CPU speculative decoding does NOT beat the target alone for this target: best "
                      f"{top_m.tokens_per_s:.1f} tokens/s vs {top_m.target_tokens_per_s:.1f} tokens/s alone "
@@ -1004,7 +1011,9 @@ def honest_notes(result: E2EResult) -> list[str]:
     else:
         lo, hi = top_m.speedup_spread
         same = {True: "identical to", False: "NOT identical to", None: "not compared with"}[top_m.lossless]
-        notes.append(f"speculative decoding with {top.name} beats the target alone on this machine: "
+        verdict = ("beats the target alone on this machine" if lo > 1.0 else
+                   "only breaks even with the target alone on this machine (its repeats straddle 1x)")
+        notes.append(f"speculative decoding with {top.name} {verdict}: "
                      f"{top_m.tokens_per_s:.1f} tokens/s vs {top_m.target_tokens_per_s:.1f} tokens/s alone "
                      f"({top_m.speedup:.3f}x, {lo:.3f}-{hi:.3f} over {top_m.repeats} repeats); greedy output "
                      f"{same} the target's.")

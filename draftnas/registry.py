@@ -84,6 +84,13 @@ class Architecture(Record):
             + self.head_parameters()
         )
 
+    def parameters_with_head(self, head_rows: int | None) -> int:
+        """All parameters when the LM head keeps only `head_rows` rows (a reduced draft head, untied
+        from the full input embedding); None: `count_parameters()`."""
+        if head_rows is None:
+            return self.count_parameters()
+        return self.count_parameters() - self.head_parameters() + head_rows * self.hidden_size
+
     def non_embedding_parameters(self) -> int:
         return self.num_hidden_layers * self.layer_parameters() + self.final_norm_parameters()
 

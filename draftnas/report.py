@@ -95,7 +95,7 @@ def _table(ranked: tuple[RankedTrial, ...], assumed: bool) -> str:
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(ranked, start=1):
         p = r.primary
-        params_m = r.candidate.arch.count_parameters() / 1e6
+        params_m = r.candidate.parameters / 1e6
         cells = [str(i), str(r.number), f"`{r.candidate.name}`", r.candidate.shape_label(),
                  f"{params_m:.1f}", f"{p.draft_ms:.3f}", f"{p.verify_ms:.3f}",
                  f"{r.acceptance.acceptance_rate:.3f}", f"{p.tokens_per_step:.2f}", str(p.gamma),

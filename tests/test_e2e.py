@@ -148,6 +148,7 @@ def test_winner_keeps_the_searched_draft_head_and_baselines_the_full_one(tiny_ru
     # the notes say where the winner's edge over each distinct baseline comes from
     edge = next(n for n in result.notes if n.startswith("winner vs first-k"))
     assert f"{winner.terms.draft_ms:.1f} vs {first.terms.draft_ms:.1f} ms" in edge
+    assert any(n.startswith("margin over the next drafter") for n in result.notes)
 
 
 def test_rerun_resumes_from_the_run_folder(tiny_run):

@@ -51,3 +51,18 @@ def test_matches_real_module_parameter_count(tiny_llama_config):
     model = LlamaForCausalLM(tiny_llama_config)
     arch = Architecture.from_hf_config(tiny_llama_config)
     assert arch.count_parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_parameters_with_a_reduced_draft_head():
+    """A reduced head is untied from the full input embedding: a tied base gains its rows, an untied
+    base swaps its full head for them."""
+    from dataclasses import replace
+
+    from draftnas.registry import get_architecture
+
+    smol = get_architecture("smollm2-135m")
+    assert smol.tie_word_embeddings
+    assert smol.parameters_with_head(None) == smol.count_parameters()
+    assert smol.parameters_with_head(4096) == smol.count_parameters() + 4096 * 576
+    untied = replace(smol, tie_word_embeddings=False)
+    assert untied.parameters_with_head(4096) == untied.count_parameters() - (49152 - 4096) * 576

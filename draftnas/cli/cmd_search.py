@@ -45,7 +45,7 @@ def _row(rank: int, r: RankedTrial) -> list[str]:
     acc = f"{r.acceptance.acceptance_rate:.3f} / {p.tokens_per_step:.2f}"
     trial = f"{r.number}" + (f" (=#{r.reused_from})" if r.reused_from is not None else "")
     return [str(rank), trial, r.candidate.name, r.candidate.shape_label(),
-            fmt_params(r.candidate.arch.count_parameters()), f"{p.draft_ms:.3f}", f"{p.verify_ms:.3f}",
+            fmt_params(r.candidate.parameters), f"{p.draft_ms:.3f}", f"{p.verify_ms:.3f}",
             acc, str(p.gamma), f"{r.throughput.tokens_per_s:,.1f}", f"{r.throughput.speedup:.3f}x"]
 
 
