@@ -511,15 +511,6 @@ class BuiltDrafter(Record):
         return self.plan.label() + (f"-v{self.vocab_size}" if self.vocab_size else "")
 
 
-def split_traces(traces: Traces) -> tuple[Traces, Traces]:
-    """(heal split, held-out split): every 3rd record held out, as in the search's evaluator."""
-    from draftnas.traces import Traces as T
-
-    held = [r for i, r in enumerate(traces.records) if i % 3 == 0]
-    rest = [r for i, r in enumerate(traces.records) if i % 3 != 0]
-    return T(metadata=traces.metadata, records=rest or held), T(metadata=traces.metadata, records=held)
-
-
 def heal_options(budget: Budget, seed: int, n_records: int) -> Any:
     from draftnas.distill import HealOptions
 
@@ -576,12 +567,14 @@ def stage_drafters(winner: PruningPlan, base: LoadedModel, base_arch: Architectu
     """
     from draftnas.distill import data_from_traces
     from draftnas.prune import plan_pruning
+    from draftnas.search import split_traces
     from draftnas.traces import load_traces
 
     plans: dict[str, PruningPlan] = {"winner": winner}
     for role, plan_options in baseline_options(winner, base_arch).items():
         plans[role] = plan_pruning(base.model, plan_options, tokenizer=base.tokenizer)
-    traces = split_traces(load_traces(traces_path).select(temperature=0.0))
+    held, rest = split_traces(load_traces(traces_path).select(temperature=0.0))  # the search's split
+    traces = (rest, held)
     data = data_from_traces(traces[0], heal_options(options.budget, options.seed, len(traces[0].records)))
     built: list[BuiltDrafter] = []
     vocab = {"winner": winner_vocab}
@@ -827,18 +820,13 @@ def _row_for(ctx: _Context, built: BuiltDrafter, gpu: LatencyModel | None,
         name=built.name, role=built.role, layers=built.plan.layers,
         shape=f"{arch.num_hidden_layers} x {arch.hidden_size} (q{arch.num_attention_heads}/"
               f"kv{arch.num_key_value_heads}, mlp {arch.intermediate_size}{head})",
-        parameters=drafter_parameters(arch, built.vocab_size),
+        parameters=arch.parameters_with_head(built.head_vocab_size),
         non_embedding_parameters=arch.non_embedding_parameters(),
         folder=built.folder, heal_top1_before=heal.get("top1_before"), heal_top1_after=heal.get("top1_after"),
         estimate_tokens_per_step=tps, estimate_per_domain=per_domain, predicted_best_gamma=best,
         predicted=predicted, measured=measured, terms=terms, decomposition=decomposition,
         measured_per_domain=per_domain_measured(runs.get(fixed, [])), gpu_predicted_speedup=gpu_speedup,
         same_as=built.same_as)
-
-
-def drafter_parameters(arch: Architecture, vocab_size: int = 0) -> int:
-    """All parameters; a reduced draft head (`vocab_size` rows) is untied from the full input embedding."""
-    return arch.parameters_with_head(vocab_size or None)
 
 
 def _gpu_model() -> LatencyModel | None:
