@@ -15,3 +15,22 @@ def truncated(model, k):
         layer.self_attn.layer_idx = i
     small.config.num_hidden_layers = k
     return small
+
+
+class TinyTokenizer:
+    """Character-level stand-in: ids are code points mod 128 (no chat template, no end-of-sequence).
+
+    `shift` renames the vocabulary (same ids, other strings): a different tokenizer fingerprint.
+    """
+
+    chat_template = None
+    eos_token_id = None
+
+    def __init__(self, shift: int = 0) -> None:
+        self.shift = shift
+
+    def get_vocab(self):
+        return {f"t{(i + self.shift) % 128}": i for i in range(128)}
+
+    def __call__(self, text):
+        return {"input_ids": [ord(c) % 128 for c in text]}

@@ -9,22 +9,12 @@ from draftnas.bench import BenchOptions, BenchResult, run_bench
 from draftnas.errors import InvalidInputError
 from draftnas.prompts import Prompt
 from draftnas.sources import LoadedModel, ModelSource
+from tests import helpers
 from tests.helpers import truncated
 
 
-class TinyTokenizer:
-    chat_template = None
-    eos_token_id = None
+class TinyTokenizer(helpers.TinyTokenizer):
     pad_token_id = 0
-
-    def __init__(self, shift: int = 0) -> None:
-        self.shift = shift
-
-    def get_vocab(self):
-        return {f"t{(i + self.shift) % 128}": i for i in range(128)}
-
-    def __call__(self, text):
-        return {"input_ids": [ord(c) % 128 for c in text]}
 
 
 def _loaded(model, spec, tokenizer=None):

@@ -18,22 +18,7 @@ from draftnas.traces import (
     load_traces,
     tokenizer_fingerprint,
 )
-
-
-class TinyTokenizer:
-    """Character-level stand-in: ids are code points mod 128 (no chat template)."""
-
-    chat_template = None
-    eos_token_id = None
-
-    def __init__(self, shift: int = 0) -> None:
-        self.shift = shift
-
-    def get_vocab(self):
-        return {f"t{(i + self.shift) % 128}": i for i in range(128)}
-
-    def __call__(self, text):
-        return {"input_ids": [ord(c) % 128 for c in text]}
+from tests.helpers import TinyTokenizer
 
 
 @pytest.fixture(scope="module")
