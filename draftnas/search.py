@@ -521,6 +521,25 @@ def recover_stale_trials(study: optuna.Study, trials: Sequence[FrozenTrial] | No
     return failed
 
 
+def fail_own_running_trials(study: optuna.Study, reason: str) -> list[int]:
+    """Mark FAIL the RUNNING trials this process created; returns their numbers."""
+    me = _worker_id()
+    failed: list[int] = []
+    try:
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    except Exception as exc:  # the storage itself may be what failed; a resume recovers them
+        log.warning("could not list this process's running trials to fail them: %s", exc)
+        return failed
+    for t in running:
+        if t.user_attrs.get("worker") != me:
+            continue
+        with contextlib.suppress(Exception):
+            study._storage.set_trial_user_attr(t._trial_id, "failed_reason", reason)
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            failed.append(t.number)
+    return failed
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Silence Optuna's experimental-feature and heartbeat warnings (expected here)."""
@@ -628,6 +647,13 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
         _loop(run, start, progress)
     except KeyboardInterrupt:
         interrupted = True
+        # The signal can land outside `_one_trial`'s handler (between creating a trial and
+        # evaluating it, or while telling its result): fail whatever this process left RUNNING.
+        for number in fail_own_running_trials(study, "interrupted (Ctrl-C)"):
+            if run.interrupted_trial is None:
+                run.interrupted_trial = number
+            if number not in run.told:
+                run.told.append(number)
         log.info("interrupted (trial in flight: %s); re-run the command to resume", run.interrupted_trial)
     result = collect_result(study, storage_url, options, info, run.told, interrupted,
                             time.monotonic() - start)

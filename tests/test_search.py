@@ -192,6 +192,29 @@ def test_ctrl_c_fails_the_trial_in_flight_and_a_rerun_resumes(tmp_path):
     assert second.counts["COMPLETE"] + second.counts.get("PRUNED", 0) == 8
 
 
+def test_ctrl_c_between_creating_a_trial_and_evaluating_it_leaves_nothing_running(tmp_path, monkeypatch):
+    import draftnas.search as search_module
+
+    real_ask, asked = search_module._ask, []
+
+    def ask_then_interrupt(study, dists):
+        trial = real_ask(study, dists)
+        asked.append(trial.number)
+        if len(asked) == 3:  # the signal lands after the RUNNING trial exists, before the try
+            raise KeyboardInterrupt
+        return trial
+
+    monkeypatch.setattr(search_module, "_ask", ask_then_interrupt)
+    result = run_search(smol_options(tmp_path, n_trials=8, sampler="random", upper_bound_pruning=False),
+                        StubLatency(), FakeMeasured())
+    assert result.interrupted and result.interrupted_trial == asked[-1]
+    study = _load(normalize_storage(str(tmp_path / "study.db"), "t"), "t")
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert [t.number for t in failed] == [asked[-1]]
+    assert failed[0].user_attrs["failed_reason"] == "interrupted (Ctrl-C)"
+
+
 def test_resuming_with_other_settings_is_refused(tmp_path):
     run_search(smol_options(tmp_path, n_trials=2, prior=0.7), StubLatency(), PriorEvaluator(0.7))
     with pytest.raises(InvalidInputError, match="made with a different acceptance_prior"):
