@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import random
+import signal
 import socket
 import sqlite3
 import threading
@@ -598,6 +599,54 @@ def open_study(options: SearchOptions, info: StudyInfo, storage_url: str) -> opt
     return study
 
 
+class InterruptGate:
+    """Ctrl-C (and a SIGTERM the caller already turns into KeyboardInterrupt) raise only where safe.
+
+    A KeyboardInterrupt raised inside SQLAlchemy's flush can leave its session looping forever
+    (seen in CI: a CLI search hung after Ctrl-C in `Trial._suggest`'s commit). So while the gate
+    is installed a signal only marks itself pending; it is raised at the top of the loop or on
+    entering an evaluation, and raised at once inside `immediate()` (the evaluation itself: no
+    storage there). A second signal while one is pending raises at once: the escape hatch.
+    """
+
+    def __init__(self) -> None:
+        self.pending = False
+        self._immediate = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._immediate or self.pending:
+            raise KeyboardInterrupt
+        self.pending = True
+        log.warning("stopping after the storage write in progress (press Ctrl-C again to abort now)")
+
+    def check(self) -> None:
+        if self.pending:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[InterruptGate]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self  # signals reach only the main thread: nothing to gate here
+            return
+        signums = [signal.SIGINT] + [signal.SIGTERM] * callable(signal.getsignal(signal.SIGTERM))
+        self._previous = {n: signal.signal(n, self._handle) for n in signums}
+        try:
+            yield self
+        finally:
+            for n, handler in self._previous.items():
+                signal.signal(n, handler)
+
+    @contextlib.contextmanager
+    def immediate(self) -> Iterator[None]:
+        self.check()
+        self._immediate = True
+        try:
+            yield
+        finally:
+            self._immediate = False
+
+
 @dataclass
 class _Run:
     """Mutable state of this process's loop."""
@@ -612,6 +661,7 @@ class _Run:
     told: list[int] = field(default_factory=list)
     failures_in_a_row: int = 0
     interrupted_trial: int | None = None
+    gate: InterruptGate = field(default_factory=InterruptGate)
 
 
 def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: Evaluator, *,
@@ -644,7 +694,8 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
                dists=distributions(options.space))
     interrupted = False
     try:
-        _loop(run, start, progress)
+        with run.gate.installed():
+            _loop(run, start, progress)
     except KeyboardInterrupt:
         interrupted = True
         # The signal can land outside `_one_trial`'s handler (between creating a trial and
@@ -663,6 +714,7 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
 def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) -> None:
     target = run.options.n_trials
     while True:
+        run.gate.check()
         trials = run.study.get_trials(deepcopy=False)
         stale = set(recover_stale_trials(run.study, trials))
         finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
@@ -759,7 +811,8 @@ def _evaluate_trial(run: _Run, trial: optuna.Trial,
         if run.evaluator.measured:  # so a trial that dies while healing still says what it was
             for key, value in records.items():
                 trial.set_user_attr(key, value)
-        evaluation = run.evaluator.evaluate(candidate)
+        with run.gate.immediate():  # minutes of healing: Ctrl-C stops it at once
+            evaluation = run.evaluator.evaluate(candidate)
     return _finish(run, trial, evaluation, candidate, latency, single)
 
 

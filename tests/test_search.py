@@ -215,6 +215,32 @@ def test_ctrl_c_between_creating_a_trial_and_evaluating_it_leaves_nothing_runnin
     assert failed[0].user_attrs["failed_reason"] == "interrupted (Ctrl-C)"
 
 
+def test_ctrl_c_waits_for_the_storage_write_but_stops_an_evaluation_at_once():
+    """A KeyboardInterrupt inside SQLAlchemy's flush can hang the session: outside an evaluation the
+    signal is held until a safe point; inside one it raises at once; a second one always does."""
+    from draftnas.search import InterruptGate
+
+    before = signal.getsignal(signal.SIGINT)
+    gate = InterruptGate()
+    with gate.installed():
+        os.kill(os.getpid(), signal.SIGINT)  # "during a storage write": held
+        time.sleep(0.05)
+        assert gate.pending
+        with pytest.raises(KeyboardInterrupt):
+            gate.check()
+    assert signal.getsignal(signal.SIGINT) is before  # handlers restored
+    gate = InterruptGate()
+    with gate.installed(), pytest.raises(KeyboardInterrupt), gate.immediate():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # an evaluation: interrupted long before this ends
+    gate = InterruptGate()
+    with gate.installed(), pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C: abort now
+        time.sleep(5)
+
+
 def test_resuming_with_other_settings_is_refused(tmp_path):
     run_search(smol_options(tmp_path, n_trials=2, prior=0.7), StubLatency(), PriorEvaluator(0.7))
     with pytest.raises(InvalidInputError, match="made with a different acceptance_prior"):
