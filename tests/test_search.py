@@ -326,10 +326,14 @@ def _concurrent_workers(tmp_path, storage: str, study: str, n_trials: int = 24) 
                  "--json", str(out)), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             text=True)))
     told = []
-    for out, proc in procs:
-        _, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, err
-        told.append(json.loads(out.read_text())["told_here"])
+    try:
+        for out, proc in procs:
+            _, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, err
+            told.append(json.loads(out.read_text())["told_here"])
+    finally:
+        for _, proc in procs:
+            proc.kill()  # no worker outlives a failed test
     trials = _load(storage, study).get_trials()
     numbers = sorted(t.number for t in trials)
     assert numbers == list(range(len(trials)))  # none lost, none duplicated
@@ -402,7 +406,10 @@ def test_ctrl_c_on_the_cli_prints_the_table_so_far_and_leaves_nothing_running(tm
         except KeyError:
             pass
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # a hung child must not outlive the test (one once loaded CI's machine for an hour)
     assert proc.returncode == 130, err
     assert "ACCEPTANCE ASSUMED" in out and "trials:" in out and "interrupted:" in err
     assert not _load(storage, "c").get_trials(states=(TrialState.RUNNING,))
