@@ -16,6 +16,10 @@ Stages (each writes into the run folder; a re-run skips what is already there):
 7. analysis - measured vs predicted speedup per drafter (MAPE, Spearman), and where the
               prediction is off, which term is off (`decompose`).
 
+Beside the comparison, the winner's plan is healed a second time on ONE domain's traces only
+(`tuned_domain`, default translation: self-distillation for a domain) and benched at the fixed
+gamma, so the per-domain table answers whether the domain-tuned drafter accepts more there.
+
 Bench prompts are shipped prompts NOT used for the traces, so no drafter is benched on the
 text it was healed on.
 """
@@ -94,7 +98,7 @@ class Budget(Record):
 
 BUDGETS: dict[str, Budget] = {
     # minutes on a loaded 2-core CPU: proves the machinery, not the figures
-    "quick": Budget(name="quick", trace_per_domain=2, trace_new_tokens=32, trials=4, depth_max=6,
+    "quick": Budget(name="quick", trace_per_domain=3, trace_new_tokens=32, trials=4, depth_max=6,
                     search_heal_steps=4, search_heal_seconds=20.0, heal_steps=12, bench_per_domain=1,
                     bench_new_tokens=32, repeats=1, fixed_gamma=3, max_gamma=6, term_repeats=7),
     # the README figures: under an hour on a quiet 2-core CPU
@@ -129,6 +133,7 @@ class E2EOptions(Record):
     profile: str | None = None
     space: str | None = None
     threads: int | None = None  # torch CPU threads (None: torch's default); 1 on an oversubscribed CPU
+    tuned_domain: str | None = "translation"  # also heal the winner's plan on this domain alone
 
 
 @dataclass(frozen=True)
@@ -269,6 +274,7 @@ class E2EResult(Record):
     stage_s: dict[str, float]
     wall_s: float
     out_dir: str
+    tuned: DrafterRow | None = None  # the winner's plan healed on `options.tuned_domain` alone
 
     def row(self, role: str) -> DrafterRow:
         return next(r for r in self.rows if r.role == role)
@@ -590,6 +596,43 @@ def stage_drafters(winner: PruningPlan, base: LoadedModel, base_arch: Architectu
     return built
 
 
+def tuned_role(domain: str) -> str:
+    return f"winner-{domain}"
+
+
+def check_tuned_domain(options: E2EOptions, trace_prompts: Sequence[Prompt]) -> None:
+    """Refuse, before any work, a tuned domain that is unknown or has too few traces to heal on."""
+    from draftnas.prompts import DOMAINS
+
+    d = options.tuned_domain
+    if d is None:
+        return
+    if d not in DOMAINS:
+        raise InvalidInputError(f"tuned domain {d!r} unknown (allowed: {', '.join(DOMAINS)}, or none)")
+    # the heal split keeps the records split_traces does not hold out (every 3rd is held out)
+    n = sum(p.domain == d for i, p in enumerate(trace_prompts) if i % 3 != 0)
+    if n < 2:
+        raise InvalidInputError(f"tuned domain {d!r}: {n} traced {d} prompt(s) in the heal split, healing "
+                                f"needs 2; raise the budget's trace_per_domain or pass --tuned-domain none")
+
+
+def stage_tuned(winner: BuiltDrafter, base: LoadedModel, traces_path: Path, options: E2EOptions,
+                out: Path) -> BuiltDrafter:
+    """The winner's plan (and head size) healed with the same budget on ONE domain's heal traces.
+
+    Held-out traces stay all four domains, so its per-domain estimate sits beside the winner's.
+    The reduced head, if any, is chosen from that domain's tokens: part of tuning for it.
+    """
+    from draftnas.search import split_traces
+    from draftnas.traces import load_traces
+
+    assert options.tuned_domain is not None
+    held, rest = split_traces(load_traces(traces_path).select(temperature=0.0))
+    domain_rest = rest.select(domains=[options.tuned_domain])
+    return build_drafter(tuned_role(options.tuned_domain), winner.plan, base, (domain_rest, held), options,
+                         out, vocab_size=winner.vocab_size)
+
+
 # ---------------------------------------------------------------- stage 5: each term measured alone
 
 
@@ -840,11 +883,14 @@ def _gpu_model() -> LatencyModel | None:
 
 
 def _bench_all(ctx: _Context, built: Sequence[BuiltDrafter], bests: dict[str, int],
-               tick: Callable[[int, int], None]) -> dict[str, dict[int, list[BenchResult]]]:
-    """Every distinct drafter at the fixed and its best gamma, repeats outermost (drift hits all alike)."""
+               tick: Callable[[int, int], None],
+               extra: Sequence[BuiltDrafter] = ()) -> dict[str, dict[int, list[BenchResult]]]:
+    """Every distinct drafter at the fixed and its best gamma (`extra` ones at the fixed gamma only),
+    repeats outermost (drift hits all alike)."""
     fixed = ctx.options.budget.fixed_gamma
     jobs = [(b, g) for b in built if b.same_as is None for g in sorted({fixed, bests[b.role]})]
-    runs: dict[str, dict[int, list[BenchResult]]] = {b.role: {} for b in built}
+    jobs += [(b, fixed) for b in extra]
+    runs: dict[str, dict[int, list[BenchResult]]] = {b.role: {} for b in (*built, *extra)}
     total, done = len(jobs) * ctx.options.budget.repeats, 0
     for repeat in range(ctx.options.budget.repeats):
         for b, g in jobs:
@@ -889,6 +935,8 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
     from draftnas.sources import load_model
 
     options.budget.validate()
+    trace_prompts, bench_prompts = split_prompts(options.budget)
+    check_tuned_domain(options, trace_prompts)  # a user's mistake: refused before any folder exists
     started = time.perf_counter()
     out = Path(options.out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
@@ -902,7 +950,6 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
     stages.done()
     target = load_model(options.target)
     target.model.eval()
-    trace_prompts, bench_prompts = split_prompts(options.budget)
     traces_path = stage_traces(target, trace_prompts, options.budget, options.seed, out,
                                stages.start("traces", len(trace_prompts)))
     stages.done()
@@ -918,6 +965,12 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
                            stages.start("heal + export", len(ROLES)),
                            winner_vocab=search.best.candidate.head_vocab_size or 0)
     stages.done()
+    tuned: list[BuiltDrafter] = []
+    if options.tuned_domain is not None:
+        tick = stages.start(f"heal on {options.tuned_domain} only")
+        tuned.append(stage_tuned(built[0], target, traces_path, options, out))
+        tick(1, 1)
+        stages.done()
 
     encoded = [encode_prompt(target.tokenizer, p.text) for p in bench_prompts]
     prompt_tokens = round(statistics.fmean(len(e) for e in encoded))
@@ -939,10 +992,12 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
         terms[b.role] = terms[src]
         tick(i + 1, len(built))
     stages.done()
-    runs = _bench_all(ctx, built, bests, stages.start("bench", 1))
+    for b in tuned:  # same layers, widths and head size as the winner: the winner's timed terms hold
+        terms[b.role] = terms["winner"]
+    runs = _bench_all(ctx, built, bests, stages.start("bench", 1), extra=tuned)
     stages.done()
     result = _assemble(ctx, search, label, profile, machine, built, bests, runs, terms, stages, started,
-                       len(trace_prompts))
+                       len(trace_prompts), tuned)
     write_results(result, out)
     return result
 
@@ -950,9 +1005,12 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
 def _assemble(ctx: _Context, search: SearchResult, label: str, profile: LatencyProfile,
               machine: MachineInfo, built: Sequence[BuiltDrafter], bests: dict[str, int],
               runs: dict[str, dict[int, list[BenchResult]]], terms: dict[str, MeasuredTerms],
-              stages: _Stages, started: float, n_traced: int) -> E2EResult:
+              stages: _Stages, started: float, n_traced: int,
+              tuned: Sequence[BuiltDrafter] = ()) -> E2EResult:
     gpu = _gpu_model()
     rows = tuple(_row_for(ctx, b, gpu, runs[b.role], terms.get(b.role), bests[b.role]) for b in built)
+    fixed = ctx.options.budget.fixed_gamma
+    tuned_row = next((_row_for(ctx, b, None, runs[b.role], terms.get(b.role), fixed) for b in tuned), None)
     all_runs = [r for b in built if b.same_as is None for rs in runs[b.role].values() for r in rs]
     target_tps = statistics.median(r.target_tokens_per_s for r in all_runs) if all_runs else float("nan")
     target_pred = 1000.0 / ctx.latency.predict_ms(ctx.target_arch, context_tokens=ctx.context_tokens)
@@ -962,7 +1020,8 @@ def _assemble(ctx: _Context, search: SearchResult, label: str, profile: LatencyP
         profile_heldout_mape=getattr(profile, "heldout_mape", None), n_trace_prompts=n_traced,
         n_bench_prompts=len(ctx.bench_prompts), search=search_summary(search), rows=rows,
         target_tokens_per_s=target_tps, target_predicted_tokens_per_s=target_pred, fidelity=fid, notes=(),
-        stage_s=dict(stages.seconds), wall_s=round(time.perf_counter() - started, 1), out_dir=str(ctx.out))
+        stage_s=dict(stages.seconds), wall_s=round(time.perf_counter() - started, 1), out_dir=str(ctx.out),
+        tuned=tuned_row)
     return replace(result, notes=tuple(honest_notes(result)))
 
 
@@ -1006,6 +1065,7 @@ def honest_notes(result: E2EResult) -> list[str]:
                      f"({top_m.speedup:.3f}x, {lo:.3f}-{hi:.3f} over {top_m.repeats} repeats); greedy output "
                      f"{same} the target's.")
     notes += _edge_notes(result, winner)
+    notes += _tuned_notes(result, winner)
     gpu = [(r, r.gpu_predicted_speedup) for r, _ in scored if r.gpu_predicted_speedup is not None]
     if gpu:
         r, s = max(gpu, key=lambda x: x[1] or 0.0)
@@ -1039,6 +1099,38 @@ def _edge_notes(result: E2EResult, winner: DrafterRow) -> list[str]:
         notes.append(f"winner vs {row.role} {row.name}: {w.speedup:.3f}x vs {b.speedup:.3f}x; draft step "
                      f"{winner.terms.draft_ms:.1f} vs {row.terms.draft_ms:.1f} ms, tokens/step "
                      f"{w.tokens_per_step:.2f} (γ {w.gamma}) vs {b.tokens_per_step:.2f} (γ {b.gamma}).")
+    return notes
+
+
+def _tuned_notes(result: E2EResult, winner: DrafterRow) -> list[str]:
+    """Does the drafter healed on one domain accept more there than the all-domain winner?"""
+    t, d = result.tuned, result.options.tuned_domain
+    if t is None or d is None:
+        return []
+
+    def top1(row: DrafterRow) -> dict[str, float]:
+        return {k: v["top1"] for k, v in row.estimate_per_domain.items() if "top1" in v}
+
+    tt, wt = top1(t), top1(winner)
+    if d not in tt or d not in wt:
+        return [f"the {d}-only drafter has no held-out {d} traces to score"]
+    ranked = ", ".join(f"{k} {v:.3f}" for k, v in sorted(tt.items(), key=lambda kv: -kv[1]))
+    others = [k for k in tt if k != d and k in wt]
+    o_t = statistics.fmean(tt[k] for k in others) if others else float("nan")
+    o_w = statistics.fmean(wt[k] for k in others) if others else float("nan")
+    rival = max(others, key=lambda k: tt[k], default=None)
+    where = (f"more on {d} than on any other domain" if rival is None or tt[d] > tt[rival] else
+             f"NOT most on {d} ({rival} is as high or higher)")
+    notes = [f"healed on {d} only ({t.role}, same plan and head size as the winner), the drafter accepts "
+             f"{where}; top-1 on held-out traces: {ranked}.",
+             f"against the winner healed on all four domains: {d} top-1 {tt[d]:.3f} vs {wt[d]:.3f} "
+             f"({tt[d] - wt[d]:+.3f}); the other domains {o_t:.3f} vs {o_w:.3f} (mean, {o_t - o_w:+.3f})."]
+    g = str(result.options.budget.fixed_gamma)
+    tm, wm = t.measured_per_domain.get(d), winner.measured_per_domain.get(d)
+    if g in t.measured and tm and wm:
+        notes.append(f"benched at γ {g}: tokens/step on the {d} bench prompts {tm['tokens_per_step']:.2f} "
+                     f"vs the winner's {wm['tokens_per_step']:.2f}; over all bench prompts "
+                     f"{t.measured[g].speedup:.3f}x vs {winner.measured[g].speedup:.3f}x.")
     return notes
 
 
@@ -1093,6 +1185,25 @@ def _domain_lines(result: E2EResult) -> list[str]:
         lines.append(f"| {d} | {_fmt_opt(e.get('top1'), '.3f')} | {_fmt_opt(e.get('tokens_per_step'))} | "
                      f"{_fmt_opt(mm.get('tokens_per_step'))} | "
                      f"{_fmt_opt(mm.get('acceptance_rate'), '.3f')} |")
+    t, dom = result.tuned, result.options.tuned_domain
+    if t is None:
+        return lines
+    lines += ["", f"### The winner's plan healed on {dom} only ({t.role}: {t.name}, γ = {g})", "",
+              f"Same layers, widths and head size as the winner and the same heal budget, on the {dom} "
+              f"traces of the heal split only; scored on the same held-out traces (all domains) and benched "
+              f"on the same prompts.", "",
+              "| domain | top-1 all domains | top-1 " + f"{dom} only | tok/step measured all domains | "
+              f"tok/step measured {dom} only |", "|---|---|---|---|---|"]
+    for d in sorted(set(w.estimate_per_domain) | set(t.estimate_per_domain)):
+        we, te = w.estimate_per_domain.get(d, {}), t.estimate_per_domain.get(d, {})
+        wm, tm = w.measured_per_domain.get(d, {}), t.measured_per_domain.get(d, {})
+        lines.append(f"| {d} | {_fmt_opt(we.get('top1'), '.3f')} | {_fmt_opt(te.get('top1'), '.3f')} | "
+                     f"{_fmt_opt(wm.get('tokens_per_step'))} | {_fmt_opt(tm.get('tokens_per_step'))} |")
+    m = t.measured.get(str(g))
+    if m is not None:
+        lines += ["", f"Over all bench prompts at γ = {g}: {m.speedup:.3f}x measured "
+                      f"({m.speedup_spread[0]:.3f}-{m.speedup_spread[1]:.3f}), "
+                      f"{t.predicted[str(g)].speedup:.3f}x predicted."]
     return lines
 
 

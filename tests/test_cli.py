@@ -42,6 +42,14 @@ def test_bad_input_one_line_exit_2(args, needle):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr
 
 
+def test_e2e_refuses_an_unknown_tuned_domain_before_writing_anything(tmp_path):
+    out = run("e2e", "--tuned-domain", "poetry", "--out", str(tmp_path / "run"))
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr
+    assert "tuned domain 'poetry' unknown (allowed: chat, translation, code, math, or none)" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_targets_json_lists_llama_65b():
     data = {a["name"]: a for a in json.loads(run("targets", "--json").stdout)}
     assert data["llama-65b"]["num_hidden_layers"] == 80

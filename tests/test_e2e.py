@@ -22,7 +22,7 @@ from draftnas.e2e import (
 )
 from draftnas.errors import InvalidInputError
 
-TINY_BUDGET = Budget(name="tiny", trace_per_domain=2, trace_new_tokens=10, trials=2, depth_max=2,
+TINY_BUDGET = Budget(name="tiny", trace_per_domain=3, trace_new_tokens=10, trials=2, depth_max=2,
                      search_heal_steps=1, search_heal_seconds=5.0, heal_steps=2, heal_batch_size=2,
                      heal_seq_len=32, bench_per_domain=1, bench_new_tokens=8, repeats=2, fixed_gamma=2,
                      max_gamma=3, term_repeats=3)
@@ -149,6 +149,49 @@ def test_winner_keeps_the_searched_draft_head_and_baselines_the_full_one(tiny_ru
     edge = next(n for n in result.notes if n.startswith("winner vs first-k"))
     assert f"{winner.terms.draft_ms:.1f} vs {first.terms.draft_ms:.1f} ms" in edge
     assert any(n.startswith("margin over the next drafter") for n in result.notes)
+
+
+def test_the_winner_plan_healed_on_one_domain_is_built_scored_and_benched(tiny_run):
+    """Self-distillation for a domain: the winner's plan healed on the translation heal traces alone,
+    scored on the same held-out traces (all domains) and benched at the fixed gamma."""
+    from draftnas.search import split_traces
+    from draftnas.traces import load_traces
+
+    options, result, seen = tiny_run
+    winner, tuned = result.row("winner"), result.tuned
+    assert options.tuned_domain == "translation" and "heal on translation only" in seen
+    assert tuned is not None and tuned.role == "winner-translation" and tuned.same_as is None
+    assert tuned.layers == winner.layers and tuned.shape == winner.shape  # same plan, same head size
+    assert tuned.folder != winner.folder and (Path(tuned.folder) / "config.json").is_file()
+    _, rest = split_traces(load_traces(Path(options.out_dir) / "traces.safetensors"))
+    n_domain = sum(r.info.domain == "translation" for r in rest.records)
+    heal = json.loads((Path(options.out_dir) / "drafters" / "winner-translation.json").read_text())["heal"]
+    assert 2 <= n_domain < len(rest.records)
+    assert heal["n_train_sequences"] + heal["n_heldout_sequences"] == n_domain  # translation records only
+    assert set(tuned.estimate_per_domain) == set(winner.estimate_per_domain) >= {"translation", "code"}
+    fixed = str(TINY_BUDGET.fixed_gamma)
+    assert set(tuned.measured) == {fixed} and tuned.measured[fixed].lossless is True
+    assert tuned.terms == winner.terms and "translation" in tuned.measured_per_domain
+    md = (Path(options.out_dir) / "results.md").read_text()
+    assert "healed on translation only (winner-translation" in md
+    note = next(n for n in result.notes if n.startswith("healed on translation only"))
+    assert f"translation {tuned.estimate_per_domain['translation']['top1']:.3f}" in note
+    versus = "against the winner healed on all four domains: translation top-1"
+    assert any(n.startswith(versus) for n in result.notes)
+    assert [r.role for r in result.rows] == ["winner", "first-k", "deep-narrow", "even"]  # not a baseline
+
+
+def test_a_bad_tuned_domain_is_refused_before_any_work():
+    from draftnas.e2e import check_tuned_domain, split_prompts
+
+    traced, _ = split_prompts(budget_preset("quick"))
+    check_tuned_domain(E2EOptions(budget=budget_preset("quick")), traced)  # the default budget fits
+    with pytest.raises(InvalidInputError, match="'poetry' unknown \\(allowed: chat, translation"):
+        check_tuned_domain(E2EOptions(tuned_domain="poetry"), traced)
+    few, _ = split_prompts(budget_preset("quick", trace_per_domain=2))
+    with pytest.raises(InvalidInputError, match="1 traced translation prompt\\(s\\) in the heal split"):
+        check_tuned_domain(E2EOptions(tuned_domain="translation"), few)
+    check_tuned_domain(E2EOptions(tuned_domain=None), few)
 
 
 def test_rerun_resumes_from_the_run_folder(tiny_run):

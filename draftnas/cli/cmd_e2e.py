@@ -51,6 +51,9 @@ def e2e(
     profile: str | None = typer.Option(None, "--profile", help="Latency profile JSON or shipped name "
                                        "(e.g. cpu); default: measure one into the run folder."),
     space: str | None = typer.Option(None, "--space", help="Search space YAML or shipped name."),
+    tuned_domain: str = typer.Option("translation", "--tuned-domain", help="Also heal the winner's plan on "
+                                     "this domain's traces alone and bench it, to see whether it accepts "
+                                     "more there (chat | translation | code | math | none)."),
     threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads (1 when other jobs load "
                                        "the CPU; recorded with the figures)."),
     json_path: str | None = typer.Option(None, "--json", help="Also write the result JSON to PATH "
@@ -61,7 +64,8 @@ def e2e(
 
     overrides: dict[str, Any] = {} if repeats is None else {"repeats": repeats}
     options = E2EOptions(target=target, out_dir=out, budget=budget_preset(budget, **overrides), seed=seed,
-                         profile=profile, space=space, threads=threads)
+                         profile=profile, space=space, threads=threads,
+                         tuned_domain=None if tuned_domain.lower() == "none" else tuned_domain)
     quiet = json_path == "-"
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
