@@ -603,14 +603,14 @@ def tuned_role(domain: str) -> str:
 def check_tuned_domain(options: E2EOptions, trace_prompts: Sequence[Prompt]) -> None:
     """Refuse, before any work, a tuned domain that is unknown or has too few traces to heal on."""
     from draftnas.prompts import DOMAINS
+    from draftnas.search import held_out
 
     d = options.tuned_domain
     if d is None:
         return
     if d not in DOMAINS:
         raise InvalidInputError(f"tuned domain {d!r} unknown (allowed: {', '.join(DOMAINS)}, or none)")
-    # the heal split keeps the records split_traces does not hold out (every 3rd is held out)
-    n = sum(p.domain == d for i, p in enumerate(trace_prompts) if i % 3 != 0)
+    n = sum(p.domain == d for i, p in enumerate(trace_prompts) if not held_out(i))  # one record each
     if n < 2:
         raise InvalidInputError(f"tuned domain {d!r}: {n} traced {d} prompt(s) in the heal split, healing "
                                 f"needs 2; raise the budget's trace_per_domain or pass --tuned-domain none")

@@ -307,6 +307,11 @@ class PriorEvaluator:
         return Evaluation(candidate=candidate, acceptance=self.reading)
 
 
+def held_out(index: int) -> bool:
+    """Whether the trace record at `index` is held out for the acceptance estimate (every 3rd)."""
+    return index % 3 == 0
+
+
 def split_traces(traces: Any) -> tuple[Any, Any]:
     """(held out for the acceptance estimate, the rest for healing and the draft vocabulary).
 
@@ -315,8 +320,8 @@ def split_traces(traces: Any) -> tuple[Any, Any]:
     """
     from draftnas.traces import Traces
 
-    held = [r for i, r in enumerate(traces.records) if i % 3 == 0]
-    rest = [r for i, r in enumerate(traces.records) if i % 3 != 0]
+    held = [r for i, r in enumerate(traces.records) if held_out(i)]
+    rest = [r for i, r in enumerate(traces.records) if not held_out(i)]
     return (Traces(metadata=traces.metadata, records=held),
             Traces(metadata=traces.metadata, records=rest or held))
 
@@ -510,9 +515,7 @@ def recover_stale_trials(study: optuna.Study, trials: Sequence[FrozenTrial] | No
         w_host, _, w_pid = worker.rpartition(":")
         if w_host != host or not w_pid.isdigit() or int(w_pid) == me or not _pid_dead(int(w_pid)):
             continue
-        with contextlib.suppress(Exception):  # another worker may have failed it first
-            storage.set_trial_user_attr(t._trial_id, "failed_reason", f"worker {worker} died (killed)")
-            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        if _mark_failed(storage, t, f"worker {worker} died (killed)"):  # False: another worker did
             failed.append(t.number)
     if _heartbeat_enabled(storage):
         with contextlib.suppress(Exception), _quiet():
@@ -532,13 +535,19 @@ def fail_own_running_trials(study: optuna.Study, reason: str) -> list[int]:
         log.warning("could not list this process's running trials to fail them: %s", exc)
         return failed
     for t in running:
-        if t.user_attrs.get("worker") != me:
-            continue
-        with contextlib.suppress(Exception):
-            study._storage.set_trial_user_attr(t._trial_id, "failed_reason", reason)
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        if t.user_attrs.get("worker") == me and _mark_failed(study._storage, t, reason):
             failed.append(t.number)
     return failed
+
+
+def _mark_failed(storage: Any, trial: FrozenTrial, reason: str) -> bool:
+    """Tell a RUNNING trial FAIL with its reason; False when the storage refused (already finished)."""
+    try:
+        storage.set_trial_user_attr(trial._trial_id, "failed_reason", reason)
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    except Exception:
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -698,8 +707,8 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
             _loop(run, start, progress)
     except KeyboardInterrupt:
         interrupted = True
-        # The signal can land outside `_one_trial`'s handler (between creating a trial and
-        # evaluating it, or while telling its result): fail whatever this process left RUNNING.
+        # A second Ctrl-C raises wherever it lands (the gate's escape hatch), e.g. between
+        # creating a trial and evaluating it: fail whatever this process left RUNNING.
         for number in fail_own_running_trials(study, "interrupted (Ctrl-C)"):
             if run.interrupted_trial is None:
                 run.interrupted_trial = number
