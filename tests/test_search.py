@@ -200,7 +200,7 @@ def test_ctrl_c_between_creating_a_trial_and_evaluating_it_leaves_nothing_runnin
     def ask_then_interrupt(study, dists):
         trial = real_ask(study, dists)
         asked.append(trial.number)
-        if len(asked) == 3:  # the signal lands after the RUNNING trial exists, before the try
+        if len(asked) == 3:  # a second Ctrl-C (raised wherever it lands) after the trial exists
             raise KeyboardInterrupt
         return trial
 
