@@ -563,24 +563,30 @@ def build_drafter(role: str, plan: PruningPlan, base: LoadedModel, traces: tuple
     return built
 
 
-def stage_drafters(winner: PruningPlan, base: LoadedModel, base_arch: Architecture, traces_path: Path,
-                   options: E2EOptions, out: Path, tick: Callable[[int, int], None],
-                   winner_vocab: int = 0) -> list[BuiltDrafter]:
+def heal_and_held_out(traces_path: Path) -> tuple[Traces, Traces]:
+    """(heal split, held-out split) of the greedy traces: the search's own split."""
+    from draftnas.search import split_traces
+    from draftnas.traces import load_traces
+
+    held, rest = split_traces(load_traces(traces_path).select(temperature=0.0))
+    return rest, held
+
+
+def stage_drafters(winner: PruningPlan, base: LoadedModel, base_arch: Architecture,
+                   traces: tuple[Traces, Traces], options: E2EOptions, out: Path,
+                   tick: Callable[[int, int], None], winner_vocab: int = 0) -> list[BuiltDrafter]:
     """The winner and the three baselines, healed alike; a baseline equal to the winner is not rebuilt.
 
-    The winner keeps the reduced draft head the search chose (`winner_vocab` rows); the baselines
-    are what one would build without a search: pruned layers under the base's full LM head.
+    `traces`: (heal split, held-out split). The winner keeps the reduced draft head the search
+    chose (`winner_vocab` rows); the baselines are what one would build without a search: pruned
+    layers under the base's full LM head.
     """
     from draftnas.distill import data_from_traces
     from draftnas.prune import plan_pruning
-    from draftnas.search import split_traces
-    from draftnas.traces import load_traces
 
     plans: dict[str, PruningPlan] = {"winner": winner}
     for role, plan_options in baseline_options(winner, base_arch).items():
         plans[role] = plan_pruning(base.model, plan_options, tokenizer=base.tokenizer)
-    held, rest = split_traces(load_traces(traces_path).select(temperature=0.0))  # the search's split
-    traces = (rest, held)
     data = data_from_traces(traces[0], heal_options(options.budget, options.seed, len(traces[0].records)))
     built: list[BuiltDrafter] = []
     vocab = {"winner": winner_vocab}
@@ -616,21 +622,16 @@ def check_tuned_domain(options: E2EOptions, trace_prompts: Sequence[Prompt]) -> 
                                 f"needs 2; raise the budget's trace_per_domain or pass --tuned-domain none")
 
 
-def stage_tuned(winner: BuiltDrafter, base: LoadedModel, traces_path: Path, options: E2EOptions,
-                out: Path) -> BuiltDrafter:
+def stage_tuned(winner: BuiltDrafter, base: LoadedModel, traces: tuple[Traces, Traces], domain: str,
+                options: E2EOptions, out: Path) -> BuiltDrafter:
     """The winner's plan (and head size) healed with the same budget on ONE domain's heal traces.
 
     Held-out traces stay all four domains, so its per-domain estimate sits beside the winner's.
     The reduced head, if any, is chosen from that domain's tokens: part of tuning for it.
     """
-    from draftnas.search import split_traces
-    from draftnas.traces import load_traces
-
-    assert options.tuned_domain is not None
-    held, rest = split_traces(load_traces(traces_path).select(temperature=0.0))
-    domain_rest = rest.select(domains=[options.tuned_domain])
-    return build_drafter(tuned_role(options.tuned_domain), winner.plan, base, (domain_rest, held), options,
-                         out, vocab_size=winner.vocab_size)
+    rest, held = traces
+    return build_drafter(tuned_role(domain), winner.plan, base, (rest.select(domains=[domain]), held),
+                         options, out, vocab_size=winner.vocab_size)
 
 
 # ---------------------------------------------------------------- stage 5: each term measured alone
@@ -961,14 +962,15 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
                                 f"{search.study_name}); see its storage for the failures")
     winner = PruningPlan.from_data(search.best.candidate.plan)
     target_arch = resolve_architecture(options.target)
-    built = stage_drafters(winner, target, target_arch, traces_path, options, out,
+    traces = heal_and_held_out(traces_path)
+    built = stage_drafters(winner, target, target_arch, traces, options, out,
                            stages.start("heal + export", len(ROLES)),
                            winner_vocab=search.best.candidate.head_vocab_size or 0)
     stages.done()
-    tuned: list[BuiltDrafter] = []
+    tuned: BuiltDrafter | None = None
     if options.tuned_domain is not None:
         tick = stages.start(f"heal on {options.tuned_domain} only")
-        tuned.append(stage_tuned(built[0], target, traces_path, options, out))
+        tuned = stage_tuned(built[0], target, traces, options.tuned_domain, options, out)
         tick(1, 1)
         stages.done()
 
@@ -992,9 +994,9 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
         terms[b.role] = terms[src]
         tick(i + 1, len(built))
     stages.done()
-    for b in tuned:  # same layers, widths and head size as the winner: the winner's timed terms hold
-        terms[b.role] = terms["winner"]
-    runs = _bench_all(ctx, built, bests, stages.start("bench", 1), extra=tuned)
+    if tuned is not None:  # same layers, widths and head size as the winner: the winner's timed terms hold
+        terms[tuned.role] = terms["winner"]
+    runs = _bench_all(ctx, built, bests, stages.start("bench", 1), extra=[tuned] if tuned else [])
     stages.done()
     result = _assemble(ctx, search, label, profile, machine, built, bests, runs, terms, stages, started,
                        len(trace_prompts), tuned)
@@ -1006,11 +1008,11 @@ def _assemble(ctx: _Context, search: SearchResult, label: str, profile: LatencyP
               machine: MachineInfo, built: Sequence[BuiltDrafter], bests: dict[str, int],
               runs: dict[str, dict[int, list[BenchResult]]], terms: dict[str, MeasuredTerms],
               stages: _Stages, started: float, n_traced: int,
-              tuned: Sequence[BuiltDrafter] = ()) -> E2EResult:
+              tuned: BuiltDrafter | None = None) -> E2EResult:
     gpu = _gpu_model()
     rows = tuple(_row_for(ctx, b, gpu, runs[b.role], terms.get(b.role), bests[b.role]) for b in built)
-    fixed = ctx.options.budget.fixed_gamma
-    tuned_row = next((_row_for(ctx, b, None, runs[b.role], terms.get(b.role), fixed) for b in tuned), None)
+    tuned_row = None if tuned is None else _row_for(ctx, tuned, None, runs[tuned.role], terms.get(tuned.role),
+                                                     ctx.options.budget.fixed_gamma)
     all_runs = [r for b in built if b.same_as is None for rs in runs[b.role].values() for r in rs]
     target_tps = statistics.median(r.target_tokens_per_s for r in all_runs) if all_runs else float("nan")
     target_pred = 1000.0 / ctx.latency.predict_ms(ctx.target_arch, context_tokens=ctx.context_tokens)
