@@ -93,6 +93,24 @@ class Measurement(Record):
 
 
 @dataclass(frozen=True)
+class SkippedConfig(Record):
+    """A configuration the profiler did not time because its memory peak would not fit.
+
+    `needed_bytes`: weights + KV cache as allocated + held outputs + the largest transient
+    of one forward; `budget_bytes`: the memory the run allowed itself on this device.
+    """
+
+    kind: str
+    shape: str
+    batch_size: int
+    new_tokens: int
+    context_tokens: int
+    needed_bytes: int
+    budget_bytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class ExtrapolationPoint(Record):
     batch_size: int
     new_tokens: int
@@ -132,7 +150,7 @@ class LatencyProfile(Record):
     coefficients: dict[str, float]
     heldout_mape: float | None
     train_mape: float | None = None
-    mode: str = "eager"  # "eager" | "cuda-graph"
+    mode: str = "eager"  # "eager" (transformers) | "static" | "cuda-graph" (draftnas.decoder)
     threads: int | None = None
     shapes: tuple[Architecture, ...] = ()
     heldout_shapes: tuple[str, ...] = ()
@@ -143,6 +161,7 @@ class LatencyProfile(Record):
     notes: str = ""
     spec: dict[str, float] = field(default_factory=dict)
     series: dict[str, tuple[str, ...]] = field(default_factory=dict)  # "depth"/"width" -> shape names
+    skipped: tuple[SkippedConfig, ...] = ()
 
 
 # --------------------------------------------------------------------------- features

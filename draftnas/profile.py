@@ -11,9 +11,20 @@ projection) is timed at a few N so a reduced draft vocabulary can be predicted.
 
 All configurations of one shape are timed round-robin (one call each per round),
 so a burst of background load spreads over all of them instead of skewing one.
-On CUDA, timings use CUDA events after a synchronize; in "cuda-graph" mode the
-decode step is captured once with a static cache and replayed, as serving
-engines do. torch and transformers are imported inside the functions.
+On CUDA, timings use CUDA events after a synchronize.
+
+Modes: "eager" times transformers' LlamaForCausalLM over a DynamicCache (the
+forward draftnas's CPU loop runs today); "static" times `draftnas.decoder`'s
+step over a KV cache allocated once at its final size, with its write positions
+as an input; "cuda-graph" captures that same step once per configuration and
+times its replay, as serving engines run it.
+
+Memory: configurations are grouped into chunks whose real peak — weights, every
+KV cache as allocated, outputs held between calls, and the largest transient of
+one forward — fits the run's budget (free device memory, or available RAM, less
+a margin). A configuration that cannot fit even alone is not timed; it is
+listed in the profile's `skipped` with the bytes it needed. torch and
+transformers are imported inside the functions.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from draftnas.latency import (
     LatencyModel,
     LatencyProfile,
     Measurement,
+    SkippedConfig,
     fit_latency_model,
 )
 from draftnas.provenance import package_versions
@@ -52,7 +64,10 @@ Progress = Callable[[int, int], None]
 Condition = tuple[int, int, int]  # (batch_size, new_tokens, context_tokens)
 
 DEVICES = ("cpu", "cuda")
-MODES = ("eager", "cuda-graph")
+MODES = ("eager", "static", "cuda-graph")
+STATIC_MODES = ("static", "cuda-graph")
+CUDA_MARGIN_BYTES = 1 << 30  # the CUDA context, allocator rounding and cuBLAS workspaces
+RAM_FRACTION = 0.5  # of available RAM: the rest stays with the OS and other processes
 DTYPES_BY_DEVICE = {"cpu": ("fp32", "bf16"), "cuda": ("fp16", "bf16")}
 DRAFT_CONDITION: Condition = (1, 1, 128)
 
@@ -70,6 +85,7 @@ class ProfileOptions(Record):
     seed: int = 0
     extrapolation_check: bool = True
     threads: int | None = None  # None: torch's default for this machine
+    memory_budget_bytes: int | None = None  # None: free device memory (or RAM) less a margin
 
     def resolved_dtype(self) -> str:
         return self.dtype or DTYPES_BY_DEVICE.get(self.device, ("fp32",))[0]
@@ -93,6 +109,8 @@ class ProfileOptions(Record):
             problems.append("mode cuda-graph needs --device cuda")
         if self.resolved_warmup() < 0 or self.resolved_repeats() < 3:
             problems.append("warmup must be >= 0 and repeats >= 3")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
+            problems.append(f"memory budget must be > 0 bytes, got {self.memory_budget_bytes}")
         if problems:
             raise InvalidInputError("; ".join(problems))
         return self
@@ -219,18 +237,20 @@ class _Runtime:
     def randn(self, shape: tuple[int, ...]) -> Any:
         return self.torch.randn(shape, generator=self.generator, device=self.device, dtype=self.dtype)
 
-    def state_budget_bytes(self) -> int:
-        """Memory the KV caches of one round-robin chunk may take (a third of what is free)."""
+    def memory_budget_bytes(self) -> int:
+        """Memory one round-robin chunk may take at its peak (see the module docstring)."""
+        if self.options.memory_budget_bytes is not None:
+            return self.options.memory_budget_bytes
         if self.cuda:
             free, _ = self.torch.cuda.mem_get_info(self.device)
-            return int(free // 3)
+            return max(0, int(free * 0.9) - CUDA_MARGIN_BYTES)
         import os
 
         try:
-            pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError):
-            pages = 4 << 30
-        return int(min(pages // 3, 4 << 30))
+            available = 4 << 30
+        return int(available * RAM_FRACTION)
 
     def free(self) -> None:
         gc.collect()
@@ -253,10 +273,16 @@ class _Runtime:
         return (time.perf_counter() - t0) * 1e3
 
     def build(self, arch: Architecture) -> Any:
-        """A random-weight LlamaForCausalLM of `arch`'s shape on the device, in eval mode."""
+        """A random-weight model of `arch`'s shape on the device, in eval mode: a transformers
+        LlamaForCausalLM in eager mode, a `draftnas.decoder.StaticDecoder` otherwise."""
+        torch = self.torch
+        if self.options.mode in STATIC_MODES:
+            from draftnas.decoder import StaticDecoder
+
+            decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device)
+            return decoder.init_random(self.options.seed).eval()
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        torch = self.torch
         config = LlamaConfig(
             vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,
             intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_hidden_layers,
@@ -314,55 +340,31 @@ class _EagerStep:
         self.cache.crop(-self.new_tokens)  # back to `context` tokens
 
 
-class _GraphStep:
-    """The same step captured as a CUDA graph over a StaticCache of context + new tokens.
+def _static_step(rt: _Runtime, model: Any, arch: Architecture, cond: Condition, layers: int,
+                 pool: Any) -> Any:
+    """`draftnas.decoder.StaticStep` over a cache of exactly context + new slots, the context
+    filled with random keys/values; captured as a CUDA graph in "cuda-graph" mode.
 
-    The static cache's write position (a device tensor) is reset to `context` before
-    each replay, outside the timed region, so every replay overwrites the same slots.
+    The write positions are the step's input (context .. context + new - 1), so every call
+    and every replay rewrites the same slots: the context stays fixed with nothing to reset.
+    The graph mode this replaces captured transformers' StaticCache, whose write position is
+    state of the cache (a counter advanced inside the captured graph, reset from outside it,
+    handled differently across transformers releases); it ended in an illegal memory access.
     """
+    from draftnas.decoder import StaticStep
 
-    def __init__(self, rt: _Runtime, model: Any, arch: Architecture, cond: Condition, layers: int) -> None:
-        from transformers import StaticCache
-
-        torch = rt.torch
-        batch, new, context = cond
-        self.context = context
-        model.config.num_hidden_layers = layers
-        self.cache = StaticCache(config=model.config, max_cache_len=context + new)
-        kv_shape = (batch, arch.num_key_value_heads, context, arch.head_dim)
-        for i in range(layers):
-            self.cache.update(rt.randn(kv_shape), rt.randn(kv_shape), i)
-        self.input_ids = rt.randint(arch.vocab_size, (batch, new))
-        self.position_ids = torch.arange(context, context + new, device=rt.device).unsqueeze(0)
-
-        def forward() -> Any:
-            return model(input_ids=self.input_ids, position_ids=self.position_ids,
-                         past_key_values=self.cache, use_cache=True).logits
-
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        try:
-            with torch.cuda.stream(stream):  # warm-up off the default stream, as capture requires
-                for _ in range(3):
-                    forward()
-                    self.reset()
-            torch.cuda.current_stream().wait_stream(stream)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.logits = forward()
-        except RuntimeError as exc:
-            raise DeviceError(f"CUDA-graph capture of the decode step failed ({str(exc).splitlines()[0]}); "
-                              "use --mode eager") from None
-        self.reset()
-
-    def __call__(self) -> None:
-        self.graph.replay()
-
-    def reset(self) -> None:
-        for layer in self.cache.layers:
-            counter = getattr(layer, "cumulative_length", None)
-            if counter is not None and hasattr(counter, "fill_"):
-                counter.fill_(self.context)
+    torch = rt.torch
+    batch, new, context = cond
+    cache = model.new_cache(batch, context + new, layers=layers)
+    cache.keys[:, :, :, :context].normal_(generator=rt.generator)
+    cache.values[:, :, :, :context].normal_(generator=rt.generator)
+    positions = torch.arange(context, context + new, device=rt.device)
+    try:
+        return StaticStep(model, cache, rt.randint(arch.vocab_size, (batch, new)), positions, layers,
+                          capture=rt.options.mode == "cuda-graph", pool=pool)
+    except RuntimeError as exc:
+        raise DeviceError(f"CUDA-graph capture of {arch.name} at batch {batch}, {new} new tokens failed "
+                          f"({str(exc).splitlines()[0]}); use --mode static") from None
 
 
 # --------------------------------------------------------------------------- timing
@@ -370,7 +372,11 @@ class _GraphStep:
 
 @dataclass
 class _Job:
-    """One configuration to time; `make(model)` builds its step (KV cache, inputs) when timed."""
+    """One configuration to time; `make(model, pool)` builds its step (KV cache, inputs) when timed.
+
+    `held_bytes` stay allocated while the job's chunk is timed (its KV cache, outputs a
+    step holds); `transient_bytes` live only during one call (activations, logits).
+    """
 
     kind: str  # "model" | "head"
     arch: Architecture
@@ -378,8 +384,9 @@ class _Job:
     cond: Condition
     head_rows: int
     split: str
-    make: Callable[[Any], Any]
-    state_bytes: int = 0
+    make: Callable[[Any, Any], Any]
+    held_bytes: int = 0
+    transient_bytes: int = 0
     times_ms: list[float] = field(default_factory=list)
 
     @property
@@ -395,6 +402,13 @@ class _Job:
                            q1_ms=float(q1), q3_ms=float(q3), repeats=len(self.times_ms),
                            split=self.split)
 
+    def skipped(self, needed: int, budget: int) -> SkippedConfig:
+        batch, new, context = self.cond
+        return SkippedConfig(kind=self.kind, shape=self.shape_name, batch_size=batch, new_tokens=new,
+                             context_tokens=context, needed_bytes=needed, budget_bytes=budget,
+                             reason=f"needs {needed / 2**30:.2f} GiB at its peak, the budget is "
+                                    f"{budget / 2**30:.2f} GiB")
+
 
 @dataclass
 class _Group:
@@ -404,38 +418,70 @@ class _Group:
     weight_bytes: int
     jobs: list[_Job]
 
-    @property
-    def state_bytes(self) -> int:
-        return self.weight_bytes + sum(job.state_bytes for job in self.jobs)
+
+@dataclass
+class _Chunk:
+    """Jobs timed together (round-robin) whose peak memory fits the budget."""
+
+    parts: list[tuple[_Group, list[_Job]]] = field(default_factory=list)
+    held_bytes: int = 0  # weights of its groups + held bytes of its jobs
+    transient_bytes: int = 0  # the largest transient of its jobs
+
+    def peak_with(self, group: _Group, job: _Job) -> int:
+        weights = 0 if self.parts and self.parts[-1][0] is group else group.weight_bytes
+        return self.held_bytes + weights + job.held_bytes + max(self.transient_bytes, job.transient_bytes)
+
+    def add(self, group: _Group, job: _Job) -> None:
+        if not (self.parts and self.parts[-1][0] is group):
+            self.parts.append((group, []))
+            self.held_bytes += group.weight_bytes
+        self.parts[-1][1].append(job)
+        self.held_bytes += job.held_bytes
+        self.transient_bytes = max(self.transient_bytes, job.transient_bytes)
 
 
-def _chunks(groups: list[_Group], budget_bytes: int) -> list[list[_Group]]:
-    """Consecutive groups whose weights and KV caches fit in `budget_bytes` together."""
-    out: list[list[_Group]] = [[]]
-    used = 0
+def plan_chunks(groups: Sequence[_Group], budget_bytes: int) -> tuple[list[_Chunk], list[SkippedConfig]]:
+    """Split the jobs, in order, into chunks whose peak fits `budget_bytes`; a job whose peak
+    does not fit even alone (its model's weights included) is skipped, with the bytes it needs.
+
+    A group's jobs may span chunks (its model is then built once per chunk).
+    """
+    chunks: list[_Chunk] = [_Chunk()]
+    skipped: list[SkippedConfig] = []
     for group in groups:
-        if out[-1] and used + group.state_bytes > budget_bytes:
-            out.append([])
-            used = 0
-        out[-1].append(group)
-        used += group.state_bytes
-    return out
+        for job in group.jobs:
+            alone = _Chunk().peak_with(group, job)
+            if alone > budget_bytes:
+                skipped.append(job.skipped(alone, budget_bytes))
+                continue
+            if chunks[-1].parts and chunks[-1].peak_with(group, job) > budget_bytes:
+                chunks.append(_Chunk())
+            chunks[-1].add(group, job)
+    return [c for c in chunks if c.parts], skipped
 
 
-def _run_round_robin(rt: _Runtime, groups: list[_Group], tick: Callable[[], None]) -> None:
+def _run_round_robin(rt: _Runtime, groups: list[_Group], tick: Callable[[], None]) -> list[SkippedConfig]:
     """Warm every job up, then time one call of every job per round; `tick` after every call.
 
     Interleaving all shapes and configurations spreads background-load bursts and drift
-    over all of them instead of skewing whichever shape was being timed; groups are taken
-    in chunks so weights and KV caches never exceed the memory budget at once.
+    over all of them instead of skewing whichever shape was being timed; jobs are taken in
+    chunks whose peak memory fits the budget (`plan_chunks`). Returns the skipped jobs;
+    `tick` is called for their calls too, so progress still reaches its total.
     """
     warmup, repeats = rt.options.resolved_warmup(), rt.options.resolved_repeats()
+    chunks, skipped = plan_chunks(groups, rt.memory_budget_bytes())
+    for skip in skipped:
+        log.warning("not timed: %s at batch %d, %d new tokens, context %d: %s", skip.shape,
+                    skip.batch_size, skip.new_tokens, skip.context_tokens, skip.reason)
+        for _ in range(warmup + repeats):
+            tick()
     with rt.torch.inference_mode():
-        for chunk in _chunks(groups, rt.state_budget_bytes()):
+        for chunk in chunks:
+            pool = rt.torch.cuda.graph_pool_handle() if rt.options.mode == "cuda-graph" else None
             steps: list[tuple[_Job, Any]] = []
-            for group in chunk:
+            for group, jobs in chunk.parts:
                 model = group.build()
-                steps += [(job, job.make(model)) for job in group.jobs]
+                steps += [(job, job.make(model, pool)) for job in jobs]
                 del model
             for _job, step in steps:
                 for _ in range(warmup):
@@ -449,6 +495,7 @@ def _run_round_robin(rt: _Runtime, groups: list[_Group], tick: Callable[[], None
                     tick()
             del steps
             rt.free()
+    return skipped
 
 
 def _kv_bytes(rt: _Runtime, arch: Architecture, cond: Condition, layers: int) -> int:
@@ -460,20 +507,43 @@ def _weight_bytes(rt: _Runtime, arch: Architecture) -> int:
     return arch.count_parameters() * rt.dtype_bytes
 
 
+def _model_job(rt: _Runtime, arch: Architecture, layers: int, cond: Condition, split: str) -> _Job:
+    """A forward of `arch`'s first `layers` layers at `cond`, with its memory as really allocated.
+
+    Static modes hold the cache (context + new slots) and the step's last logits; eager mode
+    holds a DynamicCache and, while it appends the new tokens, copies one layer's keys/values
+    (torch.cat) and builds the random context layer by layer.
+    """
+    from draftnas.decoder import activation_bytes
+
+    batch, new, context = cond
+    kv = _kv_bytes(rt, arch, cond, layers)
+    act = activation_bytes(arch, batch, new, context + new, rt.dtype_bytes)
+    logits = batch * new * arch.vocab_size * rt.dtype_bytes
+    if rt.options.mode in STATIC_MODES:
+        held, transient = kv + logits, act
+
+        def make(model: Any, pool: Any) -> Any:
+            return _static_step(rt, model, arch, cond, layers, pool)
+    else:
+        held, transient = kv, act + 2 * kv // max(1, layers)
+
+        def make(model: Any, pool: Any) -> Any:
+            return _EagerStep(rt, model, arch, cond, layers)
+    return _Job("model", arch, layers, cond, arch.vocab_size, split, make, held, transient)
+
+
 def _model_group(rt: _Runtime, arch: Architecture, layer_counts: Sequence[int],
                  conditions: Sequence[Condition], split: str) -> _Group:
     """A model of `arch` with max(layer_counts) layers, timed through its first k layers for each k."""
     built = arch.with_shape(num_hidden_layers=max(layer_counts))
-    step_cls = _GraphStep if rt.options.mode == "cuda-graph" else _EagerStep
-    jobs = [_Job("model", arch, k, c, arch.vocab_size, split,
-                 functools.partial(lambda model, c, k: step_cls(rt, model, arch, c, k), c=c, k=k),
-                 _kv_bytes(rt, arch, c, k))
-            for k in layer_counts for c in conditions]
+    jobs = [_model_job(rt, arch, k, c, split) for k in layer_counts for c in conditions]
     return _Group(functools.partial(rt.build, built), _weight_bytes(rt, built), jobs)
 
 
 class _HeadStep:
-    """Final RMSNorm + LM head of `rows` rows on [tokens, 1, hidden] activations."""
+    """Final RMSNorm + LM head of `rows` rows on [tokens, 1, hidden] activations (never captured:
+    two kernels, whose launch cost the fit's head_call term takes)."""
 
     def __init__(self, rt: _Runtime, hidden: int, rows: int, tokens: int) -> None:
         torch = rt.torch
@@ -496,9 +566,10 @@ def _head_group(rt: _Runtime, plan: ProfilePlan) -> _Group:
     for shape, rows, tokens in plan.head_points:
         hidden = shapes[shape].hidden_size
         jobs.append(_Job("head", shapes[shape], 0, (tokens, 1, 0), rows, "train",
-                         functools.partial(lambda _m, h, r, t: _HeadStep(rt, h, r, t),
+                         functools.partial(lambda _m, _p, h, r, t: _HeadStep(rt, h, r, t),
                                            h=hidden, r=rows, t=tokens),
-                         hidden * rows * rt.dtype_bytes))
+                         held_bytes=(hidden * rows + tokens * hidden) * rt.dtype_bytes,
+                         transient_bytes=tokens * (rows + 2 * hidden) * rt.dtype_bytes))
     return _Group(lambda: None, 0, jobs)
 
 
@@ -523,7 +594,10 @@ def measure_extrapolated(options: ProfileOptions, arch: Architecture, conditions
     """
     rt = _Runtime(options.validate())
     group = _model_group(rt, arch, layer_counts, conditions, "extrapolation")
-    _run_round_robin(rt, [group], _ticker(progress, len(group.jobs) * _calls_per_job(options)))
+    skipped = _run_round_robin(rt, [group], _ticker(progress, len(group.jobs) * _calls_per_job(options)))
+    if skipped:
+        raise InvalidInputError(f"{len(skipped)} of the k-layer stacks of {arch.name} do not fit here, "
+                                f"e.g. {skipped[0].shape}: {skipped[0].reason}; time fewer layers")
     out = {}
     for cond in conditions:
         medians = {j.layers: j.measurement().median_ms for j in group.jobs if j.cond == cond}
@@ -531,17 +605,23 @@ def measure_extrapolated(options: ProfileOptions, arch: Architecture, conditions
     return out
 
 
-def _extrapolation_result(plan: ProfilePlan, group: _Group) -> ExtrapolationCheck:
+def _extrapolation_result(plan: ProfilePlan, group: _Group) -> ExtrapolationCheck | None:
+    """The k-layer method's error per condition; conditions with a skipped stack are left out
+    (None when none is left)."""
     arch = plan.extrapolation_shape
     assert arch is not None
     full = arch.num_hidden_layers
     points = []
     for cond in plan.extrapolation_conditions:
-        medians = {j.layers: j.measurement().median_ms for j in group.jobs if j.cond == cond}
+        medians = {j.layers: j.measurement().median_ms for j in group.jobs if j.cond == cond and j.times_ms}
+        if any(k not in medians for k in (*plan.extrapolation_layers, full)):
+            continue
         estimate = extrapolate_from_layers({k: medians[k] for k in plan.extrapolation_layers}, full)
         points.append(ExtrapolationPoint(
             batch_size=cond[0], new_tokens=cond[1], context_tokens=cond[2], full_ms=medians[full],
             extrapolated_ms=estimate, error_pct=(estimate - medians[full]) / medians[full] * 100.0))
+    if not points:
+        return None
     errors = [abs(p.error_pct) for p in points]
     return ExtrapolationCheck(shape=arch.name, full_layers=full, timed_layers=plan.extrapolation_layers,
                               points=tuple(points), mean_abs_error_pct=float(np.mean(errors)),
@@ -618,8 +698,8 @@ def measure_profile(options: ProfileOptions, progress: Progress | None = None,
         extrapolation_group = _model_group(rt, arch, (*plan.extrapolation_layers, arch.num_hidden_layers),
                                            plan.extrapolation_conditions, "extrapolation")
         groups.append(extrapolation_group)
-    _run_round_robin(rt, groups, _ticker(progress, count_ticks(plan, options)))
-    measurements = [job.measurement() for group in groups for job in group.jobs]
+    skipped = _run_round_robin(rt, groups, _ticker(progress, count_ticks(plan, options)))
+    measurements = [job.measurement() for group in groups for job in group.jobs if job.times_ms]
     fit = fit_latency_model(measurements, plan.shapes, options.resolved_dtype())
     extrapolation = _extrapolation_result(plan, extrapolation_group) if extrapolation_group else None
     return LatencyProfile(
@@ -633,7 +713,7 @@ def measure_profile(options: ProfileOptions, progress: Progress | None = None,
         wall_s=round(time.perf_counter() - started, 1),
         notes=f"load average (1/5/15 min) before: {load_before}, after: {_load_average()}; "
               f"options: {options.to_dict()}",
-        series=plan.series,
+        series=plan.series, skipped=tuple(skipped),
     )
 
 

@@ -92,7 +92,7 @@ def test_cache_context_stays_fixed_between_repeats():
 
     rt = _Runtime(ProfileOptions(threads=1))
     arch = _tiny("t", 2, 32)
-    step = _EagerStep(rt, rt.build(arch), arch, (2, 3, 20), layers=2)
+    step = _EagerStep(rt, rt.build(arch), arch, (2, 3, 20), layers=2)  # transformers' eager mode
     with torch.inference_mode():
         for _ in range(3):
             step()
@@ -161,8 +161,61 @@ def test_cli_corrupt_profile_exit_2(tmp_path):
     assert out.returncode == 2 and str(bad) in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
+def test_static_mode_on_cpu_times_the_decoder_step():
+    options = ProfileOptions(device="cpu", mode="static", repeats=3, warmup=1, threads=1)
+    prof = measure_profile(options, plan=_tiny_plan())
+    assert prof.mode == "static" and prof.skipped == ()
+    assert len([m for m in prof.measurements if m.kind == "model" and m.split != "extrapolation"]) == 18
+    assert prof.heldout_mape is not None
+
+
+def _job(name: str, held: int, transient: int):
+    from draftnas.profile import _Job
+
+    return _Job("model", _tiny(name, 1, 32), 1, (1, 1, 8), 512, "train", lambda m, p: None, held, transient)
+
+
+def test_plan_chunks_splits_a_model_s_jobs_and_skips_what_cannot_fit_alone():
+    from draftnas.profile import _Group, plan_chunks
+
+    big = _Group(lambda: None, weight_bytes=50,
+                 jobs=[_job("a", 20, 10), _job("a", 20, 10), _job("a", 200, 0)])
+    small = _Group(lambda: None, weight_bytes=10, jobs=[_job("b", 5, 40)])
+    chunks, skipped = plan_chunks([big, small], budget_bytes=100)
+    # a: 50 weights + 20 + 20 held + 10 transient = 100 fits; its third job needs 250 alone
+    assert [[len(jobs) for _, jobs in c.parts] for c in chunks] == [[2], [1]]
+    assert chunks[1].parts[0][0] is small
+    assert len(skipped) == 1 and skipped[0].needed_bytes == 250 and skipped[0].budget_bytes == 100
+    assert "GiB" in skipped[0].reason
+    # with room for everything but the giant, one chunk holds both models
+    chunks, skipped = plan_chunks([big, small], budget_bytes=200)
+    assert len(chunks) == 1 and [len(j) for _, j in chunks[0].parts] == [2, 1] and len(skipped) == 1
+
+
+def test_a_run_under_a_small_memory_budget_skips_and_records_instead_of_failing(tmp_path):
+    plan = _tiny_plan()
+    big = _tiny("huge-vocab", 2, 64, vocab=200_000)  # 51 MB of fp32 embedding alone
+    plan = ProfilePlan(shapes=(*plan.shapes, big), heldout=plan.heldout, conditions=plan.conditions,
+                       head_points=plan.head_points, extrapolation_shape=None, extrapolation_layers=(),
+                       extrapolation_conditions=(), series=plan.series)
+    options = ProfileOptions(device="cpu", repeats=3, warmup=1, threads=1, memory_budget_bytes=20 << 20)
+    ticks: list[tuple[int, int]] = []
+    prof = measure_profile(options, plan=plan, progress=lambda d, t: ticks.append((d, t)))
+    assert {s.shape for s in prof.skipped} == {"huge-vocab"} and len(prof.skipped) == 3
+    assert all(s.needed_bytes > s.budget_bytes == 20 << 20 for s in prof.skipped)
+    assert "huge-vocab" not in {m.shape for m in prof.measurements}
+    assert ticks[-1][0] == ticks[-1][1]
+    again = load_profile(save_profile(prof, tmp_path / "p.json"))
+    assert again.skipped == prof.skipped
+
+
+def test_a_memory_budget_must_be_positive():
+    with pytest.raises(InvalidInputError, match="memory budget"):
+        ProfileOptions(memory_budget_bytes=0).validate()
+
+
 @needs_cuda
-@pytest.mark.parametrize("mode", ["eager", "cuda-graph"])
+@pytest.mark.parametrize("mode", ["eager", "static", "cuda-graph"])
 def test_tiny_cuda_measurement(mode):
     options = ProfileOptions(device="cuda", dtype="fp16", mode=mode, repeats=3, warmup=1)
     prof = measure_profile(options, plan=_tiny_plan())

@@ -33,7 +33,9 @@ def profile(
                                      help="fp32 or bf16 on CPU (default fp32); fp16 or bf16 on CUDA "
                                           "(default fp16)."),
     mode: str = typer.Option("eager", "--mode",
-                             help="eager, or cuda-graph (decode step captured and replayed; CUDA only)."),
+                             help="eager: transformers' forward over a growing cache (what the CPU loop "
+                                  "runs today). static: draftnas's decoder over a cache allocated once. "
+                                  "cuda-graph: that static step captured and replayed (CUDA only)."),
     quick: bool = typer.Option(False, "--quick", help="Reduced grid: a few minutes on a 2-core CPU."),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Profile JSON to write (default: draftnas-profile-DEVICE-DTYPE.json)."),
@@ -65,7 +67,7 @@ def profile(
                 task, completed=done, total=total))
         prof = dataclasses.replace(prof, command=" ".join(["draftnas", *sys.argv[1:]]))
         path = out or Path(f"draftnas-profile-{options.device}-{options.resolved_dtype()}"
-                           f"{'-graph' if mode == 'cuda-graph' else ''}.json")
+                           f"{'' if mode == 'eager' else '-' + mode}.json")
         save_profile(prof, path)
     png = None
     if report:
@@ -102,6 +104,11 @@ def _render_summary(prof: LatencyProfile, path: Path) -> None:
         ex = prof.extrapolation
         rows.append((f"extrapolation {ex.shape} from {'/'.join(map(str, ex.timed_layers))} layers",
                      f"mean |err| {ex.mean_abs_error_pct:.1f}%, max {ex.max_abs_error_pct:.1f}%"))
+    if prof.skipped:
+        first = prof.skipped[0]
+        rows.append(("not timed (memory)", f"{len(prof.skipped)} configurations, e.g. {first.shape} at batch "
+                     f"{first.batch_size}, {first.new_tokens} new, context {first.context_tokens}: "
+                     f"{first.reason}"))
     if prof.wall_s is not None:
         rows.append(("wall time", f"{prof.wall_s:.0f} s"))
     for k, v in rows:

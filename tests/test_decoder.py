@@ -1,0 +1,128 @@
+"""The static-cache decoder against transformers' LLaMA, and the step a CUDA graph replays."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftnas.decoder import StaticDecoder, StaticStep, activation_bytes
+from draftnas.errors import InvalidInputError
+from draftnas.registry import Architecture
+
+ARCH = Architecture(name="tiny", family="llama", num_hidden_layers=3, hidden_size=64, intermediate_size=96,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=101,
+                    tie_word_embeddings=False)
+
+
+def _hf_model(arch: Architecture) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,
+                         intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_hidden_layers,
+                         num_attention_heads=arch.num_attention_heads,
+                         num_key_value_heads=arch.num_key_value_heads, head_dim=arch.head_dim,
+                         tie_word_embeddings=arch.tie_word_embeddings, rms_norm_eps=1e-5, rope_theta=10000.0)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # non-trivial norm weights, so a missed norm shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def _hf_logits(model: torch.nn.Module, context_k: torch.Tensor, context_v: torch.Tensor,
+               new_ids: torch.Tensor) -> torch.Tensor:
+    """transformers' eager step: a DynamicCache holding the context, then the new tokens."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for i in range(context_k.shape[0]):
+        cache.update(context_k[i].clone(), context_v[i].clone(), i)
+    context = context_k.shape[3]
+    positions = torch.arange(context, context + new_ids.shape[1])[None]
+    with torch.no_grad():
+        return model(input_ids=new_ids, position_ids=positions, past_key_values=cache).logits
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_static_step_matches_transformers_and_does_not_drift(tied: bool) -> None:
+    arch = ARCH.with_shape(tie_word_embeddings=tied)
+    hf = _hf_model(arch)
+    dec = StaticDecoder(arch, dtype=torch.float32, device="cpu").load_hf_weights(hf.state_dict()).eval()
+    batch, context, new = 2, 7, 3
+    gen = torch.Generator().manual_seed(1)
+    shape = (arch.num_hidden_layers, batch, arch.num_key_value_heads, context, arch.head_dim)
+    ctx_k, ctx_v = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    new_ids = torch.randint(0, arch.vocab_size, (batch, new), generator=gen)
+    expected = _hf_logits(hf, ctx_k, ctx_v, new_ids)
+
+    cache = dec.new_cache(batch, context + new + 4)  # spare slots past the step stay masked out
+    cache.keys[:, :, :, :context] = ctx_k
+    cache.values[:, :, :, :context] = ctx_v
+    positions = torch.arange(context, context + new)
+    with torch.no_grad():
+        step = StaticStep(dec, cache, new_ids, positions)
+        first_keys = cache.keys.clone()
+        for _ in range(5):  # the same step again and again, as timed repeats and graph replays run it
+            logits = step().clone()
+            torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4)
+            assert torch.equal(cache.keys, first_keys)  # the same slots rewritten with the same values
+    assert torch.equal(cache.keys[:, :, :, :context], ctx_k)  # context untouched
+    assert torch.count_nonzero(cache.keys[:, :, :, context + new:]) == 0  # nothing written past the step
+
+
+def test_a_shorter_prefix_of_layers_equals_a_model_of_that_depth() -> None:
+    hf = _hf_model(ARCH)
+    full = StaticDecoder(ARCH, dtype=torch.float32, device="cpu").load_hf_weights(hf.state_dict())
+    short_arch = ARCH.with_shape(num_hidden_layers=2)
+    state = {k: v for k, v in hf.state_dict().items() if ".layers.2." not in k}
+    short = StaticDecoder(short_arch, dtype=torch.float32, device="cpu").load_hf_weights(state)
+    ids, pos = torch.tensor([[5, 6]]), torch.tensor([0, 1])
+    with torch.no_grad():
+        a = full(ids, pos, full.new_cache(1, 4, layers=2), layers=2)
+        b = short(ids, pos, short.new_cache(1, 4))
+    torch.testing.assert_close(a, b)
+
+
+def test_decoding_token_by_token_equals_one_verify_pass() -> None:
+    dec = StaticDecoder(ARCH, dtype=torch.float32, device="cpu").init_random(seed=3)
+    ids = torch.tensor([[3, 14, 15, 92, 65]])
+    with torch.no_grad():
+        one_pass = dec(ids, torch.arange(5), dec.new_cache(1, 8))
+        cache = dec.new_cache(1, 8)
+        stepwise = torch.cat([dec(ids[:, i:i + 1], torch.tensor([i]), cache) for i in range(5)], dim=1)
+    torch.testing.assert_close(one_pass, stepwise, rtol=1e-4, atol=1e-5)
+
+
+def test_weights_of_the_wrong_shape_or_family_are_refused() -> None:
+    dec = StaticDecoder(ARCH, dtype=torch.float32, device="cpu")
+    state = dict(_hf_model(ARCH).state_dict())
+    state["model.norm.weight"] = torch.ones(3)
+    with pytest.raises(InvalidInputError, match="norm.weight: shape"):
+        dec.load_hf_weights(state)
+    with pytest.raises(InvalidInputError, match="miss"):
+        dec.load_hf_weights({})
+    with pytest.raises(InvalidInputError, match="family 'llama' only"):
+        StaticDecoder(ARCH.with_shape(family="gemma3"), dtype=torch.float32, device="cpu")
+
+
+def test_activation_bytes_counts_the_logits_and_grows_with_tokens() -> None:
+    small = activation_bytes(ARCH, 1, 1, 16, 4)
+    assert small >= ARCH.vocab_size * 4  # the logits alone
+    assert activation_bytes(ARCH, 4, 5, 16, 4) > 19 * small  # 20x the tokens, attention grows too
+    assert activation_bytes(ARCH, 1, 1, 16, 4, head_rows=10) < small
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_captured_step_replays_to_the_eager_logits() -> None:
+    dec = StaticDecoder(ARCH, dtype=torch.float32, device="cuda").init_random(seed=0)
+    cache = dec.new_cache(2, 12)
+    ids = torch.randint(0, ARCH.vocab_size, (2, 3), device="cuda")
+    pos = torch.arange(6, 9, device="cuda")
+    with torch.no_grad():
+        eager = StaticStep(dec, cache, ids, pos)().clone()
+        graph = StaticStep(dec, cache, ids, pos, capture=True)
+        for _ in range(5):
+            torch.testing.assert_close(graph().clone(), eager)
