@@ -230,6 +230,12 @@ def head_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def _device(model: Any) -> Any:
+    """Where the model's weights are (CPU for weightless stubs)."""
+    param = next(iter(model.parameters()), None)
+    return param.device if param is not None else "cpu"
+
+
 def _hidden_states(model: Any, ids: torch.Tensor) -> torch.Tensor:
     """Final hidden states [B, T, H] (after the final norm), without running the LM head."""
     decoder = model.get_decoder()
@@ -292,13 +298,14 @@ def _teacher_forced(model: Any, records: Sequence[TraceRecord], temperature: flo
             ids = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
             for row, s in enumerate(seqs):
                 ids[row, :len(s)] = s
-            hidden = _hidden_states(model, ids)  # [B, T, H]
+            hidden = _hidden_states(model, ids.to(_device(model)))  # [B, T, H]
             for row, i in enumerate(batch):
                 rec = records[i]
                 p, c = len(rec.prompt_ids), len(rec.continuation_ids)
                 h = hidden[row, p - 1:p + c - 1]  # position p-1+t predicts continuation[t]
                 logits = torch.cat([head_logits(model, h[s:s + HEAD_CHUNK_ROWS])
                                     for s in range(0, c, HEAD_CHUNK_ROWS)]) if c else hidden.new_zeros(0, 1)
+                logits = logits.cpu()  # scoring reads the traces' CPU tensors
                 if subset is not None and logits.shape[-1] == vocab_size:
                     logits = logits[:, subset]
                 out.beta[i], out.beta_hi[i], out.top1[i] = _score_rows(

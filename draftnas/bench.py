@@ -1,18 +1,25 @@
 """`draftnas bench`: real speculative decoding, measured beside the estimator's prediction.
 
-Three ways to decode the same prompts, interleaved prompt by prompt (the order
-rotates so drift on a shared machine hits each alike), after one warm-up run each:
+Ways to decode the same prompts, interleaved prompt by prompt (the order rotates so
+drift on a shared machine hits each alike), after one warm-up run each:
 
-1. the target alone (transformers ``generate``, greedy or sampling at T);
-2. draftnas's own speculative loop (`draftnas.speculative`);
+1. the target alone, in the loop's engine: transformers ``generate`` (engine "hf"), or
+   draftnas's static-cache decoder decoding one token per step (engine "static"; on
+   CUDA replayed from a CUDA graph);
+2. draftnas's own speculative loop (`draftnas.speculative`) in that engine;
 3. transformers' assisted generation ``generate(assistant_model=drafter)`` with a
    fixed gamma (``num_assistant_tokens=gamma``, schedule "constant", confidence
-   threshold 0 on the drafter's generation config).
+   threshold 0 on the drafter's generation config), beside transformers' own
+   ``generate`` of the target alone (the same as 1. under engine "hf").
 
-Greedy runs are checked token for token against the target's own output
-(``lossless`` per prompt and overall). The estimator's prediction comes from a
-trace of the target's own outputs on these prompts (one teacher-forced target pass
-for the top-k probabilities) and one teacher-forced drafter pass.
+Greedy runs are checked token for token against the target's own greedy output in
+the same engine (``lossless`` per prompt; ``exact_match_rate`` overall). Where a
+speculative run departs from it, the target's top-1 minus top-2 logit margin at
+that token is recorded: in bf16/fp16 a verify pass over gamma + 1 tokens and a
+one-token decode may round a near-tie differently (a margin near 0), which a bug
+would not need. The estimator's prediction comes from a trace of the target's own
+outputs on these prompts (one teacher-forced target pass for the top-k
+probabilities) and one teacher-forced drafter pass.
 """
 
 from __future__ import annotations
@@ -34,11 +41,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
-METHODS = ("target", "draftnas", "hf_assisted")
+METHODS = ("target", "draftnas", "hf_target", "hf_assisted")
+ENGINES = ("hf", "static")
+DEVICES = ("cpu", "cuda")
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass(frozen=True)
 class BenchOptions(Record):
+    """`engine` None: "static" on CUDA (captured steps), "hf" on CPU."""
+
     gamma: int = 4
     temperature: float = 0.0
     max_new_tokens: int = 64
@@ -46,9 +58,21 @@ class BenchOptions(Record):
     hf_assisted: bool = True
     estimate: bool = True
     top_k: int = 20
+    device: str = "cpu"
+    dtype: str = "fp32"
+    engine: str | None = None
+
+    def resolved_engine(self) -> str:
+        return self.engine or ("static" if self.device == "cuda" else "hf")
 
     def validate(self) -> None:
         problems = []
+        if self.device not in DEVICES:
+            problems.append(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.dtype not in TORCH_DTYPES:
+            problems.append(f"dtype must be one of {', '.join(TORCH_DTYPES)}, got {self.dtype!r}")
+        if self.engine is not None and self.engine not in ENGINES:
+            problems.append(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if not 1 <= self.gamma <= 32:
             problems.append(f"gamma must be in [1, 32], got {self.gamma}")
         if not 0.0 <= self.temperature <= 10.0:
@@ -79,6 +103,9 @@ class BenchPrompt(Record):
     hf_steps: int | None = None
     hf_lossless: bool | None = None
     draft_s: float | None = None  # time inside the drafter in draftnas's loop
+    hf_target_s: float | None = None  # transformers generate of the target alone (engine "static")
+    first_divergence: int | None = None  # index of the first token the loop's output departs at
+    divergence_margin: float | None = None  # target's top-1 minus top-2 logit there (own greedy run)
 
 
 @dataclass(frozen=True)
@@ -120,6 +147,10 @@ class BenchResult(Record):
     wall_s: float = 0.0
     draft_ms_per_token: float | None = None  # drafter time per drafted token in draftnas's loop
     draft_vocab_size: int | None = None  # rows of a reduced draft head (draft_vocab.json), None = full
+    engine: str = "hf"
+    exact_match_rate: float | None = None  # greedy: share of prompts whose output equals the target's
+    divergence_margins: tuple[float, ...] = ()  # target's top-1 minus top-2 logit at each divergence
+    hf_target_tokens_per_s: float | None = None  # transformers generate of the target alone
 
 
 @dataclass
@@ -130,6 +161,14 @@ class _Run:
     accepted: int = 0
     drafted: int = 0
     draft_s: float = 0.0
+    margins: list[float] | None = None  # greedy target runs in draftnas's engines
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 class _Bench:
@@ -155,6 +194,23 @@ class _Bench:
         cfg.num_assistant_tokens = options.gamma
         cfg.num_assistant_tokens_schedule = "constant"
         cfg.assistant_confidence_threshold = 0.0
+        self.engines: tuple[Any, Any] | None = None
+
+    def build_engines(self, max_tokens: int) -> None:
+        """Static engines (one KV cache each, `max_tokens` slots) for engine "static"."""
+        from draftnas.decoder import StaticDecoder
+        from draftnas.speculative import StaticEngine
+
+        capture = self.options.device == "cuda"
+        target, draft = (StaticEngine(StaticDecoder.from_hf(m.model, max_positions=max_tokens), max_tokens,
+                                      capture=capture) for m in (self.target, self.draft))
+        self.engines = (target, draft)
+
+    def _target_loop_model(self) -> Any:
+        return self.engines[0] if self.engines else self.target.model
+
+    def _draft_loop_model(self) -> Any:
+        return self.engines[1] if self.engines else self.draft.model
 
     def _reduced_head(self, draft: LoadedModel) -> Any:
         """A drafter folder with draft_vocab.json: draftnas's loop slices the head to the kept rows;
@@ -174,13 +230,31 @@ class _Bench:
 
         inputs = torch.tensor([ids])
         kwargs = {**self.gen_kwargs, "max_new_tokens": max_new_tokens, **extra}
+        inputs = inputs.to(self.options.device)
         torch.manual_seed(seed)
+        _synchronize(self.options.device)
         started = time.perf_counter()
         with torch.inference_mode():
             out = self.target.model.generate(inputs, attention_mask=torch.ones_like(inputs), **kwargs)
         return _Run(tokens=out[0, len(ids):].tolist(), elapsed_s=time.perf_counter() - started)
 
     def run_target(self, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
+        """The target alone in the loop's engine (greedy: with its top-1/top-2 margins)."""
+        if self.engines is None:
+            return self._generate(ids, seed, max_new_tokens)
+        import torch
+
+        from draftnas.speculative import greedy_decode, speculative_generate
+
+        if self.options.temperature <= 0:
+            out = greedy_decode(self.engines[0], ids, max_new_tokens=max_new_tokens, eos_token_ids=self.eos)
+            return _Run(tokens=out.tokens, elapsed_s=out.elapsed_s, margins=out.margins)
+        run = speculative_generate(self.engines[0], self.engines[1], ids, gamma=0,
+                                   max_new_tokens=max_new_tokens, temperature=self.options.temperature,
+                                   eos_token_ids=self.eos, generator=torch.Generator().manual_seed(seed))
+        return _Run(tokens=run.tokens, elapsed_s=run.elapsed_s)
+
+    def run_hf_target(self, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
         return self._generate(ids, seed, max_new_tokens)
 
     def run_hf(self, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
@@ -203,16 +277,25 @@ class _Bench:
         from draftnas.speculative import speculative_generate
 
         out = speculative_generate(
-            self.target.model, self.draft.model, ids, gamma=self.options.gamma,
+            self._target_loop_model(), self._draft_loop_model(), ids, gamma=self.options.gamma,
             max_new_tokens=max_new_tokens, temperature=self.options.temperature,
             eos_token_ids=self.eos, generator=torch.Generator().manual_seed(seed),
+            vocab_subset=self.subset,
         )
         return _Run(tokens=out.tokens, elapsed_s=out.elapsed_s, steps=out.steps,
                     accepted=sum(out.accepted), drafted=sum(out.drafted), draft_s=out.draft_s)
 
     def run(self, method: str, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
-        runner = {"target": self.run_target, "draftnas": self.run_draftnas, "hf_assisted": self.run_hf}
+        runner = {"target": self.run_target, "draftnas": self.run_draftnas, "hf_target": self.run_hf_target,
+                  "hf_assisted": self.run_hf}
         return runner[method](ids, seed, max_new_tokens)
+
+    def methods(self) -> list[str]:
+        """The decoders this bench runs: hf_target only beside the static engine (else it is target)."""
+        out = ["target", "draftnas"]
+        if self.options.hf_assisted:
+            out += (["hf_target"] if self.engines is not None else []) + ["hf_assisted"]
+        return out
 
 
 def _check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
@@ -229,12 +312,16 @@ def _check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
 
 def _bench_prompt(bench: _Bench, prompt: Prompt, ids: list[int], index: int) -> tuple[BenchPrompt, list[int]]:
     """One prompt through every decoder (order rotated by index); also returns the target's tokens."""
-    methods = [m for m in METHODS if m != "hf_assisted" or bench.options.hf_assisted]
+    methods = bench.methods()
     order = methods[index % len(methods):] + methods[:index % len(methods)]
     seed = bench.options.seed + index
     runs = {m: bench.run(m, ids, seed, bench.options.max_new_tokens) for m in order}
     ref, own, hf = runs["target"], runs["draftnas"], runs.get("hf_assisted")
+    hf_ref = runs.get("hf_target", ref)
     greedy = bench.options.temperature <= 0
+    divergence = _first_divergence(own.tokens, ref.tokens) if greedy else None
+    margin = (ref.margins[divergence] if divergence is not None and ref.margins
+              and divergence < len(ref.margins) else None)
     row = BenchPrompt(
         prompt_id=prompt.id, domain=prompt.domain, prompt_tokens=len(ids), new_tokens=len(ref.tokens),
         target_s=ref.elapsed_s, draftnas_s=own.elapsed_s, draftnas_tokens=len(own.tokens),
@@ -242,10 +329,19 @@ def _bench_prompt(bench: _Bench, prompt: Prompt, ids: list[int], index: int) -> 
         lossless=(own.tokens == ref.tokens) if greedy else None,
         hf_assisted_s=hf.elapsed_s if hf else None, hf_assisted_tokens=len(hf.tokens) if hf else None,
         hf_steps=hf.steps if hf else None,
-        hf_lossless=(hf.tokens == ref.tokens) if (hf and greedy) else None,
-        draft_s=own.draft_s,
+        hf_lossless=(hf.tokens == hf_ref.tokens) if (hf and greedy) else None,
+        draft_s=own.draft_s, hf_target_s=runs["hf_target"].elapsed_s if "hf_target" in runs else None,
+        first_divergence=divergence, divergence_margin=margin,
     )
     return row, ref.tokens
+
+
+def _first_divergence(tokens: list[int], reference: list[int]) -> int | None:
+    """Index of the first position where `tokens` departs from `reference` (None: identical)."""
+    for i, (a, b) in enumerate(zip(tokens, reference, strict=False)):
+        if a != b:
+            return i
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
 
 
 def bench_traces(target: LoadedModel, prompts: Sequence[Prompt], encoded: Sequence[list[int]],
@@ -274,13 +370,20 @@ def _summary(rows: Sequence[BenchPrompt]) -> dict[str, Any]:
         "mean_accepted_per_step": sum(r.accepted for r in rows) / max(steps, 1),
         "draft_acceptance_rate": sum(r.accepted for r in rows) / max(sum(r.drafted for r in rows), 1),
         "lossless": None if rows[0].lossless is None else all(bool(r.lossless) for r in rows),
+        "exact_match_rate": None if rows[0].lossless is None
+        else sum(bool(r.lossless) for r in rows) / len(rows),
+        "divergence_margins": tuple(r.divergence_margin for r in rows if r.divergence_margin is not None),
         "draft_ms_per_token": 1000 * sum(r.draft_s or 0.0 for r in rows)
         / max(sum(r.drafted for r in rows), 1),
     }
     if rows[0].hf_assisted_s is not None:
         hf_tokens = sum(r.hf_assisted_tokens or 0 for r in rows)
         hf_tps = hf_tokens / sum(r.hf_assisted_s or 0.0 for r in rows)
-        out.update(hf_assisted_tokens_per_s=hf_tps, hf_assisted_speedup=hf_tps / target_tps,
+        hf_target_tps = target_tps
+        if rows[0].hf_target_s is not None:
+            hf_target_tps = tokens / sum(r.hf_target_s or 0.0 for r in rows)
+            out["hf_target_tokens_per_s"] = hf_target_tps
+        out.update(hf_assisted_tokens_per_s=hf_tps, hf_assisted_speedup=hf_tps / hf_target_tps,
                    hf_tokens_per_step=hf_tokens / max(sum(r.hf_steps or 0 for r in rows), 1),
                    hf_lossless=None if rows[0].hf_lossless is None
                    else all(bool(r.hf_lossless) for r in rows))
@@ -307,14 +410,23 @@ def run_bench(
     options.validate()
     if not prompts:
         raise InvalidInputError("no prompts to bench")
+    if options.device == "cuda" and not torch.cuda.is_available():
+        from draftnas.errors import DeviceError
+
+        raise DeviceError("--device cuda asked for, but torch sees no CUDA device here; use --device cpu")
     started = time.perf_counter()
-    t_model = load_model(target) if isinstance(target, str) else target
-    d_model = load_model(draft) if isinstance(draft, str) else draft
+    load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
+    t_model = load_model(target, **load) if isinstance(target, str) else target
+    d_model = load_model(draft, **load) if isinstance(draft, str) else draft
     _check_same_tokenizer(t_model, d_model)
     bench = _Bench(t_model, d_model, options)
     encoded = [encode_prompt(t_model.tokenizer, p.text) for p in prompts]
-    for method in METHODS if options.hf_assisted else METHODS[:2]:  # warm-up
-        bench.run(method, encoded[0], options.seed, min(8, options.max_new_tokens))
+    if options.resolved_engine() == "static":
+        bench.build_engines(max(len(ids) for ids in encoded) + options.max_new_tokens + options.gamma + 1)
+    # warm-up; a static engine's full-length run also meets (and on CUDA captures) every step size
+    warm_tokens = options.max_new_tokens if bench.engines is not None else min(8, options.max_new_tokens)
+    for method in bench.methods():
+        bench.run(method, encoded[0], options.seed, warm_tokens)
     rows, references = [], []
     total = len(prompts) + (1 if options.estimate else 0)
     for i, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
@@ -335,6 +447,7 @@ def run_bench(
         device=str(param.device), dtype=str(param.dtype).removeprefix("torch."),
         threads=torch.get_num_threads(), prompts=tuple(rows), versions=package_versions(),
         draft_vocab_size=bench.subset.size if bench.subset is not None else None,
+        engine=options.resolved_engine(),
         wall_s=round(time.perf_counter() - started, 2), **summary,
     )
 

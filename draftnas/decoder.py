@@ -1,22 +1,34 @@
-"""A compact LLaMA-family decoder over a static KV cache: the step serving engines run.
+"""A compact decoder over a static KV cache: the step serving engines run, in plain torch.
 
 Serving engines (vLLM, SGLang, TensorRT-LLM; gpt-fast in a few hundred lines) run the
 draft step (1 token) and the verify step (gamma + 1 tokens) over KV caches allocated once
 at their final size, with the positions to write given to every step. That is what makes
 a step capturable as a CUDA graph: nothing in it allocates, grows or keeps a hidden write
-counter, so a replay writes exactly the slots its `positions` input names.
+counter, so a replay writes exactly the slots its `positions` input names, and a rejected
+draft is rolled back by writing the next step at an earlier position (stale slots past a
+token's own position are masked out).
 
-Shapes: B batch, T new tokens, S cache slots (allocated once), H query heads, K key/value
-heads, D head dim, h hidden size, V head rows. Module and parameter names mirror
-transformers' `LlamaForCausalLM` (without its `model.` prefix), so its weights load as
-they are (`load_hf_weights`) and its logits check this decoder (tests/test_decoder.py).
-torch is imported at module level: import this module lazily.
+Two families: "llama" (SmolLM2, LLaMA-1/2/3, Mistral) and "gemma3" (q/k norms, sandwich
+norms, GELU-tanh MLP, scaled embeddings, sliding-window layers with their own RoPE base).
+Module and parameter names mirror transformers' (`self_attn.` and `mlp.` dropped), so its
+weights load as they are and its logits check this decoder (tests/test_decoder.py).
+
+On CPU, a linear layer over a few rows can be done as F.linear(x, W) or as (W @ x.T).T;
+on the AMD EPYC host the second reads a large W once and is 3x faster for the 49,152-row
+LM head at 3 rows, while for small matrices either may win. `MatmulChooser` times both
+once per (rows, out, in) on the machine it runs on and keeps the faster.
+
+Shapes: B batch, T new tokens, S cache slots, H query heads, K key/value heads, D head
+dim, h hidden size, V head rows. torch is imported at module level: import this lazily.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -24,29 +36,197 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftnas.errors import InvalidInputError
+from draftnas.record import Record
 from draftnas.registry import Architecture
 
-ROPE_THETA = 10000.0
-RMS_EPS = 1e-5
+FAMILIES = ("llama", "gemma3")
+MAX_WEIGHT_ONCE_ROWS = 16  # above this, F.linear's blocking already reads W about once
+
+
+@dataclass(frozen=True)
+class DecoderSpec(Record):
+    """Everything that decides a decoder's arithmetic beyond its shape.
+
+    `head_rows`: rows of the LM head (a reduced draft head), 0 for the full vocabulary.
+    `sliding_layers`: indices of sliding-window layers (gemma3), which use `local_rope_theta`.
+    `query_scale`: 0 means head_dim ** -0.5.
+    """
+
+    arch: Architecture
+    rms_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_factor: float = 1.0  # linear RoPE scaling of the full-attention layers
+    local_rope_theta: float = 10000.0
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
+    query_scale: float = 0.0
+    final_softcap: float = 0.0
+    head_rows: int = 0
+
+    def problems(self) -> list[str]:
+        out = list(self.arch.problems())
+        if self.arch.family not in FAMILIES:
+            out.append(f"family: the static decoder builds {', '.join(FAMILIES)}, got {self.arch.family!r}")
+        if self.head_rows < 0 or self.head_rows > self.arch.vocab_size:
+            out.append(f"head_rows: must be in [0, {self.arch.vocab_size}], got {self.head_rows}")
+        if self.sliding_layers and self.sliding_window < 1:
+            out.append("sliding_window: sliding layers need a window >= 1")
+        return out
+
+
+def spec_from_hf_config(config: Any, head_rows: int = 0) -> DecoderSpec:
+    """The `DecoderSpec` of a transformers LLaMA or Gemma-3 text config."""
+    arch = Architecture.from_hf_config(config)
+    params = getattr(config, "rope_parameters", None) or {}
+    if arch.family == "gemma3":
+        full = params.get("full_attention") or {"rope_theta": 1e6, "rope_type": "default"}
+        local = params.get("sliding_attention") or {"rope_theta": 1e4, "rope_type": "default"}
+        for kind, p in (("full_attention", full), ("sliding_attention", local)):
+            if p.get("rope_type", "default") not in ("default", "linear") or (
+                    kind == "sliding_attention" and p.get("rope_type", "default") != "default"):
+                raise InvalidInputError(f"{kind} RoPE type {p.get('rope_type')!r} is not supported here")
+        layer_types = list(getattr(config, "layer_types", None) or [])
+        return DecoderSpec(
+            arch=arch, rms_eps=float(config.rms_norm_eps), rope_theta=float(full["rope_theta"]),
+            rope_factor=float(full.get("factor", 1.0)) if full.get("rope_type") == "linear" else 1.0,
+            local_rope_theta=float(local["rope_theta"]), sliding_window=int(config.sliding_window or 0),
+            sliding_layers=tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention"),
+            query_scale=float(config.query_pre_attn_scalar) ** -0.5,
+            final_softcap=float(getattr(config, "final_logit_softcapping", None) or 0.0), head_rows=head_rows)
+    rope = params if "rope_theta" in params else {"rope_theta": getattr(config, "rope_theta", 10000.0)}
+    if rope.get("rope_type", "default") != "default":
+        raise InvalidInputError(f"RoPE type {rope.get('rope_type')!r} is not supported by the static decoder")
+    return DecoderSpec(arch=arch, rms_eps=float(config.rms_norm_eps), rope_theta=float(rope["rope_theta"]),
+                       head_rows=head_rows)
+
+
+# --------------------------------------------------------------------------- matrix products
+
+
+LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2
+FORMS = ("F.linear(x, W)", "(W @ x.T).T", "x @ W.T.contiguous()")
+
+
+@dataclass
+class MatmulChooser:
+    """Per (rows, out, in): F.linear(x, W), (W @ x.T).T, or x @ Wt with Wt a contiguous copy of
+    W's transpose — the form that timed fastest here (another form must beat F.linear by 10%).
+
+    Enabled on CPU only (on CUDA F.linear is used as is). The first product of a new key
+    times the forms (a few passes each, interleaved) on random inputs, each pass over
+    every registered weight of that shape: a decode step streams all layers' weights
+    from memory, and a single small matrix timed alone stays in cache and misleads (on
+    the AMD EPYC host, 576x576 at 3 rows: F.linear wins in cache, loses 2x streaming).
+    The transposed form costs a copy of each weight of that shape (made when chosen); the
+    decoder is for inference, so weights are not expected to change after the first step.
+    """
+
+    enabled: bool
+    form: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    margin: float = 0.9  # another form must take < 90% of F.linear's time
+    by_shape: dict[tuple[int, int], list[torch.Tensor]] = field(default_factory=dict)
+    transposed: dict[int, torch.Tensor] = field(default_factory=dict)  # id(W) -> W.T.contiguous()
+
+    def register(self, weight: torch.Tensor) -> None:
+        """A weight the model multiplies by (timed together with the others of its shape)."""
+        self.by_shape.setdefault((int(weight.shape[0]), int(weight.shape[1])), []).append(weight)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return F.linear(x, weight)
+        rows = x.numel() // x.shape[-1]
+        if rows > MAX_WEIGHT_ONCE_ROWS:
+            return F.linear(x, weight)
+        key = (rows, int(weight.shape[0]), int(weight.shape[1]))
+        form = self.form.get(key)
+        if form is None:
+            form = self.form[key] = self._time(rows, weight)
+        if form == LINEAR:
+            return F.linear(x, weight)
+        flat = x.reshape(rows, x.shape[-1])
+        if form == WEIGHT_ONCE:
+            out = torch.mm(weight, flat.T).T
+        else:
+            out = torch.mm(flat, self._transpose(weight))
+        return out.reshape(*x.shape[:-1], weight.shape[0])
+
+    def _transpose(self, weight: torch.Tensor) -> torch.Tensor:
+        wt = self.transposed.get(id(weight))
+        if wt is None:
+            wt = self.transposed[id(weight)] = weight.detach().T.contiguous()
+        return wt
+
+    def _time(self, rows: int, weight: torch.Tensor) -> int:
+        """The fastest form for `rows` rows over every weight of this shape (LINEAR unless another
+        is faster by the margin); drops transposed copies the choice does not use."""
+        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        weights = self.by_shape.get((int(weight.shape[0]), int(weight.shape[1])), [weight])
+        had = {id(w) for w in weights if id(w) in self.transposed}
+        copies = [self._transpose(w) for w in weights]
+
+        def linear() -> None:
+            for w in weights:
+                F.linear(x, w)
+
+        def weight_once() -> None:
+            for w in weights:
+                torch.mm(w, x.T)
+
+        def transposed() -> None:
+            for wt in copies:
+                torch.mm(x, wt)
+
+        forms = (linear, weight_once, transposed)
+        times: list[list[float]] = [[] for _ in forms]
+        for i in range(7):
+            for j, form in enumerate(forms):
+                started = time.perf_counter()
+                form()
+                if i >= 2:  # two warm-up rounds
+                    times[j].append(time.perf_counter() - started)
+        medians = [statistics.median(t) for t in times]
+        best = min(range(len(forms)), key=lambda j: medians[j])
+        choice = best if medians[best] < self.margin * medians[LINEAR] else LINEAR
+        if choice != TRANSPOSED:
+            for w in weights:
+                if id(w) not in had:
+                    self.transposed.pop(id(w), None)
+        return choice
+
+
+# --------------------------------------------------------------------------- modules
 
 
 class RMSNorm(nn.Module):
-    """LLaMA's RMSNorm, in transformers' order of operations (fp32 statistics, weight last)."""
+    """RMSNorm in transformers' order of operations: LLaMA scales by w after casting back,
+    Gemma-3 by (1 + w) in fp32 before casting back."""
 
-    def __init__(self, dim: int, eps: float, **factory: Any) -> None:
+    def __init__(self, dim: int, eps: float, gemma: bool, **factory: Any) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim, **factory))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim, **factory) if gemma else torch.ones(dim, **factory))
+        self.eps, self.gemma = eps, gemma
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gemma:
+            return (x32 * (1.0 + self.weight.float())).type_as(x)
         return self.weight * x32.to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rope_table(theta: float, factor: float, dim: int, positions: int, dtype: torch.dtype,
+                device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: [positions, dim], computed in fp32 as transformers does, then cast."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+    inv_freq = inv_freq / factor
+    freqs = torch.arange(positions, device=device).float()[:, None] * inv_freq[None, :]
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 @dataclass
@@ -66,15 +246,28 @@ class KVCache:
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention (GQA, RoPE) and SwiGLU MLP, writing its keys/values in place."""
+    """Attention (GQA, RoPE) and a gated MLP, pre-norm (llama) or sandwich-norm (gemma3),
+    writing its keys/values into the cache in place."""
 
-    def __init__(self, arch: Architecture, **factory: Any) -> None:
+    def __init__(self, spec: DecoderSpec, index: int, matmul: MatmulChooser, **factory: Any) -> None:
         super().__init__()
+        arch = spec.arch
         h, q, kv, inter = arch.hidden_size, arch.q_dim, arch.kv_dim, arch.intermediate_size
-        self.heads, self.kv_heads, self.head_dim = arch.num_attention_heads, arch.num_key_value_heads, \
-            arch.head_dim
-        self.input_layernorm = RMSNorm(h, RMS_EPS, **factory)
-        self.post_attention_layernorm = RMSNorm(h, RMS_EPS, **factory)
+        self.gemma = arch.family == "gemma3"
+        self.heads, self.kv_heads, self.head_dim = (arch.num_attention_heads, arch.num_key_value_heads,
+                                                    arch.head_dim)
+        self.sliding = index in spec.sliding_layers
+        self.window = spec.sliding_window
+        self.scale = spec.query_scale or None
+        self.matmul = matmul
+        norm = {"eps": spec.rms_eps, "gemma": self.gemma, **factory}
+        self.input_layernorm = RMSNorm(h, **norm)
+        self.post_attention_layernorm = RMSNorm(h, **norm)
+        if self.gemma:
+            self.pre_feedforward_layernorm = RMSNorm(h, **norm)
+            self.post_feedforward_layernorm = RMSNorm(h, **norm)
+            self.q_norm = RMSNorm(self.head_dim, **norm)
+            self.k_norm = RMSNorm(self.head_dim, **norm)
         self.q_proj = nn.Linear(h, q, bias=False, **factory)
         self.k_proj = nn.Linear(h, kv, bias=False, **factory)
         self.v_proj = nn.Linear(h, kv, bias=False, **factory)
@@ -82,55 +275,78 @@ class DecoderLayer(nn.Module):
         self.gate_proj = nn.Linear(h, inter, bias=False, **factory)
         self.up_proj = nn.Linear(h, inter, bias=False, **factory)
         self.down_proj = nn.Linear(inter, h, bias=False, **factory)
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.o_proj, self.gate_proj, self.up_proj,
+                     self.down_proj):
+            matmul.register(proj.weight)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
-                values: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x: [B, T, h]; cos/sin: [T, D]; keys/values: [B, K, S, D] (written at `positions`)."""
-        b, t, _ = x.shape
-        y = self.input_layernorm(x)
-        q = self.q_proj(y).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_proj(y).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, K, T, D]
-        v = self.v_proj(y).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+    def _attention(self, y: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor,
+                   values: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, _ = y.shape
+        mm = self.matmul
+        q = mm(y, self.q_proj.weight).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = mm(y, self.k_proj.weight).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, K, T, D]
+        v = mm(y, self.v_proj.weight).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.gemma:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         keys.index_copy_(2, positions, k)
         values.index_copy_(2, positions, v)
-        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale,
                                               enable_gqa=self.heads != self.kv_heads)  # [B, H, T, D]
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
-        y = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+        return mm(attn.transpose(1, 2).reshape(b, t, self.heads * self.head_dim), self.o_proj.weight)
+
+    def _mlp(self, y: torch.Tensor) -> torch.Tensor:
+        mm = self.matmul
+        gate = mm(y, self.gate_proj.weight)
+        act = F.gelu(gate, approximate="tanh") if self.gemma else F.silu(gate)
+        return mm(act * mm(y, self.up_proj.weight), self.down_proj.weight)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor,
+                values: torch.Tensor, positions: torch.Tensor,
+                masks: dict[bool, torch.Tensor]) -> torch.Tensor:
+        """x: [B, T, h]; rope: cos/sin [T, D]; keys/values: [B, K, S, D], written at `positions`."""
+        mask = masks[self.sliding]
+        if self.gemma:
+            x = x + self.post_attention_layernorm(
+                self._attention(self.input_layernorm(x), rope, keys, values, positions, mask))
+            return x + self.post_feedforward_layernorm(self._mlp(self.pre_feedforward_layernorm(x)))
+        x = x + self._attention(self.input_layernorm(x), rope, keys, values, positions, mask)
+        return x + self._mlp(self.post_attention_layernorm(x))
 
 
 class StaticDecoder(nn.Module):
-    """A LLaMA-family causal LM whose forward writes into a preallocated `KVCache`.
+    """A causal LM whose forward writes into a preallocated `KVCache` at given positions.
 
     `forward(input_ids, positions, cache, layers=k)` runs only the first k layers (the
     profiler times a k-layer prefix of one built model); the cache then needs k layers.
     """
 
-    def __init__(self, arch: Architecture, *, dtype: torch.dtype, device: torch.device | str,
-                 max_positions: int = 16384, rope_theta: float = ROPE_THETA) -> None:
+    def __init__(self, spec: DecoderSpec | Architecture, *, dtype: torch.dtype, device: torch.device | str,
+                 max_positions: int = 16384, matmul: str = "auto") -> None:
         super().__init__()
-        if arch.family != "llama":
-            raise InvalidInputError(
-                f"the static decoder builds family 'llama' only, got {arch.family!r} ({arch.name})")
+        spec = spec if isinstance(spec, DecoderSpec) else DecoderSpec(arch=spec)
+        problems = spec.problems()
+        if problems:
+            raise InvalidInputError(f"static decoder {spec.arch.name}: " + "; ".join(problems))
+        arch = spec.arch
         factory: dict[str, Any] = {"dtype": dtype, "device": device}
-        self.arch = arch
+        self.spec, self.arch = spec, arch
+        self.matmul = MatmulChooser(enabled=matmul == "auto" and torch.device(device).type == "cpu")
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, **factory)
-        self.layers = nn.ModuleList(DecoderLayer(arch, **factory) for _ in range(arch.num_hidden_layers))
-        self.norm = RMSNorm(arch.hidden_size, RMS_EPS, **factory)
-        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False, **factory)
-        if arch.tie_word_embeddings:
+        self.embed_scale = math.sqrt(arch.hidden_size) if arch.family == "gemma3" else 1.0
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, self.matmul, **factory)
+                                    for i in range(arch.num_hidden_layers))
+        self.norm = RMSNorm(arch.hidden_size, spec.rms_eps, arch.family == "gemma3", **factory)
+        rows = spec.head_rows or arch.vocab_size
+        self.lm_head = nn.Linear(arch.hidden_size, rows, bias=False, **factory)
+        if arch.tie_word_embeddings and rows == arch.vocab_size:
             self.lm_head.weight = self.embed_tokens.weight
-        d = arch.head_dim
-        inv_freq = 1.0 / (rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
-        freqs = torch.arange(max_positions, device=device).float()[:, None] * inv_freq[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)  # [P, D], fp32 as transformers computes them
-        self.cos_table: torch.Tensor
-        self.sin_table: torch.Tensor
-        self.register_buffer("cos_table", angles.cos().to(dtype), persistent=False)
-        self.register_buffer("sin_table", angles.sin().to(dtype), persistent=False)
+        self.matmul.register(self.lm_head.weight)
+        self.rope_global = _rope_table(spec.rope_theta, spec.rope_factor, arch.head_dim, max_positions,
+                                       dtype, device)
+        self.rope_local = _rope_table(spec.local_rope_theta, 1.0, arch.head_dim, max_positions, dtype, device)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -140,13 +356,17 @@ class StaticDecoder(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
+    @property
+    def head_rows(self) -> int:
+        return int(self.lm_head.weight.shape[0])
+
     def init_random(self, seed: int, std: float = 0.02) -> StaticDecoder:
-        """Random weights (N(0, std), norms at 1), generated on the device: no download, no CPU copy."""
+        """Random weights (N(0, std); norms at their identity), generated on the device."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         with torch.no_grad():
             for name, p in self.named_parameters():
-                if name.endswith("layernorm.weight") or name == "norm.weight":
-                    p.fill_(1.0)
+                if name.endswith("norm.weight"):
+                    p.fill_(0.0 if self.arch.family == "gemma3" else 1.0)
                 else:
                     p.normal_(0.0, std, generator=gen)
         return self
@@ -159,28 +379,47 @@ class StaticDecoder(nn.Module):
                        torch.zeros(shape, dtype=self.dtype, device=self.device))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                layers: int | None = None) -> torch.Tensor:
-        """input_ids: [B, T]; positions: int64 [T] (slots to write, increasing) -> logits [B, T, V].
+                layers: int | None = None, *, keep: int | None = None, slots: int | None = None
+                ) -> torch.Tensor:
+        """input_ids: [B, T]; positions: int64 [T] (slots to write, increasing) -> logits [B, keep, V].
 
-        Attention sees every slot at or before a token's own position; slots past it (stale
-        tokens of a rejected draft, or never written) are masked out.
+        A token attends to every slot at or before its own position (and, in a sliding
+        layer, within the window); slots past it — stale drafts, never written — are masked.
+        `keep`: logits of the last `keep` tokens only (default all T). `slots`: attend over the
+        cache's first `slots` slots only (eager callers that know the sequence length; a
+        captured step attends over the whole cache).
         """
         n = len(self.layers) if layers is None else layers
+        if slots is not None:
+            cache = KVCache(cache.keys[:, :, :, :slots], cache.values[:, :, :, :slots])
         x = self.embed_tokens(input_ids)  # [B, T, h]
-        cos, sin = self.cos_table[positions], self.sin_table[positions]  # [T, D]
+        if self.embed_scale != 1.0:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype, device=x.device)
         slot = torch.arange(cache.slots, device=positions.device)
-        mask = slot[None, :] <= positions[:, None]  # [T, S]
+        causal = slot[None, :] <= positions[:, None]  # [T, S]
+        masks = {False: causal}
+        if self.spec.sliding_layers:
+            masks[True] = causal & (slot[None, :] > positions[:, None] - self.spec.sliding_window)
+        ropes = {False: (self.rope_global[0][positions], self.rope_global[1][positions]),
+                 True: (self.rope_local[0][positions], self.rope_local[1][positions])}
         for i in range(n):
-            x = self.layers[i](x, cos, sin, cache.keys[i], cache.values[i], positions, mask)
-        return self.lm_head(self.norm(x))
+            layer = self.layers[i]
+            assert isinstance(layer, DecoderLayer)
+            x = layer(x, ropes[layer.sliding], cache.keys[i], cache.values[i], positions, masks)
+        if keep is not None:
+            x = x[:, -keep:]
+        logits = self.matmul(self.norm(x), self.lm_head.weight)
+        if self.spec.final_softcap:
+            logits = torch.tanh(logits / self.spec.final_softcap) * self.spec.final_softcap
+        return logits
 
     def load_hf_weights(self, state_dict: Mapping[str, torch.Tensor]) -> StaticDecoder:
-        """Copy a transformers LlamaForCausalLM state dict in (names with or without `model.`)."""
+        """Copy a transformers state dict in (LLaMA or Gemma-3 names, with or without `model.`)."""
         own = dict(self.named_parameters())
         renamed = {k.removeprefix("model.").replace("self_attn.", "").replace("mlp.", ""): v
                    for k, v in state_dict.items()}
-        missing = [k for k in own if k not in renamed and not (k == "lm_head.weight"
-                                                                and self.arch.tie_word_embeddings)]
+        tied = self.lm_head.weight is self.embed_tokens.weight
+        missing = [k for k in own if k not in renamed and not (k == "lm_head.weight" and tied)]
         if missing:
             raise InvalidInputError(f"weights miss {len(missing)} tensors of {self.arch.name}, "
                                     f"e.g. {', '.join(missing[:3])}")
@@ -194,12 +433,28 @@ class StaticDecoder(nn.Module):
                     p.copy_(src)
         return self
 
+    @classmethod
+    def from_hf(cls, model: Any, *, dtype: torch.dtype | None = None,
+                device: torch.device | str | None = None, max_positions: int = 4096,
+                matmul: str = "auto") -> StaticDecoder:
+        """The static decoder of a loaded transformers LLaMA/Gemma-3 causal LM, its head included
+        (a reduced draft head keeps its rows)."""
+        weight = model.get_input_embeddings().weight
+        head_rows = int(model.get_output_embeddings().weight.shape[0])
+        vocab = int(weight.shape[0])
+        spec = spec_from_hf_config(model.config, head_rows=0 if head_rows == vocab else head_rows)
+        spec = replace(spec, arch=replace(spec.arch, vocab_size=vocab))
+        decoder = cls(spec, dtype=dtype or weight.dtype, device=device or weight.device,
+                      max_positions=max_positions, matmul=matmul)
+        return decoder.load_hf_weights(model.state_dict()).eval()
+
 
 class StaticStep:
     """One forward at fixed inputs and write positions, eager or replayed from a CUDA graph.
 
     Every call writes the same cache slots (`positions`), so repeated calls see the same
     context: nothing to reset between timed repeats. `logits` holds the last output.
+    Change `input_ids` / `positions` in place (`.copy_`) to run the step at other values.
     """
 
     def __init__(self, decoder: StaticDecoder, cache: KVCache, input_ids: torch.Tensor,

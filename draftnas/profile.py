@@ -573,6 +573,24 @@ def _head_group(rt: _Runtime, plan: ProfilePlan) -> _Group:
     return _Group(lambda: None, 0, jobs)
 
 
+def measure_read_bandwidth_gb_s(device: str = "cpu", mbytes: int = 1024, repeats: int = 7) -> float:
+    """Memory read bandwidth (GB/s): the median time of summing a `mbytes` fp32 buffer, which
+    reads every byte once (the same streaming a decode step's weights need)."""
+    import torch
+
+    x = torch.ones(mbytes * 2**20 // 4, dtype=torch.float32, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    times = []
+    for i in range(repeats + 2):
+        sync()
+        started = time.perf_counter()
+        x.sum()
+        sync()
+        if i >= 2:
+            times.append(time.perf_counter() - started)
+    return float(x.numel() * 4 / float(np.median(times)) / 1e9)
+
+
 def extrapolate_from_layers(times_ms: dict[int, float], layers: int) -> float:
     """fixed + L * per_layer from timings of stacks with different layer counts (least squares)."""
     ks = np.array(sorted(times_ms), dtype=float)

@@ -1,7 +1,15 @@
 """Speculative decoding: a drafter proposes gamma tokens, the target verifies them in one pass.
 
-One sequence at a time (batch 1), KV caches on both models, rejected tokens rolled
-back with ``DynamicCache.crop`` (which takes a negative count of tokens to drop).
+One sequence at a time (batch 1). Each model runs behind an engine that reads tokens
+at a given start position and returns logits:
+
+- `HFEngine`: a transformers model over a DynamicCache; rejected tokens are rolled
+  back with ``DynamicCache.crop`` (which takes a negative count of tokens to drop).
+- `StaticEngine`: `draftnas.decoder.StaticDecoder` over a KV cache allocated once;
+  rollback is moving the position (the next step overwrites the stale slots, which
+  are masked out until then). On CUDA each step size (the 1-2 token draft step, the
+  gamma + 1 token verify) is captured once as a CUDA graph and replayed, the way
+  serving engines run them; the prompt's prefill runs eagerly.
 
 Acceptance rule (Leviathan et al. 2023, "Fast Inference from Transformers via
 Speculative Decoding", alg. 1; Chen et al. 2023):
@@ -32,6 +40,77 @@ from draftnas.errors import InvalidInputError
 
 if TYPE_CHECKING:
     import torch
+
+
+class HFEngine:
+    """A transformers causal LM with a DynamicCache (rolled back by cropping)."""
+
+    def __init__(self, model: Any) -> None:
+        from transformers import DynamicCache
+
+        self.model, self.cache = model, DynamicCache()
+        self.device = next(model.parameters()).device
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+
+    def forward(self, tokens: list[int], start: int, keep: int) -> torch.Tensor:
+        """Read `tokens` at positions start.. (dropping cached positions >= start): logits [keep, V]."""
+        import torch
+
+        crop_cache(self.cache, start)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        return self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+                          logits_to_keep=keep).logits[0]
+
+
+class StaticEngine:
+    """A `StaticDecoder` over one KV cache of `max_tokens` slots; CUDA graphs per step size.
+
+    `capture`: replay steps of up to `max_graph_tokens` tokens from CUDA graphs (one per
+    size, captured on first use). A captured step's warm-up and capture compute the same
+    tokens at the same positions as its first real call, so they leave the cache as that
+    call would.
+    """
+
+    def __init__(self, decoder: Any, max_tokens: int, *, capture: bool = False,
+                 max_graph_tokens: int = 16) -> None:
+        self.decoder, self.capture, self.max_graph_tokens = decoder, capture, max_graph_tokens
+        self.cache = decoder.new_cache(1, max_tokens)
+        self.device = decoder.device
+        self.steps: dict[int, Any] = {}
+
+    def reset(self) -> None:
+        """Nothing to clear: a new sequence writes from position 0 and masks what lies past it."""
+
+    def forward(self, tokens: list[int], start: int, keep: int) -> torch.Tensor:
+        """Read `tokens` at positions start..start+T-1 (overwriting those slots): logits [keep, V]."""
+        import torch
+
+        from draftnas.decoder import StaticStep
+
+        t = len(tokens)
+        if start + t > self.cache.slots:
+            raise InvalidInputError(f"sequence of {start + t} tokens is longer than the engine's cache "
+                                    f"({self.cache.slots} slots)")
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + t, device=self.device)
+        if not (self.capture and t <= self.max_graph_tokens):
+            return self.decoder(ids, positions, self.cache, keep=keep, slots=start + t)[0]
+        step = self.steps.get(t)
+        if step is None:
+            step = self.steps[t] = StaticStep(self.decoder, self.cache, ids, positions, capture=True)
+        else:
+            step.input_ids.copy_(ids)
+            step.positions.copy_(positions)
+        return step()[0, -keep:]
+
+
+def as_engine(model: Any) -> Any:
+    """An engine as is; a transformers model wrapped in an `HFEngine`."""
+    return model if isinstance(model, HFEngine | StaticEngine) else HFEngine(model)
 
 
 @dataclass
@@ -71,24 +150,19 @@ def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 class _Drafter:
-    """The drafter with its cache; maps its head (maybe a vocabulary subset) to full ids."""
+    """The drafter's engine and how many positions it holds; maps its head (maybe a vocabulary
+    subset) to full ids."""
 
-    def __init__(self, model: Any, vocab_size: int, vocab_subset: torch.Tensor | None) -> None:
-        from transformers import DynamicCache
-
-        self.model, self.cache, self.cached = model, DynamicCache(), 0
+    def __init__(self, engine: Any, vocab_size: int, vocab_subset: torch.Tensor | None) -> None:
+        self.engine, self.cached = engine, 0
         self.vocab_size, self.subset = vocab_size, vocab_subset
 
     def next_logits(self, feed: list[int]) -> torch.Tensor:
-        """Logits over the head [V_head] after reading `feed` (appended to the cache)."""
-        import torch
-
-        ids = torch.tensor([feed], dtype=torch.long)
-        logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
-                            logits_to_keep=1).logits[0, -1]
+        """Logits over the head [V_head] after reading `feed` (after the cached positions)."""
+        logits = self.engine.forward(feed, self.cached, 1)[-1]
         self.cached += len(feed)
         if self.subset is not None and logits.shape[-1] != self.subset.numel():
-            logits = logits[self.subset]
+            logits = logits[self.subset.to(logits.device)]
         return logits
 
     def to_full(self, head_index: int) -> int:
@@ -100,19 +174,18 @@ class _Drafter:
 
         if self.subset is None:
             return head_probs
-        full = torch.zeros(self.vocab_size, dtype=head_probs.dtype)
-        full[self.subset] = head_probs
+        full = torch.zeros(self.vocab_size, dtype=head_probs.dtype, device=head_probs.device)
+        full[self.subset.to(head_probs.device)] = head_probs
         return full
 
     def rollback(self, length: int) -> None:
-        crop_cache(self.cache, length)
         self.cached = min(self.cached, length)
 
 
 def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     import torch
 
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
 
 
 def _draft(drafter: _Drafter, seq: list[int], g: int, temperature: float, eos: set[int],
@@ -147,7 +220,8 @@ def _accept(target_logits: torch.Tensor, drafts: list[int], qs: list[torch.Tenso
         while k < len(drafts) and drafts[k] == best[k]:
             k += 1
         return k, int(best[k])
-    p = _probs(target_logits, temperature)  # [g+1, V]
+    p = _probs(target_logits, temperature).cpu()  # [g+1, V]
+    qs = [q.cpu() for q in qs]
     for k, tok in enumerate(drafts):
         ratio = float(p[k, tok]) / max(float(qs[k][tok]), 1e-30)
         if float(torch.rand(1, generator=generator)) < min(1.0, ratio):
@@ -172,24 +246,29 @@ def speculative_generate(
 ) -> SpeculativeOutput:
     """Generate up to `max_new_tokens` new tokens after `prompt_ids` with speculative decoding.
 
-    target, drafter: causal LMs sharing a tokenizer (drafter's input vocabulary = target's).
-    Stops after an end-of-sequence token (included in the output).
+    target, drafter: causal LMs sharing a tokenizer (drafter's input vocabulary = target's),
+    as transformers models or engines (`HFEngine`, `StaticEngine`; an engine is reset and
+    reused across calls). Stops after an end-of-sequence token (included in the output).
+    `vocab_subset`: the full-vocabulary ids of a reduced draft head's rows (default: the
+    subset `draftnas.vocab.apply_vocab_subset` attached to the drafter model, if any).
     """
     import torch
-    from transformers import DynamicCache
 
     if gamma < 0 or max_new_tokens < 1 or temperature < 0:
         raise InvalidInputError(f"need gamma >= 0, max_new_tokens >= 1, temperature >= 0; got "
                                 f"{gamma}, {max_new_tokens}, {temperature:g}")
     started = time.perf_counter()
-    vocab_size = int(target.get_input_embeddings().weight.shape[0])
     if vocab_subset is None:  # a drafter given a reduced head by draftnas.vocab.apply_vocab_subset
         vocab_subset = getattr(drafter, "draft_vocab_subset", None)
     if vocab_subset is not None and hasattr(vocab_subset, "ids"):
         vocab_subset = list(vocab_subset.ids)
     subset = None if vocab_subset is None else torch.as_tensor(vocab_subset, dtype=torch.long)
-    draft = _Drafter(drafter, vocab_size, subset)
-    cache, cached = DynamicCache(), 0
+    target_engine, draft_engine = as_engine(target), as_engine(drafter)
+    target_engine.reset()
+    draft_engine.reset()
+    vocab_size = _vocab_size(target_engine)
+    draft = _Drafter(draft_engine, vocab_size, subset)
+    cached = 0
     seq, eos = list(prompt_ids), set(eos_token_ids)
     out = SpeculativeOutput(tokens=[])
     with torch.inference_mode():
@@ -199,9 +278,7 @@ def speculative_generate(
             t0 = time.perf_counter()
             drafts, qs = _draft(draft, seq, g, temperature, eos, generator)
             out.draft_s += time.perf_counter() - t0
-            feed = torch.tensor([seq[cached:] + drafts], dtype=torch.long)
-            logits = target(input_ids=feed, past_key_values=cache, use_cache=True,
-                            logits_to_keep=len(drafts) + 1).logits[0]  # [g+1, V]
+            logits = target_engine.forward(seq[cached:] + drafts, cached, len(drafts) + 1)  # [g+1, V]
             k, nxt = _accept(logits, drafts, qs, temperature, generator)
             emitted = drafts[:k] + [nxt]
             stop = next((j for j, t in enumerate(emitted) if t in eos), None)
@@ -213,7 +290,6 @@ def speculative_generate(
             out.accepted.append(k)
             out.drafted.append(len(drafts))
             cached = base + k  # the target read seq + all drafts; keep the accepted ones
-            crop_cache(cache, cached)
             draft.rollback(base + min(k, max(len(drafts) - 1, 0)) if drafts else draft.cached)
             if stop is not None:
                 break
@@ -221,21 +297,49 @@ def speculative_generate(
     return out
 
 
-def greedy_generate(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int,
-                    eos_token_ids: Sequence[int] = ()) -> list[int]:
-    """Plain greedy decoding with a KV cache (the reference speculative greedy must reproduce)."""
-    import torch
-    from transformers import DynamicCache
+def _vocab_size(engine: Any) -> int:
+    if isinstance(engine, StaticEngine):
+        return int(engine.decoder.arch.vocab_size)
+    return int(engine.model.get_input_embeddings().weight.shape[0])
 
-    cache, eos, tokens = DynamicCache(), set(eos_token_ids), []
-    feed = list(prompt_ids)
+
+@dataclass
+class GreedyOutput:
+    """Plain greedy decoding: tokens, and per token the logit margin top-1 minus top-2."""
+
+    tokens: list[int]
+    margins: list[float]
+    elapsed_s: float
+
+
+def greedy_decode(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int,
+                  eos_token_ids: Sequence[int] = ()) -> GreedyOutput:
+    """Plain greedy decoding with a KV cache (the reference speculative greedy must reproduce).
+
+    `model`: a transformers model or an engine. The margins tell a numerical near-tie (a
+    speculative run may pick the other token in bf16) from a real divergence.
+    """
+    import torch
+
+    engine = as_engine(model)
+    engine.reset()
+    eos, tokens, margins = set(eos_token_ids), [], []
+    feed, start = list(prompt_ids), 0
+    started = time.perf_counter()
     with torch.inference_mode():
         for _ in range(max_new_tokens):
-            logits = model(input_ids=torch.tensor([feed]), past_key_values=cache, use_cache=True,
-                           logits_to_keep=1).logits[0, -1]
-            tok = int(logits.argmax())
-            tokens.append(tok)
-            if tok in eos:
+            logits = engine.forward(feed, start, 1)[-1]
+            start += len(feed)
+            tokens.append(int(logits.argmax()))  # argmax, as the speculative loop picks
+            top2 = logits.float().topk(2).values.tolist()
+            margins.append(top2[0] - top2[1])
+            if tokens[-1] in eos:
                 break
-            feed = [tok]
-    return tokens
+            feed = [tokens[-1]]
+    return GreedyOutput(tokens=tokens, margins=margins, elapsed_s=time.perf_counter() - started)
+
+
+def greedy_generate(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int,
+                    eos_token_ids: Sequence[int] = ()) -> list[int]:
+    """`greedy_decode`'s tokens."""
+    return greedy_decode(model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids).tokens

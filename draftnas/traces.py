@@ -341,10 +341,10 @@ def teacher_forced_topk(
     """
     import torch
 
-    ids = torch.tensor([list(prompt_ids) + list(continuation)])
+    ids = torch.tensor([list(prompt_ids) + list(continuation)], device=next(model.parameters()).device)
     n = len(continuation)
     with torch.inference_mode():
-        logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :n]  # [C, V]
+        logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :n].float().cpu()  # [C, V]
     probs = _next_token_probs(logits, temperature)
     vals, top = probs.topk(top_k, dim=-1)
     return top, vals, (1.0 - vals.sum(-1)).clamp(min=0.0)

@@ -52,6 +52,31 @@ def test_greedy_bench_is_lossless_and_the_estimate_is_exact(tiny_pair):
     assert BenchResult.from_dict(result.to_dict()) == result
 
 
+def test_static_engine_bench_is_lossless_and_times_transformers_beside_it(tiny_pair):
+    target, draft = tiny_pair
+    result = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16, engine="static"))
+    assert result.engine == "static" and result.lossless is True and result.exact_match_rate == 1.0
+    assert result.divergence_margins == () and all(r.first_divergence is None for r in result.prompts)
+    assert result.hf_target_tokens_per_s and all(r.hf_target_s for r in result.prompts)
+    assert result.hf_lossless is True  # HF assisted judged against transformers' own target run
+    assert result.predicted_tokens_per_step == pytest.approx(result.tokens_per_step, rel=1e-9)
+    hf_engine = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16, hf_assisted=False))
+    assert [r.steps for r in hf_engine.prompts] == [r.steps for r in result.prompts]  # the same loop
+
+
+def test_first_divergence_and_its_margin_are_reported():
+    from draftnas.bench import _first_divergence
+
+    assert _first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert _first_divergence([1, 5, 3], [1, 2, 3]) == 1
+    assert _first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_bad_device_dtype_or_engine_is_one_message():
+    with pytest.raises(InvalidInputError, match="device must be.*dtype must be.*engine must be"):
+        BenchOptions(device="tpu", dtype="int4", engine="vllm").validate()
+
+
 def test_sampling_bench_runs_without_a_lossless_claim(tiny_pair):
     target, draft = tiny_pair
     progress = []

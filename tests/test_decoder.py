@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftnas.decoder import StaticDecoder, StaticStep, activation_bytes
+from draftnas.decoder import MatmulChooser, StaticDecoder, StaticStep, activation_bytes
 from draftnas.errors import InvalidInputError
 from draftnas.registry import Architecture
 
@@ -73,6 +73,73 @@ def test_static_step_matches_transformers_and_does_not_drift(tied: bool) -> None
     assert torch.count_nonzero(cache.keys[:, :, :, context + new:]) == 0  # nothing written past the step
 
 
+def _hf_gemma() -> torch.nn.Module:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                              layer_types=["sliding_attention", "full_attention"] * 2,
+                              query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+                              max_position_embeddings=512)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(-0.5, 0.5)
+    return model
+
+
+def test_gemma3_step_matches_transformers_with_sliding_window_and_softcap() -> None:
+    hf = _hf_gemma()
+    dec = StaticDecoder.from_hf(hf)
+    assert dec.spec.sliding_layers == (0, 2) and dec.spec.final_softcap == 30.0
+    ids = torch.tensor([[5, 17, 3, 88, 41, 9, 60, 2, 33, 71]])  # longer than the window of 4
+    with torch.no_grad():
+        expected = hf(input_ids=ids).logits
+        cache = dec.new_cache(1, 16)
+        prefill = dec(ids[:, :7], torch.arange(7), cache)
+        verify = dec(ids[:, 7:], torch.arange(7, 10), cache)
+    torch.testing.assert_close(torch.cat([prefill, verify], dim=1), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_from_hf_keeps_a_reduced_draft_head() -> None:
+    from draftnas.vocab import VocabSubset, apply_vocab_subset
+
+    hf = _hf_model(ARCH)
+    full_logits = hf(input_ids=torch.tensor([[1, 2, 3]])).logits
+    kept = (0, 5, 7, 50, 100)
+    apply_vocab_subset(hf, VocabSubset(ids=kept, vocab_size=ARCH.vocab_size))
+    dec = StaticDecoder.from_hf(hf)
+    assert dec.head_rows == 5 and dec.embed_tokens.weight.shape[0] == ARCH.vocab_size
+    with torch.no_grad():
+        logits = dec(torch.tensor([[1, 2, 3]]), torch.arange(3), dec.new_cache(1, 3))
+    torch.testing.assert_close(logits, full_logits[..., list(kept)], rtol=1e-4, atol=1e-4)
+
+
+def test_both_matmul_forms_give_the_same_product_and_the_choice_is_kept() -> None:
+    from draftnas.decoder import LINEAR, TRANSPOSED, WEIGHT_ONCE
+
+    w, x = torch.randn(300, 40), torch.randn(2, 3, 40)
+    expected = torch.nn.functional.linear(x, w)
+    for form in (LINEAR, WEIGHT_ONCE, TRANSPOSED):  # each form forced, each the same product
+        chooser = MatmulChooser(enabled=True, form={(6, 300, 40): form})
+        torch.testing.assert_close(chooser(x, w), expected, rtol=1e-5, atol=1e-5)
+        assert (id(w) in chooser.transposed) == (form == TRANSPOSED)
+    timed = MatmulChooser(enabled=True, margin=10.0)  # any timing lets the fastest form win
+    timed.register(w)
+    torch.testing.assert_close(timed(x, w), expected, rtol=1e-5, atol=1e-5)
+    assert timed.form[(6, 300, 40)] in (WEIGHT_ONCE, TRANSPOSED)
+    assert (id(w) in timed.transposed) == (timed.form[(6, 300, 40)] == TRANSPOSED)  # unused copies dropped
+    never = MatmulChooser(enabled=True, margin=0.0)
+    never(x, w)
+    assert never.form == {(6, 300, 40): LINEAR} and never.transposed == {}
+    many = torch.randn(40, 40)  # more rows than the other forms are ever tried for
+    torch.testing.assert_close(timed(many, w), torch.nn.functional.linear(many, w))
+    assert (40, 300, 40) not in timed.form
+
+
 def test_a_shorter_prefix_of_layers_equals_a_model_of_that_depth() -> None:
     hf = _hf_model(ARCH)
     full = StaticDecoder(ARCH, dtype=torch.float32, device="cpu").load_hf_weights(hf.state_dict())
@@ -104,8 +171,8 @@ def test_weights_of_the_wrong_shape_or_family_are_refused() -> None:
         dec.load_hf_weights(state)
     with pytest.raises(InvalidInputError, match="miss"):
         dec.load_hf_weights({})
-    with pytest.raises(InvalidInputError, match="family 'llama' only"):
-        StaticDecoder(ARCH.with_shape(family="gemma3"), dtype=torch.float32, device="cpu")
+    with pytest.raises(InvalidInputError, match="static decoder builds llama, gemma3"):
+        StaticDecoder(ARCH.with_shape(family="opt"), dtype=torch.float32, device="cpu")
 
 
 def test_activation_bytes_counts_the_logits_and_grows_with_tokens() -> None:

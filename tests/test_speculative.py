@@ -136,3 +136,72 @@ def test_speculative_sampling_matches_the_targets_joint_distribution():
     assert chi_square(first, p1) < CHI2_CRIT_001[3]
     assert chi_square(then, second) < CHI2_CRIT_001[3]
     assert chi_square(first, q1) > CHI2_CRIT_001[3]  # the drafter's own distribution is told apart
+
+
+def _static(model, slots: int = 64, capture: bool = False):
+    from draftnas.decoder import StaticDecoder
+    from draftnas.speculative import StaticEngine
+
+    return StaticEngine(StaticDecoder.from_hf(model), slots, capture=capture)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_the_static_engine_loop_equals_the_target_greedy_and_the_hf_loop(pair, gamma):
+    target, drafter = pair
+    t_engine, d_engine = _static(target), _static(drafter)
+    for prompt in PROMPTS:  # one engine pair reused across prompts, as bench does
+        ref = greedy_generate(target, prompt, max_new_tokens=25)
+        hf = speculative_generate(target, drafter, prompt, gamma=gamma, max_new_tokens=25)
+        out = speculative_generate(t_engine, d_engine, prompt, gamma=gamma, max_new_tokens=25)
+        assert out.tokens == ref == greedy_generate(t_engine, prompt, max_new_tokens=25)
+        assert out.accepted == hf.accepted and out.drafted == hf.drafted  # same drafts, same verdicts
+
+
+def test_the_static_engine_keeps_a_reduced_draft_head_lossless(pair):
+    from draftnas.vocab import VocabSubset, apply_vocab_subset
+    from tests.helpers import truncated
+
+    target, drafter = pair
+    ref = greedy_generate(target, PROMPTS[0], max_new_tokens=20)
+    subset = sorted(set(range(0, 128, 2)) | set(ref[:5]))
+    small = apply_vocab_subset(truncated(drafter, 2), VocabSubset(ids=tuple(subset), vocab_size=128))
+    engine = _static(small)
+    assert engine.decoder.head_rows == len(subset)
+    out = speculative_generate(_static(target), engine, PROMPTS[0], gamma=3, max_new_tokens=20,
+                               vocab_subset=subset)
+    hf = speculative_generate(target, drafter, PROMPTS[0], gamma=3, max_new_tokens=20, vocab_subset=subset)
+    assert out.tokens == ref and out.accepted == hf.accepted
+
+
+def test_sampling_through_static_engines_matches_the_hf_loop_draw_for_draw(pair):
+    target, drafter = pair
+    hf = speculative_generate(target, drafter, PROMPTS[1], gamma=3, max_new_tokens=20, temperature=0.8,
+                              generator=torch.Generator().manual_seed(5))
+    out = speculative_generate(_static(target), _static(drafter), PROMPTS[1], gamma=3, max_new_tokens=20,
+                               temperature=0.8, generator=torch.Generator().manual_seed(5))
+    assert out.tokens == hf.tokens and out.accepted == hf.accepted
+
+
+def test_greedy_decode_reports_margins_and_a_too_long_sequence_is_refused(pair):
+    from draftnas.errors import InvalidInputError
+    from draftnas.speculative import greedy_decode
+
+    target, _ = pair
+    out = greedy_decode(target, PROMPTS[0], max_new_tokens=10)
+    assert len(out.margins) == len(out.tokens) == 10 and all(m >= 0 for m in out.margins)
+    with pytest.raises(InvalidInputError, match="longer than the engine's cache"):
+        greedy_decode(_static(target, slots=8), PROMPTS[0], max_new_tokens=10)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_engines_on_cuda_equal_eager_ones(pair):
+    import copy
+
+    target, drafter = (copy.deepcopy(m).to("cuda") for m in pair)
+    eager = speculative_generate(_static(target), _static(drafter), PROMPTS[0], gamma=3, max_new_tokens=25)
+    t_graph, d_graph = _static(target, capture=True), _static(drafter, capture=True)
+    for prompt in (PROMPTS[0], PROMPTS[1], PROMPTS[0]):  # later runs replay graphs captured earlier
+        graph = speculative_generate(t_graph, d_graph, prompt, gamma=3, max_new_tokens=25)
+        assert graph.tokens == greedy_generate(target, prompt, max_new_tokens=25)
+    assert graph.tokens == eager.tokens and graph.accepted == eager.accepted
+    assert set(t_graph.steps) >= {4} and set(d_graph.steps) >= {1}

@@ -20,6 +20,16 @@ def _flag(value: bool | None, why_none: str = "sampling") -> str:
     return f"n/a ({why_none})" if value is None else ("[green]true[/green]" if value else "[red]false[/red]")
 
 
+def _match(rate: float | None, margins: tuple[float, ...]) -> str:
+    if rate is None:
+        return "n/a (sampling)"
+    text = f"{rate:.0%} of prompts"
+    if margins:
+        text += (" (target's top-1 minus top-2 logit where they part: "
+                 + ", ".join(f"{m:.3g}" for m in margins) + ")")
+    return text
+
+
 @app.command()
 def bench(
     target: str = typer.Option(..., "--target", "-t", help="Target model: embedded name, folder or .gguf."),
@@ -32,6 +42,13 @@ def bench(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="New tokens per prompt."),
     seed: int = typer.Option(0, "--seed", help="Seed of sampling runs."),
     no_hf: bool = typer.Option(False, "--no-hf", help="Skip transformers' assisted generation."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    dtype: str = typer.Option("fp32", "--dtype",
+                              help="fp32, bf16 or fp16 (in fp32 outputs must match exactly)."),
+    engine: str | None = typer.Option(
+        None, "--engine",
+        help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's decoder "
+             "over a cache allocated once, with CUDA graphs on a GPU. Default: static on cuda, hf on cpu."),
     json_path: Path | None = typer.Option(None, "--json", help="Also write the result as JSON here."),
 ) -> None:
     """Decode with the target alone, draftnas's speculative loop and HF assisted generation; compare."""
@@ -40,7 +57,7 @@ def bench(
 
     prompt_list = load_prompts(prompts, per_domain=per_domain or None)
     options = BenchOptions(gamma=gamma, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                           hf_assisted=not no_hf)
+                           hf_assisted=not no_hf, device=device, dtype=dtype, engine=engine)
     options.validate()
     with Progress(TextColumn("[bold]bench[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console) as bar:
@@ -60,9 +77,11 @@ def bench(
     table = Table(show_header=False,
                   title=f"Speculative decoding, gamma={result.gamma}, T={result.temperature:g} "
                         f"({result.n_prompts} prompts x {result.max_new_tokens} tokens, {result.device}, "
-                        f"{result.dtype}, {result.threads} threads)")
+                        f"{result.dtype}, {result.threads} threads, engine {result.engine})")
     rows = [
-        ("target alone", f"{result.target_tokens_per_s:.2f} tokens/s"),
+        ("target alone", f"{result.target_tokens_per_s:.2f} tokens/s"
+         + (f"  (transformers generate: {result.hf_target_tokens_per_s:.2f})"
+            if result.hf_target_tokens_per_s is not None else "")),
         ("draftnas loop", f"{result.draftnas_tokens_per_s:.2f} tokens/s ({result.draftnas_speedup:.3f}x)"),
         ("HF assisted generate", f"{_fmt(result.hf_assisted_tokens_per_s)} tokens/s "
                                  f"({_fmt(result.hf_assisted_speedup, '.3f')}x)"),
@@ -75,6 +94,7 @@ def bench(
                                           f"(acceptance {result.draft_acceptance_rate:.3f})"),
         ("lossless (draftnas / HF)", f"{_flag(result.lossless)} / "
          f"{_flag(result.hf_lossless, 'sampling' if result.lossless is None else 'not run')}"),
+        ("exact match with the target's greedy", _match(result.exact_match_rate, result.divergence_margins)),
         ("drafter ms per drafted token", f"{_fmt(result.draft_ms_per_token)}  (head: "
          + (f"{result.draft_vocab_size:,} of the vocabulary's ids, draft_vocab.json)"
             if result.draft_vocab_size else "full vocabulary)")),
