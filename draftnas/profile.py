@@ -215,6 +215,11 @@ class _Runtime:
     """Device, dtype and a timer for one profiling run."""
 
     def __init__(self, options: ProfileOptions) -> None:
+        import os
+
+        # Caches of many sizes come and go chunk after chunk; growable segments keep the
+        # allocator from fragmenting (effective only before CUDA's first allocation).
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         import torch
 
         self.torch = torch
@@ -243,7 +248,7 @@ class _Runtime:
             return self.options.memory_budget_bytes
         if self.cuda:
             free, _ = self.torch.cuda.mem_get_info(self.device)
-            return max(0, int(free * 0.9) - CUDA_MARGIN_BYTES)
+            return max(0, int(free * 0.8) - CUDA_MARGIN_BYTES)
         import os
 
         try:
@@ -402,12 +407,12 @@ class _Job:
                            q1_ms=float(q1), q3_ms=float(q3), repeats=len(self.times_ms),
                            split=self.split)
 
-    def skipped(self, needed: int, budget: int) -> SkippedConfig:
+    def skipped(self, needed: int, budget: int, reason: str = "") -> SkippedConfig:
         batch, new, context = self.cond
         return SkippedConfig(kind=self.kind, shape=self.shape_name, batch_size=batch, new_tokens=new,
                              context_tokens=context, needed_bytes=needed, budget_bytes=budget,
-                             reason=f"needs {needed / 2**30:.2f} GiB at its peak, the budget is "
-                                    f"{budget / 2**30:.2f} GiB")
+                             reason=reason or f"needs {needed / 2**30:.2f} GiB at its peak, the budget is "
+                                              f"{budget / 2**30:.2f} GiB")
 
 
 @dataclass
@@ -460,41 +465,78 @@ def plan_chunks(groups: Sequence[_Group], budget_bytes: int) -> tuple[list[_Chun
     return [c for c in chunks if c.parts], skipped
 
 
+def _time_chunk(rt: _Runtime, chunk: _Chunk, tick: Callable[[], None]) -> None:
+    """Build the chunk's models and steps, warm every step up, then time one call of every step
+    per round. Everything it built is released when it returns (or raises)."""
+    pool = rt.torch.cuda.graph_pool_handle() if rt.options.mode == "cuda-graph" else None
+    steps: list[tuple[_Job, Any]] = []
+    for group, jobs in chunk.parts:
+        model = group.build()
+        steps += [(job, job.make(model, pool)) for job in jobs]
+        del model
+    for _job, step in steps:
+        for _ in range(rt.options.resolved_warmup()):
+            step()
+            step.reset()
+            tick()
+    for _ in range(rt.options.resolved_repeats()):
+        for job, step in steps:
+            job.times_ms.append(rt.time_ms(step))
+            step.reset()
+            tick()
+
+
+def _split(chunk: _Chunk) -> tuple[_Chunk, _Chunk]:
+    """The chunk's jobs in two halves (in order), each a chunk of its own."""
+    jobs = [(group, job) for group, part in chunk.parts for job in part]
+    halves = (_Chunk(), _Chunk())
+    for i, (group, job) in enumerate(jobs):
+        halves[0 if i < len(jobs) // 2 else 1].add(group, job)
+    return halves
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    text = str(exc)
+    return "out of memory" in text.lower() or "can't allocate memory" in text
+
+
 def _run_round_robin(rt: _Runtime, groups: list[_Group], tick: Callable[[], None]) -> list[SkippedConfig]:
-    """Warm every job up, then time one call of every job per round; `tick` after every call.
+    """Time every job, chunk by chunk, round-robin inside a chunk; `tick` after every call.
 
     Interleaving all shapes and configurations spreads background-load bursts and drift
     over all of them instead of skewing whichever shape was being timed; jobs are taken in
-    chunks whose peak memory fits the budget (`plan_chunks`). Returns the skipped jobs;
+    chunks whose peak memory fits the budget (`plan_chunks`). Should a chunk still run out
+    of memory (allocator fragmentation, kernels' workspaces), it is freed, halved and
+    retried; a job that runs out of memory alone is skipped. Returns the skipped jobs;
     `tick` is called for their calls too, so progress still reaches its total.
     """
-    warmup, repeats = rt.options.resolved_warmup(), rt.options.resolved_repeats()
-    chunks, skipped = plan_chunks(groups, rt.memory_budget_bytes())
+    calls = rt.options.resolved_warmup() + rt.options.resolved_repeats()
+    budget = rt.memory_budget_bytes()
+    queue, skipped = plan_chunks(groups, budget)
+    for _ in range(calls * len(skipped)):
+        tick()
+    with rt.torch.inference_mode():
+        while queue:
+            chunk = queue.pop(0)
+            try:
+                _time_chunk(rt, chunk, tick)
+            except RuntimeError as exc:
+                if not _out_of_memory(exc):
+                    raise
+                rt.free()
+                jobs = [job for _, part in chunk.parts for job in part]
+                for job in jobs:
+                    job.times_ms.clear()
+                if len(jobs) > 1:
+                    queue[:0] = list(_split(chunk))
+                    continue
+                group = chunk.parts[0][0]
+                skipped.append(jobs[0].skipped(_Chunk().peak_with(group, jobs[0]), budget,
+                                               reason="ran out of memory when run alone"))
+            rt.free()
     for skip in skipped:
         log.warning("not timed: %s at batch %d, %d new tokens, context %d: %s", skip.shape,
                     skip.batch_size, skip.new_tokens, skip.context_tokens, skip.reason)
-        for _ in range(warmup + repeats):
-            tick()
-    with rt.torch.inference_mode():
-        for chunk in chunks:
-            pool = rt.torch.cuda.graph_pool_handle() if rt.options.mode == "cuda-graph" else None
-            steps: list[tuple[_Job, Any]] = []
-            for group, jobs in chunk.parts:
-                model = group.build()
-                steps += [(job, job.make(model, pool)) for job in jobs]
-                del model
-            for _job, step in steps:
-                for _ in range(warmup):
-                    step()
-                    step.reset()
-                    tick()
-            for _ in range(repeats):
-                for job, step in steps:
-                    job.times_ms.append(rt.time_ms(step))
-                    step.reset()
-                    tick()
-            del steps
-            rt.free()
     return skipped
 
 
@@ -666,7 +708,7 @@ def _ticker(progress: Progress | None, total: int) -> Callable[[], None]:
 
     def tick() -> None:
         nonlocal done
-        done += 1
+        done = min(done + 1, total)  # after an out-of-memory retry the bar may reach its end early
         if progress is not None:
             progress(done, total)
 
@@ -786,7 +828,11 @@ def depth_width_report(profile: LatencyProfile) -> DepthWidthReport:
                                               context_tokens=context),
                 split=m.split if m else "-"))
     c = profile.coefficients
-    per_mparam = c["gemm_mb"] * _bytes(profile.dtype) + c["gemm_gflop"] * 2e-3
+    # at one token per sequence the skinny-GEMM tile term (2 FLOPs per parameter) is a
+    # per-parameter cost too; leaving it out reported 0 where a fit put the weight reads there
+    skinny = min(float(batch * new), c.get("tile_rows", 1.0))
+    per_mparam = (c["gemm_mb"] * _bytes(profile.dtype) + c["gemm_gflop"] * 2e-3
+                  + c.get("gemm_tile_gflop", 0.0) * 2e-3 * skinny)
     return DepthWidthReport(device_name=profile.device_name, dtype=profile.dtype, batch_size=batch,
                             new_tokens=new, context_tokens=context, rows=tuple(rows),
                             ms_per_layer_overhead=c["layer"] + c["layer_token"],

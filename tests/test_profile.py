@@ -209,6 +209,38 @@ def test_a_run_under_a_small_memory_budget_skips_and_records_instead_of_failing(
     assert again.skipped == prof.skipped
 
 
+def test_a_chunk_that_runs_out_of_memory_is_halved_and_a_job_failing_alone_is_skipped():
+    from draftnas.profile import _Group, _Job, _run_round_robin, _Runtime
+
+    class Step:
+        def __call__(self):
+            return None
+
+        def reset(self):
+            return None
+
+    def make_ok(model, pool):
+        return Step()
+
+    def make_oom(model, pool):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    def job(name, make):
+        return _Job("model", _tiny(name, 1, 32), 1, (1, 1, 8), 512, "train", make, 10, 1)
+
+    jobs = [job("a", make_ok), job("b", make_oom), job("c", make_ok), job("d", make_ok)]
+    rt = _Runtime(ProfileOptions(threads=1, repeats=3, warmup=1, memory_budget_bytes=1 << 20))
+    ticks = []
+    skipped = _run_round_robin(rt, [_Group(lambda: None, 0, jobs)], lambda: ticks.append(1))
+    assert [s.shape for s in skipped] == ["b"] and "out of memory" in skipped[0].reason
+    assert [len(j.times_ms) for j in jobs] == [3, 0, 3, 3]
+    def make_broken(model, pool):
+        raise RuntimeError("not memory: a shape bug")
+
+    with pytest.raises(RuntimeError, match="not memory"):  # other errors are not swallowed
+        _run_round_robin(rt, [_Group(lambda: None, 0, [job("e", make_broken)])], lambda: None)
+
+
 def test_a_memory_budget_must_be_positive():
     with pytest.raises(InvalidInputError, match="memory budget"):
         ProfileOptions(memory_budget_bytes=0).validate()
@@ -221,3 +253,16 @@ def test_tiny_cuda_measurement(mode):
     prof = measure_profile(options, plan=_tiny_plan())
     assert prof.device == "cuda" and prof.mode == mode and prof.heldout_mape is not None
     assert all(m.median_ms > 0 for m in prof.measurements)
+
+
+def test_report_counts_the_tile_term_as_a_per_parameter_cost_at_one_token():
+    from draftnas.latency import FIT_TERMS, LatencyProfile
+
+    coefficients = dict.fromkeys(FIT_TERMS, 0.0)
+    coefficients.update(layer=0.1, gemm_mb=0.5, gemm_tile_gflop=0.3, ridge_flops_per_byte=2.0, tile_rows=1.0)
+    prof = LatencyProfile(schema_version=1, kind="measured", device="cuda", device_name="x", dtype="bf16",
+                          versions={}, measurements=(), coefficients=coefficients, heldout_mape=None)
+    report = depth_width_report(prof)
+    # per million parameters: 0.5 ms/MB x 2 bytes (weights read) + 0.3 ms/GFLOP x 2 FLOPs x 1e6 / 1e9
+    assert report.ms_per_million_layer_params == pytest.approx(0.5 * 2 + 0.3 * 2e-3)
+    assert report.ms_per_layer_overhead == pytest.approx(0.1)

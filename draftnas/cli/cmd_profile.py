@@ -137,6 +137,6 @@ def _report(prof: LatencyProfile, png: Path, quiet: bool) -> Path:
                       fmt_params(r.non_embedding_params), measured, iqr, f"{r.predicted_ms:.2f}", r.split)
     console.print(table)
     console.print(f"Fitted: {rep.ms_per_layer_overhead:.3f} ms fixed per layer + "
-                  f"{rep.ms_per_million_layer_params:.3f} ms per million layer parameters (batch 1). "
+                  f"{rep.ms_per_million_layer_params * 1e3:.3f} ms per billion layer parameters (batch 1). "
                   f"Plot: {png}")
     return png
