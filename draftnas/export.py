@@ -491,15 +491,27 @@ def _resolve_plan(request: ExportRequest) -> tuple[PruningPlan, TrialChoice | No
     return load_plan(request.plan_file), None, f"plan {request.plan_file}", None
 
 
+DEFAULT_GAMMA = 4
+
+
 def _gamma(request: ExportRequest, choice: TrialChoice | None) -> int:
+    """--gamma, else the searched best gamma at the workload's main batch size, else 4.
+
+    (This once looked for top-level keys the stored prediction does not have, so every
+    exported drafter said gamma 4 whatever the search found.)
+    """
     if request.gamma is not None:
         return request.gamma
     throughput = (choice.estimates or {}).get("throughput") if choice else None
-    if isinstance(throughput, dict):
-        for key in ("gamma", "best_gamma"):
-            if isinstance(throughput.get(key), int):
-                return int(throughput[key])
-    return 4
+    if not isinstance(throughput, dict):
+        return DEFAULT_GAMMA
+    from draftnas.search import WorkloadPrediction
+
+    try:
+        return WorkloadPrediction.from_dict(throughput).primary().gamma
+    except (KeyError, TypeError, ValueError, IndexError):
+        log.warning("trial's stored prediction is unreadable; exporting with gamma %d", DEFAULT_GAMMA)
+        return DEFAULT_GAMMA
 
 
 def export_from_request(request: ExportRequest, *, progress: Progress | None = None,

@@ -126,6 +126,11 @@ class WorkloadPrediction(Record):
     speedup: float
     acceptance_assumed: bool
 
+    def primary(self) -> ThroughputEstimate:
+        """The estimate at the workload's largest-share batch size (the first of equal shares)."""
+        weights = self.batch_weights
+        return self.per_batch[max(range(len(weights)), key=lambda j: (weights[j], -j))]
+
 
 @dataclass(frozen=True)
 class RankedTrial(Record):
@@ -141,9 +146,7 @@ class RankedTrial(Record):
     @property
     def primary(self) -> ThroughputEstimate:
         """The estimate at the workload's largest-share batch size."""
-        weights = self.throughput.batch_weights
-        i = max(range(len(weights)), key=lambda j: (weights[j], -j))
-        return self.throughput.per_batch[i]
+        return self.throughput.primary()
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,22 @@ def test_push_to_hub_offline_says_so(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- from a study
 
 
+def _prediction(tokens_per_s: float) -> dict:
+    """A stored prediction as the search writes it: best gamma 5 at batch 1 (70% of tokens),
+    gamma 2 at batch 8."""
+    from draftnas.search import WorkloadPrediction
+    from draftnas.throughput import ThroughputEstimate
+
+    def at(batch: int, gamma: int) -> ThroughputEstimate:
+        return ThroughputEstimate(batch_size=batch, gamma=gamma, acceptance_rate=0.5, tokens_per_step=2.0,
+                                  draft_ms=1.0, verify_ms=5.0, target_ms=4.0, step_ms=10.0,
+                                  tokens_per_s=tokens_per_s, baseline_tokens_per_s=100.0, speedup=1.2)
+
+    return WorkloadPrediction(per_batch=(at(1, 5), at(8, 2)), batch_weights=(0.7, 0.3),
+                              tokens_per_s=tokens_per_s, baseline_tokens_per_s=100.0, speedup=1.2,
+                              acceptance_assumed=False).to_dict()
+
+
 def _study(storage: str, *, directions=("maximize",), with_plan=True, base="tiny"):
     import optuna
 
@@ -124,7 +140,7 @@ def _study(storage: str, *, directions=("maximize",), with_plan=True, base="tiny
         if with_plan:
             trial.set_user_attr("plan", _plan(base).to_dict())
         trial.set_user_attr("candidate", {"name": f"c{i}"})
-        trial.set_user_attr("throughput", {"gamma": 5, "tokens_per_s": value})
+        trial.set_user_attr("throughput", _prediction(value))
         study.tell(trial, [value] * len(directions))
     return study
 
@@ -136,7 +152,7 @@ def test_load_trial_best_and_numbered(tmp_path):
     _study(storage)
     best = load_trial("s", storage)
     assert best.trial == 1 and best.plan == _plan() and best.candidate == {"name": "c1"}
-    assert best.target == "tiny-target" and best.estimates["throughput"]["gamma"] == 5
+    assert best.target == "tiny-target" and best.estimates["throughput"]["per_batch"][0]["gamma"] == 5
     assert load_trial("s", storage, 2).candidate == {"name": "c2"}
     with pytest.raises(ExportError, match="no trial 7"):
         load_trial("s", storage, 7)
@@ -170,8 +186,24 @@ def test_export_from_study_end_to_end(tiny_base, tmp_path):
     assert result.source == "study s trial 1" and result.plan == _plan(str(folder))
     meta = json.loads((out / "draftnas.json").read_text())
     assert meta["target"] == "tiny-target" and meta["gamma"] == 5 and meta["candidate"] == {"name": "c1"}
+    assert json.loads((out / "generation_config.json").read_text())["num_assistant_tokens"] == 5
     assert meta["profile"] == {"name": "cpu-default"}
     assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
+
+
+def test_exported_gamma_is_the_searched_gamma_at_the_main_batch_size():
+    from draftnas.export import ExportRequest, TrialChoice, _gamma
+
+    def choice(throughput):
+        return TrialChoice(study="s", trial=0, plan=_plan(), estimates={"throughput": throughput})
+
+    request = ExportRequest(out_dir="x", study="s")
+    assert _gamma(request, choice(_prediction(1.0))) == 5
+    one = _prediction(1.0)
+    one["batch_weights"] = [0.2, 0.8]  # batch 8 now carries most tokens
+    assert _gamma(request, choice(one)) == 2
+    assert _gamma(ExportRequest(out_dir="x", study="s", gamma=3), choice(one)) == 3  # --gamma wins
+    assert _gamma(request, choice({"garbage": 1})) == 4 and _gamma(request, None) == 4
 
 
 def test_export_from_plan_file_with_healing(tiny_base, tmp_path):
