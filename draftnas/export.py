@@ -492,6 +492,9 @@ def _resolve_plan(request: ExportRequest) -> tuple[PruningPlan, TrialChoice | No
 
 
 DEFAULT_GAMMA = 4
+#: `draftnas export`'s healing budget unless --heal-steps says otherwise (the README's recipe:
+#: 80 steps heal a 1-4 layer SmolLM2 drafter most of the way in a few CPU minutes).
+DEFAULT_EXPORT_HEAL_STEPS = 80
 
 
 def _gamma(request: ExportRequest, choice: TrialChoice | None) -> int:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on a CUDA box (no registry) after scripts/gpu_prepare.sh's files arrived in .whl/gpu/.
 # Writes every result under $OUT (default ./gpu-out). Phases, each bounded in time:
-#   setup     install the wheelhouse into .whl/site (no network), print the environment
+#   setup     install the wheels that arrived into .whl/site (no network), print the environment
 #   tests     the CUDA-only tests (captured steps equal eager ones)
 #   profile-eager, profile-cuda-graph
 #             draftnas profile, full grid, bf16, in that mode, with its report
@@ -27,8 +27,9 @@ run() {  # run NAME TIMEOUT CMD...: output to $OUT/NAME.log, exit status noted, 
 for phase in "$@"; do
 case $phase in
 setup)
-    "$PY" -m pip install -q --no-index --find-links .whl/gpu/wheels --target .whl/site \
-        scipy gguf pytest pluggy iniconfig > "$OUT/setup.log" 2>&1
+    # whatever wheels arrived (all of them, or only gguf for the bench phase)
+    find .whl/gpu -name '*.whl' -print0 | sort -zu | xargs -0 "$PY" -m pip install -q --no-index --no-deps \
+        --upgrade --target .whl/site > "$OUT/setup.log" 2>&1
     { nvidia-smi; "$PY" -c 'import torch, transformers, numpy, scipy, gguf; print("torch", torch.__version__,
 "cuda", torch.version.cuda, "| transformers", transformers.__version__, "| numpy", numpy.__version__,
 "| scipy", scipy.__version__, "| gguf", gguf.__version__)'; } > "$OUT/env.txt" 2>&1
@@ -71,14 +72,16 @@ bench)
     for packed in .whl/gpu/drafters/*/; do
         name=$(basename "$packed")
         run "unpack-$name" 200 "$PY" scripts/drafter_delta.py unpack "$packed" .whl/smollm2.gguf ".whl/drafters/$name"
-        for dtype in bf16 fp32; do
-            run "bench-$name-$dtype" 240 "$PY" -m draftnas bench --target .whl/smollm2.gguf \
-                --draft ".whl/drafters/$name" --device cuda --dtype "$dtype" --gamma 3 --per-domain 3 \
-                --max-new-tokens 64 --json "$OUT/bench-$name-$dtype.json"
-        done
-        run "engines-$name" 240 "$PY" benchmarks/loop_engines.py --target .whl/smollm2.gguf \
+        bench() {  # bench DTYPE: draftnas bench on CUDA in that dtype
+            run "bench-$name-$1" 200 "$PY" -m draftnas bench --target .whl/smollm2.gguf \
+                --draft ".whl/drafters/$name" --device cuda --dtype "$1" --gamma 3 --per-domain 3 \
+                --max-new-tokens 64 --json "$OUT/bench-$name-$1.json"
+        }
+        bench bf16
+        run "engines-$name" 150 "$PY" benchmarks/loop_engines.py --target .whl/smollm2.gguf \
             --draft ".whl/drafters/$name" --device cuda --dtype bf16 --gamma 3 --per-domain 3 \
             --max-new-tokens 64 --json "$OUT/engines-$name.json"
+        bench fp32
     done ;;
 *) echo "unknown phase $phase"; exit 2 ;;
 esac

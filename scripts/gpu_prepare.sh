@@ -5,7 +5,7 @@
 # SmolLM2-135M GGUF split into parts of at most 60 MB (transfers are capped at 64 MiB a
 # call), and healed drafters packed as plan + changed tensors (scripts/drafter_delta.py).
 # Everything goes under .whl/gpu/ (git-ignored), one folder per transfer:
-#   .whl/gpu/wheels  .whl/gpu/smollm2.partNN  .whl/gpu/drafters/NAME
+#   .whl/gpu/wheels  .whl/gpu/gguf-wheel  .whl/gpu/smollm2.partNN  .whl/gpu/drafters/NAME
 #
 #   bash scripts/gpu_prepare.sh [DRAFTER_FOLDER ...]
 set -euo pipefail
@@ -16,6 +16,8 @@ mkdir -p "$OUT/wheels"
 "$PY" -m pip download -q --only-binary=:all: --python-version 3.12 --no-deps \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
     -d "$OUT/wheels" scipy gguf pytest pluggy iniconfig
+mkdir -p "$OUT/gguf-wheel"  # the bench phase needs only gguf: a transfer of its own size
+cp "$OUT"/wheels/gguf-*.whl "$OUT/gguf-wheel/"
 GGUF=$("$PY" -c 'from draftnas.sources import EMBEDDED, locate_embedded_gguf; print(locate_embedded_gguf(EMBEDDED["smollm2-135m"]))')
 rm -rf "$OUT"/smollm2.part*
 for i in $(seq 0 9); do

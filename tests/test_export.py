@@ -275,3 +275,13 @@ def test_heal_cli_json_and_out(tiny_base, tmp_path):
     result = json.loads(proc.stdout)
     assert result["steps"] == 2 and result["teacher"] == "live" and len(result["readings"]) == 2
     assert json.loads((out / "draftnas.json").read_text())["heal"]["steps"] == 2
+
+
+def test_the_cli_heals_by_default_with_the_stated_budget():
+    import inspect
+
+    from draftnas.cli.cmd_export import export
+    from draftnas.export import DEFAULT_EXPORT_HEAL_STEPS
+
+    default = inspect.signature(export).parameters["heal_steps"].default.default
+    assert default == DEFAULT_EXPORT_HEAL_STEPS > 0

@@ -25,7 +25,9 @@ def export(
         None, "--traces",
         help=("Traces to heal toward (no target needed); also where a reduced-vocabulary "
               "trial's draft vocabulary comes from (default: the study folder's traces).")),
-    heal_steps: int = typer.Option(0, "--heal-steps", help="Distillation steps before export (0: none)."),
+    heal_steps: int = typer.Option(
+        80, "--heal-steps",  # = export.DEFAULT_EXPORT_HEAL_STEPS (literal: the CLI imports no torch)
+        help="Distillation steps toward the target before export; 0 exports the pruned weights unhealed."),
     gamma: int | None = typer.Option(None, "--gamma",
                                      help="Draft tokens per step for generation_config [default: "
                                           "the search's best, else 4]."),
