@@ -94,19 +94,20 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+HEAD_MODULE = "modeling_draftnas_head.py"  # draftnas/hf_head.py, copied into reduced-head folders
+FULL_HEAD_DIR = "full-head"
+
+
 def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) -> None:
     from draftnas.registry import Architecture
-    from draftnas.vocab import expand_head, model_subset
+    from draftnas.vocab import model_subset
 
     _set_generation_config(model, info.gamma)
     subset = model_subset(model)
-    if subset is not None:  # a reduced head: store the full-vocabulary head, the kept ids beside it
-        reduced = model.get_output_embeddings()
-        expand_head(model, subset)
-        try:
-            model.save_pretrained(folder, safe_serialization=True)
-        finally:
-            model.set_output_embeddings(reduced)
+    full_parameters = None
+    if subset is not None:  # the reduced head as it is, and a plain full-head variant beside it
+        _save_reduced_head(model, subset, folder)
+        full_parameters = _save_full_head(model, subset, tokenizer, folder / FULL_HEAD_DIR)
         subset.save(folder)
     else:
         model.save_pretrained(folder, safe_serialization=True)
@@ -122,8 +123,63 @@ def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) ->
         **info.to_dict(),
         "versions": package_versions(("draftnas", "torch", "transformers", "optuna", "safetensors")),
     }
+    if full_parameters is not None:
+        meta["full_head_parameters"] = full_parameters
     (folder / "draftnas.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    (folder / "README.md").write_text(model_card(info, arch.to_dict(), parameters, subset))
+    (folder / "README.md").write_text(model_card(info, arch.to_dict(), parameters, subset, full_parameters))
+
+
+def reduced_head_class(model_or_config: Any) -> Any:
+    """The draftnas.hf_head class for a LLaMA or Gemma-3 drafter (by its transformers class or
+    config); an ExportError for other families."""
+    from draftnas import hf_head
+
+    config = getattr(model_or_config, "config", model_or_config)
+    base = {"llama": "LlamaForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}.get(config.model_type)
+    if base is None:
+        raise ExportError(f"a reduced draft head is exported for LLaMA and Gemma-3 drafters, "
+                          f"not {config.model_type!r}")
+    return getattr(hf_head, hf_head.CLASS_BY_BASE[base])
+
+
+def _save_reduced_head(model: Any, subset: Any, folder: Path) -> None:
+    """`model` (head already reduced) as a draftnas.hf_head class: N-row head, the kept ids as the
+    `draft_vocab_ids` buffer, `auto_map` naming the shipped copy of draftnas/hf_head.py."""
+    import copy
+
+    import torch
+
+    from draftnas import hf_head
+
+    cls = reduced_head_class(model)
+    config = copy.deepcopy(model.config)
+    config.draft_vocab_size = subset.size
+    config.tie_word_embeddings = False
+    config.auto_map = {"AutoModelForCausalLM": f"{HEAD_MODULE.removesuffix('.py')}.{cls.__name__}"}
+    weight = model.get_output_embeddings().weight
+    with torch.device("meta"):
+        reduced = cls(config)
+    state = {**model.state_dict(), "draft_vocab_ids": subset.head_to_full().to(weight.device)}
+    reduced.load_state_dict(state, strict=True, assign=True)
+    reduced.generation_config = model.generation_config
+    reduced.save_pretrained(folder, safe_serialization=True)
+    shutil.copyfile(hf_head.__file__, folder / HEAD_MODULE)
+
+
+def _save_full_head(model: Any, subset: Any, tokenizer: Any, folder: Path) -> int:
+    """A plain transformers folder with the head expanded to the whole vocabulary (kept rows from
+    the reduced head, the others from the input embedding); returns its parameter count."""
+    from draftnas.vocab import expand_head
+
+    reduced = model.get_output_embeddings()
+    expand_head(model, subset)
+    try:
+        model.save_pretrained(folder, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    finally:
+        model.set_output_embeddings(reduced)
 
 
 def _set_generation_config(model: Any, gamma: int) -> None:
@@ -146,7 +202,8 @@ def _drafter_name(info: ExportInfo) -> str:
 # --------------------------------------------------------------------------- model card
 
 
-def model_card(info: ExportInfo, arch: dict[str, Any], parameters: int, subset: Any = None) -> str:
+def model_card(info: ExportInfo, arch: dict[str, Any], parameters: int, subset: Any = None,
+               full_parameters: int | None = None) -> str:
     """README.md with YAML metadata (base_model, tags, target) and the plan and figures."""
     name = _drafter_name(info)
     front = [
@@ -176,12 +233,13 @@ def model_card(info: ExportInfo, arch: dict[str, Any], parameters: int, subset: 
         *[f"| {k} | {arch[k]} |" for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
                                            "num_key_value_heads", "head_dim", "intermediate_size",
                                            "vocab_size")],
-        f"| parameters | {parameters:,} |",
+        f"| parameters | {parameters:,} ("
+        + (f"with its {subset.size:,}-row LM head" if subset is not None else "LM head included") + ") |",
         "",
         *_plan_section(info.plan),
         *_figures_section(info),
-        *_usage_section(info),
-        *_vocab_section(subset, info),
+        *_usage_section(info, reduced=subset is not None),
+        *_vocab_section(subset, info, parameters, full_parameters),
     ]
     return "\n".join(front + body) + "\n"
 
@@ -237,9 +295,12 @@ def _model_ref(spec: str) -> str:
     return repr(f"path/to/{Path(spec).name or spec}")
 
 
-def _usage_section(info: ExportInfo) -> list[str]:
+def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
     g = info.gamma
     target = _model_ref(info.target)
+    load = ("AutoModelForCausalLM.from_pretrained(\"path/to/this/folder\", trust_remote_code=True)"
+            if reduced else "AutoModelForCausalLM.from_pretrained(\"path/to/this/folder\")")
+    vllm_folder = f"path/to/this/folder/{FULL_HEAD_DIR}" if reduced else "path/to/this/folder"
     return [
         "## Use",
         "",
@@ -248,7 +309,7 @@ def _usage_section(info: ExportInfo) -> list[str]:
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         f"target = AutoModelForCausalLM.from_pretrained({target})",
-        "drafter = AutoModelForCausalLM.from_pretrained(\"path/to/this/folder\")",
+        f"drafter = {load}",
         f"tokenizer = AutoTokenizer.from_pretrained({target})",
         "inputs = tokenizer(\"Hello\", return_tensors=\"pt\")",
         "out = target.generate(**inputs, assistant_model=drafter, do_sample=False, max_new_tokens=64)",
@@ -256,11 +317,11 @@ def _usage_section(info: ExportInfo) -> list[str]:
         "",
         f"`generation_config.json` sets `num_assistant_tokens={g}` with a constant schedule.",
         "",
-        "vLLM:",
+        "vLLM (not tested by draftnas):",
         "",
         "```python",
         "from vllm import LLM",
-        f"llm = LLM(model={target}, speculative_config={{\"model\": \"path/to/this/folder\", "
+        f"llm = LLM(model={target}, speculative_config={{\"model\": \"{vllm_folder}\", "
         f"\"num_speculative_tokens\": {g}}})",
         "```",
         "",
@@ -269,10 +330,12 @@ def _usage_section(info: ExportInfo) -> list[str]:
     ]
 
 
-def _vocab_section(subset: Any, info: ExportInfo) -> list[str]:
+def _vocab_section(subset: Any, info: ExportInfo, parameters: int = 0,
+                   full_parameters: int | None = None) -> list[str]:
     """How the reduced draft vocabulary is stored and which runtimes can use it."""
     if subset is None:
         return []
+    full = f"{full_parameters:,}" if full_parameters else "more"
     measured = info.measured or {}
     cost = ""
     if "draft_ms_reduced_head" in measured and "draft_ms_full_head" in measured:
@@ -293,15 +356,18 @@ def _vocab_section(subset: Any, info: ExportInfo) -> list[str]:
         "`draft_vocab.json` and slices the LM head to those rows: that small head is where the speed "
         "comes from. Verification by the target is unchanged, so greedy output stays identical to the "
         "target's own.",
-        "- **Plain transformers** (`assistant_model=`): `model.safetensors` holds a full-vocabulary, untied "
-        "LM head (kept rows = the reduced head, the other rows = the input embedding), so the folder "
-        "loads with no remote code and stays lossless, but every drafted token pays for the full head."
-        + cost,
-        "- **vLLM / SGLang**: neither reads `draft_vocab.json` for a plain draft model. Their "
-        "reduced-vocabulary support is for EAGLE-family heads (EAGLE-3 checkpoints carry "
-        "draft-to-target id maps; SGLang's "
-        "`--speculative-token-map` gives EAGLE-2 a frequency-ranked head). Serve this folder as an ordinary "
-        "draft model there (full head).",
+        f"- **transformers, this folder** ({parameters:,} parameters): `model.safetensors` holds the "
+        f"{subset.size:,}-row head and the kept ids. `{HEAD_MODULE}` (named in `config.json`'s `auto_map`) "
+        "multiplies by those rows only and returns logits over the whole vocabulary, -inf outside the "
+        "kept ids, so `assistant_model=` stays lossless and pays for the small head. Load it with "
+        "`trust_remote_code=True`; that file imports only torch and transformers.",
+        f"- **`{FULL_HEAD_DIR}/`** ({full} parameters): the same drafter with a plain "
+        "full-vocabulary, untied LM head (kept rows = the reduced head, the other rows = the input embedding). It loads anywhere "
+        "with no remote code and stays lossless, but every drafted token pays for the full head." + cost,
+        "- **vLLM / SGLang**: vLLM's draft-model method needs the draft and target vocabulary sizes to be "
+        "equal, and neither engine reads `draft_vocab.json` for a plain draft model (their reduced "
+        f"vocabularies are for EAGLE-family heads). Serve `{FULL_HEAD_DIR}/` there as an ordinary draft "
+        "model; draftnas has not tested it in either engine.",
         "",
     ]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import importlib.metadata as md
+import json
 import logging
 import os
 import shutil
@@ -264,6 +265,55 @@ def ensure_local_folder(spec: str) -> tuple[ModelSource, Path, bool]:
     return source, folder, False
 
 
+HEAD_MODULE = "modeling_draftnas_head"
+
+
+def _reduced_head_class(folder: Path) -> Any:
+    """The draftnas.hf_head class a draftnas reduced-head folder names, or None for other folders.
+
+    draftnas never runs code shipped in a folder: the folder's copy must be this package's
+    draftnas/hf_head.py byte for byte, and the class is built from the package.
+    """
+    config = folder / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        auto = (json.loads(config.read_text()).get("auto_map") or {}).get("AutoModelForCausalLM", "")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(auto, str) or not auto.startswith(HEAD_MODULE + "."):
+        return None
+    from draftnas import hf_head
+
+    shipped = folder / f"{HEAD_MODULE}.py"
+    fallback = "re-export it with this draftnas, or load its full-head/ variant"
+    if not shipped.is_file():
+        raise ModelSourceError(f"{folder} is a draftnas reduced-head drafter but {shipped.name} is missing; "
+                               + fallback)
+    if shipped.read_bytes() != Path(hf_head.__file__).read_bytes():
+        raise ModelSourceError(f"{shipped} is not the file this draftnas ships (altered, or from another "
+                               f"version), and draftnas runs no code from a folder; {fallback}")
+    cls = getattr(hf_head, auto.split(".", 1)[1], None)
+    if cls is None:
+        raise ModelSourceError(f"{folder}/config.json names {auto}, which this draftnas does not define; "
+                               + fallback)
+    return cls
+
+
+def _check_reduced_head(model: Any, folder: Path) -> None:
+    """A reduced-head model's kept ids must be its draft_vocab.json's; records the subset."""
+    from draftnas.vocab import VOCAB_FILE, apply_vocab_subset, load_vocab_subset
+
+    if not (folder / VOCAB_FILE).is_file():
+        raise ModelSourceError(f"{folder} has a reduced LM head but no {VOCAB_FILE}")
+    subset = load_vocab_subset(folder)
+    ids = model.draft_vocab_ids.tolist()
+    if list(subset.ids) != ids or subset.vocab_size != model.config.vocab_size:
+        raise ModelSourceError(f"{folder}/{VOCAB_FILE} ({subset.size} ids of {subset.vocab_size}) does not "
+                               f"match the model's head ({len(ids)} rows of {model.config.vocab_size})")
+    apply_vocab_subset(model, subset)
+
+
 def load_model(
     spec: str,
     *,
@@ -280,11 +330,14 @@ def load_model(
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    reduced = _reduced_head_class(folder) if source.kind != "hub" else None
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+        model = (reduced or AutoModelForCausalLM).from_pretrained(str(folder), **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError) as exc:
         raise ModelSourceError(f"could not load {spec!r} from {folder}: {exc}") from exc
+    if reduced is not None:
+        _check_reduced_head(model, folder)
     model = model.to(device)  # type: ignore[arg-type]
     model.eval()
     elapsed = time.perf_counter() - start

@@ -228,7 +228,8 @@ def apply_vocab_subset(model: Any, subset: VocabSubset) -> Any:
 
     head = model.get_output_embeddings()
     rows = int(head.weight.shape[0])
-    if rows == subset.size:
+    if rows == subset.size:  # already reduced (e.g. a draftnas.hf_head model): record the ids
+        model.draft_vocab_subset = subset
         return model
     if rows != subset.vocab_size:
         raise InvalidInputError(f"the drafter's LM head has {rows} rows; a subset of a "

@@ -14,6 +14,7 @@ from draftnas.vocab import (
     expand_head,
     load_vocab_subset,
     maybe_apply_saved_subset,
+    model_subset,
     select_subset,
     special_token_ids,
 )
@@ -168,9 +169,7 @@ def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
     assert result.top1_after >= result.top1_before
 
 
-def test_export_of_a_reduced_head_reloads_with_plain_transformers(tmp_path, tiny_llama_config):
-    from transformers import AutoModelForCausalLM
-
+def _exported_reduced(tmp_path, tiny_llama_config):
     from draftnas.export import ExportInfo, export_drafter
 
     model = _tiny_llama(tiny_llama_config)
@@ -178,19 +177,80 @@ def test_export_of_a_reduced_head_reloads_with_plain_transformers(tmp_path, tiny
     apply_vocab_subset(model, s)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(1.5)  # as if healed: differs from the embedding
+    out = export_drafter(model, None, tmp_path / "d", ExportInfo(base="tiny", target="tiny"))
+    return model, s, out
+
+
+def test_export_of_a_reduced_head_keeps_it_reduced_and_writes_a_plain_full_head_beside_it(
+        tmp_path, tiny_llama_config):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from draftnas.export import FULL_HEAD_DIR, HEAD_MODULE
+
+    model, s, out = _exported_reduced(tmp_path, tiny_llama_config)
     ids = torch.tensor([[4, 8, 15]])
     want = model(ids).logits[0, -1]
-    out = export_drafter(model, None, tmp_path / "d", ExportInfo(base="tiny", target="tiny"))
     assert model.get_output_embeddings().weight.shape[0] == s.size  # the live model keeps its head
-    assert load_vocab_subset(out) == s
+    assert load_vocab_subset(out) == s and (out / HEAD_MODULE).is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_vocab_size"] == s.size and config["auto_map"]["AutoModelForCausalLM"].startswith(
+        "modeling_draftnas_head.")
+    # plain transformers with the shipped class: a small head, full-width logits, -inf elsewhere
+    reduced = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    assert reduced.get_output_embeddings().weight.shape[0] == s.size
+    logits = reduced(ids).logits[0, -1]
+    assert logits.shape[-1] == V and torch.allclose(logits[s.head_to_full()], want, atol=1e-5)
+    dropped = torch.ones(V, dtype=torch.bool)
+    dropped[s.head_to_full()] = False
+    assert torch.isneginf(logits[dropped]).all()
+    # the full-head variant loads with no remote code
+    full = AutoModelForCausalLM.from_pretrained(out / FULL_HEAD_DIR).eval()
+    assert full.get_output_embeddings().weight.shape[0] == V
+    assert torch.allclose(full(ids).logits[0, -1][s.head_to_full()], want, atol=1e-5)
+    meta = json.loads((out / "draftnas.json").read_text())
+    assert meta["parameters"] < meta["full_head_parameters"]
     card = (out / "README.md").read_text()
-    assert "draft_vocab.json" in card and "assistant_model" in card
-    loaded = AutoModelForCausalLM.from_pretrained(out).eval()
-    assert loaded.get_output_embeddings().weight.shape[0] == V
-    full = loaded(ids).logits[0, -1]
-    assert torch.allclose(full[s.head_to_full()], want, atol=1e-5)
-    maybe_apply_saved_subset(loaded, out)
-    assert torch.allclose(loaded(ids).logits[0, -1], want, atol=1e-5)
+    assert "trust_remote_code=True" in card and FULL_HEAD_DIR in card and "-row LM head" in card
+
+
+def test_draftnas_loads_its_own_reduced_head_class_and_refuses_an_altered_folder(tmp_path, tiny_llama_config):
+    from draftnas.errors import ModelSourceError
+    from draftnas.export import HEAD_MODULE
+    from draftnas.hf_head import DraftnasLlamaReducedHead
+    from draftnas.sources import load_model
+    from tests.helpers import TinyTokenizer
+
+    model, s, out = _exported_reduced(tmp_path, tiny_llama_config)
+    with pytest.MonkeyPatch.context() as mp:  # the tiny folder has no tokenizer files
+        mp.setattr("transformers.AutoTokenizer.from_pretrained", lambda *a, **k: TinyTokenizer())
+        loaded = load_model(str(out)).model
+        assert type(loaded) is DraftnasLlamaReducedHead and model_subset(loaded) == s
+        shipped = out / HEAD_MODULE
+        shipped.write_text(shipped.read_text() + "\nimport os  # a change\n")
+        with pytest.raises(ModelSourceError, match="not the file this draftnas ships"):
+            load_model(str(out))
+        shipped.unlink()
+        with pytest.raises(ModelSourceError, match="is missing"):
+            load_model(str(out))
+        _, _, again = _exported_reduced(tmp_path / "b", tiny_llama_config)
+        VocabSubset(ids=tuple(range(1, V, 2)), vocab_size=V).save(again)  # same size, other ids
+        with pytest.raises(ModelSourceError, match="does not match the model's head"):
+            load_model(str(again))
+
+
+def test_the_exported_reduced_head_is_a_lossless_assistant_in_transformers(tmp_path, tiny_llama_config):
+    from transformers import AutoModelForCausalLM
+
+    target = _tiny_llama(tiny_llama_config)
+    target.generation_config.pad_token_id = 0
+    _, _, out = _exported_reduced(tmp_path, tiny_llama_config)
+    drafter = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    plain = target.generate(ids, max_new_tokens=12, do_sample=False)
+    assisted = target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=drafter)
+    assert torch.equal(plain, assisted)
 
 
 # --------------------------------------------------------------------------- Gemma-3
