@@ -23,12 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from draftnas.distill import HealOptions, HealResult
-from draftnas.errors import ExportError
+from draftnas.errors import ExportError, InvalidInputError
 from draftnas.provenance import package_versions
 from draftnas.prune import PruningPlan, load_plan
 from draftnas.record import Record
 
 log = logging.getLogger(__name__)
+
+DEFAULT_GAMMA = 4
+MIN_GAMMA, MAX_GAMMA = 1, 32  # the range `draftnas bench` accepts
+#: `draftnas export`'s healing budget unless --heal-steps says otherwise (the README's recipe:
+#: 80 steps heal a 1-4 layer SmolLM2 drafter most of the way in a few CPU minutes).
+DEFAULT_EXPORT_HEAL_STEPS = 80
 
 SCHEMA_VERSION = 1
 Progress = Callable[[int, int], None]
@@ -362,8 +368,9 @@ def _vocab_section(subset: Any, info: ExportInfo, parameters: int = 0,
         "kept ids, so `assistant_model=` stays lossless and pays for the small head. Load it with "
         "`trust_remote_code=True`; that file imports only torch and transformers.",
         f"- **`{FULL_HEAD_DIR}/`** ({full} parameters): the same drafter with a plain "
-        "full-vocabulary, untied LM head (kept rows = the reduced head, the other rows = the input embedding). It loads anywhere "
-        "with no remote code and stays lossless, but every drafted token pays for the full head." + cost,
+        "full-vocabulary, untied LM head (kept rows = the reduced head, the other rows = the input "
+        "embedding). It loads anywhere with no remote code and stays lossless, but every drafted token "
+        "pays for the full head." + cost,
         "- **vLLM / SGLang**: vLLM's draft-model method needs the draft and target vocabulary sizes to be "
         "equal, and neither engine reads `draft_vocab.json` for a plain draft model (their reduced "
         f"vocabularies are for EAGLE-family heads). Serve `{FULL_HEAD_DIR}/` there as an ordinary draft "
@@ -493,6 +500,17 @@ class ExportRequest(Record):
     push_to_hub: str | None = None
     seed: int = 0
 
+    def validate(self) -> ExportRequest:
+        """Every out-of-range field at once, as one InvalidInputError (nothing is written)."""
+        problems = []
+        if self.gamma is not None and not MIN_GAMMA <= self.gamma <= MAX_GAMMA:
+            problems.append(f"gamma must be in [{MIN_GAMMA}, {MAX_GAMMA}], got {self.gamma}")
+        if self.heal_steps < 0:
+            problems.append(f"heal steps must be >= 0, got {self.heal_steps}")
+        if problems:
+            raise InvalidInputError("; ".join(problems))
+        return self
+
 
 @dataclass(frozen=True)
 class ExportResult(Record):
@@ -557,10 +575,6 @@ def _resolve_plan(request: ExportRequest) -> tuple[PruningPlan, TrialChoice | No
     return load_plan(request.plan_file), None, f"plan {request.plan_file}", None
 
 
-DEFAULT_GAMMA = 4
-#: `draftnas export`'s healing budget unless --heal-steps says otherwise (the README's recipe:
-#: 80 steps heal a 1-4 layer SmolLM2 drafter most of the way in a few CPU minutes).
-DEFAULT_EXPORT_HEAL_STEPS = 80
 
 
 def _gamma(request: ExportRequest, choice: TrialChoice | None) -> int:
@@ -590,6 +604,7 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     from draftnas.prune import apply_plan
     from draftnas.sources import load_model
 
+    request.validate()
     check_destination(request.out_dir, request.force)  # fail before minutes of work
     plan, choice, source, storage = _resolve_plan(request)
     base = request.base or plan.base

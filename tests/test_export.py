@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from draftnas.errors import ExportError
+from draftnas.errors import ExportError, InvalidInputError
 from draftnas.export import ExportInfo
 from draftnas.prune import PruningPlan
 
@@ -285,3 +285,25 @@ def test_the_cli_heals_by_default_with_the_stated_budget():
 
     default = inspect.signature(export).parameters["heal_steps"].default.default
     assert default == DEFAULT_EXPORT_HEAL_STEPS > 0
+
+
+@pytest.mark.parametrize("kwargs,needle", [({"gamma": 0}, "gamma must be in \\[1, 32\\], got 0"),
+                                           ({"gamma": 40}, "got 40"),
+                                           ({"heal_steps": -1}, "heal steps must be >= 0")])
+def test_bad_export_values_are_refused_before_anything_is_written(tmp_path, kwargs, needle):
+    from draftnas.export import ExportRequest, export_from_request
+
+    out = tmp_path / "never"
+    with pytest.raises(InvalidInputError, match=needle):
+        export_from_request(ExportRequest(out_dir=str(out), plan_file=str(tmp_path / "p.json"), **kwargs))
+    assert not out.exists()
+
+
+def test_cli_gamma_out_of_range_is_one_line_exit_2(tmp_path):
+    plan_file = _plan().save(tmp_path / "plan.json")
+    proc = subprocess.run([sys.executable, "-m", "draftnas", "export", "--plan", str(plan_file),
+                           "--gamma", "0", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "gamma must be in" in lines[0]
+    assert not (tmp_path / "o").exists()
