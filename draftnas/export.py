@@ -287,11 +287,34 @@ def _figures_section(info: ExportInfo) -> list[str]:
         ]
     for title, data in (("Measured", info.measured), ("Predicted by the search", info.estimates)):
         if data:
-            lines += [f"{title}:", "", "```json", json.dumps(data, indent=2, default=str)[:4000],
-                      "```", ""]
+            rows = _scalar_rows(data)
+            lines += [f"{title} (every record in full: `draftnas.json`):", "", "| figure | value |",
+                      "|---|---|", *[f"| {key} | {value} |" for key, value in rows[:CARD_ROWS]]]
+            if len(rows) > CARD_ROWS:
+                lines.append(f"| … | {len(rows) - CARD_ROWS} more in `draftnas.json` |")
+            lines.append("")
     if len(lines) == 2:
         lines += ["No figures were recorded for this export.", ""]
     return lines
+
+
+CARD_ROWS = 24
+
+
+def _scalar_rows(data: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value) for every number, string and boolean in nested dicts; lists of records
+    by index ("per_batch.0.gamma"). Floats to 4 significant digits."""
+    if isinstance(data, dict):
+        return [row for k, v in data.items() for row in _scalar_rows(v, f"{prefix}{k}.")]
+    if isinstance(data, list | tuple):
+        if all(not isinstance(v, dict | list | tuple) for v in data):
+            return [(prefix.rstrip("."), ", ".join(_fmt_value(v) for v in data))] if data else []
+        return [row for i, v in enumerate(data) for row in _scalar_rows(v, f"{prefix}{i}.")]
+    return [(prefix.rstrip("."), _fmt_value(data))]
+
+
+def _fmt_value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value).replace("|", "/")
 
 
 def _model_ref(spec: str) -> str:

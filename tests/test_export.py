@@ -68,12 +68,24 @@ def test_export_writes_a_loadable_folder(tiny_base, tmp_path):
     card = (out / "README.md").read_text()
     assert card.startswith("---\n") and 'base_model: "tiny"' in card
     assert "- speculative-decoding" in card and "- draft-model" in card and "assistant_model=" in card
-    assert '"num_speculative_tokens": 3' in card and '"speedup": 1.3' in card
+    assert '"num_speculative_tokens": 3' in card and "| throughput.speedup | 1.3 |" in card
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
     probe = torch.tensor([[4, 5, 6]])
     with torch.no_grad():
         assert torch.equal(loaded(probe).logits, drafter(probe).logits)
     assert AutoTokenizer.from_pretrained(out)("w5 w6")["input_ids"] == [5, 6]
+
+
+def test_the_card_shows_every_figure_whole_however_large_the_records(tiny_base, tmp_path):
+    big = {"throughput": {"per_batch": [{"batch_size": b, "gamma": 2, "tokens_per_s": 1.0 / 3}
+                                        for b in range(60)], "speedup": 1.25}}
+    _, out = _export(tiny_base, tmp_path / "d", estimates=big)
+    card = (out / "README.md").read_text()
+    assert "```json" not in card  # no JSON block to cut mid-object
+    assert "| throughput.per_batch.0.tokens_per_s | 0.3333 |" in card
+    assert "more in `draftnas.json`" in card
+    meta = json.loads((out / "draftnas.json").read_text())
+    assert len(meta["estimates"]["throughput"]["per_batch"]) == 60  # the whole record is there
 
 
 def test_non_empty_folder_refused_without_force(tiny_base, tmp_path):
