@@ -75,7 +75,7 @@ bench)
         bench() {  # bench DTYPE: draftnas bench on CUDA in that dtype
             run "bench-$name-$1" 200 "$PY" -m draftnas bench --target .whl/smollm2.gguf \
                 --draft ".whl/drafters/$name" --device cuda --dtype "$1" --gamma 3 --per-domain 3 \
-                --max-new-tokens 64 --json "$OUT/bench-$name-$1.json"
+                --max-new-tokens 64 --out-json "$OUT/bench-$name-$1.json"
         }
         bench bf16
         run "engines-$name" 150 "$PY" benchmarks/loop_engines.py --target .whl/smollm2.gguf \

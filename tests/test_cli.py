@@ -66,3 +66,21 @@ def test_cli_import_does_not_load_torch():
 def test_inspect_registry_shape_without_weights():
     data = json.loads(run("inspect", "llama-65b", "--json").stdout)
     assert data["weights_here"] is False and data["parameters"] > 65e9
+
+
+def test_one_json_convention_for_every_command():
+    """--json is a flag that prints JSON; a file is only ever written by --out-json PATH."""
+    import typer
+
+    from draftnas.cli import app
+
+    group = typer.main.get_command(app)  # typer's own click group: read its commands duck-typed
+    with_json = []
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        for param in command.params:
+            if "--json" in getattr(param, "opts", []):
+                assert getattr(param, "is_flag", False), f"{name}: --json takes a value"
+                with_json.append(name)
+            if "--out-json" in getattr(param, "opts", []):
+                assert not getattr(param, "is_flag", False), f"{name}: --out-json needs a path"
+    assert {"bench", "search", "e2e", "profile", "targets"} <= set(with_json)

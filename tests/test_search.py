@@ -282,7 +282,7 @@ def _load(storage: str, study: str) -> optuna.Study:
 
 def test_sigkill_then_rerun_loses_no_completed_trial(tmp_path):
     storage = f"sqlite:///{tmp_path / 'k.db'}"
-    args = ["--storage", storage, "--study", "k", "--seed", "1", "--json", str(tmp_path / "r.json")]
+    args = ["--storage", storage, "--study", "k", "--seed", "1", "--out-json", str(tmp_path / "r.json")]
     proc = subprocess.Popen(_cli("--trials", "100000", *args), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
@@ -323,7 +323,7 @@ def _concurrent_workers(tmp_path, storage: str, study: str, n_trials: int = 24) 
         out = tmp_path / f"w{i}.json"
         procs.append((out, subprocess.Popen(
             _cli("--trials", str(n_trials), "--storage", storage, "--study", study, "--seed", str(i),
-                 "--json", str(out)), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                 "--out-json", str(out)), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             text=True)))
     told = []
     try:

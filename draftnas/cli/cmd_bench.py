@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from draftnas.cli.app import app, console, err_console
+from draftnas.cli.app import app, console, err_console, print_json
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:
@@ -49,7 +49,10 @@ def bench(
         None, "--engine",
         help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's decoder "
              "over a cache allocated once, with CUDA graphs on a GPU. Default: static on cuda, hf on cpu."),
-    json_path: Path | None = typer.Option(None, "--json", help="Also write the result as JSON here."),
+    json_out: bool = typer.Option(False, "--json",
+                                  help="Print the result as JSON on stdout (progress stays on stderr)."),
+    out_json: Path | None = typer.Option(None, "--out-json",
+                                         help="Also write the result as JSON to this file."),
 ) -> None:
     """Decode with the target alone, draftnas's speculative loop and HF assisted generation; compare."""
     from draftnas.bench import BenchOptions, run_bench
@@ -64,9 +67,12 @@ def bench(
         task = bar.add_task("bench", total=None)
         result = run_bench(target, draft, prompt_list, options,
                            progress=lambda done, total: bar.update(task, completed=done, total=total))
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    if out_json is not None:
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        out_json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    if json_out:
+        print_json(result.to_dict())
+        return
     per = Table(title="Per prompt", header_style="bold")
     for col in ("prompt", "domain", "new tok", "target s", "draftnas s", "HF s", "tok/step", "lossless"):
         per.add_column(col, justify="left" if col in ("prompt", "domain") else "right")
@@ -102,5 +108,5 @@ def bench(
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
-    if json_path is not None:
-        console.print(f"result written to {json_path}")
+    if out_json is not None:
+        console.print(f"result written to {out_json}")

@@ -56,8 +56,10 @@ def e2e(
                                      "more there (chat | translation | code | math | none)."),
     threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads (1 when other jobs load "
                                        "the CPU; recorded with the figures)."),
-    json_path: str | None = typer.Option(None, "--json", help="Also write the result JSON to PATH "
-                                         "('-' for stdout)."),
+    json_out: bool = typer.Option(False, "--json",
+                                  help="Print the result as JSON on stdout (progress stays on stderr)."),
+    out_json: Path | None = typer.Option(None, "--out-json",
+                                         help="Also write the result as JSON to this file."),
 ) -> None:
     """Run the whole pipeline, then bench the winner against first-k, deep-narrow, even and the target."""
     from draftnas.e2e import E2EOptions, budget_preset, run_e2e
@@ -66,7 +68,7 @@ def e2e(
     options = E2EOptions(target=target, out_dir=out, budget=budget_preset(budget, **overrides), seed=seed,
                          profile=profile, space=space, threads=threads,
                          tuned_domain=None if tuned_domain.lower() == "none" else tuned_domain)
-    quiet = json_path == "-"
+    quiet = json_out
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
         tasks: dict[str, Any] = {}
@@ -77,13 +79,13 @@ def e2e(
             bar.update(tasks[stage], completed=done, total=total)
 
         result = run_e2e(options, progress=on)
+    if out_json is not None:
+        import json
+
+        out_json.write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     if quiet:
         print_json(result.to_dict())
         return
-    if json_path:
-        import json
-
-        Path(json_path).write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     console.print(results_table(result))
     for note in result.notes:
         console.print(f"- {note}", highlight=False, soft_wrap=True)

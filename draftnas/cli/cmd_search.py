@@ -109,8 +109,10 @@ def search(
                                                   "per-token acceptance instead of measuring it."),
     run_dir: str = typer.Option("runs", "--run-dir", help="Folder for studies' outputs."),
     top: int = typer.Option(15, "--top", help="Rows in the ranked table."),
-    json_path: str | None = typer.Option(None, "--json", help="Write the result as JSON to PATH "
-                                         "('-' for stdout)."),
+    json_out: bool = typer.Option(False, "--json",
+                                  help="Print the result as JSON on stdout (progress stays on stderr)."),
+    out_json: Path | None = typer.Option(None, "--out-json",
+                                         help="Also write the result as JSON to this file."),
 ) -> None:
     """Search drafter depth/width for a target; rank by predicted speculative tokens/s."""
     from draftnas.search import SearchRequest
@@ -121,7 +123,7 @@ def search(
                             study_name=study, sampler=sampler, seed=seed,
                             acceptance_prior=acceptance_prior, run_dir=run_dir)
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
-    quiet = json_path == "-"
+    quiet = json_out
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, disable=quiet, transient=True) as bar:
         tasks: dict[str, Any] = {}
@@ -134,7 +136,7 @@ def search(
             return update
 
         result = run(request, progress=on("trials"), trace_progress=on("tracing target"))
-    _render(result, top, json_path)
+    _render(result, top, json_out, out_json)
     if result.interrupted:
         lost = (f"trial {result.interrupted_trial} (in flight) was marked FAIL"
                 if result.interrupted_trial is not None else "no trial was in flight")
@@ -146,12 +148,12 @@ def _terminate(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _render(result: SearchResult, top: int, json_path: str | None) -> None:
-    if json_path == "-":
+def _render(result: SearchResult, top: int, json_out: bool, out_json: Path | None) -> None:
+    if out_json is not None:
+        out_json.write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
+    if json_out:
         print_json(result_json(result))
         return
-    if json_path:
-        Path(json_path).write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
     console.print(ranked_table(result, top))
     for line in summary_lines(result):
         console.print(line, highlight=False, soft_wrap=True)
