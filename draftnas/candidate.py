@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from draftnas.errors import PlanError
+from draftnas.prune import drafter_label
 from draftnas.record import Record
 from draftnas.registry import Architecture
 from draftnas.space import SearchSpace
@@ -74,6 +75,17 @@ class Candidate(Record):
         return key + (f"|v{self.choice.vocab_size}" if self.choice.vocab_size else "")
 
     @property
+    def built_key(self) -> str:
+        """Identity of the drafter actually built: the kept layers once the plan knows them (block
+        influence and first-k that both keep layer 0 are one drafter), else `key`."""
+        layers = (self.plan or {}).get("layers")
+        if not layers:
+            return self.key
+        a = self.arch
+        return (f"layers={','.join(map(str, layers))}|{a.hidden_size}|{a.num_attention_heads}|"
+                f"{a.num_key_value_heads}|{a.intermediate_size}|v{self.choice.vocab_size}")
+
+    @property
     def parameters(self) -> int:
         """All parameters, the reduced draft head (untied, `head_vocab_size` rows) counted as such."""
         return self.arch.parameters_with_head(self.head_vocab_size)
@@ -110,21 +122,20 @@ def drafter_shape(base: Architecture, choice: CandidateChoice, channel_multiple:
     kv = _kept(choice.kv_head_ratio, base.num_key_value_heads)
     q_per_group = _kept(choice.query_head_ratio, group)
     hidden = _rounded(choice.hidden_ratio, base.hidden_size, base.head_dim)
+    intermediate = _rounded(choice.mlp_ratio, base.intermediate_size, channel_multiple)
     return base.with_shape(
-        name=f"{base.name}:{_label(choice, kv * q_per_group, kv)}",
+        name=f"{base.name}:{_label(choice, kv * q_per_group, kv, intermediate)}",
         num_hidden_layers=choice.depth,
         hidden_size=hidden,
         num_attention_heads=kv * q_per_group,
         num_key_value_heads=kv,
-        intermediate_size=_rounded(choice.mlp_ratio, base.intermediate_size, channel_multiple),
+        intermediate_size=intermediate,
     )
 
 
-def _label(choice: CandidateChoice, heads: int, kv: int) -> str:
-    sel = {"first": "f", "even": "e", "block_influence": "bi"}.get(choice.layer_selection, "?")
-    hidden = "" if choice.hidden_ratio >= 1.0 else f"-d{choice.hidden_ratio:g}"
-    vocab = f"-v{choice.vocab_size}" if choice.vocab_size else ""
-    return f"L{choice.depth}{sel}-h{heads}kv{kv}-m{choice.mlp_ratio:g}{hidden}{vocab}"
+def _label(choice: CandidateChoice, heads: int, kv: int, intermediate_size: int) -> str:
+    return drafter_label(choice.depth, choice.layer_selection, heads, kv, intermediate_size,
+                         choice.vocab_size, choice.hidden_ratio)
 
 
 def shape_plan(base: Architecture, base_spec: str, choice: CandidateChoice,

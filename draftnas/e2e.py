@@ -514,7 +514,7 @@ class BuiltDrafter(Record):
 
     @property
     def name(self) -> str:
-        return self.plan.label() + (f"-v{self.vocab_size}" if self.vocab_size else "")
+        return self.plan.label(self.vocab_size or 0)
 
 
 def heal_options(budget: Budget, seed: int, n_records: int) -> Any:

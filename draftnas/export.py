@@ -119,7 +119,7 @@ def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) ->
         model.save_pretrained(folder, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
-    arch = Architecture.from_hf_config(model.config, name=_drafter_name(info))
+    arch = Architecture.from_hf_config(model.config, name=drafter_name(info, subset.size if subset else 0))
     parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     meta = {
         "schema_version": SCHEMA_VERSION,
@@ -200,8 +200,10 @@ def _set_generation_config(model: Any, gamma: int) -> None:
     gen.assistant_confidence_threshold = 0.0
 
 
-def _drafter_name(info: ExportInfo) -> str:
-    label = info.plan.label() if info.plan else "drafter"
+def drafter_name(info: ExportInfo, head_rows: int = 0) -> str:
+    """The drafter's name: its base and `PruningPlan.label` (with the reduced head's rows), the
+    name the search's table gives the same drafter."""
+    label = info.plan.label(head_rows) if info.plan else "drafter"
     return f"{info.base}-{label}"
 
 
@@ -211,7 +213,7 @@ def _drafter_name(info: ExportInfo) -> str:
 def model_card(info: ExportInfo, arch: dict[str, Any], parameters: int, subset: Any = None,
                full_parameters: int | None = None) -> str:
     """README.md with YAML metadata (base_model, tags, target) and the plan and figures."""
-    name = _drafter_name(info)
+    name = drafter_name(info, subset.size if subset is not None else 0)
     front = [
         "---",
         "library_name: transformers",
@@ -543,6 +545,7 @@ class ExportResult(Record):
     heal: HealResult | None = None
     hub_url: str | None = None
     source: str = ""
+    name: str = ""  # the drafter's name (search table, card, draftnas.json)
 
 
 def _trial_vocab_size(choice: TrialChoice | None) -> int:
@@ -656,8 +659,12 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         shutil.rmtree(request.out_dir + ".heal-checkpoint", ignore_errors=True)
     hub_url = push_to_hub(out, request.push_to_hub) if request.push_to_hub else None
     parameters = sum(p.numel() for p in {id(p): p for p in drafter.parameters()}.values())
+    from draftnas.vocab import model_subset
+
+    subset = model_subset(drafter)
     return ExportResult(out_dir=str(out), plan=plan, parameters=parameters, heal=heal_result,
-                        hub_url=hub_url, source=source)
+                        hub_url=hub_url, source=source,
+                        name=drafter_name(info, subset.size if subset is not None else 0))
 
 
 def _teacher(request: ExportRequest, target: str, base: str, loaded: Any) -> Any:

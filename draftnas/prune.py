@@ -72,11 +72,10 @@ class PruningPlan(Record):
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def label(self) -> str:
-        """Short readable name, e.g. `L4bi-h6kv2-i768`."""
-        sel = {"first": "f", "even": "e", "block_influence": "bi", "explicit": "x"}
-        return (f"L{self.num_layers}{sel.get(self.layer_selection, '?')}-h{self.num_attention_heads}"
-                f"kv{self.num_key_value_heads}-i{self.intermediate_size}")
+    def label(self, head_rows: int = 0) -> str:
+        """Short readable name, e.g. `L4bi-h6kv2-i768` (`-v4096` with a reduced head of that many rows)."""
+        return drafter_label(self.num_layers, self.layer_selection, self.num_attention_heads,
+                             self.num_key_value_heads, self.intermediate_size, head_rows)
 
     def problems(self, base: Architecture | None = None) -> list[str]:
         """Every inconsistency, as 'field: message (allowed: ...)' strings; `base` adds range checks."""
@@ -154,6 +153,20 @@ class PlanOptions(Record):
     base: str = ""
     calibration_sequences: int = 8
     calibration_seq_len: int = 128
+
+
+LAYER_SELECTION_CODES = {"first": "f", "even": "e", "block_influence": "bi", "explicit": "x"}
+
+
+def drafter_label(layers: int, layer_selection: str, heads: int, kv_heads: int, intermediate_size: int,
+                  head_rows: int = 0, hidden_ratio: float = 1.0) -> str:
+    """The one name a drafter has everywhere (search table, export, bench, card, draftnas.json):
+    `L{layers}{selection}-h{heads}kv{kv}-i{intermediate}`, then `-d{ratio}` for a narrowed hidden
+    size and `-v{rows}` for a reduced LM head."""
+    hidden = "" if hidden_ratio >= 1.0 else f"-d{hidden_ratio:g}"
+    vocab = f"-v{head_rows}" if head_rows else ""
+    return (f"L{layers}{LAYER_SELECTION_CODES.get(layer_selection, '?')}-h{heads}kv{kv_heads}"
+            f"-i{intermediate_size}{hidden}{vocab}")
 
 
 def load_plan(path: str | Path) -> PruningPlan:

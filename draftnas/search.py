@@ -880,8 +880,8 @@ def ranked_trials(study: optuna.Study) -> tuple[RankedTrial, ...]:
     seen: set[str] = set()
     unique = []
     for r in out:
-        if r.candidate.key not in seen:
-            seen.add(r.candidate.key)
+        if r.candidate.built_key not in seen:
+            seen.add(r.candidate.built_key)
             unique.append(r)
     return tuple(unique)
 

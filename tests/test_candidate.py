@@ -71,3 +71,33 @@ def test_from_params_fills_single_valued_knobs_and_round_trips():
     again = Candidate.from_dict(cand.to_dict())
     assert again == cand and again.key == cand.key
     assert cand.shape_label() == "3 x 4096 (q32/kv32, mlp 5504)"
+
+
+def test_a_drafter_has_one_name_in_the_search_and_in_its_export():
+    from draftnas.export import ExportInfo, drafter_name
+
+    space = load_search_space("smollm2-135m")
+    choice = CandidateChoice(depth=1, layer_selection="block_influence", vocab_size=4096)
+    cand = build_candidate(space, SMOL, "smollm2-135m", choice, target=SMOL)
+    assert cand.name == "L1bi-h9kv3-i1536-v4096"  # was L1bi-h9kv3-m1-v4096 here, -i1536 at export
+    plan = PruningPlan(base="smollm2-135m", base_num_layers=30, layers=(0,),
+                       layer_selection="block_influence", num_attention_heads=9, num_key_value_heads=3,
+                       intermediate_size=1536)
+    assert drafter_name(ExportInfo(base="smollm2-135m", target="t", plan=plan), 4096) == \
+        "smollm2-135m-" + cand.name
+    narrow = build_candidate(space, SMOL, "smollm2-135m", CandidateChoice(depth=4, mlp_ratio=0.5),
+                             target=SMOL)
+    assert narrow.name == "L4f-h9kv3-i768" == PruningPlan.from_data(narrow.plan).label()
+
+
+def test_the_same_kept_layers_are_one_drafter_whichever_rule_picked_them():
+    space = load_search_space("smollm2-135m")
+    first = build_candidate(space, SMOL, "smollm2-135m", CandidateChoice(depth=1), target=SMOL)
+    bi = build_candidate(space, SMOL, "smollm2-135m",
+                         CandidateChoice(depth=1, layer_selection="block_influence"), target=SMOL)
+    assert first.key != bi.key  # a proposal: block influence has not picked its layer yet
+    chosen = {**first.plan, "layer_selection": "block_influence"}
+    planned = Candidate.from_dict({**bi.to_dict(), "plan": chosen})
+    assert planned.built_key == first.built_key  # both keep layer 0: one row in the ranking
+    other = Candidate.from_dict({**planned.to_dict(), "plan": {**first.plan, "layers": [29]}})
+    assert other.built_key != first.built_key

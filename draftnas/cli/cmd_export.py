@@ -51,7 +51,7 @@ def export(
         return
     if result.heal is not None:
         render_heal(result.heal)
-    console.print(f"exported [bold]{result.plan.label()}[/bold] ({fmt_params(result.parameters)} parameters, "
+    console.print(f"exported [bold]{result.name}[/bold] ({fmt_params(result.parameters)} parameters, "
                   f"from {result.source}) to [bold]{result.out_dir}[/bold]")
     if result.hub_url:
         console.print(f"pushed to {result.hub_url}")
