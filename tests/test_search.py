@@ -413,3 +413,26 @@ def test_ctrl_c_on_the_cli_prints_the_table_so_far_and_leaves_nothing_running(tm
     assert proc.returncode == 130, err
     assert "ACCEPTANCE ASSUMED" in out and "trials:" in out and "interrupted:" in err
     assert not _load(storage, "c").get_trials(states=(TrialState.RUNNING,))
+
+
+def test_the_table_keeps_whole_names_at_120_columns_and_says_what_to_run_next(tmp_path):
+    from rich.console import Console
+
+    from draftnas.cli.cmd_search import ranked_table, summary_lines
+
+    result = run_search(smol_options(tmp_path, n_trials=10), StubLatency(), FakeMeasured())
+    console = Console(width=120, record=True)
+    console.print(ranked_table(result, 10))
+    text = console.export_text()
+    assert "…" not in text
+    for r in result.ranked[:10]:  # folded onto two lines at worst, never cut
+        assert r.candidate.name in text.replace("\n", "").replace("│", "").replace(" ", "")
+    lines = summary_lines(result)
+    best = result.best
+    export = next(line for line in lines if "draftnas export" in line)
+    assert f"--trial {best.number}" in export and f"--out drafters/{best.candidate.name}" in export
+    bench = next(line for line in lines if "draftnas bench" in line)
+    assert f"--gamma {best.primary.gamma}" in bench and "assistant_model=" in lines[-1]
+    assumed = run_search(smol_options(tmp_path, n_trials=4, prior=0.7, study="a"), StubLatency(),
+                         PriorEvaluator(0.7))
+    assert any("latency-only" in line for line in summary_lines(assumed))

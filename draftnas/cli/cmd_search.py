@@ -28,9 +28,15 @@ def ranked_table(result: SearchResult, top: int = 15) -> Table:
         title += f"\n[bold yellow]ACCEPTANCE ASSUMED ({info.acceptance_prior:g} per token), NOT MEASURED[/]"
     table = Table(title=title, header_style="bold", title_justify="left")
     acc_col = "assumed α / tok/step" if assumed else "top-1 / tok/step"
+    name_width = max((len(r.candidate.name) for r in result.ranked[:top]), default=9)
     for col in ("#", "trial", "candidate", "layers x width", "params", "draft ms", "verify ms",
                 acc_col, "best γ", "tokens/s", "speedup"):
-        table.add_column(col, justify="left" if col in ("candidate", "layers x width") else "right")
+        # the name is never cut ("L1bi-h6kv2-m0.5-v4…" was): its column keeps its width, the
+        # others wrap at their spaces when the terminal is narrow
+        if col == "candidate":
+            table.add_column(col, no_wrap=True, min_width=name_width)
+        else:
+            table.add_column(col, justify="left" if col == "layers x width" else "right", overflow="fold")
     for rank, r in enumerate(result.ranked[:top], start=1):
         table.add_row(*_row(rank, r))
     batches = result.ranked[0].latency.batch_sizes if result.ranked else ()
@@ -74,7 +80,27 @@ def summary_lines(result: SearchResult) -> list[str]:
                      "break-even at this healing budget; heal longer or search another base.")
     if result.info.acceptance_assumed:
         lines.append(f"NOTE: {result.info.note}; ranking reflects latency only.")
-    return lines
+    return lines + next_commands(result)
+
+
+def next_commands(result: SearchResult) -> list[str]:
+    """What to run next with the best drafter: export it, bench it, use it from transformers."""
+    b = result.best
+    if b is None:
+        return []
+    if b.candidate.plan is None or result.info.acceptance_assumed:
+        return ["next: this was a latency-only search (no weights to prune); search with the base's weights "
+                "(--base) to get a drafter you can export"]
+    folder = f"drafters/{b.candidate.name}"
+    reduced = b.candidate.head_vocab_size is not None
+    load = f"AutoModelForCausalLM.from_pretrained('{folder}'{', trust_remote_code=True' if reduced else ''})"
+    return [
+        "next:",
+        f"  draftnas export --study {result.study_name} --storage {result.storage} --trial {b.number} "
+        f"--out {folder}",
+        f"  draftnas bench --target {result.info.target} --draft {folder} --gamma {b.primary.gamma}",
+        f"  in transformers: target.generate(..., assistant_model={load})",
+    ]
 
 
 def result_json(result: SearchResult) -> dict[str, Any]:
