@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -84,3 +85,12 @@ def test_one_json_convention_for_every_command():
             if "--out-json" in getattr(param, "opts", []):
                 assert not getattr(param, "is_flag", False), f"{name}: --out-json needs a path"
     assert {"bench", "search", "e2e", "profile", "targets"} <= set(with_json)
+
+
+@pytest.mark.parametrize("command", ["export", "bench", "search", "profile", "heal", "e2e"])
+def test_help_reads_as_sentences(command):
+    text = run(command, "--help").stdout
+    assert "<bool>" not in text  # flags are flags
+    assert not re.search(r" \.(\s|$)", text) and "Usage:" in text  # no "Trial number ." left
+    if command == "export":
+        assert "(default: the best)" in text and "--heal-steps" in text

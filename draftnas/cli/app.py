@@ -21,7 +21,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    # plain click help: this typer's rich panels print every flag as "--quick <bool>" and read
+    # "[default: …]" in a help text as markup (leaving "Trial number .")
+    rich_markup_mode=None,
 )
 # Piped output (CI logs, `| less`) gets a wide table instead of rich's 80 columns.
 _WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160

@@ -17,10 +17,10 @@ def export(
     storage: str | None = typer.Option(
         None, "--storage",
         help="Optuna storage: sqlite:///F, postgresql://..., journal:F (default: runs/<study>/study.db)."),
-    trial: int | None = typer.Option(None, "--trial", help="Trial number [default: the best]."),
+    trial: int | None = typer.Option(None, "--trial", help="Trial number (default: the best)."),
     plan: Path | None = typer.Option(None, "--plan", help="Pruning plan JSON instead of a study."),
-    base: str | None = typer.Option(None, "--base", help="Base model [default: the plan's]."),
-    target: str | None = typer.Option(None, "--target", help="Target it drafts for [default: the base]."),
+    base: str | None = typer.Option(None, "--base", help="Base model (default: the plan's)."),
+    target: str | None = typer.Option(None, "--target", help="Target it drafts for (default: the base)."),
     traces: Path | None = typer.Option(
         None, "--traces",
         help=("Traces to heal toward (no target needed); also where a reduced-vocabulary "
@@ -29,8 +29,8 @@ def export(
         80, "--heal-steps",  # = export.DEFAULT_EXPORT_HEAL_STEPS (literal: the CLI imports no torch)
         help="Distillation steps toward the target before export; 0 exports the pruned weights unhealed."),
     gamma: int | None = typer.Option(None, "--gamma",
-                                     help="Draft tokens per step for generation_config [default: "
-                                          "the search's best, else 4]."),
+                                     help="Draft tokens per step for generation_config (default: "
+                                          "the searched best at the main batch size, else 4; 1-32)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out folder."),
     push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Upload to this hub repo (online)."),
     seed: int = typer.Option(0, "--seed"),

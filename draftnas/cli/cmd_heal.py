@@ -36,9 +36,9 @@ def progress_bars(quiet: bool) -> Iterator[Callable[[str], Callable[[int, int], 
 @app.command()
 def heal(
     plan: Path | None = typer.Option(None, "--plan", help="Pruning plan JSON (or a draftnas.json)."),
-    base: str | None = typer.Option(None, "--base", help="Base model the plan prunes [default: the plan's]."),
+    base: str | None = typer.Option(None, "--base", help="Base model the plan prunes (default: the plan's)."),
     drafter: Path | None = typer.Option(None, "--drafter", help="An exported drafter folder (not --plan)."),
-    target: str | None = typer.Option(None, "--target", help="Live teacher [default: the base]."),
+    target: str | None = typer.Option(None, "--target", help="Live teacher (default: the base)."),
     traces: Path | None = typer.Option(None, "--traces",
                                        help="Distill toward these traces' top-k (no target forward)."),
     steps: int = typer.Option(150, "--steps", help="Optimizer steps."),
