@@ -317,6 +317,27 @@ def _cpu_model_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def host_mismatch(profile: LatencyProfile) -> str | None:
+    """One line when `profile` was not measured on this CPU (model or thread count), or is a
+    spec sheet; None when it was, or when it is a GPU profile (judged where it is used).
+
+    CPU hosts of one machine kind differ 2x in decode time (an Intel Xeon and an AMD EPYC
+    host, both "2-core"), so a shipped profile is a prior, never this machine's figures.
+    """
+    if profile.kind == "spec-sheet":
+        return f"the latency profile is a spec-sheet roofline for {profile.device_name}, not a measurement"
+    if profile.device != "cpu":
+        return None
+    here, cores = _cpu_model_name(), _cpu_count()
+    same_model = profile.device_name.startswith(here)
+    same_threads = profile.threads in (None, cores)
+    if same_model and same_threads:
+        return None
+    return (f"the latency profile was measured on {profile.device_name}; this machine is {here} with "
+            f"{cores} cores, so its predictions may be far off here (measure this one: draftnas profile "
+            "--device cpu --out my-cpu.json, then --profile my-cpu.json)")
+
+
 def _cpu_count() -> int:
     import os
 

@@ -197,6 +197,7 @@ class SearchResult(Record):
     wall_s: float
     baseline_tokens_per_s: float
     interrupted_trial: int | None = None  # the trial in flight at Ctrl-C (told FAIL), if any
+    profile_note: str | None = None  # the latency profile was not measured on this machine
 
     @property
     def best(self) -> RankedTrial | None:
@@ -441,6 +442,7 @@ class SearchOptions:
     acceptance_prior: float | None = None
     run_dir: str = "runs"
     upper_bound_pruning: bool = True
+    profile_note: str | None = None  # the profile is not of this machine (draftnas.profile.host_mismatch)
 
 
 def default_study_name(target: str, space: SearchSpace, sampler: str) -> str:
@@ -922,6 +924,7 @@ def collect_result(study: optuna.Study, storage_url: str, options: SearchOptions
         pruned_by_upper_bound=kinds.count("upper_bound"), pruned_infeasible=kinds.count("infeasible"),
         reused=sum("reused_from" in t.user_attrs for t in trials), told_here=tuple(told),
         interrupted=interrupted, wall_s=wall_s, baseline_tokens_per_s=baseline,
+        profile_note=options.profile_note if options else None,
     )
 
 
@@ -1113,15 +1116,17 @@ def has_weights(spec: str) -> bool:
         return False
 
 
-def resolve_profile(spec: str | None, space: SearchSpace) -> tuple[LatencyPredictor, str]:
-    """The latency model and a label naming the profile (file, device, kind)."""
+def resolve_profile(spec: str | None, space: SearchSpace) -> tuple[LatencyPredictor, str, str | None]:
+    """The latency model, a label naming the profile (file, device, kind), and a note when the
+    profile is not of this machine (`draftnas.profile.host_mismatch`)."""
     from draftnas.latency import LatencyModel, default_profile, load_profile
+    from draftnas.profile import host_mismatch
 
     name = spec or space.profile or "cpu"
     path = Path(name).expanduser()
     profile = load_profile(path) if path.suffix == ".json" or path.is_file() else default_profile(name)
     label = f"{name} ({profile.device_name}, {profile.kind}, {profile.dtype})"
-    return LatencyModel.from_profile(profile), label
+    return LatencyModel.from_profile(profile), label, host_mismatch(profile)
 
 
 def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
@@ -1161,12 +1166,12 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
                         f"{target_arch.vocab_size}; a drafter must share the target's tokenizer")
     if problems:
         raise InvalidInputError("; ".join(problems))
-    predictor, profile = resolve_profile(request.profile, space)
+    predictor, profile, profile_note = resolve_profile(request.profile, space)
     options = SearchOptions(
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
         profile=profile, n_trials=request.n_trials, timeout_s=request.timeout_s, storage=request.storage,
         study_name=request.study_name, sampler=request.sampler.lower(), seed=request.seed,
-        acceptance_prior=request.acceptance_prior, run_dir=request.run_dir)
+        acceptance_prior=request.acceptance_prior, run_dir=request.run_dir, profile_note=profile_note)
     if request.n_trials < 1:
         raise InvalidInputError(f"--trials must be >= 1, got {request.n_trials}")
     if request.acceptance_prior is not None:

@@ -80,6 +80,8 @@ def summary_lines(result: SearchResult) -> list[str]:
                      "break-even at this healing budget; heal longer or search another base.")
     if result.info.acceptance_assumed:
         lines.append(f"NOTE: {result.info.note}; ranking reflects latency only.")
+    if result.profile_note:
+        lines.append(f"NOTE: {result.profile_note}.")
     return lines + next_commands(result)
 
 
