@@ -526,3 +526,99 @@ def spec_sheet_profile(key: str, dtype: str = "fp16") -> LatencyProfile:
             "kernels_per_layer": float(sheet.kernels_per_layer),
             "call_overhead_us": sheet.call_overhead_us},
     )
+
+
+# --------------------------------------------------------------------------- host calibration
+
+
+@dataclass(frozen=True)
+class HostCalibration(Record):
+    """Steps of one target shape timed on the machine a search runs on (batch 1, one context).
+
+    `target_ms[n]`: the whole target reading n new tokens (n = 1 decode, n = gamma + 1 verify);
+    `prefix_ms[k]`: its first k layers (embedding, k layers, final norm, LM head) decoding one
+    token, for a few small k: drafter-sized stacks of the same kernels.
+    """
+
+    target: str
+    device_name: str
+    threads: int
+    context_tokens: int
+    target_ms: dict[int, float]
+    prefix_ms: dict[int, float]
+    mode: str = "eager"
+    wall_s: float = 0.0
+
+
+class CalibratedModel:
+    """A latency model corrected by what this machine measured (`HostCalibration`).
+
+    - The target itself at batch 1 and the calibrated context: the measured time of that many
+      new tokens (interpolated between measured counts, exact at them).
+    - Anything else: the model's prediction times measured / predicted for the target's own
+      stack at the same depth, from a straight line through the measured prefixes and the full
+      target (depth is what the correction follows: per-layer and per-call costs are what
+      differ most between hosts). Other batch sizes and contexts scale the same way.
+
+    `predict_ms` has `LatencyModel`'s signature, so the search uses it unchanged.
+    """
+
+    def __init__(self, model: Any, calibration: HostCalibration, target: Architecture) -> None:
+        if not calibration.target_ms or not calibration.prefix_ms:
+            raise ProfileError("a host calibration needs target and prefix timings")
+        self.model, self.calibration, self.target = model, calibration, target
+        ctx = calibration.context_tokens
+        points = [(k, ms, model.predict_ms(target.with_shape(num_hidden_layers=k), context_tokens=ctx))
+                  for k, ms in sorted(calibration.prefix_ms.items())]
+        if 1 in calibration.target_ms:
+            points.append((target.num_hidden_layers, calibration.target_ms[1],
+                           model.predict_ms(target, context_tokens=ctx)))
+        ks = np.array([p[0] for p in points], dtype=float)
+        measured = np.array([p[1] for p in points])
+        predicted = np.array([p[2] for p in points])
+        # ratio(k) = (a + b k) / (a' + b' k): lines through measured and predicted times by depth
+        self._measured_line = np.polyfit(ks, measured, 1) if len(ks) > 1 else np.array([0.0, measured[0]])
+        self._predicted_line = np.polyfit(ks, predicted, 1) if len(ks) > 1 else np.array([0.0, predicted[0]])
+
+    def ratio(self, layers: int) -> float:
+        """Measured over predicted time of the target's stack cut to `layers` layers."""
+        measured = float(np.polyval(self._measured_line, layers))
+        predicted = float(np.polyval(self._predicted_line, layers))
+        return measured / predicted if predicted > 0 and measured > 0 else 1.0
+
+    def _target_ms(self, new_tokens: int) -> float | None:
+        measured = self.calibration.target_ms
+        if new_tokens in measured:
+            return measured[new_tokens]
+        below = [n for n in measured if n < new_tokens]
+        above = [n for n in measured if n > new_tokens]
+        if not below or not above:
+            return None
+        lo, hi = max(below), min(above)
+        return measured[lo] + (measured[hi] - measured[lo]) * (new_tokens - lo) / (hi - lo)
+
+    def predict_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
+                   context_tokens: int = 128, head_vocab_size: int | None = None) -> float:
+        same = (arch.with_shape(name="") == self.target.with_shape(name="") and head_vocab_size in
+                (None, self.target.vocab_size))
+        if same and batch_size == 1 and context_tokens == self.calibration.context_tokens:
+            measured = self._target_ms(new_tokens)
+            if measured is not None:
+                return measured
+        predicted = self.model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
+                                          context_tokens=context_tokens, head_vocab_size=head_vocab_size)
+        return predicted * self.ratio(arch.num_hidden_layers)
+
+    def summary(self) -> str:
+        """One line: what was measured here against what the profile said."""
+        c = self.calibration
+        said = self.model.predict_ms(self.target, context_tokens=c.context_tokens)
+        verify = max(c.target_ms)
+        said_verify = self.model.predict_ms(self.target, new_tokens=verify, context_tokens=c.context_tokens)
+        k = min(c.prefix_ms)
+        said_k = self.model.predict_ms(self.target.with_shape(num_hidden_layers=k),
+                                       context_tokens=c.context_tokens)
+        return (f"calibrated on this machine ({c.device_name}, {c.threads} threads, {c.wall_s:.0f} s): "
+                f"target decode {c.target_ms.get(1, float('nan')):.1f} ms (profile: {said:.1f}), verify of "
+                f"{verify} tokens {c.target_ms[verify]:.1f} ms (profile: {said_verify:.1f}), its first {k} "
+                f"layer(s) {c.prefix_ms[k]:.1f} ms (profile: {said_k:.1f})")

@@ -48,6 +48,7 @@ from draftnas.latency import (
     SCHEMA_VERSION,
     ExtrapolationCheck,
     ExtrapolationPoint,
+    HostCalibration,
     LatencyModel,
     LatencyProfile,
     Measurement,
@@ -684,6 +685,32 @@ def measure_extrapolated(options: ProfileOptions, arch: Architecture, conditions
         medians = {j.layers: j.measurement().median_ms for j in group.jobs if j.cond == cond}
         out[cond] = extrapolate_from_layers(medians, arch.num_hidden_layers)
     return out
+
+
+def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Sequence[int],
+                   prefix_layers: Sequence[int] = (1, 2), context_tokens: int = 128,
+                   progress: Progress | None = None) -> HostCalibration:
+    """Time `target` (random weights) on this machine: every count in `new_tokens` at full depth,
+    and one new token through its first k layers for k in `prefix_layers` — seconds, not the
+    minutes of a profile. Timed the way `options.mode` runs steps (eager: what the CPU loop runs).
+    """
+    started = time.perf_counter()
+    rt = _Runtime(options.validate())
+    full = target.num_hidden_layers
+    prefixes = tuple(k for k in sorted(set(prefix_layers)) if k < full)
+    counts = tuple(sorted(set(new_tokens) | {1}))
+    jobs = [_model_job(rt, target, full, (1, n, context_tokens), "calibration") for n in counts]
+    jobs += [_model_job(rt, target, k, (1, 1, context_tokens), "calibration") for k in prefixes]
+    group = _Group(functools.partial(rt.build, target), _weight_bytes(rt, target), jobs)
+    skipped = _run_round_robin(rt, [group], _ticker(progress, len(jobs) * _calls_per_job(options)))
+    if skipped:
+        raise DeviceError(f"calibrating {target.name} here: {skipped[0].reason}")
+    medians = {(j.layers, j.cond[1]): j.measurement().median_ms for j in jobs}
+    return HostCalibration(
+        target=target.name, device_name=rt.device_name(), threads=rt.torch.get_num_threads(),
+        context_tokens=context_tokens, target_ms={n: medians[(full, n)] for n in counts},
+        prefix_ms={k: medians[(k, 1)] for k in prefixes}, mode=options.mode,
+        wall_s=round(time.perf_counter() - started, 1))
 
 
 def _extrapolation_result(plan: ProfilePlan, group: _Group) -> ExtrapolationCheck | None:

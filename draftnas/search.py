@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
@@ -47,6 +47,9 @@ from draftnas.record import Record
 from draftnas.registry import Architecture
 from draftnas.space import GammaRange, SearchSpace, Workload
 from draftnas.throughput import ThroughputEstimate, best_gamma, predict_throughput
+
+if TYPE_CHECKING:
+    from draftnas.latency import LatencyProfile
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +200,7 @@ class SearchResult(Record):
     wall_s: float
     baseline_tokens_per_s: float
     interrupted_trial: int | None = None  # the trial in flight at Ctrl-C (told FAIL), if any
-    profile_note: str | None = None  # the latency profile was not measured on this machine
+    profile_note: str | None = None  # calibration summary, or: the profile was not measured here
 
     @property
     def best(self) -> RankedTrial | None:
@@ -442,7 +445,7 @@ class SearchOptions:
     acceptance_prior: float | None = None
     run_dir: str = "runs"
     upper_bound_pruning: bool = True
-    profile_note: str | None = None  # the profile is not of this machine (draftnas.profile.host_mismatch)
+    profile_note: str | None = None  # calibration summary, or: the profile is not of this machine
 
 
 def default_study_name(target: str, space: SearchSpace, sampler: str) -> str:
@@ -1086,6 +1089,7 @@ class SearchRequest:
     seed: int | None = 0
     acceptance_prior: float | None = None
     run_dir: str = "runs"
+    calibrate: bool = True  # time the target on this machine before ranking (measured CPU profiles)
 
 
 def resolve_architecture(spec: str) -> Architecture:
@@ -1116,17 +1120,31 @@ def has_weights(spec: str) -> bool:
         return False
 
 
-def resolve_profile(spec: str | None, space: SearchSpace) -> tuple[LatencyPredictor, str, str | None]:
-    """The latency model, a label naming the profile (file, device, kind), and a note when the
-    profile is not of this machine (`draftnas.profile.host_mismatch`)."""
-    from draftnas.latency import LatencyModel, default_profile, load_profile
-    from draftnas.profile import host_mismatch
+def resolve_profile(spec: str | None, space: SearchSpace) -> tuple[str, LatencyProfile]:
+    """A label naming the profile (file, device, kind) and the profile."""
+    from draftnas.latency import default_profile, load_profile
 
     name = spec or space.profile or "cpu"
     path = Path(name).expanduser()
     profile = load_profile(path) if path.suffix == ".json" or path.is_file() else default_profile(name)
-    label = f"{name} ({profile.device_name}, {profile.kind}, {profile.dtype})"
-    return LatencyModel.from_profile(profile), label, host_mismatch(profile)
+    return f"{name} ({profile.device_name}, {profile.kind}, {profile.dtype})", profile
+
+
+def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: SearchSpace,
+                         progress: Callable[[int, int], None] | None = None) -> tuple[LatencyPredictor, str]:
+    """The profile's model corrected by timing `target`'s decode, its verify at every gamma + 1
+    the space considers, and drafter-sized prefixes of it on this machine (`calibrate_host`),
+    with the one-line summary of what was measured against what the profile said."""
+    from draftnas.latency import CalibratedModel, LatencyModel
+    from draftnas.profile import ProfileOptions, calibrate_host
+
+    g = space.gamma
+    counts = [n + 1 for n in range(max(1, g.min), g.max + 1)]
+    options = ProfileOptions(device="cpu", dtype=profile.dtype, mode="eager", repeats=5, warmup=1)
+    calibration = calibrate_host(options, target, counts, context_tokens=space.workload.context_tokens,
+                                 progress=progress)
+    model = CalibratedModel(LatencyModel.from_profile(profile), calibration, target)
+    return model, model.summary()
 
 
 def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
@@ -1151,7 +1169,8 @@ def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
     return build_traces(request.target, prompts, options, out, prompt_set=w.prompt_set, progress=progress)
 
 
-def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], None] | None = None
+def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], None] | None = None,
+                calibration_progress: Callable[[int, int], None] | None = None
                 ) -> tuple[SearchOptions, LatencyPredictor, Evaluator]:
     """Resolve the request: shapes, space, profile, and measured or assumed acceptance."""
     from draftnas.space import default_space_for, load_search_space
@@ -1166,14 +1185,22 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
                         f"{target_arch.vocab_size}; a drafter must share the target's tokenizer")
     if problems:
         raise InvalidInputError("; ".join(problems))
-    predictor, profile, profile_note = resolve_profile(request.profile, space)
+    from draftnas.latency import LatencyModel
+    from draftnas.profile import host_mismatch
+
+    profile, latency_profile = resolve_profile(request.profile, space)
+    predictor: LatencyPredictor = LatencyModel.from_profile(latency_profile)
+    profile_note = host_mismatch(latency_profile)
+    if request.n_trials < 1:
+        raise InvalidInputError(f"--trials must be >= 1, got {request.n_trials}")
+    if request.calibrate and latency_profile.device == "cpu" and latency_profile.kind == "measured":
+        predictor, profile_note = calibrated_predictor(latency_profile, target_arch, space,
+                                                       calibration_progress)
     options = SearchOptions(
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
         profile=profile, n_trials=request.n_trials, timeout_s=request.timeout_s, storage=request.storage,
         study_name=request.study_name, sampler=request.sampler.lower(), seed=request.seed,
         acceptance_prior=request.acceptance_prior, run_dir=request.run_dir, profile_note=profile_note)
-    if request.n_trials < 1:
-        raise InvalidInputError(f"--trials must be >= 1, got {request.n_trials}")
     if request.acceptance_prior is not None:
         return options, predictor, PriorEvaluator(request.acceptance_prior)
     return options, predictor, _measuring_evaluator(request, options, trace_progress)
@@ -1203,7 +1230,8 @@ def _measuring_evaluator(request: SearchRequest, options: SearchOptions,
 
 
 def search(request: SearchRequest, *, progress: Callable[[int, int], None] | None = None,
-           trace_progress: Callable[[int, int], None] | None = None) -> SearchResult:
+           trace_progress: Callable[[int, int], None] | None = None,
+           calibration_progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """`draftnas search`: resolve the request, then run (or resume, or join) the study."""
-    options, predictor, evaluator = plan_search(request, trace_progress)
+    options, predictor, evaluator = plan_search(request, trace_progress, calibration_progress)
     return run_search(options, predictor, evaluator, progress=progress)

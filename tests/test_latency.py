@@ -196,3 +196,46 @@ def test_missing_profile_and_unknown_device(tmp_path):
         load_profile(tmp_path / "nope.json")
     with pytest.raises(ProfileError, match="shipped"):
         default_profile("tpu-v5")
+
+
+class _LinearModel:
+    """A stand-in latency model: 1 ms + 2 ms per layer, +0.5 ms per extra new token."""
+
+    def predict_ms(self, arch, *, batch_size=1, new_tokens=1, context_tokens=128, head_vocab_size=None):
+        return 1.0 + 2.0 * arch.num_hidden_layers + 0.5 * (new_tokens - 1) * batch_size
+
+
+def test_calibration_replaces_the_target_and_rescales_everything_else_by_depth():
+    from draftnas.latency import CalibratedModel, HostCalibration
+    from draftnas.registry import get_architecture
+
+    target = get_architecture("smollm2-135m")  # 30 layers: the model says 61 ms
+    # this machine: 2x the model at every depth, and verify is not monotonic (3 tokens > 5 tokens)
+    cal = HostCalibration(target="smollm2-135m", device_name="here", threads=2, context_tokens=128,
+                          target_ms={1: 122.0, 3: 160.0, 5: 130.0}, prefix_ms={1: 6.0, 2: 10.0})
+    model = CalibratedModel(_LinearModel(), cal, target)
+    assert model.predict_ms(target) == 122.0 and model.predict_ms(target, new_tokens=3) == 160.0
+    assert model.predict_ms(target, new_tokens=5) == 130.0  # measured, not the model's shape
+    assert model.predict_ms(target, new_tokens=4) == pytest.approx(145.0)  # between measured counts
+    assert model.ratio(1) == pytest.approx(2.0) and model.ratio(30) == pytest.approx(2.0)
+    drafter = target.with_shape(num_hidden_layers=4, intermediate_size=768)
+    assert model.predict_ms(drafter) == pytest.approx(2.0 * 9.0)
+    assert model.predict_ms(target, batch_size=8) == pytest.approx(2.0 * 61.0)  # off-calibration: scaled
+    assert "target decode 122.0 ms (profile: 61.0)" in model.summary()
+
+
+def test_a_tiny_calibration_runs_here_and_feeds_the_model():
+    from draftnas.latency import CalibratedModel, HostCalibration
+    from draftnas.profile import ProfileOptions, calibrate_host
+    from draftnas.registry import Architecture
+
+    tiny = Architecture(name="tiny", family="llama", num_hidden_layers=4, hidden_size=64,
+                        intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        vocab_size=256, tie_word_embeddings=True)
+    cal = calibrate_host(ProfileOptions(device="cpu", repeats=3, warmup=1, threads=1), tiny, [2, 3],
+                         context_tokens=16)
+    assert set(cal.target_ms) == {1, 2, 3} and set(cal.prefix_ms) == {1, 2}
+    assert all(v > 0 for v in (*cal.target_ms.values(), *cal.prefix_ms.values()))
+    assert HostCalibration.from_dict(cal.to_dict()).target == "tiny"
+    model = CalibratedModel(_LinearModel(), cal, tiny)
+    assert model.predict_ms(tiny, context_tokens=16) == cal.target_ms[1]

@@ -81,7 +81,8 @@ def summary_lines(result: SearchResult) -> list[str]:
     if result.info.acceptance_assumed:
         lines.append(f"NOTE: {result.info.note}; ranking reflects latency only.")
     if result.profile_note:
-        lines.append(f"NOTE: {result.profile_note}.")
+        lines.append(result.profile_note if result.profile_note.startswith("calibrated")
+                     else f"NOTE: {result.profile_note}.")
     return lines + next_commands(result)
 
 
@@ -137,6 +138,10 @@ def search(
                                                   "per-token acceptance instead of measuring it."),
     run_dir: str = typer.Option("runs", "--run-dir", help="Folder for studies' outputs."),
     top: int = typer.Option(15, "--top", help="Rows in the ranked table."),
+    calibrate: bool = typer.Option(
+        True, "--calibrate/--no-calibrate",
+        help="Before ranking, time the target's decode and verify steps and drafter-sized stacks on "
+             "this machine (about 10-20 s) and correct a CPU profile's predictions with them."),
     json_out: bool = typer.Option(False, "--json",
                                   help="Print the result as JSON on stdout (progress stays on stderr)."),
     out_json: Path | None = typer.Option(None, "--out-json",
@@ -149,7 +154,7 @@ def search(
     request = SearchRequest(target=target, base=base, base_shape=base_shape, space=space, profile=profile,
                             traces=traces, n_trials=trials, timeout_s=timeout, storage=storage,
                             study_name=study, sampler=sampler, seed=seed,
-                            acceptance_prior=acceptance_prior, run_dir=run_dir)
+                            acceptance_prior=acceptance_prior, run_dir=run_dir, calibrate=calibrate)
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
     quiet = json_out
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -163,7 +168,8 @@ def search(
                 bar.update(tasks[name], completed=done, total=total)
             return update
 
-        result = run(request, progress=on("trials"), trace_progress=on("tracing target"))
+        result = run(request, progress=on("trials"), trace_progress=on("tracing target"),
+                     calibration_progress=on("timing the target on this machine"))
     _render(result, top, json_out, out_json)
     if result.interrupted:
         lost = (f"trial {result.interrupted_trial} (in flight) was marked FAIL"
