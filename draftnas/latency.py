@@ -548,6 +548,11 @@ class HostCalibration(Record):
     prefix_ms: dict[int, float]
     mode: str = "eager"
     wall_s: float = 0.0
+    # per-call work outside the forward, from real decoding runs: transformers' generate per
+    # token (the target alone), draftnas's loop per drafted token and per verify step
+    generate_overhead_ms: float = 0.0
+    draft_overhead_ms: float = 0.0
+    verify_overhead_ms: float = 0.0
 
 
 class CalibratedModel:
@@ -559,6 +564,10 @@ class CalibratedModel:
       stack at the same depth, from a straight line through the measured prefixes and the full
       target (depth is what the correction follows: per-layer and per-call costs are what
       differ most between hosts). Other batch sizes and contexts scale the same way.
+    - Plus the measured work outside the forward: one new token of the target is plain
+      decoding (`generate_overhead_ms`), more are a verify step of the loop
+      (`verify_overhead_ms`), one new token of anything else is a draft step
+      (`draft_overhead_ms`).
 
     `predict_ms` has `LatencyModel`'s signature, so the search uses it unchanged.
     """
@@ -601,13 +610,16 @@ class CalibratedModel:
                    context_tokens: int = 128, head_vocab_size: int | None = None) -> float:
         same = (arch.with_shape(name="") == self.target.with_shape(name="") and head_vocab_size in
                 (None, self.target.vocab_size))
-        if same and batch_size == 1 and context_tokens == self.calibration.context_tokens:
+        c = self.calibration
+        overhead = (c.generate_overhead_ms if new_tokens == 1 else c.verify_overhead_ms) if same \
+            else (c.draft_overhead_ms if new_tokens == 1 else c.verify_overhead_ms)
+        if same and batch_size == 1 and context_tokens == c.context_tokens:
             measured = self._target_ms(new_tokens)
             if measured is not None:
-                return measured
+                return measured + overhead
         predicted = self.model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
                                           context_tokens=context_tokens, head_vocab_size=head_vocab_size)
-        return predicted * self.ratio(arch.num_hidden_layers)
+        return predicted * self.ratio(arch.num_hidden_layers) + overhead
 
     def summary(self) -> str:
         """One line: what was measured here against what the profile said."""
@@ -621,4 +633,6 @@ class CalibratedModel:
         return (f"calibrated on this machine ({c.device_name}, {c.threads} threads, {c.wall_s:.0f} s): "
                 f"target decode {c.target_ms.get(1, float('nan')):.1f} ms (profile: {said:.1f}), verify of "
                 f"{verify} tokens {c.target_ms[verify]:.1f} ms (profile: {said_verify:.1f}), its first {k} "
-                f"layer(s) {c.prefix_ms[k]:.1f} ms (profile: {said_k:.1f})")
+                f"layer(s) {c.prefix_ms[k]:.1f} ms (profile: {said_k:.1f}); outside the forward: "
+                f"{c.generate_overhead_ms:.1f} ms per generated token, {c.draft_overhead_ms:.1f} per drafted "
+                f"token, {c.verify_overhead_ms:.1f} per verify step")

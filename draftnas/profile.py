@@ -689,16 +689,18 @@ def measure_extrapolated(options: ProfileOptions, arch: Architecture, conditions
 
 def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Sequence[int],
                    prefix_layers: Sequence[int] = (1, 2), context_tokens: int = 128,
-                   progress: Progress | None = None) -> HostCalibration:
+                   progress: Progress | None = None, overheads: bool = True) -> HostCalibration:
     """Time `target` (random weights) on this machine: every count in `new_tokens` at full depth,
     and one new token through its first k layers for k in `prefix_layers` — seconds, not the
     minutes of a profile. Timed the way `options.mode` runs steps (eager: what the CPU loop runs).
+    With `overheads`, short real decoding runs also measure the work outside the forward
+    (`decoding_overheads`).
     """
     started = time.perf_counter()
     rt = _Runtime(options.validate())
     full = target.num_hidden_layers
-    prefixes = tuple(k for k in sorted(set(prefix_layers)) if k < full)
-    counts = tuple(sorted(set(new_tokens) | {1}))
+    prefixes = tuple(k for k in sorted(set(prefix_layers) | ({1} if overheads else set())) if k < full)
+    counts = tuple(sorted(set(new_tokens) | {1} | ({2, 3, 4} if overheads else set())))
     jobs = [_model_job(rt, target, full, (1, n, context_tokens), "calibration") for n in counts]
     jobs += [_model_job(rt, target, k, (1, 1, context_tokens), "calibration") for k in prefixes]
     group = _Group(functools.partial(rt.build, target), _weight_bytes(rt, target), jobs)
@@ -706,11 +708,60 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     if skipped:
         raise DeviceError(f"calibrating {target.name} here: {skipped[0].reason}")
     medians = {(j.layers, j.cond[1]): j.measurement().median_ms for j in jobs}
+    target_ms = {n: medians[(full, n)] for n in counts}
+    prefix_ms = {k: medians[(k, 1)] for k in prefixes}
+    extra = (0.0, 0.0, 0.0)
+    if overheads and 1 in prefix_ms:
+        extra = decoding_overheads(rt, target, context_tokens, target_ms, prefix_ms[1])
     return HostCalibration(
         target=target.name, device_name=rt.device_name(), threads=rt.torch.get_num_threads(),
-        context_tokens=context_tokens, target_ms={n: medians[(full, n)] for n in counts},
-        prefix_ms={k: medians[(k, 1)] for k in prefixes}, mode=options.mode,
-        wall_s=round(time.perf_counter() - started, 1))
+        context_tokens=context_tokens, target_ms=target_ms, prefix_ms=prefix_ms, mode=options.mode,
+        wall_s=round(time.perf_counter() - started, 1), generate_overhead_ms=extra[0],
+        draft_overhead_ms=extra[1], verify_overhead_ms=extra[2])
+
+
+def decoding_overheads(rt: _Runtime, target: Architecture, context_tokens: int, target_ms: dict[int, float],
+                       draft_ms: float) -> tuple[float, float, float]:
+    """Work outside the forward, in ms: transformers' generate per token, draftnas's loop per drafted
+    token and per verify step — the part of real decoding runs that the timed steps do not explain.
+
+    Random-weight target and its 1-layer prefix as drafter. generate: time per token between a
+    2- and a 14-token run (prefill cancels), less the decode step. Loop: each run's time less
+    its forward steps (draft steps at `draft_ms`, verifies at the measured `target_ms`) is fitted
+    by least squares as constant (prefill) + per drafted token + per step, over runs at gamma 1
+    and 3 of two lengths. Negative fits count as 0.
+    """
+    from draftnas.speculative import speculative_generate
+
+    torch = rt.torch
+    model, drafter = rt.build(target), rt.build(target.with_shape(num_hidden_layers=1))
+    prompt = rt.randint(target.vocab_size, (context_tokens,)).tolist()
+    ids = torch.tensor([prompt], device=rt.device)
+
+    def generate_s(n: int) -> float:
+        started = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False, pad_token_id=0, eos_token_id=None)
+        return time.perf_counter() - started
+
+    def verify_ms(n: int) -> float:
+        known = sorted(target_ms)
+        return target_ms.get(n, target_ms[min(known, key=lambda k: abs(k - n))])
+
+    rows, residuals = [], []
+    with torch.inference_mode():
+        generate_s(2)
+        short, long = min(generate_s(2) for _ in range(2)), min(generate_s(14) for _ in range(2))
+        generate = max(0.0, (long - short) * 1e3 / 12 - target_ms[1])
+        speculative_generate(model, drafter, prompt, gamma=1, max_new_tokens=4)  # warm-up
+        for gamma in (1, 3):
+            for n in (4, 16):
+                out = speculative_generate(model, drafter, prompt, gamma=gamma, max_new_tokens=n)
+                forward = sum(d * draft_ms + verify_ms(d + 1) for d in out.drafted)
+                rows.append([1.0, float(sum(out.drafted)), float(out.steps)])
+                residuals.append(out.elapsed_s * 1e3 - forward)
+    _, per_draft, per_step = np.linalg.lstsq(np.array(rows), np.array(residuals), rcond=None)[0]
+    return generate, max(0.0, float(per_draft)), max(0.0, float(per_step))
 
 
 def _extrapolation_result(plan: ProfilePlan, group: _Group) -> ExtrapolationCheck | None:

@@ -1133,8 +1133,9 @@ def resolve_profile(spec: str | None, space: SearchSpace) -> tuple[str, LatencyP
 def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: SearchSpace,
                          progress: Callable[[int, int], None] | None = None) -> tuple[LatencyPredictor, str]:
     """The profile's model corrected by timing `target`'s decode, its verify at every gamma + 1
-    the space considers, and drafter-sized prefixes of it on this machine (`calibrate_host`),
-    with the one-line summary of what was measured against what the profile said."""
+    the space considers, drafter-sized prefixes of it and the work outside the forward on this
+    machine (`calibrate_host`, about 25 s for SmolLM2-135M on 2 cores), with the one-line summary
+    of what was measured against what the profile said."""
     from draftnas.latency import CalibratedModel, LatencyModel
     from draftnas.profile import ProfileOptions, calibrate_host
 

@@ -239,3 +239,19 @@ def test_a_tiny_calibration_runs_here_and_feeds_the_model():
     assert HostCalibration.from_dict(cal.to_dict()).target == "tiny"
     model = CalibratedModel(_LinearModel(), cal, tiny)
     assert model.predict_ms(tiny, context_tokens=16) == cal.target_ms[1]
+
+
+def test_work_outside_the_forward_is_added_where_the_loop_pays_it():
+    from draftnas.latency import CalibratedModel, HostCalibration
+    from draftnas.registry import get_architecture
+
+    target = get_architecture("smollm2-135m")
+    cal = HostCalibration(target="smollm2-135m", device_name="here", threads=2, context_tokens=128,
+                          target_ms={1: 122.0, 3: 160.0}, prefix_ms={1: 6.0, 2: 10.0},
+                          generate_overhead_ms=1.0, draft_overhead_ms=2.0, verify_overhead_ms=30.0)
+    model = CalibratedModel(_LinearModel(), cal, target)
+    assert model.predict_ms(target) == 123.0  # plain decoding: the target's step + generate's work
+    assert model.predict_ms(target, new_tokens=3) == 190.0  # a verify step of the loop
+    drafter = target.with_shape(num_hidden_layers=4)
+    assert model.predict_ms(drafter) == pytest.approx(2.0 * 9.0 + 2.0)  # a draft step of the loop
+    assert "30.0 per verify step" in model.summary()

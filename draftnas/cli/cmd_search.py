@@ -24,6 +24,8 @@ def ranked_table(result: SearchResult, top: int = 15) -> Table:
     assumed = info.acceptance_assumed
     title = (f"study {result.study_name}: drafters for {info.target} from {info.base}, "
              f"ranked by predicted tokens/s on {info.profile}")
+    if (result.profile_note or "").startswith("calibrated"):
+        title += ", calibrated on this machine"
     if assumed:
         title += f"\n[bold yellow]ACCEPTANCE ASSUMED ({info.acceptance_prior:g} per token), NOT MEASURED[/]"
     table = Table(title=title, header_style="bold", title_justify="left")
@@ -140,8 +142,9 @@ def search(
     top: int = typer.Option(15, "--top", help="Rows in the ranked table."),
     calibrate: bool = typer.Option(
         True, "--calibrate/--no-calibrate",
-        help="Before ranking, time the target's decode and verify steps and drafter-sized stacks on "
-             "this machine (about 10-20 s) and correct a CPU profile's predictions with them."),
+        help="Before ranking, time the target's decode and verify steps, drafter-sized stacks and a "
+             "few short decoding runs on this machine (about 25 s for SmolLM2-135M) and correct a CPU "
+             "profile's predictions with them."),
     json_out: bool = typer.Option(False, "--json",
                                   help="Print the result as JSON on stdout (progress stays on stderr)."),
     out_json: Path | None = typer.Option(None, "--out-json",
