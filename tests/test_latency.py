@@ -234,7 +234,8 @@ def test_a_tiny_calibration_runs_here_and_feeds_the_model():
                         vocab_size=256, tie_word_embeddings=True)
     cal = calibrate_host(ProfileOptions(device="cpu", repeats=3, warmup=1, threads=1), tiny, [2, 3],
                          context_tokens=16)
-    assert set(cal.target_ms) == {1, 2, 3} and set(cal.prefix_ms) == {1, 2}
+    assert set(cal.target_ms) == {1, 2, 3, 4} and set(cal.prefix_ms) == {1, 2}  # 4: the gamma-3 runs
+    assert min(cal.generate_overhead_ms, cal.draft_overhead_ms, cal.verify_overhead_ms) >= 0.0
     assert all(v > 0 for v in (*cal.target_ms.values(), *cal.prefix_ms.values()))
     assert HostCalibration.from_dict(cal.to_dict()).target == "tiny"
     model = CalibratedModel(_LinearModel(), cal, tiny)
