@@ -902,6 +902,15 @@ def _ranked(t: FrozenTrial) -> RankedTrial | None:
                        reused_from=a.get("reused_from"))
 
 
+def acceptance_ceiling(result: SearchResult) -> tuple[RankedTrial, WorkloadPrediction] | None:
+    """The ranked drafter whose prediction is highest if every drafted token were accepted, and
+    that prediction: the most any drafter of the study can give on this machine's latencies."""
+    space = result.info.space
+    bounds = [(r, predict_workload(r.latency, assumed_acceptance(1.0), space.workload, space.gamma))
+              for r in result.ranked]
+    return max(bounds, key=lambda rb: rb[1].speedup) if bounds else None
+
+
 def pareto_front(ranked: Sequence[RankedTrial]) -> tuple[int, ...]:
     """Trial numbers not dominated on (draft ms at the primary batch: lower, acceptance: higher)."""
     points = [(r.number, r.primary.draft_ms, r.acceptance.acceptance_rate) for r in ranked]

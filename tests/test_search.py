@@ -436,3 +436,16 @@ def test_the_table_keeps_whole_names_at_120_columns_and_says_what_to_run_next(tm
     assumed = run_search(smol_options(tmp_path, n_trials=4, prior=0.7, study="a"), StubLatency(),
                          PriorEvaluator(0.7))
     assert any("latency-only" in line for line in summary_lines(assumed))
+
+
+def test_when_nothing_wins_the_summary_gives_the_acceptance_one_ceiling(tmp_path):
+    from draftnas.cli.cmd_search import summary_lines
+    from draftnas.search import acceptance_ceiling
+
+    result = run_search(smol_options(tmp_path, n_trials=6), StubLatency(), FakeMeasured(alpha=0.02))
+    assert result.best is not None and result.best.throughput.speedup < 1.0
+    ranked, bound = acceptance_ceiling(result)
+    assert bound.speedup > max(r.throughput.speedup for r in result.ranked)  # acceptance 1 bounds them all
+    note = next(line for line in summary_lines(result) if line.startswith("NOTE: no candidate"))
+    assert ranked.candidate.name in note and f"{bound.speedup:.2f}x" in note
+    assert "acceptance that falls short" in note if bound.speedup > 1 else "no acceptance makes" in note

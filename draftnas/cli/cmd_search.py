@@ -78,14 +78,31 @@ def summary_lines(result: SearchResult) -> list[str]:
                      f"{b.throughput.speedup:.3f}x plain decoding "
                      f"({b.throughput.baseline_tokens_per_s:,.1f} tokens/s)")
     if result.best is not None and result.best.throughput.speedup < 1.0:
-        lines.append("NOTE: no candidate beats plain decoding (speedup < 1): acceptance is below "
-                     "break-even at this healing budget; heal longer or search another base.")
+        lines.append(_no_winner(result))
     if result.info.acceptance_assumed:
         lines.append(f"NOTE: {result.info.note}; ranking reflects latency only.")
     if result.profile_note:
         lines.append(result.profile_note if result.profile_note.startswith("calibrated")
                      else f"NOTE: {result.profile_note}.")
     return lines + next_commands(result)
+
+
+def _no_winner(result: SearchResult) -> str:
+    """Why nothing beats plain decoding here: the acceptance-1 ceiling, from the step latencies."""
+    from draftnas.search import acceptance_ceiling
+
+    ceiling = acceptance_ceiling(result)
+    assert ceiling is not None
+    r, bound = ceiling
+    e = bound.primary()
+    why = (f"even accepting every drafted token, the best of them ({r.candidate.name}) would reach "
+           f"{bound.speedup:.2f}x: at gamma {e.gamma}, {e.gamma} draft step(s) of {e.draft_ms:.1f} ms and a "
+           f"verify of {e.gamma + 1} tokens at {e.verify_ms:.1f} ms, against {e.target_ms:.1f} ms per "
+           "target token")
+    if bound.speedup <= 1.0:
+        return f"NOTE: no candidate beats plain decoding: {why}; no acceptance makes these drafters pay here."
+    return (f"NOTE: no candidate beats plain decoding at the acceptance measured: {why}, so it is acceptance "
+            "that falls short; heal longer, trace more of your workload, or search another base.")
 
 
 def next_commands(result: SearchResult) -> list[str]:
