@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
-METHODS = ("target", "draftnas", "hf_target", "hf_assisted")
 ENGINES = ("hf", "static")
 DEVICES = ("cpu", "cuda")
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

@@ -103,8 +103,7 @@ def spec_from_hf_config(config: Any, head_rows: int = 0) -> DecoderSpec:
 # --------------------------------------------------------------------------- matrix products
 
 
-LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2
-FORMS = ("F.linear(x, W)", "(W @ x.T).T", "x @ W.T.contiguous()")
+LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2  # F.linear(x, W), (W @ x.T).T, x @ W.T.contiguous()
 
 
 @dataclass
@@ -239,10 +238,6 @@ class KVCache:
     @property
     def slots(self) -> int:
         return int(self.keys.shape[3])
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.keys.nelement() * self.keys.element_size() * 2)
 
 
 class DecoderLayer(nn.Module):

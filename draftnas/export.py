@@ -27,6 +27,7 @@ from draftnas.errors import ExportError, InvalidInputError
 from draftnas.provenance import package_versions
 from draftnas.prune import PruningPlan, load_plan
 from draftnas.record import Record
+from draftnas.vocab import HEAD_MODULE
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-HEAD_MODULE = "modeling_draftnas_head.py"  # draftnas/hf_head.py, copied into reduced-head folders
+HEAD_MODULE_FILE = f"{HEAD_MODULE}.py"  # draftnas/hf_head.py, copied into reduced-head folders
 FULL_HEAD_DIR = "full-head"
 
 
@@ -161,7 +162,7 @@ def _save_reduced_head(model: Any, subset: Any, folder: Path) -> None:
     config = copy.deepcopy(model.config)
     config.draft_vocab_size = subset.size
     config.tie_word_embeddings = False
-    config.auto_map = {"AutoModelForCausalLM": f"{HEAD_MODULE.removesuffix('.py')}.{cls.__name__}"}
+    config.auto_map = {"AutoModelForCausalLM": f"{HEAD_MODULE}.{cls.__name__}"}
     weight = model.get_output_embeddings().weight
     with torch.device("meta"):
         reduced = cls(config)
@@ -169,7 +170,7 @@ def _save_reduced_head(model: Any, subset: Any, folder: Path) -> None:
     reduced.load_state_dict(state, strict=True, assign=True)
     reduced.generation_config = model.generation_config
     reduced.save_pretrained(folder, safe_serialization=True)
-    shutil.copyfile(hf_head.__file__, folder / HEAD_MODULE)
+    shutil.copyfile(hf_head.__file__, folder / HEAD_MODULE_FILE)
 
 
 def _save_full_head(model: Any, subset: Any, tokenizer: Any, folder: Path) -> int:
@@ -388,7 +389,8 @@ def _vocab_section(subset: Any, info: ExportInfo, parameters: int = 0,
         "comes from. Verification by the target is unchanged, so greedy output stays identical to the "
         "target's own.",
         f"- **transformers, this folder** ({parameters:,} parameters): `model.safetensors` holds the "
-        f"{subset.size:,}-row head and the kept ids. `{HEAD_MODULE}` (named in `config.json`'s `auto_map`) "
+        f"{subset.size:,}-row head and the kept ids. `{HEAD_MODULE_FILE}` (named in `config.json`'s "
+        "`auto_map`) "
         "multiplies by those rows only and returns logits over the whole vocabulary, -inf outside the "
         "kept ids, so `assistant_model=` stays lossless and pays for the small head. Load it with "
         "`trust_remote_code=True`; that file imports only torch and transformers.",

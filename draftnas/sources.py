@@ -265,9 +265,6 @@ def ensure_local_folder(spec: str) -> tuple[ModelSource, Path, bool]:
     return source, folder, False
 
 
-HEAD_MODULE = "modeling_draftnas_head"
-
-
 def _reduced_head_class(folder: Path) -> Any:
     """The draftnas.hf_head class a draftnas reduced-head folder names, or None for other folders.
 
@@ -281,6 +278,8 @@ def _reduced_head_class(folder: Path) -> Any:
         auto = (json.loads(config.read_text()).get("auto_map") or {}).get("AutoModelForCausalLM", "")
     except (json.JSONDecodeError, AttributeError):
         return None
+    from draftnas.vocab import HEAD_MODULE
+
     if not isinstance(auto, str) or not auto.startswith(HEAD_MODULE + "."):
         return None
     from draftnas import hf_head

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VOCAB_FILE = "draft_vocab.json"
+#: the module a reduced-head folder ships (a copy of draftnas/hf_head.py) and its config's auto_map names
+HEAD_MODULE = "modeling_draftnas_head"
 SCHEMA_VERSION = 1
 
 
