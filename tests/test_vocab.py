@@ -22,11 +22,18 @@ from draftnas.vocab import (
 V = 128
 
 
-def _tiny_llama(config, seed=0):
+def _tiny_llama(config, seed=0, **changes):
+    """A model on its own copy of the session's config (with `changes`): pruning or a reduced head
+    rewrites a model's config in place, which must not reach the fixture other tests build from."""
+    import copy
+
     from transformers import LlamaForCausalLM
 
+    own = copy.deepcopy(config)
+    for key, value in changes.items():
+        setattr(own, key, value)
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(own).eval()
 
 
 def test_ids_round_trip_and_out_of_subset_is_minus_one():
@@ -141,7 +148,10 @@ def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
     from draftnas.speculative import greedy_generate
     from draftnas.traces import TraceMetadata, TraceRecord, TraceRecordInfo, Traces
 
-    target = _tiny_llama(tiny_llama_config, seed=0)
+    # untied heads: tied random models just repeat their input token, so a drafter would agree
+    # with the target before any healing (this test relied on an earlier test untying the shared
+    # config, which only held when the files ran in one order)
+    target = _tiny_llama(tiny_llama_config, seed=0, tie_word_embeddings=False)
     records = []
     for i in range(6):
         prompt = [i + 1, 2 * i + 3]
@@ -156,7 +166,7 @@ def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
                          prompt_set="x", prompt_set_hash="h", n_prompts=6, temperatures=(0.0,), seed=0,
                          top_k=2, max_new_tokens=16, eos_token_ids=())
     traces = Traces(meta, records)
-    drafter = _tiny_llama(tiny_llama_config, seed=1)
+    drafter = _tiny_llama(tiny_llama_config, seed=1, tie_word_embeddings=False)
     drafter.model.layers = drafter.model.layers[:1]
     drafter.config.num_hidden_layers = 1
     cont_ids = [r.continuation_ids.tolist() for r in records]
@@ -187,13 +197,13 @@ def test_export_of_a_reduced_head_keeps_it_reduced_and_writes_a_plain_full_head_
 
     from transformers import AutoModelForCausalLM
 
-    from draftnas.export import FULL_HEAD_DIR, HEAD_MODULE
+    from draftnas.export import FULL_HEAD_DIR, HEAD_MODULE_FILE
 
     model, s, out = _exported_reduced(tmp_path, tiny_llama_config)
     ids = torch.tensor([[4, 8, 15]])
     want = model(ids).logits[0, -1]
     assert model.get_output_embeddings().weight.shape[0] == s.size  # the live model keeps its head
-    assert load_vocab_subset(out) == s and (out / HEAD_MODULE).is_file()
+    assert load_vocab_subset(out) == s and (out / HEAD_MODULE_FILE).is_file()
     config = json.loads((out / "config.json").read_text())
     assert config["draft_vocab_size"] == s.size and config["auto_map"]["AutoModelForCausalLM"].startswith(
         "modeling_draftnas_head.")
@@ -217,7 +227,7 @@ def test_export_of_a_reduced_head_keeps_it_reduced_and_writes_a_plain_full_head_
 
 def test_draftnas_loads_its_own_reduced_head_class_and_refuses_an_altered_folder(tmp_path, tiny_llama_config):
     from draftnas.errors import ModelSourceError
-    from draftnas.export import HEAD_MODULE
+    from draftnas.export import HEAD_MODULE_FILE
     from draftnas.hf_head import DraftnasLlamaReducedHead
     from draftnas.sources import load_model
     from tests.helpers import TinyTokenizer
@@ -227,7 +237,7 @@ def test_draftnas_loads_its_own_reduced_head_class_and_refuses_an_altered_folder
         mp.setattr("transformers.AutoTokenizer.from_pretrained", lambda *a, **k: TinyTokenizer())
         loaded = load_model(str(out)).model
         assert type(loaded) is DraftnasLlamaReducedHead and model_subset(loaded) == s
-        shipped = out / HEAD_MODULE
+        shipped = out / HEAD_MODULE_FILE
         shipped.write_text(shipped.read_text() + "\nimport os  # a change\n")
         with pytest.raises(ModelSourceError, match="not the file this draftnas ships"):
             load_model(str(out))
