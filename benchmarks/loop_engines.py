@@ -195,9 +195,9 @@ def _host(device: str) -> str:
 
     if device == "cuda":
         return str(torch.cuda.get_device_name())
-    from draftnas.profile import _cpu_model_name
+    from draftnas.machine import cpu_model_name
 
-    return f"{_cpu_model_name()}, load average {os.getloadavg()[0]:.2f}"
+    return f"{cpu_model_name()}, load average {os.getloadavg()[0]:.2f}"
 
 
 def _print(r: dict[str, Any]) -> None:

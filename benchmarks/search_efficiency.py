@@ -47,7 +47,8 @@ class ShapedPrior:
         return min(0.95, 0.5 + 0.25 * share ** 0.3)
 
     def evaluate(self, candidate: Any) -> Any:
-        from draftnas.search import Evaluation, assumed_acceptance
+        from draftnas.evaluate import Evaluation
+        from draftnas.scoring import assumed_acceptance
 
         return Evaluation(candidate, assumed_acceptance(self.alpha(candidate.arch)))
 
@@ -56,7 +57,7 @@ def enumerate_space(space: Any, base: Any, target: Any, predictor: Any, profile:
                     evaluator: Any) -> tuple[float, str, int, float]:
     """Exhaustive optimum: (tokens/s, candidate name, points scored, points per second)."""
     from draftnas.candidate import CandidateChoice, InfeasibleCandidateError, build_candidate
-    from draftnas.search import predict_workload, read_latency, target_latency
+    from draftnas.scoring import predict_workload, read_latency, target_latency
 
     w = space.width
     tl = target_latency(predictor, target, space.workload, space.gamma)
@@ -104,9 +105,11 @@ def main() -> None:
 
     import optuna
 
+    from draftnas.evaluate import PriorEvaluator
     from draftnas.registry import get_architecture
-    from draftnas.search import PriorEvaluator, SearchOptions, load_study, resolve_profile, run_search
+    from draftnas.search import SearchOptions, resolve_profile, run_search
     from draftnas.space import load_search_space
+    from draftnas.study import load_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_search_space(args.space)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from draftnas.errors import PlanError
-from draftnas.prune import drafter_label
+from draftnas.prune import PruningPlan, drafter_label
 from draftnas.record import Record
 from draftnas.registry import Architecture
 from draftnas.space import SearchSpace
@@ -55,16 +55,16 @@ class CandidateChoice(Record):
 class Candidate(Record):
     """A drafter proposed by the search: its shape, the knobs, and (once planned) its plan.
 
-    `plan` is a `PruningPlan.to_dict()`; before `plan_pruning` has run it holds the
-    shape-only plan (layer indices for first/even, widths, no kept indices), and it is
-    None when the shape cannot be a plan (a pruned hidden size, latency-only).
+    `plan`: before the drafter is built it is the shape-only plan (layer indices for
+    first/even, widths, no kept indices or head ids); after, the measured plan the drafter was
+    built from. None when the shape cannot be a plan (a pruned hidden size, latency-only).
     """
 
     name: str
     base: str
     arch: Architecture
     choice: CandidateChoice
-    plan: dict[str, Any] | None = None
+    plan: PruningPlan | None = None
 
     @property
     def key(self) -> str:
@@ -78,9 +78,9 @@ class Candidate(Record):
     def built_key(self) -> str:
         """Identity of the drafter actually built: the kept layers once the plan knows them (block
         influence and first-k that both keep layer 0 are one drafter), else `key`."""
-        layers = (self.plan or {}).get("layers")
-        if not layers:
+        if self.plan is None:
             return self.key
+        layers = self.plan.layers
         a = self.arch
         return (f"layers={','.join(map(str, layers))}|{a.hidden_size}|{a.num_attention_heads}|"
                 f"{a.num_key_value_heads}|{a.intermediate_size}|v{self.choice.vocab_size}")
@@ -102,7 +102,7 @@ class Candidate(Record):
         return (f"{a.num_hidden_layers} x {a.hidden_size} (q{a.num_attention_heads}/"
                 f"kv{a.num_key_value_heads}, mlp {a.intermediate_size})")
 
-    def with_plan(self, plan: dict[str, Any], arch: Architecture | None = None) -> Candidate:
+    def with_plan(self, plan: PruningPlan, arch: Architecture | None = None) -> Candidate:
         return replace(self, plan=plan, arch=arch or self.arch)
 
 
@@ -139,8 +139,8 @@ def _label(choice: CandidateChoice, heads: int, kv: int, intermediate_size: int)
 
 
 def shape_plan(base: Architecture, base_spec: str, choice: CandidateChoice,
-               arch: Architecture) -> dict[str, Any] | None:
-    """The shape-only `PruningPlan` dict for this choice, or None if no plan can express it."""
+               arch: Architecture) -> PruningPlan | None:
+    """The shape-only `PruningPlan` for this choice, or None if no plan can express it."""
     if arch.hidden_size != base.hidden_size:
         return None
     n, k = base.num_hidden_layers, choice.depth
@@ -150,13 +150,10 @@ def shape_plan(base: Architecture, base_spec: str, choice: CandidateChoice,
         layers = tuple(sorted({round(i * (n - 1) / max(k - 1, 1)) for i in range(k)})) if k > 1 else (0,)
     else:  # block influence is measured on weights by plan_pruning
         layers = tuple(range(k))
-    return {
-        "base": base_spec, "base_num_layers": n, "layers": list(layers),
-        "layer_selection": choice.layer_selection,
-        "num_attention_heads": arch.num_attention_heads,
-        "num_key_value_heads": arch.num_key_value_heads,
-        "intermediate_size": arch.intermediate_size,
-    }
+    return PruningPlan(base=base_spec, base_num_layers=n, layers=layers,
+                       layer_selection=choice.layer_selection, num_attention_heads=arch.num_attention_heads,
+                       num_key_value_heads=arch.num_key_value_heads,
+                       intermediate_size=arch.intermediate_size)
 
 
 def build_candidate(space: SearchSpace, base: Architecture, base_spec: str, choice: CandidateChoice,

@@ -172,7 +172,9 @@ class HealData:
 
 
 def data_from_traces(traces: Any, options: HealOptions) -> HealData:
-    """Held-out split of trace records (every `heldout_every`-th record) into HealSequences."""
+    """Held-out split of trace records (`traces.held_out` every `heldout_every`-th) into HealSequences."""
+    from draftnas.traces import held_out
+
     train: list[HealSequence] = []
     heldout: list[HealSequence] = []
     for i, rec in enumerate(traces.records):
@@ -183,7 +185,7 @@ def data_from_traces(traces: Any, options: HealOptions) -> HealData:
             top1=rec.topk_ids[:, 0].tolist(), topk_ids=rec.topk_ids, topk_probs=rec.topk_probs,
             leftover=rec.leftover,
         )
-        (heldout if i % options.heldout_every == 0 else train).append(_truncate(seq, options.max_seq_len))
+        (heldout if held_out(i, options.heldout_every) else train).append(_truncate(seq, options.max_seq_len))
     if not train or not heldout:
         raise TraceError(f"traces hold {len(traces.records)} usable records; healing needs at least "
                          f"{options.heldout_every + 1} (one held out every {options.heldout_every})")
@@ -207,7 +209,7 @@ def generate_heal_data(target: Any, tokenizer: Any, options: HealOptions,
     own greedy output and top-1 agreement on it equals greedy acceptance per token.
     """
     from draftnas.prompts import encode_prompt, load_prompts
-    from draftnas.traces import decode_batch, eos_token_ids
+    from draftnas.traces import decode_batch, eos_token_ids, held_out
 
     started = time.perf_counter()
     prompts = load_prompts(options.prompts, per_domain=options.prompts_per_domain)
@@ -226,7 +228,7 @@ def generate_heal_data(target: Any, tokenizer: Any, options: HealOptions,
                 continue
             top1 = d.topk_ids[:, 0].tolist()
             seq = _truncate(HealSequence(list(ids) + d.continuation, len(ids), top1), options.max_seq_len)
-            (heldout if (start + j) % options.heldout_every == 0 else train).append(seq)
+            (heldout if held_out(start + j, options.heldout_every) else train).append(seq)
         if progress:
             progress(min(start + batch, len(encoded)), len(encoded))
     if not train or not heldout:
@@ -278,13 +280,16 @@ def _collate(seqs: Sequence[HealSequence], pad_id: int, with_topk: bool) -> _Bat
 
 
 def _selected_logits(model: Any, batch: _Batch) -> torch.Tensor:
-    """Logits [N, V] at the batch's prediction positions only (the LM head skips prompt tokens)."""
-    inner, head = getattr(model, "model", None), getattr(model, "get_output_embeddings", lambda: None)()
-    if inner is None or head is None:
+    """Logits [N, V] at the batch's prediction positions only (the LM head skips prompt tokens),
+    through `acceptance.head_logits` (float32, Gemma's soft-capping applied)."""
+    from draftnas.acceptance import head_logits
+
+    inner = getattr(model, "model", None)
+    if inner is None or model.get_output_embeddings() is None:
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         return logits[batch.positions[:, 0], batch.positions[:, 1]].float()
     hidden = inner(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-    return head(hidden[batch.positions[:, 0], batch.positions[:, 1]]).float()  # [N, V]
+    return head_logits(model, hidden[batch.positions[:, 0], batch.positions[:, 1]])  # [N, V]
 
 
 def _head_subset(model: Any) -> torch.Tensor | None:
@@ -339,27 +344,15 @@ def kl_to_topk(drafter_logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs:
 # --------------------------------------------------------------------------- readings
 
 
-def greedy_tokens_per_step(matches: Sequence[bool], gamma: int) -> tuple[float, int]:
-    """Replay greedy speculative decoding over one continuation: (tokens produced, steps).
-
-    `matches[t]`: the drafter's top-1 equals the target's at continuation position t.
-    A step drafts up to `gamma` tokens, accepts the agreeing prefix and adds the
-    target's own token, so it advances accepted + 1 positions.
-    """
-    pos, steps, n = 0, 0, len(matches)
-    while pos < n:
-        accepted = 0
-        while accepted < gamma and pos + accepted < n and matches[pos + accepted]:
-            accepted += 1
-        pos += accepted + 1
-        steps += 1
-    return float(n), steps
-
-
 def measure_agreement(model: Any, seqs: Sequence[HealSequence], *, gamma: int = 4,
                       pad_id: int = 0, batch_size: int = 8) -> tuple[float, float, int]:
-    """(top-1 agreement, greedy tokens per step at `gamma`, positions) over held-out sequences."""
+    """(top-1 agreement, greedy tokens per step at `gamma`, positions) over held-out sequences.
+
+    Steps are `acceptance.greedy_steps`' replay of each continuation (the search's estimator)."""
+    import numpy as np
     import torch
+
+    from draftnas.acceptance import greedy_steps
 
     was_training = model.training
     model.eval()
@@ -377,10 +370,10 @@ def measure_agreement(model: Any, seqs: Sequence[HealSequence], *, gamma: int = 
             total += len(agree)
             offset = 0
             for s in chunk:
-                produced, n_steps = greedy_tokens_per_step(agree[offset:offset + s.continuation_len], gamma)
-                offset += s.continuation_len
-                tokens += produced
-                steps += n_steps
+                n = s.continuation_len
+                steps += int(greedy_steps([np.asarray(agree[offset:offset + n], dtype=float)], gamma, n)[0])
+                tokens += n
+                offset += n
     model.train(was_training)
     return hits / max(total, 1), tokens / max(steps, 1), total
 
@@ -673,86 +666,8 @@ def _result(drafter: Any, data: HealData, options: HealOptions, params: list, ru
     )
 
 
-# --------------------------------------------------------------------------- from specs (the CLI)
-
-
-@dataclass(frozen=True)
-class HealRequest(Record):
-    """What `draftnas heal` was asked: a drafter (plan + base, or a folder) and a teacher."""
-
-    plan_file: str | None = None
-    base: str | None = None
-    drafter: str | None = None
-    target: str | None = None
-    traces: str | None = None
-    options: HealOptions = field(default_factory=HealOptions)
-    checkpoint_dir: str | None = None
-    out_dir: str | None = None
-    force: bool = False
-
-
-def heal_from_request(request: HealRequest, *, progress: Progress | None = None,
-                      on_reading: Callable[[HealReading], None] | None = None,
-                      data_progress: Progress | None = None) -> HealResult:
-    """Build or load the drafter, load the teacher, heal, and (with `out_dir`) export the result."""
-    from draftnas.export import ExportInfo, check_destination, export_drafter
-    from draftnas.sources import load_model
-
-    if (request.plan_file is None) == (request.drafter is None):
-        raise InvalidInputError("pass either --plan FILE [--base BASE] or --drafter FOLDER")
-    if request.out_dir:
-        check_destination(request.out_dir, request.force)
-    drafter, tokenizer, plan, base, default_target = _drafter_from_request(request)
-    target = request.target or default_target
-    if request.traces:
-        from draftnas.traces import load_traces
-
-        teacher = load_traces(request.traces).select(temperature=0.0)
-    elif target == base and drafter.base_loaded is not None:
-        teacher = drafter.base_loaded.model
-    else:
-        teacher = load_model(target).model
-    result = heal(drafter.model, teacher, request.options, tokenizer=tokenizer,
-                  checkpoint_dir=request.checkpoint_dir, progress=progress, on_reading=on_reading,
-                  data_progress=data_progress)
-    if request.out_dir:
-        info = ExportInfo(base=base, target=target, plan=plan, heal=result, seed=request.options.seed,
-                          gamma=request.options.gamma, source="draftnas heal",
-                          measured={"top1_agreement_after_healing": result.top1_after})
-        export_drafter(drafter.model, tokenizer, request.out_dir, info, force=request.force)
-    return result
-
-
-@dataclass
-class _Drafter:
-    model: Any
-    base_loaded: Any
-
-
-def _drafter_from_request(request: HealRequest) -> tuple[_Drafter, Any, Any, str, str]:
-    """(drafter, tokenizer, plan or None, base spec, default target spec)."""
-    from draftnas.prune import PruningPlan, apply_plan, load_plan
-    from draftnas.sources import load_model
-
-    if request.plan_file is not None:
-        plan = load_plan(request.plan_file)
-        base = request.base or plan.base
-        if not base:
-            raise InvalidInputError("the plan names no base model; pass --base")
-        loaded = load_model(base)
-        drafter = _Drafter(apply_plan(loaded.model, plan), loaded)
-        return drafter, loaded.tokenizer, plan, base, base
-    assert request.drafter is not None
-    loaded = load_model(request.drafter)
-    meta_path = Path(request.drafter) / "draftnas.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    folder_plan = PruningPlan.from_data(meta["plan"]) if meta.get("plan") else None
-    base = str(meta.get("base") or request.drafter)
-    return _Drafter(loaded.model, None), loaded.tokenizer, folder_plan, base, str(meta.get("target") or base)
-
-
 __all__ = [
-    "HealData", "HealOptions", "HealReading", "HealRequest", "HealResult", "HealSequence", "data_from_traces",
-    "generate_heal_data", "greedy_tokens_per_step", "heal", "heal_from_request", "kl_to_logits", "kl_to_topk",
+    "HealData", "HealOptions", "HealReading", "HealResult", "HealSequence", "data_from_traces",
+    "generate_heal_data", "heal", "kl_to_logits", "kl_to_topk",
     "measure_agreement", "trainable_parameters",
 ]

@@ -28,9 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -38,12 +35,28 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from draftnas.bench import measure_terms, per_domain_measured, summarize_bench
+from draftnas.build import BuiltDrafter, build_drafter, choose_head, heal_options
+from draftnas.distill import HealData, HealOptions
 from draftnas.errors import InvalidInputError
+from draftnas.fidelity import (
+    DrafterRow,
+    Fidelity,
+    MeasuredTerms,
+    best_predicted_gamma,
+    decompose,
+    fidelity,
+    predict,
+)
+from draftnas.machine import MachineInfo, load_average, machine_info
 from draftnas.prune import PruningPlan
 from draftnas.record import Record
 from draftnas.registry import Architecture
+from draftnas.report import E2E_GPU_PROFILE, honest_notes, results_markdown
+from draftnas.search import SearchResult
 
 if TYPE_CHECKING:
+    from draftnas.acceptance import AcceptanceEstimate
     from draftnas.bench import BenchResult
     from draftnas.latency import LatencyModel, LatencyProfile
     from draftnas.prompts import Prompt
@@ -56,7 +69,6 @@ log = logging.getLogger(__name__)
 
 StageProgress = Callable[[str, int, int], None]
 ROLES = ("winner", "first-k", "deep-narrow", "even")
-GPU_PROFILE = "h100-sxm"
 
 
 # ---------------------------------------------------------------- options and records
@@ -137,127 +149,6 @@ class E2EOptions(Record):
 
 
 @dataclass(frozen=True)
-class MachineInfo(Record):
-    cpu_model: str
-    logical_cores: int
-    torch_threads: int
-    platform: str
-    load_average_before: str
-    load_average_after: str = ""
-    versions: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class MeasuredTerms(Record):
-    """Each latency of the model, measured alone (median ms over repeats) at one context length.
-
-    verify_ms[str(g)]: the target over g + 1 new tokens; prefill_*_ms: one pass over the
-    mean prompt (the analytical model ignores prefill).
-    """
-
-    context_tokens: int
-    draft_ms: float
-    target_ms: float
-    verify_ms: dict[str, float]
-    prefill_target_ms: float
-    prefill_draft_ms: float
-    prompt_tokens: int
-    repeats: int
-
-
-@dataclass(frozen=True)
-class Prediction(Record):
-    """The analytical model's figures for one drafter at one gamma (latencies from the profile)."""
-
-    gamma: int
-    tokens_per_step: float
-    draft_ms: float
-    verify_ms: float
-    target_ms: float
-    tokens_per_s: float
-    speedup: float
-
-
-@dataclass(frozen=True)
-class Measured(Record):
-    """Medians over repeats of the bench at one gamma."""
-
-    gamma: int
-    target_tokens_per_s: float
-    tokens_per_s: float
-    speedup: float
-    speedup_spread: tuple[float, float]
-    tokens_per_step: float
-    mean_accepted_per_step: float
-    bench_estimate_tokens_per_step: float | None
-    lossless: bool | None
-    repeats: int
-    step_ms: float  # per speculative step, prefill removed
-    target_token_ms: float  # per token of the target alone, prefill removed
-    drafted_per_step: float
-
-
-@dataclass(frozen=True)
-class Decomposition(Record):
-    """Predicted speedup with the model's terms replaced by measurements one at a time.
-
-    Each `delta_*` is the change in predicted speedup that term's measurement makes;
-    `overhead` is what remains (prefill, the Python loop, cache crops, generate()).
-    """
-
-    gamma: int
-    predicted: float
-    with_acceptance: float
-    with_draft: float
-    with_verify: float
-    with_target: float
-    measured: float
-    delta_acceptance: float
-    delta_draft: float
-    delta_verify: float
-    delta_target: float
-    delta_overhead: float
-    loop_overhead_ms_per_step: float
-    target_overhead_ms_per_token: float
-    worst_term: str
-
-
-@dataclass(frozen=True)
-class DrafterRow(Record):
-    name: str
-    role: str
-    layers: tuple[int, ...]
-    shape: str
-    parameters: int
-    non_embedding_parameters: int
-    folder: str | None
-    heal_top1_before: float | None
-    heal_top1_after: float | None
-    estimate_tokens_per_step: dict[str, float]
-    estimate_per_domain: dict[str, dict[str, float]]
-    predicted_best_gamma: int
-    predicted: dict[str, Prediction]  # str(gamma) -> at fixed and best gamma
-    measured: dict[str, Measured]
-    terms: MeasuredTerms | None
-    decomposition: dict[str, Decomposition]
-    measured_per_domain: dict[str, dict[str, float]]
-    gpu_predicted_speedup: float | None = None
-    same_as: str | None = None
-
-
-@dataclass(frozen=True)
-class Fidelity(Record):
-    """Predicted vs measured speedup across drafters (target alone excluded)."""
-
-    n_drafters: int
-    mape_fixed_gamma: float
-    mape_best_gamma: float
-    spearman_fixed_gamma: float | None
-    spearman_best_gamma: float | None
-    worst_terms: dict[str, str]
-
-
-@dataclass(frozen=True)
 class E2EResult(Record):
     options: E2EOptions
     machine: MachineInfo
@@ -265,7 +156,7 @@ class E2EResult(Record):
     profile_heldout_mape: float | None
     n_trace_prompts: int
     n_bench_prompts: int
-    search: dict[str, Any]
+    search: SearchResult
     rows: tuple[DrafterRow, ...]
     target_tokens_per_s: float
     target_predicted_tokens_per_s: float
@@ -281,64 +172,6 @@ class E2EResult(Record):
 
 
 # ---------------------------------------------------------------- small helpers
-
-
-def _load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
-def machine_info() -> MachineInfo:
-    import torch
-
-    from draftnas.provenance import package_versions
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return MachineInfo(cpu_model=cpu, logical_cores=os.cpu_count() or 1,
-                       torch_threads=torch.get_num_threads(), platform=platform.platform(),
-                       load_average_before=_load_average(),
-                       versions=package_versions())
-
-
-def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Spearman rank correlation (average ranks for ties); None below 3 points or with no spread."""
-    if len(xs) != len(ys) or len(xs) < 3:
-        return None
-
-    def ranks(v: Sequence[float]) -> list[float]:
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        out = [0.0] * len(v)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
-
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
-    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
-    return None if sx == 0 or sy == 0 else cov / (sx * sy)
-
-
-def mape(predicted: Sequence[float], measured: Sequence[float]) -> float:
-    """Mean absolute percentage error of `predicted` against `measured` (in %)."""
-    pairs = [(p, m) for p, m in zip(predicted, measured, strict=True) if m]
-    return 100.0 * statistics.fmean(abs(p - m) / abs(m) for p, m in pairs) if pairs else float("nan")
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -435,8 +268,9 @@ def search_space(options: E2EOptions) -> SearchSpace:
 def stage_search(options: E2EOptions, profile: LatencyProfile, label: str, traces: Path, out: Path,
                  tick: Callable[[int, int], None]) -> SearchResult:
     """The study (SQLite in the run folder: a re-run resumes it, a finished one returns at once)."""
+    from draftnas.evaluate import WeightsEvaluator
     from draftnas.latency import LatencyModel
-    from draftnas.search import SearchOptions, WeightsEvaluator, resolve_architecture, run_search
+    from draftnas.search import SearchOptions, resolve_architecture, run_search
 
     space = search_space(options)
     target_arch = resolve_architecture(options.target)
@@ -447,15 +281,6 @@ def stage_search(options: E2EOptions, profile: LatencyProfile, label: str, trace
         run_dir=str(out))
     evaluator = WeightsEvaluator(options.target, target_arch, traces, space, seed=options.seed)
     return run_search(search_options, LatencyModel.from_profile(profile), evaluator, progress=tick)
-
-
-def search_summary(result: SearchResult) -> dict[str, Any]:
-    top = [{"trial": r.number, "candidate": r.candidate.name, "shape": r.candidate.shape_label(),
-            "parameters": r.candidate.parameters,
-            "top1": r.acceptance.acceptance_rate,
-            "predicted_speedup": r.throughput.speedup, "gamma": r.primary.gamma} for r in result.ranked[:8]]
-    return {"study": result.study_name, "storage": result.storage, "counts": result.counts,
-            "wall_s": result.wall_s, "top": top}
 
 
 # ---------------------------------------------------------------- stage 4: baselines, heal, export
@@ -491,82 +316,62 @@ def baseline_options(winner: PruningPlan, base: Architecture) -> dict[str, Any]:
     }
 
 
-def _plan_key(plan: PruningPlan, vocab_size: int = 0) -> tuple[Any, ...]:
-    return (plan.layers, plan.num_attention_heads, plan.num_key_value_heads, plan.intermediate_size,
-            plan.kept_heads, plan.kept_kv_heads, plan.kept_channels, vocab_size)
-
-
 @dataclass(frozen=True)
-class BuiltDrafter(Record):
-    """A healed, exported drafter and its acceptance estimate on the held-out traces."""
+class RoleDrafter(Record):
+    """One drafter of the comparison: its role, the builder's record and its exported folder."""
 
     role: str
-    plan: PruningPlan
+    built: BuiltDrafter
     folder: str
-    heal: dict[str, Any] | None
-    estimate: dict[str, Any]
     same_as: str | None = None
-    vocab_size: int = 0  # rows of a reduced draft head (draftnas.vocab); 0 = the full vocabulary
 
     @property
-    def head_vocab_size(self) -> int | None:
-        return self.vocab_size or None
+    def plan(self) -> PruningPlan:
+        return self.built.plan
 
     @property
     def name(self) -> str:
-        return self.plan.label(self.vocab_size or 0)
+        return self.built.name
+
+    @property
+    def head_vocab_size(self) -> int | None:
+        return self.plan.head_rows or None
 
 
-def heal_options(budget: Budget, seed: int, n_records: int) -> Any:
-    from draftnas.distill import HealOptions
+def _heal_options(options: E2EOptions, heal_traces: Traces) -> HealOptions | None:
+    b = options.budget
+    return heal_options(steps=b.heal_steps, batch_size=b.heal_batch_size, lr=b.heal_lr,
+                        seq_len=b.heal_seq_len, seed=options.seed, n_records=len(heal_traces.records),
+                        gamma=b.fixed_gamma)
 
-    return HealOptions(steps=max(budget.heal_steps, 1), batch_size=budget.heal_batch_size, lr=budget.heal_lr,
-                       eval_every=0, max_seq_len=budget.heal_seq_len, seed=seed,
-                       heldout_every=max(2, min(4, n_records)), gamma=budget.fixed_gamma)
 
-
-def build_drafter(role: str, plan: PruningPlan, base: LoadedModel, traces: tuple[Traces, Traces],
-                  options: E2EOptions, out: Path, data: Any = None, vocab_size: int = 0) -> BuiltDrafter:
-    """apply_plan (+ the reduced draft head of `vocab_size` rows, chosen from the heal split's
-    tokens as the search did) -> heal on the traces (the budget's steps) -> export -> estimate
-    on held-out traces."""
-    from draftnas.acceptance import estimate_acceptance
-    from draftnas.distill import heal
+def build_role(role: str, plan: PruningPlan, base: LoadedModel, traces: tuple[Traces, Traces],
+               options: E2EOptions, out: Path, data: HealData | None = None) -> RoleDrafter:
+    """`build.build_drafter` on the heal split (the budget's steps), estimated on the held-out
+    split, exported to out/drafters/<role>; a re-run reads what an earlier run wrote."""
     from draftnas.export import ExportInfo, export_drafter
-    from draftnas.prune import apply_plan
 
     record = out / "drafters" / f"{role}.json"
     folder = out / "drafters" / role
     if record.is_file() and (folder / "draftnas.json").is_file():
-        return BuiltDrafter.from_dict(json.loads(record.read_text()))
+        return RoleDrafter.from_dict(json.loads(record.read_text()))
     heal_traces, held = traces
-    drafter = apply_plan(base.model, plan)
-    if vocab_size:
-        from draftnas.vocab import apply_vocab_subset, subset_from_traces
-
-        apply_vocab_subset(drafter, subset_from_traces(heal_traces, vocab_size, base.tokenizer,
-                                                       source="e2e heal split"))
-    h_options = heal_options(options.budget, options.seed, len(heal_traces.records))
-    result = None
-    if options.budget.heal_steps > 0:
-        result = heal(drafter, heal_traces, h_options, tokenizer=base.tokenizer, data=data,
-                      checkpoint_dir=out / "heal" / role)
-    drafter.eval()
-    estimate = estimate_acceptance(drafter, held, max_gamma=options.budget.max_gamma)
-    info = ExportInfo(base=options.target, target=options.target, plan=plan, heal=result,
+    built = build_drafter(plan, base, heal=_heal_options(options, heal_traces), teacher=heal_traces,
+                          data=data, held=held, max_gamma=options.budget.max_gamma,
+                          checkpoint_dir=out / "heal" / role)
+    assert built.estimate is not None
+    info = ExportInfo(base=options.target, target=options.target, plan=plan, heal=built.heal,
                       source=f"draftnas e2e ({role})", seed=options.seed, gamma=options.budget.fixed_gamma,
-                      measured={"top1_agreement_heldout": estimate.top1_agreement})
-    export_drafter(drafter, base.tokenizer, folder, info, force=True)
-    built = BuiltDrafter(role=role, plan=plan, folder=str(folder), heal=result.to_dict() if result else None,
-                         estimate=estimate.to_dict(), vocab_size=vocab_size)
-    _write_json(record, built.to_dict())
-    return built
+                      measured={"top1_agreement_heldout": built.estimate.top1_agreement})
+    export_drafter(built.model, base.tokenizer, folder, info, force=True)
+    drafter = RoleDrafter(role=role, built=built, folder=str(folder))
+    _write_json(record, drafter.to_dict())
+    return drafter
 
 
 def heal_and_held_out(traces_path: Path) -> tuple[Traces, Traces]:
     """(heal split, held-out split) of the greedy traces: the search's own split."""
-    from draftnas.search import split_traces
-    from draftnas.traces import load_traces
+    from draftnas.traces import load_traces, split_traces
 
     held, rest = split_traces(load_traces(traces_path).select(temperature=0.0))
     return rest, held
@@ -574,12 +379,12 @@ def heal_and_held_out(traces_path: Path) -> tuple[Traces, Traces]:
 
 def stage_drafters(winner: PruningPlan, base: LoadedModel, base_arch: Architecture,
                    traces: tuple[Traces, Traces], options: E2EOptions, out: Path,
-                   tick: Callable[[int, int], None], winner_vocab: int = 0) -> list[BuiltDrafter]:
-    """The winner and the three baselines, healed alike; a baseline equal to the winner is not rebuilt.
+                   tick: Callable[[int, int], None]) -> list[RoleDrafter]:
+    """The winner and the three baselines, healed alike; a baseline equal to another is not rebuilt.
 
-    `traces`: (heal split, held-out split). The winner keeps the reduced draft head the search
-    chose (`winner_vocab` rows); the baselines are what one would build without a search: pruned
-    layers under the base's full LM head.
+    `traces`: (heal split, held-out split). The winner keeps the reduced draft head its plan
+    carries; the baselines are what one would build without a search: pruned layers under the
+    base's full LM head.
     """
     from draftnas.distill import data_from_traces
     from draftnas.prune import plan_pruning
@@ -587,17 +392,15 @@ def stage_drafters(winner: PruningPlan, base: LoadedModel, base_arch: Architectu
     plans: dict[str, PruningPlan] = {"winner": winner}
     for role, plan_options in baseline_options(winner, base_arch).items():
         plans[role] = plan_pruning(base.model, plan_options, tokenizer=base.tokenizer)
-    data = data_from_traces(traces[0], heal_options(options.budget, options.seed, len(traces[0].records)))
-    built: list[BuiltDrafter] = []
-    vocab = {"winner": winner_vocab}
+    h = _heal_options(options, traces[0])
+    data = data_from_traces(traces[0], h) if h is not None else None
+    built: list[RoleDrafter] = []
     for i, role in enumerate(ROLES):
-        key = _plan_key(plans[role], vocab.get(role, 0))
-        twin = next((b for b in built if _plan_key(b.plan, b.vocab_size) == key), None)
+        twin = next((b for b in built if b.plan == plans[role]), None)
         if twin is not None:
             built.append(replace(twin, role=role, same_as=twin.role))
         else:
-            built.append(build_drafter(role, plans[role], base, traces, options, out, data,
-                                       vocab_size=vocab.get(role, 0)))
+            built.append(build_role(role, plans[role], base, traces, options, out, data))
         tick(i + 1, len(ROLES))
     return built
 
@@ -609,7 +412,7 @@ def tuned_role(domain: str) -> str:
 def check_tuned_domain(options: E2EOptions, trace_prompts: Sequence[Prompt]) -> None:
     """Refuse, before any work, a tuned domain that is unknown or has too few traces to heal on."""
     from draftnas.prompts import DOMAINS
-    from draftnas.search import held_out
+    from draftnas.traces import held_out
 
     d = options.tuned_domain
     if d is None:
@@ -622,150 +425,24 @@ def check_tuned_domain(options: E2EOptions, trace_prompts: Sequence[Prompt]) -> 
                                 f"needs 2; raise the budget's trace_per_domain or pass --tuned-domain none")
 
 
-def stage_tuned(winner: BuiltDrafter, base: LoadedModel, traces: tuple[Traces, Traces], domain: str,
-                options: E2EOptions, out: Path) -> BuiltDrafter:
-    """The winner's plan (and head size) healed with the same budget on ONE domain's heal traces.
+def stage_tuned(winner: RoleDrafter, base: LoadedModel, traces: tuple[Traces, Traces], domain: str,
+                options: E2EOptions, out: Path) -> RoleDrafter:
+    """The winner's plan healed with the same budget on ONE domain's heal traces.
 
     Held-out traces stay all four domains, so its per-domain estimate sits beside the winner's.
-    The reduced head, if any, is chosen from that domain's tokens: part of tuning for it.
+    A reduced head is chosen again from that domain's tokens (same size): part of tuning for it.
     """
     rest, held = traces
-    return build_drafter(tuned_role(domain), winner.plan, base, (rest.select(domains=[domain]), held),
-                         options, out, vocab_size=winner.vocab_size)
+    domain_traces = rest.select(domains=[domain])
+    plan = choose_head(winner.plan, winner.plan.head_rows, domain_traces, base.tokenizer,
+                       source=f"e2e heal split, {domain} only")
+    return build_role(tuned_role(domain), plan, base, (domain_traces, held), options, out)
 
 
 # ---------------------------------------------------------------- stage 5: each term measured alone
 
 
-def _timed(fn: Callable[[], Any], repeats: int) -> float:
-    """Median wall ms of `fn` over `repeats` calls after one warm-up."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000.0)
-    return statistics.median(times)
-
-
-def _forward_ms(model: Any, prompt: list[int], new_tokens: int, repeats: int) -> float:
-    """One cached forward over `new_tokens` tokens after `prompt` (cache cropped back each call)."""
-    import torch
-    from transformers import DynamicCache
-
-    from draftnas.speculative import crop_cache
-
-    cache = DynamicCache()
-    with torch.inference_mode():
-        model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1)
-        feed = torch.tensor([prompt[-new_tokens:] if len(prompt) >= new_tokens else [0] * new_tokens])
-
-        def step() -> None:
-            model(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=new_tokens)
-            crop_cache(cache, len(prompt))
-
-        return _timed(step, repeats)
-
-
-def _prefill_ms(model: Any, prompt: list[int], repeats: int) -> float:
-    import torch
-
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        return _timed(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1), max(3, repeats // 3))
-
-
-def measure_terms(target: Any, drafter: Any, prompt_ids: Sequence[int], context_tokens: int,
-                  gammas: Sequence[int], repeats: int, prompt_tokens: int) -> MeasuredTerms:
-    """Each latency the analytical model uses, timed alone at `context_tokens` of KV cache."""
-    ids = list(prompt_ids)
-    context = (ids * (context_tokens // max(len(ids), 1) + 1))[:context_tokens]
-    prompt = (ids * (prompt_tokens // max(len(ids), 1) + 1))[:prompt_tokens]
-    return MeasuredTerms(
-        context_tokens=context_tokens, draft_ms=_forward_ms(drafter, context, 1, repeats),
-        target_ms=_forward_ms(target, context, 1, repeats),
-        verify_ms={str(g): _forward_ms(target, context, g + 1, repeats) for g in sorted(set(gammas))},
-        prefill_target_ms=_prefill_ms(target, prompt, repeats),
-        prefill_draft_ms=_prefill_ms(drafter, prompt, repeats),
-        prompt_tokens=prompt_tokens, repeats=repeats)
-
-
 # ---------------------------------------------------------------- predictions and the analysis (pure)
-
-
-def predict(model: LatencyModel, drafter: Architecture, target: Architecture, tokens_per_step: float,
-            gamma: int, context_tokens: int, head_vocab_size: int | None = None) -> Prediction:
-    """`head_vocab_size`: rows of the drafter's reduced LM head (None: the full vocabulary)."""
-    from draftnas.throughput import predict_throughput
-
-    draft_ms = model.predict_ms(drafter, new_tokens=1, context_tokens=context_tokens,
-                                head_vocab_size=head_vocab_size)
-    target_ms = model.predict_ms(target, new_tokens=1, context_tokens=context_tokens)
-    verify_ms = model.predict_ms(target, new_tokens=gamma + 1, context_tokens=context_tokens)
-    est = predict_throughput(gamma=gamma, draft_ms=draft_ms, target_ms=target_ms, verify_ms=verify_ms,
-                             tokens_per_step=min(max(tokens_per_step, 1.0), gamma + 1.0))
-    return Prediction(gamma=gamma, tokens_per_step=est.tokens_per_step, draft_ms=draft_ms,
-                      verify_ms=est.verify_ms, target_ms=target_ms, tokens_per_s=est.tokens_per_s,
-                      speedup=est.speedup)
-
-
-def best_predicted_gamma(model: LatencyModel, drafter: Architecture, target: Architecture,
-                         tokens_per_step: dict[str, float], max_gamma: int, context_tokens: int,
-                         head_vocab_size: int | None = None) -> int:
-    """The gamma >= 1 with the highest predicted tokens/s (gamma 0 is the target alone, benched anyway)."""
-    def tokens_per_s(g: int) -> float:
-        return predict(model, drafter, target, tokens_per_step[str(g)], g, context_tokens,
-                       head_vocab_size).tokens_per_s
-
-    return max(range(1, max_gamma + 1), key=tokens_per_s)
-
-
-def _speedup(tokens: float, gamma: float, draft_ms: float, verify_ms: float, target_ms: float) -> float:
-    return tokens * target_ms / (gamma * draft_ms + verify_ms)
-
-
-def decompose(pred: Prediction, meas: Measured, terms: MeasuredTerms) -> Decomposition:
-    """Swap the model's terms for measured ones in order acceptance, draft, verify, target.
-
-    The acceptance swap also uses the loop's real drafts per step (fewer than gamma at the
-    end of a budget or after an end-of-sequence token). What is left is overhead the model
-    omits: prefill and per-step Python/cache work (`loop_overhead_ms_per_step`, from the
-    loop's measured step time minus its measured forwards).
-    """
-    g, d = pred.gamma, meas.drafted_per_step
-    verify = terms.verify_ms.get(str(g), pred.verify_ms)
-    s0 = pred.speedup
-    s1 = _speedup(meas.tokens_per_step, d, pred.draft_ms, pred.verify_ms, pred.target_ms)
-    s2 = _speedup(meas.tokens_per_step, d, terms.draft_ms, pred.verify_ms, pred.target_ms)
-    s3 = _speedup(meas.tokens_per_step, d, terms.draft_ms, verify, pred.target_ms)
-    s4 = _speedup(meas.tokens_per_step, d, terms.draft_ms, verify, terms.target_ms)
-    deltas = {"acceptance": s1 - s0, "draft latency": s2 - s1, "verify latency": s3 - s2,
-              "target latency": s4 - s3, "loop overheads": meas.speedup - s4}
-    return Decomposition(
-        gamma=g, predicted=s0, with_acceptance=s1, with_draft=s2, with_verify=s3, with_target=s4,
-        measured=meas.speedup, delta_acceptance=deltas["acceptance"], delta_draft=deltas["draft latency"],
-        delta_verify=deltas["verify latency"], delta_target=deltas["target latency"],
-        delta_overhead=deltas["loop overheads"],
-        loop_overhead_ms_per_step=meas.step_ms - (d * terms.draft_ms + verify),
-        target_overhead_ms_per_token=meas.target_token_ms - terms.target_ms,
-        worst_term=max(deltas, key=lambda k: abs(deltas[k])))
-
-
-def fidelity(rows: Sequence[DrafterRow], fixed_gamma: int) -> Fidelity:
-    """MAPE and Spearman of predicted vs measured speedup at the fixed and the best gamma."""
-    distinct = [r for r in rows if r.same_as is None and r.measured]
-    out: dict[str, Any] = {}
-    worst: dict[str, str] = {}
-    for key, pick in (("fixed", lambda r: str(fixed_gamma)), ("best", lambda r: str(r.predicted_best_gamma))):
-        pred = [r.predicted[pick(r)].speedup for r in distinct]
-        meas = [r.measured[pick(r)].speedup for r in distinct]
-        out[f"mape_{key}_gamma"] = mape(pred, meas) if distinct else float("nan")
-        out[f"spearman_{key}_gamma"] = spearman(pred, meas)
-        for r in distinct:
-            dec = r.decomposition.get(pick(r))
-            if dec is not None and abs(dec.predicted - dec.measured) > 0.10 * abs(dec.measured):
-                worst[f"{r.role}@{pick(r)}"] = dec.worst_term
-    return Fidelity(n_drafters=len(distinct), worst_terms=worst, **out)
 
 
 # ---------------------------------------------------------------- stage 6: bench
@@ -792,38 +469,6 @@ def bench_one(target: LoadedModel, folder: str, prompts: Sequence[Prompt], gamma
     return result
 
 
-def summarize_bench(runs: Sequence[BenchResult], terms: MeasuredTerms) -> Measured:
-    """Medians over repeats; per-step and per-token times with the measured prefill taken out."""
-    rows = [p for r in runs for p in r.prompts]
-    steps = max(sum(p.steps for p in rows), 1)
-    prefill_spec = (terms.prefill_target_ms + terms.prefill_draft_ms) * len(rows)
-    step_ms = (sum(p.draftnas_s for p in rows) * 1000.0 - prefill_spec) / steps
-    target_token_ms = ((sum(p.target_s for p in rows) * 1000.0 - terms.prefill_target_ms * len(rows))
-                       / max(sum(p.new_tokens for p in rows), 1))
-    speedups = [r.draftnas_speedup for r in runs]
-    estimate = next((r.predicted_tokens_per_step for r in runs if r.predicted_tokens_per_step is not None),
-                    None)
-    return Measured(
-        gamma=runs[0].gamma, target_tokens_per_s=statistics.median(r.target_tokens_per_s for r in runs),
-        tokens_per_s=statistics.median(r.draftnas_tokens_per_s for r in runs),
-        speedup=statistics.median(speedups), speedup_spread=(min(speedups), max(speedups)),
-        tokens_per_step=statistics.median(r.tokens_per_step for r in runs),
-        mean_accepted_per_step=statistics.median(r.mean_accepted_per_step for r in runs),
-        bench_estimate_tokens_per_step=estimate,
-        lossless=None if runs[0].lossless is None else all(bool(r.lossless) for r in runs),
-        repeats=len(runs), step_ms=step_ms, target_token_ms=target_token_ms,
-        drafted_per_step=sum(p.drafted for p in rows) / steps)
-
-
-def per_domain_measured(runs: Sequence[BenchResult]) -> dict[str, dict[str, float]]:
-    by: dict[str, list[Any]] = {}
-    for p in (p for r in runs for p in r.prompts):
-        by.setdefault(p.domain, []).append(p)
-    return {d: {"tokens_per_step": sum(p.draftnas_tokens for p in ps) / max(sum(p.steps for p in ps), 1),
-                "acceptance_rate": sum(p.accepted for p in ps) / max(sum(p.drafted for p in ps), 1),
-                "prompts": float(len({p.prompt_id for p in ps}))} for d, ps in sorted(by.items())}
-
-
 # ---------------------------------------------------------------- the pipeline
 
 
@@ -840,11 +485,11 @@ class _Context:
     sample_ids: list[int]
 
 
-def _row_for(ctx: _Context, built: BuiltDrafter, gpu: LatencyModel | None,
+def _row_for(ctx: _Context, built: RoleDrafter, gpu: LatencyModel | None,
              runs: dict[int, list[BenchResult]], terms: MeasuredTerms | None, best: int) -> DrafterRow:
     arch = built.plan.architecture(ctx.target_arch)
-    est = built.estimate
-    tps: dict[str, float] = {str(k): float(v) for k, v in est["tokens_per_step"].items()}
+    est = _estimate(built)
+    tps = dict(est.tokens_per_step)
     fixed = ctx.options.budget.fixed_gamma
     gammas = sorted({fixed, best})
     predicted = {str(g): predict(ctx.latency, arch, ctx.target_arch, tps[str(g)], g, ctx.context_tokens,
@@ -855,22 +500,27 @@ def _row_for(ctx: _Context, built: BuiltDrafter, gpu: LatencyModel | None,
     if gpu is not None and str(best) in measured:
         gpu_speedup = predict(gpu, arch, ctx.target_arch, measured[str(best)].tokens_per_step, best,
                               ctx.context_tokens, built.head_vocab_size).speedup
-    heal = built.heal or {}
-    per_domain = {d: {"top1": float(v["top1_agreement"]),
-                      "tokens_per_step": float(v["tokens_per_step"][str(fixed)]),
-                      "prompts": float(v["n_prompts"])} for d, v in est.get("per_domain", {}).items()}
-    head = f", head {built.vocab_size}" if built.vocab_size else ""
+    heal = built.built.heal
+    per_domain = {d: {"top1": v.top1_agreement, "tokens_per_step": v.tokens_per_step[str(fixed)],
+                      "prompts": float(v.n_prompts)} for d, v in est.per_domain.items()}
+    head = f", head {built.head_vocab_size}" if built.head_vocab_size else ""
     return DrafterRow(
         name=built.name, role=built.role, layers=built.plan.layers,
         shape=f"{arch.num_hidden_layers} x {arch.hidden_size} (q{arch.num_attention_heads}/"
               f"kv{arch.num_key_value_heads}, mlp {arch.intermediate_size}{head})",
         parameters=arch.parameters_with_head(built.head_vocab_size),
         non_embedding_parameters=arch.non_embedding_parameters(),
-        folder=built.folder, heal_top1_before=heal.get("top1_before"), heal_top1_after=heal.get("top1_after"),
+        folder=built.folder, heal_top1_before=heal.top1_before if heal else None,
+        heal_top1_after=heal.top1_after if heal else None,
         estimate_tokens_per_step=tps, estimate_per_domain=per_domain, predicted_best_gamma=best,
         predicted=predicted, measured=measured, terms=terms, decomposition=decomposition,
         measured_per_domain=per_domain_measured(runs.get(fixed, [])), gpu_predicted_speedup=gpu_speedup,
         same_as=built.same_as)
+
+
+def _estimate(drafter: RoleDrafter) -> AcceptanceEstimate:
+    assert drafter.built.estimate is not None  # build_role always estimates on the held-out split
+    return drafter.built.estimate
 
 
 def _gpu_model() -> LatencyModel | None:
@@ -878,14 +528,14 @@ def _gpu_model() -> LatencyModel | None:
     from draftnas.latency import LatencyModel, default_profile
 
     try:
-        return LatencyModel.from_profile(default_profile(GPU_PROFILE))
+        return LatencyModel.from_profile(default_profile(E2E_GPU_PROFILE))
     except DraftnasError:
         return None
 
 
-def _bench_all(ctx: _Context, built: Sequence[BuiltDrafter], bests: dict[str, int],
+def _bench_all(ctx: _Context, built: Sequence[RoleDrafter], bests: dict[str, int],
                tick: Callable[[int, int], None],
-               extra: Sequence[BuiltDrafter] = ()) -> dict[str, dict[int, list[BenchResult]]]:
+               extra: Sequence[RoleDrafter] = ()) -> dict[str, dict[int, list[BenchResult]]]:
     """Every distinct drafter at the fixed and its best gamma (`extra` ones at the fixed gamma only),
     repeats outermost (drift hits all alike)."""
     fixed = ctx.options.budget.fixed_gamma
@@ -905,7 +555,7 @@ def _bench_all(ctx: _Context, built: Sequence[BuiltDrafter], bests: dict[str, in
     return runs
 
 
-def _terms_for(ctx: _Context, built: BuiltDrafter, gammas: Sequence[int]) -> MeasuredTerms:
+def _terms_for(ctx: _Context, built: RoleDrafter, gammas: Sequence[int]) -> MeasuredTerms:
     from draftnas.sources import load_model
 
     path = ctx.out / "terms" / f"{built.role}.json"
@@ -960,14 +610,13 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
     if search.best is None or search.best.candidate.plan is None:
         raise InvalidInputError(f"the search finished no trial with a pruning plan (study "
                                 f"{search.study_name}); see its storage for the failures")
-    winner = PruningPlan.from_data(search.best.candidate.plan)
+    winner = search.best.candidate.plan
     target_arch = resolve_architecture(options.target)
     traces = heal_and_held_out(traces_path)
     built = stage_drafters(winner, target, target_arch, traces, options, out,
-                           stages.start("heal + export", len(ROLES)),
-                           winner_vocab=search.best.candidate.head_vocab_size or 0)
+                           stages.start("heal + export", len(ROLES)))
     stages.done()
-    tuned: BuiltDrafter | None = None
+    tuned: RoleDrafter | None = None
     if options.tuned_domain is not None:
         tick = stages.start(f"heal on {options.tuned_domain} only")
         tuned = stage_tuned(built[0], target, traces, options.tuned_domain, options, out)
@@ -982,7 +631,7 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
                    prompt_tokens=prompt_tokens, sample_ids=[t for e in encoded for t in e])
     bests = {b.role: best_predicted_gamma(
         ctx.latency, b.plan.architecture(target_arch), target_arch,
-        {str(k): float(v) for k, v in b.estimate["tokens_per_step"].items()},
+        _estimate(b).tokens_per_step,
         options.budget.max_gamma, ctx.context_tokens, b.head_vocab_size) for b in built}
     tick = stages.start("latency terms", len(built))
     terms: dict[str, MeasuredTerms] = {}
@@ -1005,10 +654,10 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
 
 
 def _assemble(ctx: _Context, search: SearchResult, label: str, profile: LatencyProfile,
-              machine: MachineInfo, built: Sequence[BuiltDrafter], bests: dict[str, int],
+              machine: MachineInfo, built: Sequence[RoleDrafter], bests: dict[str, int],
               runs: dict[str, dict[int, list[BenchResult]]], terms: dict[str, MeasuredTerms],
               stages: _Stages, started: float, n_traced: int,
-              tuned: BuiltDrafter | None = None) -> E2EResult:
+              tuned: RoleDrafter | None = None) -> E2EResult:
     gpu = _gpu_model()
     rows = tuple(_row_for(ctx, b, gpu, runs[b.role], terms.get(b.role), bests[b.role]) for b in built)
     tuned_row = None if tuned is None else _row_for(ctx, tuned, None, runs[tuned.role], terms.get(tuned.role),
@@ -1018,9 +667,9 @@ def _assemble(ctx: _Context, search: SearchResult, label: str, profile: LatencyP
     target_pred = 1000.0 / ctx.latency.predict_ms(ctx.target_arch, context_tokens=ctx.context_tokens)
     fid = fidelity(rows, ctx.options.budget.fixed_gamma)
     result = E2EResult(
-        options=ctx.options, machine=replace(machine, load_average_after=_load_average()), profile=label,
+        options=ctx.options, machine=replace(machine, load_average_after=load_average()), profile=label,
         profile_heldout_mape=getattr(profile, "heldout_mape", None), n_trace_prompts=n_traced,
-        n_bench_prompts=len(ctx.bench_prompts), search=search_summary(search), rows=rows,
+        n_bench_prompts=len(ctx.bench_prompts), search=search, rows=rows,
         target_tokens_per_s=target_tps, target_predicted_tokens_per_s=target_pred, fidelity=fid, notes=(),
         stage_s=dict(stages.seconds), wall_s=round(time.perf_counter() - started, 1), out_dir=str(ctx.out),
         tuned=tuned_row)
@@ -1028,202 +677,6 @@ def _assemble(ctx: _Context, search: SearchResult, label: str, profile: LatencyP
 
 
 # ---------------------------------------------------------------- what the figures say, and the files
-
-
-def _best_measured(row: DrafterRow) -> Measured | None:
-    return max(row.measured.values(), key=lambda m: m.speedup, default=None)
-
-
-def honest_notes(result: E2EResult) -> list[str]:
-    """Plain sentences on what was measured: who won, whether speculation paid, what a GPU implies."""
-    notes = []
-    scored = [(r, m) for r in result.rows if r.same_as is None and (m := _best_measured(r)) is not None]
-    if not scored:
-        return ["no drafter was benched"]
-    top, top_m = max(scored, key=lambda rm: rm[1].speedup)
-    winner = result.row("winner")
-    verdict = "has" if top.role == "winner" else f"does NOT have (the {top.role} baseline does)"
-    notes.append(f"the draftnas winner {winner.name} {verdict} the highest measured speedup: "
-                 f"{top.name} {top_m.speedup:.3f}x at gamma {top_m.gamma}.")
-    others = [(r, m) for r, m in scored if r is not top]
-    if others:
-        best_other = max(m.speedup_spread[1] for _, m in others)
-        runner = max(m.speedup for _, m in others)
-        apart = "apart" if top_m.speedup_spread[0] > best_other else "overlapping"
-        notes.append(f"margin over the next drafter: {top_m.speedup / runner - 1:+.1%} (medians); repeats "
-                     f"{apart}: the top's slowest {top_m.speedup_spread[0]:.3f}x vs the others' fastest "
-                     f"{best_other:.3f}x.")
-    if top_m.speedup < 1.0:
-        notes.append(f"on this CPU speculative decoding does NOT beat the target alone for this target: best "
-                     f"{top_m.tokens_per_s:.1f} tokens/s vs {top_m.target_tokens_per_s:.1f} tokens/s alone "
-                     f"({top_m.speedup:.3f}x); acceptance after this healing budget is below break-even.")
-    else:
-        lo, hi = top_m.speedup_spread
-        same = {True: "identical to", False: "NOT identical to", None: "not compared with"}[top_m.lossless]
-        verdict = ("beats the target alone on this machine" if lo > 1.0 else
-                   "only breaks even with the target alone on this machine (its repeats straddle 1x)")
-        notes.append(f"speculative decoding with {top.name} {verdict}: "
-                     f"{top_m.tokens_per_s:.1f} tokens/s vs {top_m.target_tokens_per_s:.1f} tokens/s alone "
-                     f"({top_m.speedup:.3f}x, {lo:.3f}-{hi:.3f} over {top_m.repeats} repeats); greedy output "
-                     f"{same} the target's.")
-    notes += _edge_notes(result, winner)
-    notes += _tuned_notes(result, winner)
-    gpu = [(r, r.gpu_predicted_speedup) for r, _ in scored if r.gpu_predicted_speedup is not None]
-    if gpu:
-        r, s = max(gpu, key=lambda x: x[1] or 0.0)
-        notes.append(f"with the measured acceptance, the {GPU_PROFILE} spec-sheet profile predicts "
-                     f"{s:.2f}x for {r.name} (a GPU decode step of a 135M target costs about as much as a "
-                     "few drafter layers, so depth, not parameters, sets the drafter's cost there).")
-    f = result.fidelity
-    notes.append(f"prediction fidelity over {f.n_drafters} drafters: MAPE {f.mape_best_gamma:.1f}% at the "
-                 f"best gamma, {f.mape_fixed_gamma:.1f}% at the fixed gamma; Spearman "
-                 f"{_fmt_opt(f.spearman_best_gamma)} / {_fmt_opt(f.spearman_fixed_gamma)}.")
-    if f.worst_terms:
-        terms = sorted(set(f.worst_terms.values()), key=list(f.worst_terms.values()).count, reverse=True)
-        notes.append(f"off by more than 10%: {', '.join(f.worst_terms)}; largest term: {', '.join(terms)} "
-                     "(see the decomposition table).")
-    close = [r.name for r, m in scored if r is not top and m.speedup >= 0.98 * top_m.speedup]
-    if close:
-        notes.append(f"{', '.join(close)} measured within 2% of the top: a tie within noise here.")
-    return notes
-
-
-def _edge_notes(result: E2EResult, winner: DrafterRow) -> list[str]:
-    """Where the winner's speedup over each baseline comes from: its draft step or its acceptance."""
-    w = _best_measured(winner)
-    if w is None or winner.terms is None:
-        return []
-    notes = []
-    for row in result.rows:
-        b = _best_measured(row)
-        if row.role == "winner" or row.same_as or b is None or row.terms is None:
-            continue
-        notes.append(f"winner vs {row.role} {row.name}: {w.speedup:.3f}x vs {b.speedup:.3f}x; draft step "
-                     f"{winner.terms.draft_ms:.1f} vs {row.terms.draft_ms:.1f} ms, tokens/step "
-                     f"{w.tokens_per_step:.2f} (γ {w.gamma}) vs {b.tokens_per_step:.2f} (γ {b.gamma}).")
-    return notes
-
-
-def _tuned_notes(result: E2EResult, winner: DrafterRow) -> list[str]:
-    """Does the drafter healed on one domain accept more there than the all-domain winner?"""
-    t, d = result.tuned, result.options.tuned_domain
-    if t is None or d is None:
-        return []
-
-    def top1(row: DrafterRow) -> dict[str, float]:
-        return {k: v["top1"] for k, v in row.estimate_per_domain.items() if "top1" in v}
-
-    tt, wt = top1(t), top1(winner)
-    if d not in tt or d not in wt:
-        return [f"the {d}-only drafter has no held-out {d} traces to score"]
-    ranked = ", ".join(f"{k} {v:.3f}" for k, v in sorted(tt.items(), key=lambda kv: -kv[1]))
-    others = [k for k in tt if k != d and k in wt]
-    o_t = statistics.fmean(tt[k] for k in others) if others else float("nan")
-    o_w = statistics.fmean(wt[k] for k in others) if others else float("nan")
-    rival = max(others, key=lambda k: tt[k], default=None)
-    where = (f"more on {d} than on any other domain" if rival is None or tt[d] > tt[rival] else
-             f"NOT most on {d} ({rival} is as high or higher)")
-    notes = [f"healed on {d} only ({t.role}, same plan and head size as the winner), the drafter accepts "
-             f"{where}; top-1 on held-out traces: {ranked}.",
-             f"against the winner healed on all four domains: {d} top-1 {tt[d]:.3f} vs {wt[d]:.3f} "
-             f"({tt[d] - wt[d]:+.3f}); the other domains {o_t:.3f} vs {o_w:.3f} (mean, {o_t - o_w:+.3f})."]
-    g = str(result.options.budget.fixed_gamma)
-    tm, wm = t.measured_per_domain.get(d), winner.measured_per_domain.get(d)
-    if g in t.measured and tm and wm:
-        notes.append(f"benched at γ {g}: tokens/step on the {d} bench prompts {tm['tokens_per_step']:.2f} "
-                     f"vs the winner's {wm['tokens_per_step']:.2f}; over all bench prompts "
-                     f"{t.measured[g].speedup:.3f}x vs {winner.measured[g].speedup:.3f}x.")
-    return notes
-
-
-def _fmt_opt(value: float | None, spec: str = ".2f") -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
-
-
-def results_markdown(result: E2EResult) -> str:
-    """The results table, the winner's per-domain acceptance, the decomposition and the notes."""
-    b, m = result.options.budget, result.machine
-    lines = [f"## draftnas e2e: {result.options.target} ({b.name} budget, seed {result.options.seed})", "",
-             f"Machine: {m.cpu_model}, {m.logical_cores} logical cores, {m.torch_threads} torch threads; "
-             f"load average {m.load_average_before} before, {m.load_average_after} after. "
-             f"Profile: {result.profile}. Greedy, batch 1, {result.n_bench_prompts} bench prompts x "
-             f"{b.bench_new_tokens} new tokens (not traced), median of {b.repeats} repeat(s); heal "
-             f"{b.heal_steps} steps on {result.n_trace_prompts} traced prompts for every drafter. "
-             f"Wall {result.wall_s / 60:.1f} min.", ""]
-    head = ("| drafter | role | layers x width | params | draft ms (pred / meas) | tok/step meas (est) "
-            "| γ | tok/s meas | speedup meas | tok/s pred | speedup pred | error |")
-    lines += [head, "|" + "---|" * (head.count("|") - 1)]
-    lines.append(f"| target alone | target | 30 layers | - | - | 1 | 0 | {result.target_tokens_per_s:.1f} | "
-                 f"1.000x | {result.target_predicted_tokens_per_s:.1f} | 1.000x | - |")
-    for r in result.rows:
-        for g in sorted(r.measured, key=int):
-            meas, pred = r.measured[g], r.predicted[g]
-            tag = "fixed" if int(g) == b.fixed_gamma else "best"
-            if int(g) == b.fixed_gamma and int(g) == r.predicted_best_gamma:
-                tag = "fixed=best"
-            draft_meas = f"{r.terms.draft_ms:.1f}" if r.terms else "-"
-            err = 100.0 * (pred.speedup - meas.speedup) / meas.speedup
-            same = f" (= {r.same_as})" if r.same_as else ""
-            lines.append(
-                f"| {r.name}{same} | {r.role} | {r.shape} | {r.parameters / 1e6:.1f}M | "
-                f"{pred.draft_ms:.1f} / {draft_meas} | {meas.tokens_per_step:.2f} "
-                f"({pred.tokens_per_step:.2f}) | {g} ({tag}) | {meas.tokens_per_s:.1f} | "
-                f"{meas.speedup:.3f}x | {pred.tokens_per_s:.1f} | {pred.speedup:.3f}x | {err:+.1f}% |")
-    lines += ["", *_domain_lines(result), "", *_decomposition_lines(result), "",
-              "### What the figures say", ""]
-    lines += [f"- {n}" for n in result.notes]
-    return "\n".join(lines) + "\n"
-
-
-def _domain_lines(result: E2EResult) -> list[str]:
-    w = result.row("winner")
-    g = result.options.budget.fixed_gamma
-    lines = [f"### Per-domain acceptance of the winner {w.name} (γ = {g})", "",
-             "| domain | top-1 (held-out traces) | tok/step est | tok/step measured (bench) "
-             "| accept rate measured |",
-             "|---|---|---|---|---|"]
-    for d in sorted(set(w.estimate_per_domain) | set(w.measured_per_domain)):
-        e, mm = w.estimate_per_domain.get(d, {}), w.measured_per_domain.get(d, {})
-        lines.append(f"| {d} | {_fmt_opt(e.get('top1'), '.3f')} | {_fmt_opt(e.get('tokens_per_step'))} | "
-                     f"{_fmt_opt(mm.get('tokens_per_step'))} | "
-                     f"{_fmt_opt(mm.get('acceptance_rate'), '.3f')} |")
-    t, dom = result.tuned, result.options.tuned_domain
-    if t is None:
-        return lines
-    lines += ["", f"### The winner's plan healed on {dom} only ({t.role}: {t.name}, γ = {g})", "",
-              f"Same layers, widths and head size as the winner and the same heal budget, on the {dom} "
-              f"traces of the heal split only; scored on the same held-out traces (all domains) and benched "
-              f"on the same prompts.", "",
-              "| domain | top-1 all domains | top-1 " + f"{dom} only | tok/step measured all domains | "
-              f"tok/step measured {dom} only |", "|---|---|---|---|---|"]
-    for d in sorted(set(w.estimate_per_domain) | set(t.estimate_per_domain)):
-        we, te = w.estimate_per_domain.get(d, {}), t.estimate_per_domain.get(d, {})
-        wm, tm = w.measured_per_domain.get(d, {}), t.measured_per_domain.get(d, {})
-        lines.append(f"| {d} | {_fmt_opt(we.get('top1'), '.3f')} | {_fmt_opt(te.get('top1'), '.3f')} | "
-                     f"{_fmt_opt(wm.get('tokens_per_step'))} | {_fmt_opt(tm.get('tokens_per_step'))} |")
-    m = t.measured.get(str(g))
-    if m is not None:
-        lines += ["", f"Over all bench prompts at γ = {g}: {m.speedup:.3f}x measured "
-                      f"({m.speedup_spread[0]:.3f}-{m.speedup_spread[1]:.3f}), "
-                      f"{t.predicted[str(g)].speedup:.3f}x predicted."]
-    return lines
-
-
-def _decomposition_lines(result: E2EResult) -> list[str]:
-    lines = ["### Where the predicted speedup goes wrong (each term measured alone)", "",
-             "| drafter | γ | predicted | + meas. acceptance | + meas. draft ms | + meas. verify ms | "
-             "+ meas. target ms | measured | loop overhead ms/step | generate overhead ms/token | largest |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result.rows:
-        if r.same_as:
-            continue
-        for g, d in sorted(r.decomposition.items(), key=lambda kv: int(kv[0])):
-            lines.append(f"| {r.name} | {g} | {d.predicted:.3f} | {d.with_acceptance:.3f} | "
-                         f"{d.with_draft:.3f} | {d.with_verify:.3f} | {d.with_target:.3f} | "
-                         f"{d.measured:.3f} | "
-                         f"{d.loop_overhead_ms_per_step:.1f} | {d.target_overhead_ms_per_token:.1f} | "
-                         f"{d.worst_term} |")
-    return lines
 
 
 def write_results(result: E2EResult, out: Path) -> tuple[Path, Path]:
@@ -1235,6 +688,5 @@ def write_results(result: E2EResult, out: Path) -> tuple[Path, Path]:
 
 __all__ = [
     "BUDGETS", "Budget", "DrafterRow", "E2EOptions", "E2EResult", "Fidelity", "MeasuredTerms",
-    "budget_preset", "decompose", "fidelity", "machine_info", "mape", "results_markdown", "run_e2e",
-    "spearman",
+    "budget_preset", "decompose", "fidelity", "machine_info", "results_markdown", "run_e2e",
 ]

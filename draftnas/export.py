@@ -18,15 +18,17 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from draftnas.distill import HealOptions, HealResult
+from draftnas.distill import HealOptions, HealReading, HealResult
 from draftnas.errors import ExportError, InvalidInputError
 from draftnas.provenance import package_versions
 from draftnas.prune import PruningPlan, load_plan
 from draftnas.record import Record
+from draftnas.scoring import RankedTrial
+from draftnas.study import StudyInfo
 from draftnas.vocab import HEAD_MODULE
 
 log = logging.getLogger(__name__)
@@ -46,17 +48,17 @@ class ExportInfo(Record):
     """What the exported folder records about where the drafter came from.
 
     base: the spec pruned; target: the model it drafts for; gamma: draft tokens per
-    step the card and generation_config recommend. candidate / profile / estimates
-    (latency, acceptance, throughput) are the search's `to_dict()` records, as stored
-    in the Optuna trial; measured: figures measured at export (e.g. top-1 after healing).
+    step the card and generation_config recommend. trial: the search's records for this
+    drafter (candidate, latency, acceptance, throughput), as stored in its Optuna trial, and
+    profile the latency profile they were priced with; measured: figures measured at export
+    (e.g. top-1 after healing).
     """
 
     base: str
     target: str
     plan: PruningPlan | None = None
-    candidate: dict[str, Any] | None = None
-    profile: dict[str, Any] | None = None
-    estimates: dict[str, Any] | None = None
+    trial: RankedTrial | None = None
+    profile: str | None = None
     heal: HealResult | None = None
     measured: dict[str, Any] | None = None
     source: str = ""
@@ -120,7 +122,7 @@ def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) ->
         model.save_pretrained(folder, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
-    arch = Architecture.from_hf_config(model.config, name=drafter_name(info, subset.size if subset else 0))
+    arch = Architecture.from_hf_config(model.config, name=drafter_name(info))
     parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     meta = {
         "schema_version": SCHEMA_VERSION,
@@ -201,10 +203,10 @@ def _set_generation_config(model: Any, gamma: int) -> None:
     gen.assistant_confidence_threshold = 0.0
 
 
-def drafter_name(info: ExportInfo, head_rows: int = 0) -> str:
+def drafter_name(info: ExportInfo) -> str:
     """The drafter's name: its base and `PruningPlan.label` (with the reduced head's rows), the
     name the search's table gives the same drafter."""
-    label = info.plan.label(head_rows) if info.plan else "drafter"
+    label = info.plan.label() if info.plan else "drafter"
     return f"{info.base}-{label}"
 
 
@@ -214,7 +216,7 @@ def drafter_name(info: ExportInfo, head_rows: int = 0) -> str:
 def model_card(info: ExportInfo, arch: dict[str, Any], parameters: int, subset: Any = None,
                full_parameters: int | None = None) -> str:
     """README.md with YAML metadata (base_model, tags, target) and the plan and figures."""
-    name = drafter_name(info, subset.size if subset is not None else 0)
+    name = drafter_name(info)
     front = [
         "---",
         "library_name: transformers",
@@ -288,7 +290,12 @@ def _figures_section(info: ExportInfo) -> list[str]:
             f"{h.tokens_per_step_after:.3f} |",
             "",
         ]
-    for title, data in (("Measured", info.measured), ("Predicted by the search", info.estimates)):
+    predicted = None
+    if info.trial is not None:
+        t = info.trial
+        predicted = {"latency": t.latency.to_dict(), "acceptance": t.acceptance.to_dict(),
+                     "throughput": t.throughput.to_dict()}
+    for title, data in (("Measured", info.measured), ("Predicted by the search", predicted)):
         if data:
             rows = _scalar_rows(data)
             lines += [f"{title} (every record in full: `draftnas.json`):", "", "| figure | value |",
@@ -432,83 +439,6 @@ def push_to_hub(folder: str | Path, repo: str, *, private: bool = False) -> str:
 
 
 @dataclass(frozen=True)
-class TrialChoice(Record):
-    """The plan and records of one Optuna trial (written by `draftnas search`)."""
-
-    study: str
-    trial: int
-    plan: PruningPlan
-    candidate: dict[str, Any] | None = None
-    estimates: dict[str, Any] | None = None
-    profile: dict[str, Any] | None = None
-    target: str | None = None
-
-
-def _attr(value: Any) -> Any:
-    """User attrs are JSON values; a string holding JSON (older writers) is decoded."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
-
-
-def load_trial(study_name: str, storage: str, trial: int | None = None) -> TrialChoice:
-    """The trial's plan and records: trial number `trial`, else the best completed trial."""
-    import optuna
-
-    from draftnas.search import normalize_storage, open_storage
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.load_study(study_name=study_name,
-                                  storage=open_storage(normalize_storage(storage, study_name)))
-    except KeyError:
-        raise ExportError(f"no study {study_name!r} in {storage}") from None
-    chosen = _pick_trial(study, trial)
-    attrs = chosen.user_attrs
-    if attrs.get("plan") is None:
-        raise ExportError(f"trial {chosen.number} of study {study_name!r} holds no pruning plan "
-                          "(user attr 'plan'; latency-only candidates cannot be exported)")
-    plan = PruningPlan.from_data(_attr(attrs["plan"]))
-    estimates = {k: _attr(attrs[k]) for k in ("latency", "acceptance", "throughput") if k in attrs}
-    info = _attr(study.user_attrs.get("draftnas")) or {}
-    return TrialChoice(
-        study=study_name, trial=chosen.number, plan=plan, candidate=_attr(attrs.get("candidate")),
-        estimates=estimates or None, profile=_profile_of(info),
-        target=info.get("target") if isinstance(info, dict) else None,
-    )
-
-
-def _profile_of(info: Any) -> dict[str, Any] | None:
-    if isinstance(info, dict) and info.get("profile") is not None:
-        profile = info["profile"]
-        return profile if isinstance(profile, dict) else {"name": profile}
-    return None
-
-
-def _pick_trial(study: Any, number: int | None) -> Any:
-    from optuna.trial import TrialState
-
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if number is not None:
-        for t in study.get_trials(deepcopy=False):
-            if t.number == number:
-                if t.state != TrialState.COMPLETE:
-                    raise ExportError(f"trial {number} is {t.state.name.lower()}, not complete "
-                                      f"(complete: {[c.number for c in complete][:20]})")
-                return t
-        raise ExportError(f"study has no trial {number} (complete: {[c.number for c in complete][:20]})")
-    if not complete:
-        raise ExportError("the study has no complete trial to export")
-    if len(study.directions) > 1:
-        front = [t.number for t in study.best_trials]
-        raise ExportError(f"multi-objective study: pass --trial N (Pareto front: {front})")
-    return study.best_trial
-
-
-@dataclass(frozen=True)
 class ExportRequest(Record):
     """What `draftnas export` was asked: a study trial or a plan file, and where to write."""
 
@@ -550,62 +480,44 @@ class ExportResult(Record):
     name: str = ""  # the drafter's name (search table, card, draftnas.json)
 
 
-def _trial_vocab_size(choice: TrialChoice | None) -> int:
-    """Rows of the trial's reduced draft head (0: the full vocabulary)."""
-    cand = (choice.candidate or {}) if choice else {}
-    vocab = int((cand.get("choice") or {}).get("vocab_size") or 0)
-    full = int((cand.get("arch") or {}).get("vocab_size") or 0)
-    return vocab if vocab and (not full or vocab < full) else 0
+@dataclass(frozen=True)
+class _Source:
+    """Where an export's plan came from: a study trial (with what the study was made for) or a file."""
+
+    plan: PruningPlan
+    label: str
+    trial: RankedTrial | None = None
+    info: StudyInfo | None = None
 
 
-def _study_traces(request: ExportRequest, storage: str | None) -> str:
-    """The traces a reduced-vocabulary trial chose its subset from: --traces, else the study folder's."""
-    if request.traces:
-        return request.traces
-    if storage and storage.startswith("sqlite:///"):
-        found = sorted(Path(storage.removeprefix("sqlite:///")).parent.glob("traces-*.safetensors"))
-        if len(found) == 1:
-            return str(found[0])
-    raise ExportError("this trial's drafter has a reduced draft vocabulary, chosen from the search's "
-                      "traces; pass them with --traces FILE")
-
-
-def _apply_trial_vocab(drafter: Any, tokenizer: Any, request: ExportRequest, choice: TrialChoice | None,
-                       storage: str | None) -> None:
-    """Give the drafter the trial's reduced head, rebuilt from the same trace records as in the search."""
-    size = _trial_vocab_size(choice)
-    if not size:
-        return
-    from draftnas.search import split_traces
-    from draftnas.traces import load_traces
-    from draftnas.vocab import apply_vocab_subset, subset_from_traces
-
-    path = _study_traces(request, storage)
-    _, rest = split_traces(load_traces(path).select(temperature=0.0))
-    apply_vocab_subset(drafter, subset_from_traces(rest, size, tokenizer, source=path))
-
-
-def _resolve_plan(request: ExportRequest) -> tuple[PruningPlan, TrialChoice | None, str, str | None]:
+def _resolve_plan(request: ExportRequest) -> _Source:
     if (request.study is None) == (request.plan_file is None):
         raise ExportError("pass either --study NAME --storage URL [--trial N] or --plan FILE --base BASE")
-    if request.study is not None:
-        storage = request.storage
-        if not storage:  # `draftnas search`'s default: runs/<study>/study.db
-            default = Path("runs") / request.study / "study.db"
-            if not default.is_file():
-                raise ExportError(
-                    f"--study {request.study} without --storage looks for {default}, which does not "
-                    "exist; pass --storage URL (sqlite:///F, postgresql://..., journal:F)")
-            storage = f"sqlite:///{default.resolve()}"
-        choice = load_trial(request.study, storage, request.trial)
-        return choice.plan, choice, f"study {request.study} trial {choice.trial}", storage
-    assert request.plan_file is not None
-    return load_plan(request.plan_file), None, f"plan {request.plan_file}", None
+    if request.plan_file is not None:
+        return _Source(plan=load_plan(request.plan_file), label=f"plan {request.plan_file}")
+    from draftnas.study import load_trial
+
+    study = str(request.study)
+    storage = request.storage
+    if not storage:  # `draftnas search`'s default: runs/<study>/study.db
+        default = Path("runs") / study / "study.db"
+        if not default.is_file():
+            raise ExportError(
+                f"--study {request.study} without --storage looks for {default}, which does not "
+                "exist; pass --storage URL (sqlite:///F, postgresql://..., journal:F)")
+        storage = f"sqlite:///{default.resolve()}"
+    info, trial = load_trial(study, storage, request.trial)
+    plan = trial.candidate.plan
+    if plan is None:
+        raise ExportError(f"trial {trial.number} of study {request.study!r} holds no pruning plan "
+                          "(latency-only candidates cannot be exported)")
+    if trial.candidate.head_vocab_size and plan.vocab is None:
+        raise ExportError(f"trial {trial.number} was stored by a draftnas whose plans did not carry the "
+                          "reduced head's token ids; re-run `draftnas search` to export it")
+    return _Source(plan=plan, label=f"study {request.study} trial {trial.number}", trial=trial, info=info)
 
 
-
-
-def _gamma(request: ExportRequest, choice: TrialChoice | None) -> int:
+def _gamma(request: ExportRequest, trial: RankedTrial | None) -> int:
     """--gamma, else the searched best gamma at the workload's main batch size, else 4.
 
     (This once looked for top-level keys the stored prediction does not have, so every
@@ -613,76 +525,129 @@ def _gamma(request: ExportRequest, choice: TrialChoice | None) -> int:
     """
     if request.gamma is not None:
         return request.gamma
-    throughput = (choice.estimates or {}).get("throughput") if choice else None
-    if not isinstance(throughput, dict):
-        return DEFAULT_GAMMA
-    from draftnas.search import WorkloadPrediction
-
-    try:
-        return WorkloadPrediction.from_dict(throughput).primary().gamma
-    except (KeyError, TypeError, ValueError, IndexError):
-        log.warning("trial's stored prediction is unreadable; exporting with gamma %d", DEFAULT_GAMMA)
-        return DEFAULT_GAMMA
+    return trial.primary.gamma if trial is not None else DEFAULT_GAMMA
 
 
 def export_from_request(request: ExportRequest, *, progress: Progress | None = None,
                         data_progress: Progress | None = None) -> ExportResult:
-    """Resolve the plan, prune the base's weights, heal (optional), export, push (optional)."""
-    from draftnas.distill import heal
-    from draftnas.prune import apply_plan
+    """Resolve the plan, build the drafter from the base (healed unless 0 steps), export, push
+    (optional)."""
+    from draftnas.build import build_drafter
     from draftnas.sources import load_model
 
     request.validate()
     check_destination(request.out_dir, request.force)  # fail before minutes of work
-    plan, choice, source, storage = _resolve_plan(request)
+    source = _resolve_plan(request)
+    plan, trial = source.plan, source.trial
     base = request.base or plan.base
     if not base:
         raise ExportError("the plan names no base model; pass --base")
-    target = request.target or (choice.target if choice and choice.target else None) or base
+    target = request.target or (source.info.target if source.info else None) or base
     loaded = load_model(base)
-    drafter = apply_plan(loaded.model, plan)
-    _apply_trial_vocab(drafter, loaded.tokenizer, request, choice, storage)
-    heal_result = None
+    options = None
     if request.heal_steps > 0:
         options = replace(request.heal or HealOptions(), steps=request.heal_steps, seed=request.seed)
-        teacher = _teacher(request, target, base, loaded)
-        checkpoint = Path(request.out_dir + ".heal-checkpoint")
-        heal_result = heal(drafter, teacher, options, tokenizer=loaded.tokenizer, checkpoint_dir=checkpoint,
-                           progress=progress, data_progress=data_progress)
-    drafter.eval()
+    checkpoint = Path(request.out_dir + ".heal-checkpoint")
+    built = build_drafter(plan, loaded, heal=options,
+                          teacher=_teacher(request.traces, target, base, loaded) if options else None,
+                          checkpoint_dir=checkpoint, progress=progress, data_progress=data_progress)
+    heal_result = built.heal
     info = ExportInfo(
-        base=base, target=target, plan=plan, candidate=choice.candidate if choice else None,
-        profile=choice.profile if choice else None, estimates=choice.estimates if choice else None,
-        heal=heal_result, source=source, seed=request.seed, gamma=_gamma(request, choice),
+        base=base, target=target, plan=plan, trial=trial,
+        profile=source.info.profile if source.info else None,
+        heal=heal_result, source=source.label, seed=request.seed, gamma=_gamma(request, trial),
         measured={"top1_agreement_after_healing": heal_result.top1_after} if heal_result else None,
     )
-    out = export_drafter(drafter, loaded.tokenizer, request.out_dir, info, force=request.force)
+    out = export_drafter(built.model, loaded.tokenizer, request.out_dir, info, force=request.force)
     if heal_result is not None:
-        shutil.rmtree(request.out_dir + ".heal-checkpoint", ignore_errors=True)
+        shutil.rmtree(checkpoint, ignore_errors=True)
     hub_url = push_to_hub(out, request.push_to_hub) if request.push_to_hub else None
-    parameters = sum(p.numel() for p in {id(p): p for p in drafter.parameters()}.values())
-    from draftnas.vocab import model_subset
-
-    subset = model_subset(drafter)
-    return ExportResult(out_dir=str(out), plan=plan, parameters=parameters, heal=heal_result,
-                        hub_url=hub_url, source=source,
-                        name=drafter_name(info, subset.size if subset is not None else 0))
+    return ExportResult(out_dir=str(out), plan=plan, parameters=built.parameters, heal=heal_result,
+                        hub_url=hub_url, source=source.label, name=drafter_name(info))
 
 
-def _teacher(request: ExportRequest, target: str, base: str, loaded: Any) -> Any:
-    """Traces when given, else the live target (the already loaded base when they are the same)."""
-    if request.traces:
+def _teacher(traces: str | None, target: str, base: str, loaded: Any) -> Any:
+    """Traces when given, else the live target (the already `loaded` base when they are the same)."""
+    if traces:
         from draftnas.traces import load_traces
 
-        return load_traces(request.traces).select(temperature=0.0)
-    if target in (base, loaded.source.spec):
+        return load_traces(traces).select(temperature=0.0)
+    if loaded is not None and target in (base, loaded.source.spec):
         return loaded.model
     from draftnas.sources import load_model
 
     return load_model(target).model
 
 
+# --------------------------------------------------------------------------- draftnas heal
+
+
+@dataclass(frozen=True)
+class HealRequest(Record):
+    """What `draftnas heal` was asked: a drafter (plan + base, or a folder) and a teacher."""
+
+    plan_file: str | None = None
+    base: str | None = None
+    drafter: str | None = None
+    target: str | None = None
+    traces: str | None = None
+    options: HealOptions = field(default_factory=HealOptions)
+    checkpoint_dir: str | None = None
+    out_dir: str | None = None
+    force: bool = False
+
+
+def heal_from_request(request: HealRequest, *, progress: Progress | None = None,
+                      on_reading: Callable[[HealReading], None] | None = None,
+                      data_progress: Progress | None = None) -> HealResult:
+    """Build (from a plan) or load (a folder) the drafter, heal it toward the teacher, and with
+    `out_dir` export it."""
+    from draftnas.sources import load_model
+
+    if (request.plan_file is None) == (request.drafter is None):
+        raise InvalidInputError("pass either --plan FILE [--base BASE] or --drafter FOLDER")
+    if request.out_dir:
+        check_destination(request.out_dir, request.force)
+    if request.plan_file is not None:
+        from draftnas.build import build_drafter
+
+        plan: PruningPlan | None = load_plan(request.plan_file)
+        assert plan is not None
+        base = request.base or plan.base
+        if not base:
+            raise InvalidInputError("the plan names no base model; pass --base")
+        loaded = load_model(base)
+        target = request.target or base
+        built = build_drafter(plan, loaded, heal=request.options,
+                              teacher=_teacher(request.traces, target, base, loaded),
+                              checkpoint_dir=request.checkpoint_dir, progress=progress,
+                              data_progress=data_progress, on_reading=on_reading)
+        model, tokenizer, result = built.model, loaded.tokenizer, built.heal
+    else:
+        from draftnas.distill import heal
+
+        drafter = str(request.drafter)
+        folder = load_model(drafter)
+        meta_path = Path(drafter) / "draftnas.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        plan = PruningPlan.from_data(meta["plan"]) if meta.get("plan") else None
+        base = str(meta.get("base") or drafter)
+        target = request.target or str(meta.get("target") or base)
+        teacher = _teacher(request.traces, target, base, None)
+        model, tokenizer = folder.model, folder.tokenizer
+        result = heal(model, teacher, request.options, tokenizer=tokenizer,
+                      checkpoint_dir=request.checkpoint_dir, progress=progress, on_reading=on_reading,
+                      data_progress=data_progress)
+    assert result is not None
+    if request.out_dir:
+        info = ExportInfo(base=base, target=target, plan=plan, heal=result, seed=request.options.seed,
+                          gamma=request.options.gamma, source="draftnas heal",
+                          measured={"top1_agreement_after_healing": result.top1_after})
+        export_drafter(model, tokenizer, request.out_dir, info, force=request.force)
+    return result
+
+
 __all__ = [
-    "ExportInfo", "ExportRequest", "ExportResult", "TrialChoice", "check_destination", "export_drafter",
-    "export_from_request", "load_trial", "model_card", "push_to_hub",
+    "ExportInfo", "ExportRequest", "ExportResult", "HealRequest", "check_destination", "export_drafter",
+    "export_from_request", "heal_from_request", "model_card", "push_to_hub",
 ]

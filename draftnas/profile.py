@@ -55,6 +55,7 @@ from draftnas.latency import (
     SkippedConfig,
     fit_latency_model,
 )
+from draftnas.machine import cpu_count, cpu_model_name, load_average
 from draftnas.provenance import package_versions
 from draftnas.record import Record
 from draftnas.registry import Architecture, get_architecture
@@ -305,17 +306,7 @@ class _Runtime:
     def device_name(self) -> str:
         if self.cuda:
             return str(self.torch.cuda.get_device_name(self.device))
-        return f"{_cpu_model_name()} ({_cpu_count()} cores, {self.torch.get_num_threads()} threads)"
-
-
-def _cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return f"{cpu_model_name()} ({cpu_count()} cores, {self.torch.get_num_threads()} threads)"
 
 
 def host_mismatch(profile: LatencyProfile) -> str | None:
@@ -329,7 +320,7 @@ def host_mismatch(profile: LatencyProfile) -> str | None:
         return f"the latency profile is a spec-sheet roofline for {profile.device_name}, not a measurement"
     if profile.device != "cpu":
         return None
-    here, cores = _cpu_model_name(), _cpu_count()
+    here, cores = cpu_model_name(), cpu_count()
     same_model = profile.device_name.startswith(here)
     same_threads = profile.threads in (None, cores)
     if same_model and same_threads:
@@ -337,12 +328,6 @@ def host_mismatch(profile: LatencyProfile) -> str | None:
     return (f"the latency profile was measured on {profile.device_name}; this machine is {here} with "
             f"{cores} cores, so its predictions may be far off here (measure this one: draftnas profile "
             "--device cpu --out my-cpu.json, then --profile my-cpu.json)")
-
-
-def _cpu_count() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class _EagerStep:
@@ -822,15 +807,6 @@ def _extrapolation_shapes(plan: ProfilePlan) -> tuple[Architecture, ...]:
                     for k in plan.extrapolation_layers))
 
 
-def _load_average() -> str:
-    import os
-
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
 def _versions() -> dict[str, str]:
     packages = ("draftnas", "torch", "transformers", "numpy", "scipy")
     return {"python": platform.python_version(), **package_versions(packages, missing="missing")}
@@ -843,7 +819,7 @@ def measure_profile(options: ProfileOptions, progress: Progress | None = None,
     `progress(done, total)` is called after every forward call (warm-up or timed).
     """
     options.validate()
-    started, load_before = time.perf_counter(), _load_average()
+    started, load_before = time.perf_counter(), load_average()
     rt = _Runtime(options)
     plan = plan or plan_profile(options)
     heldout = set(plan.heldout)
@@ -870,7 +846,7 @@ def measure_profile(options: ProfileOptions, progress: Progress | None = None,
         heldout_shapes=plan.heldout, extrapolation=extrapolation,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         wall_s=round(time.perf_counter() - started, 1),
-        notes=f"load average (1/5/15 min) before: {load_before}, after: {_load_average()}; "
+        notes=f"load average (1/5/15 min) before: {load_before}, after: {load_average()}; "
               f"options: {options.to_dict()}",
         series=plan.series, skipped=tuple(skipped),
     )

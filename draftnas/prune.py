@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from draftnas.errors import PlanError
 from draftnas.record import Record
 from draftnas.registry import Architecture
+from draftnas.vocab import VocabSubset
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -52,7 +53,9 @@ class PruningPlan(Record):
     `None` means the leading ones (all of them when the width is the base's).
     Query heads are kept in whole GQA groups: every kept KV head keeps exactly
     `num_attention_heads // num_key_value_heads` of its own query heads.
-    `vocab_size` is reserved for a reduced draft vocabulary (issue 7); None = base's.
+    `vocab` is the reduced draft head's kept full-vocabulary ids (`draftnas.vocab.VocabSubset`,
+    chosen from the target's traces when the plan was made); None keeps the base's LM head. With
+    it, `apply_plan` replays the drafter bit for bit, head included, from the plan and the base.
     """
 
     base: str
@@ -66,16 +69,21 @@ class PruningPlan(Record):
     kept_heads: Indices | None = None
     kept_kv_heads: Indices | None = None
     kept_channels: Indices | None = None
-    vocab_size: int | None = None
+    vocab: VocabSubset | None = None
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def label(self, head_rows: int = 0) -> str:
+    @property
+    def head_rows(self) -> int:
+        """Rows of the reduced draft head; 0 when the plan keeps the base's head."""
+        return self.vocab.size if self.vocab is not None else 0
+
+    def label(self) -> str:
         """Short readable name, e.g. `L4bi-h6kv2-i768` (`-v4096` with a reduced head of that many rows)."""
         return drafter_label(self.num_layers, self.layer_selection, self.num_attention_heads,
-                             self.num_key_value_heads, self.intermediate_size, head_rows)
+                             self.num_key_value_heads, self.intermediate_size, self.head_rows)
 
     def problems(self, base: Architecture | None = None) -> list[str]:
         """Every inconsistency, as 'field: message (allowed: ...)' strings; `base` adds range checks."""
@@ -100,7 +108,6 @@ class PruningPlan(Record):
             num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads,
             intermediate_size=self.intermediate_size,
-            vocab_size=self.vocab_size or base.vocab_size,
         )
 
     def to_json(self) -> str:
@@ -235,8 +242,9 @@ def _width_problems(plan: PruningPlan, base: Architecture | None) -> list[str]:
                    f"GQA group but the base has {group} (allowed: {allowed})")
     if inter > base.intermediate_size:
         out.append(f"intermediate_size: {inter} (allowed: 1..{base.intermediate_size})")
-    if plan.vocab_size is not None and not 1 <= plan.vocab_size <= base.vocab_size:
-        out.append(f"vocab_size: {plan.vocab_size} (allowed: None or 1..{base.vocab_size})")
+    if plan.vocab is not None and plan.vocab.vocab_size != base.vocab_size:
+        out.append(f"vocab: ids of a {plan.vocab.vocab_size}-token vocabulary (allowed: the base's "
+                   f"{base.vocab_size})")
     return out
 
 
@@ -651,7 +659,8 @@ def _slice_layer(layer: Any, heads: Sequence[int], kv: Sequence[int], channels: 
 
 
 def apply_plan(model: Any, plan: PruningPlan, *, inplace: bool = False) -> Any:
-    """The drafter `plan` makes from `model`: kept layers sliced to the plan's widths.
+    """The drafter `plan` makes from `model`: kept layers sliced to the plan's widths, and the
+    reduced draft head when the plan carries one.
 
     Direct slicing of q/k/v/o and gate/up/down weights (whole KV groups, query heads
     inside kept groups), layers re-indexed 0..k-1 (`self_attn.layer_idx`, for the KV
@@ -662,9 +671,6 @@ def apply_plan(model: Any, plan: PruningPlan, *, inplace: bool = False) -> Any:
 
     base = base_architecture(model)
     plan.validate(base)
-    if plan.vocab_size not in (None, base.vocab_size):
-        raise PlanError(f"vocab_size: {plan.vocab_size} reduced vocabularies are not applied yet "
-                        f"(allowed: None or {base.vocab_size})")
     inner = _decoder(model)
     original = inner.layers
     inner.layers = torch.nn.ModuleList([original[i] for i in plan.layers])
@@ -685,6 +691,10 @@ def apply_plan(model: Any, plan: PruningPlan, *, inplace: bool = False) -> Any:
         if hasattr(layer, "self_attn") and hasattr(layer.self_attn, "layer_idx"):
             layer.self_attn.layer_idx = j
     _write_config(drafter, plan)
+    if plan.vocab is not None:
+        from draftnas.vocab import apply_vocab_subset
+
+        apply_vocab_subset(drafter, plan.vocab)
     return drafter
 
 

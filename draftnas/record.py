@@ -14,6 +14,10 @@ from typing import Any, TypeVar
 
 R = TypeVar("R", bound="Record")
 
+#: field metadata of a record field that lives in memory only (a model, a tensor): `to_dict`
+#: leaves it out and `from_dict` leaves it at its default
+TRANSIENT = {"draftnas_transient": True}
+
 
 def _encode(value: Any) -> Any:
     if isinstance(value, Record):
@@ -51,11 +55,13 @@ class Record:
     """Frozen dataclass with JSON round-trip."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if not f.metadata.get("draftnas_transient")}
 
     @classmethod
     def from_dict(cls: type[R], data: dict[str, Any]) -> R:
         hints = typing.get_type_hints(cls)
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        names = {f.name for f in dataclasses.fields(cls)
+                 if f.init and not f.metadata.get("draftnas_transient")}
         kwargs = {k: _decode(hints[k], v) for k, v in data.items() if k in names}
         return cls(**kwargs)

@@ -84,6 +84,15 @@ def speculative_tokens_per_s(
     return batch_size * tokens_per_step / (step_latency_ms(gamma, draft_ms, verify_ms) / MS_PER_S)
 
 
+def speculative_speedup(tokens_per_step: float, drafted_per_step: float, draft_ms: float, verify_ms: float,
+                        target_ms: float) -> float:
+    """Speculative over plain decoding at one batch size: E[tokens] * T_target(b, 1) /
+    (drafted * T_draft(b, 1) + T_target(b, drafted + 1)); `drafted_per_step` is gamma, or the mean
+    a real loop drafted (fewer at the end of a budget or after an end-of-sequence token)."""
+    _check_latency("target latency", target_ms, strictly_positive=True)
+    return tokens_per_step * target_ms / (drafted_per_step * draft_ms + verify_ms)
+
+
 def baseline_tokens_per_s(target_ms: float, batch_size: int = 1) -> float:
     """Plain autoregressive decoding: b / T_target(b, 1)."""
     _check_latency("target latency", target_ms, strictly_positive=True)
@@ -140,7 +149,7 @@ def predict_throughput(
         batch_size=batch_size, gamma=gamma, acceptance_rate=acceptance_rate,
         tokens_per_step=tokens, draft_ms=draft_ms, verify_ms=verify, target_ms=target_ms,
         step_ms=step_latency_ms(gamma, draft_ms, verify), tokens_per_s=tps,
-        baseline_tokens_per_s=base, speedup=tps / base,
+        baseline_tokens_per_s=base, speedup=speculative_speedup(tokens, gamma, draft_ms, verify, target_ms),
     )
 
 

@@ -192,6 +192,28 @@ class Traces:
         return _save(self.metadata, self.records, Path(path))
 
 
+# ---------------------------------------------------------------- the held-out split
+
+#: every n-th trace record is held out for acceptance estimates (search, e2e, export's readings)
+HELD_OUT_EVERY = 3
+
+
+def held_out(index: int, every: int = HELD_OUT_EVERY) -> bool:
+    """Whether item `index` of a sequence of records or prompts is held out: every `every`-th,
+    counting from the first. The one split rule: the search's acceptance estimate, e2e's
+    baselines and healing's own held-out readings (with their `heldout_every`) all use it."""
+    return index % every == 0
+
+
+def split_traces(traces: Traces, every: int = HELD_OUT_EVERY) -> tuple[Traces, Traces]:
+    """(held out, the rest) of `traces` by `held_out`; the rest is the held-out part when nothing
+    else is left (a single record)."""
+    held = [r for i, r in enumerate(traces.records) if held_out(i, every)]
+    rest = [r for i, r in enumerate(traces.records) if not held_out(i, every)]
+    return (Traces(metadata=traces.metadata, records=held),
+            Traces(metadata=traces.metadata, records=rest or held))
+
+
 # ---------------------------------------------------------------- identity
 
 

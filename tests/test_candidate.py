@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from draftnas.candidate import (
@@ -41,10 +43,10 @@ def test_shape_plan_is_a_valid_pruning_plan_of_the_same_shape():
         choice = CandidateChoice(depth=5, layer_selection=sel, kv_head_ratio=0.67, mlp_ratio=0.5)
         cand = build_candidate(space, SMOL, "smollm2-135m", choice, target=SMOL)
         assert cand.plan is not None
-        plan = PruningPlan.from_data(cand.plan)
+        plan = cand.plan
         shaped = plan.architecture(SMOL)
         assert shaped.with_shape(name="") == cand.arch.with_shape(name="")
-    assert PruningPlan.from_data(cand.plan).layers == (0, 7, 14, 22, 29)
+    assert cand.plan.layers == (0, 7, 14, 22, 29)
 
 
 def test_hidden_pruned_candidate_has_no_plan():
@@ -80,14 +82,15 @@ def test_a_drafter_has_one_name_in_the_search_and_in_its_export():
     choice = CandidateChoice(depth=1, layer_selection="block_influence", vocab_size=4096)
     cand = build_candidate(space, SMOL, "smollm2-135m", choice, target=SMOL)
     assert cand.name == "L1bi-h9kv3-i1536-v4096"  # was L1bi-h9kv3-m1-v4096 here, -i1536 at export
+    from draftnas.vocab import VocabSubset
+
     plan = PruningPlan(base="smollm2-135m", base_num_layers=30, layers=(0,),
                        layer_selection="block_influence", num_attention_heads=9, num_key_value_heads=3,
-                       intermediate_size=1536)
-    assert drafter_name(ExportInfo(base="smollm2-135m", target="t", plan=plan), 4096) == \
-        "smollm2-135m-" + cand.name
+                       intermediate_size=1536, vocab=VocabSubset(ids=tuple(range(4096)), vocab_size=49152))
+    assert drafter_name(ExportInfo(base="smollm2-135m", target="t", plan=plan)) == "smollm2-135m-" + cand.name
     narrow = build_candidate(space, SMOL, "smollm2-135m", CandidateChoice(depth=4, mlp_ratio=0.5),
                              target=SMOL)
-    assert narrow.name == "L4f-h9kv3-i768" == PruningPlan.from_data(narrow.plan).label()
+    assert narrow.name == "L4f-h9kv3-i768" == narrow.plan.label()
 
 
 def test_the_same_kept_layers_are_one_drafter_whichever_rule_picked_them():
@@ -96,8 +99,9 @@ def test_the_same_kept_layers_are_one_drafter_whichever_rule_picked_them():
     bi = build_candidate(space, SMOL, "smollm2-135m",
                          CandidateChoice(depth=1, layer_selection="block_influence"), target=SMOL)
     assert first.key != bi.key  # a proposal: block influence has not picked its layer yet
-    chosen = {**first.plan, "layer_selection": "block_influence"}
-    planned = Candidate.from_dict({**bi.to_dict(), "plan": chosen})
+    assert first.plan is not None
+    chosen = replace(first.plan, layer_selection="block_influence")
+    planned = bi.with_plan(chosen)
     assert planned.built_key == first.built_key  # both keep layer 0: one row in the ranking
-    other = Candidate.from_dict({**planned.to_dict(), "plan": {**first.plan, "layers": [29]}})
+    other = planned.with_plan(replace(first.plan, layers=(29,)))
     assert other.built_key != first.built_key

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import pytest
 
-from draftnas.distill import HealData, HealOptions, HealSequence, greedy_tokens_per_step
+from draftnas.distill import HealData, HealOptions, HealSequence
 from draftnas.errors import InvalidInputError
 
 
-def test_greedy_tokens_per_step_hand_computed():
+def test_greedy_replay_healing_uses_is_hand_computed():
+    """Healing's readings replay continuations with acceptance.greedy_steps (one replay)."""
+    import numpy as np
+
+    from draftnas.acceptance import greedy_steps
+
+    def steps(matches: list[bool], gamma: int) -> int:
+        return int(greedy_steps([np.asarray(matches, dtype=float)], gamma, len(matches))[0])
+
     # all agree, gamma 4, 10 tokens: steps advance 5, 5 -> 2 steps
-    assert greedy_tokens_per_step([True] * 10, 4) == (10.0, 2)
+    assert steps([True] * 10, 4) == 2
     # none agree: one token per step
-    assert greedy_tokens_per_step([False] * 3, 4) == (3.0, 3)
-    # T T F T: step 1 accepts 2 and the target's token at position 2 -> pos 3; step 2 accepts 1 -> done
-    assert greedy_tokens_per_step([True, True, False, True], 4) == (4.0, 2)
+    assert steps([False] * 3, 4) == 3
+    # T T F T: step 1 accepts 2 and the target's token at position 2 -> pos 3; step 2 the last token
+    assert steps([True, True, False, True], 4) == 2
 
 
 def test_kl_losses_match_definitions():

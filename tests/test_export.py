@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def test_export_writes_a_loadable_folder(tiny_base, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    drafter, out = _export(tiny_base, tmp_path / "drafter", estimates={"throughput": {"speedup": 1.3}})
+    drafter, out = _export(tiny_base, tmp_path / "drafter", trial=_trial(0, 130.0))
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "README.md",
             "draftnas.json", "tokenizer.json"} <= names
@@ -68,7 +69,7 @@ def test_export_writes_a_loadable_folder(tiny_base, tmp_path):
     card = (out / "README.md").read_text()
     assert card.startswith("---\n") and 'base_model: "tiny"' in card
     assert "- speculative-decoding" in card and "- draft-model" in card and "assistant_model=" in card
-    assert '"num_speculative_tokens": 3' in card and "| throughput.speedup | 1.3 |" in card
+    assert '"num_speculative_tokens": 3' in card and "| latency.draft_ms | 1, 1 |" in card
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
     probe = torch.tensor([[4, 5, 6]])
     with torch.no_grad():
@@ -77,15 +78,17 @@ def test_export_writes_a_loadable_folder(tiny_base, tmp_path):
 
 
 def test_the_card_shows_every_figure_whole_however_large_the_records(tiny_base, tmp_path):
-    big = {"throughput": {"per_batch": [{"batch_size": b, "gamma": 2, "tokens_per_s": 1.0 / 3}
-                                        for b in range(60)], "speedup": 1.25}}
-    _, out = _export(tiny_base, tmp_path / "d", estimates=big)
+    from draftnas.scoring import WorkloadPrediction
+
+    one = WorkloadPrediction.from_dict(_prediction(1.0 / 3))
+    big = dataclasses.replace(one, per_batch=one.per_batch * 30, batch_weights=(1.0 / 60,) * 60)
+    _, out = _export(tiny_base, tmp_path / "d", trial=dataclasses.replace(_trial(0, 1.0), throughput=big))
     card = (out / "README.md").read_text()
     assert "```json" not in card  # no JSON block to cut mid-object
-    assert "| throughput.per_batch.0.tokens_per_s | 0.3333 |" in card
+    assert "| latency.profile | cpu-default |" in card
     assert "more in `draftnas.json`" in card
     meta = json.loads((out / "draftnas.json").read_text())
-    assert len(meta["estimates"]["throughput"]["per_batch"]) == 60  # the whole record is there
+    assert len(meta["trial"]["throughput"]["per_batch"]) == 60  # the whole record is there
 
 
 def test_non_empty_folder_refused_without_force(tiny_base, tmp_path):
@@ -129,7 +132,7 @@ def test_push_to_hub_offline_says_so(tmp_path, monkeypatch):
 def _prediction(tokens_per_s: float) -> dict:
     """A stored prediction as the search writes it: best gamma 5 at batch 1 (70% of tokens),
     gamma 2 at batch 8."""
-    from draftnas.search import WorkloadPrediction
+    from draftnas.scoring import WorkloadPrediction
     from draftnas.throughput import ThroughputEstimate
 
     def at(batch: int, gamma: int) -> ThroughputEstimate:
@@ -142,47 +145,67 @@ def _prediction(tokens_per_s: float) -> dict:
                               acceptance_assumed=False).to_dict()
 
 
+def _trial(number: int, tokens_per_s: float, base: str = "tiny", with_plan: bool = True):
+    """A completed trial's records as the search stores them: the tiny plan, priced at `tokens_per_s`."""
+    from draftnas.candidate import Candidate, CandidateChoice
+    from draftnas.registry import get_architecture
+    from draftnas.scoring import LatencyReading, RankedTrial, WorkloadPrediction, assumed_acceptance
+
+    arch = get_architecture("smollm2-135m").with_shape(num_hidden_layers=2)
+    candidate = Candidate(name=f"c{number}", base=base, arch=arch, choice=CandidateChoice(depth=2),
+                          plan=_plan(base) if with_plan else None)
+    latency = LatencyReading(profile="cpu-default", batch_sizes=(1, 8), context_tokens=64,
+                             draft_ms=(1.0, 1.0), target_ms=(4.0, 4.0), verify_ms=((4.0,) * 6, (4.0,) * 6))
+    return RankedTrial(number=number, candidate=candidate, latency=latency,
+                       acceptance=assumed_acceptance(0.7),
+                       throughput=WorkloadPrediction.from_dict(_prediction(tokens_per_s)))
+
+
 def _study(storage: str, *, directions=("maximize",), with_plan=True, base="tiny"):
     import optuna
 
+    from draftnas.registry import get_architecture
+    from draftnas.space import load_search_space
+    from draftnas.study import StudyInfo
+
+    smol = get_architecture("smollm2-135m")
+    info = StudyInfo(schema=1, target="tiny-target", base=base, space=load_search_space("smollm2-135m"),
+                     objectives="throughput", acceptance_assumed=True, acceptance_prior=0.7,
+                     profile="cpu-default", target_arch=smol, base_arch=smol)
     study = optuna.create_study(study_name="s", storage=storage, directions=list(directions))
-    study.set_user_attr("draftnas", {"target": "tiny-target", "profile": "cpu-default"})
+    study.set_user_attr("draftnas", info.to_dict())
     for i, value in enumerate((10.0, 30.0, 20.0)):
         trial = study.ask()
-        if with_plan:
-            trial.set_user_attr("plan", _plan(base).to_dict())
-        trial.set_user_attr("candidate", {"name": f"c{i}"})
-        trial.set_user_attr("throughput", _prediction(value))
+        record = _trial(i, value, base, with_plan)
+        for key in ("candidate", "latency", "acceptance", "throughput"):
+            trial.set_user_attr(key, getattr(record, key).to_dict())
         study.tell(trial, [value] * len(directions))
     return study
 
 
 def test_load_trial_best_and_numbered(tmp_path):
-    from draftnas.export import load_trial
+    from draftnas.study import load_trial
 
     storage = f"sqlite:///{tmp_path / 's.db'}"
     _study(storage)
-    best = load_trial("s", storage)
-    assert best.trial == 1 and best.plan == _plan() and best.candidate == {"name": "c1"}
-    assert best.target == "tiny-target" and best.estimates["throughput"]["per_batch"][0]["gamma"] == 5
-    assert load_trial("s", storage, 2).candidate == {"name": "c2"}
-    with pytest.raises(ExportError, match="no trial 7"):
+    info, best = load_trial("s", storage)
+    assert best.number == 1 and best.candidate.plan == _plan() and best.candidate.name == "c1"
+    assert info.target == "tiny-target" and best.primary.gamma == 5
+    assert load_trial("s", storage, 2)[1].candidate.name == "c2"
+    with pytest.raises(InvalidInputError, match="trial 7 of study 's' is absent"):
         load_trial("s", storage, 7)
-    with pytest.raises(ExportError, match="no study 'other'"):
+    with pytest.raises(InvalidInputError, match="no study 'other'"):
         load_trial("other", storage)
 
 
-def test_load_trial_errors(tmp_path):
-    from draftnas.export import load_trial
+def test_a_trial_without_a_plan_is_refused(tiny_base, tmp_path):
+    from draftnas.export import ExportRequest, export_from_request
 
-    multi = f"sqlite:///{tmp_path / 'm.db'}"
-    _study(multi, directions=("minimize", "maximize"))
-    with pytest.raises(ExportError, match="multi-objective study: pass --trial"):
-        load_trial("s", multi)
     bare = f"sqlite:///{tmp_path / 'b.db'}"
     _study(bare, with_plan=False)
     with pytest.raises(ExportError, match="holds no pruning plan"):
-        load_trial("s", bare)
+        export_from_request(ExportRequest(out_dir=str(tmp_path / "out"), study="s", storage=bare))
+    assert not (tmp_path / "out").exists()
 
 
 def test_export_from_study_end_to_end(tiny_base, tmp_path):
@@ -197,25 +220,26 @@ def test_export_from_study_end_to_end(tiny_base, tmp_path):
     result = export_from_request(ExportRequest(out_dir=str(out), study="s", storage=storage))
     assert result.source == "study s trial 1" and result.plan == _plan(str(folder))
     meta = json.loads((out / "draftnas.json").read_text())
-    assert meta["target"] == "tiny-target" and meta["gamma"] == 5 and meta["candidate"] == {"name": "c1"}
+    assert meta["target"] == "tiny-target" and meta["gamma"] == 5
+    assert meta["trial"]["candidate"]["name"] == "c1"
     assert json.loads((out / "generation_config.json").read_text())["num_assistant_tokens"] == 5
-    assert meta["profile"] == {"name": "cpu-default"}
+    assert meta["profile"] == "cpu-default"
     assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
 
 
 def test_exported_gamma_is_the_searched_gamma_at_the_main_batch_size():
-    from draftnas.export import ExportRequest, TrialChoice, _gamma
-
-    def choice(throughput):
-        return TrialChoice(study="s", trial=0, plan=_plan(), estimates={"throughput": throughput})
+    from draftnas.export import ExportRequest, _gamma
+    from draftnas.scoring import WorkloadPrediction
 
     request = ExportRequest(out_dir="x", study="s")
-    assert _gamma(request, choice(_prediction(1.0))) == 5
+    trial = _trial(0, 1.0)
+    assert _gamma(request, trial) == 5
     one = _prediction(1.0)
     one["batch_weights"] = [0.2, 0.8]  # batch 8 now carries most tokens
-    assert _gamma(request, choice(one)) == 2
-    assert _gamma(ExportRequest(out_dir="x", study="s", gamma=3), choice(one)) == 3  # --gamma wins
-    assert _gamma(request, choice({"garbage": 1})) == 4 and _gamma(request, None) == 4
+    heavy = dataclasses.replace(trial, throughput=WorkloadPrediction.from_dict(one))
+    assert _gamma(request, heavy) == 2
+    assert _gamma(ExportRequest(out_dir="x", study="s", gamma=3), heavy) == 3  # --gamma wins
+    assert _gamma(request, None) == 4
 
 
 def test_export_from_plan_file_with_healing(tiny_base, tmp_path):

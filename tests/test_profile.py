@@ -272,16 +272,17 @@ def test_a_profile_from_another_cpu_or_a_spec_sheet_is_named_as_such():
     import dataclasses
 
     from draftnas.latency import default_profile
-    from draftnas.profile import _cpu_count, _cpu_model_name, host_mismatch
+    from draftnas.machine import cpu_count, cpu_model_name
+    from draftnas.profile import host_mismatch
 
     shipped = default_profile("cpu")
-    here = dataclasses.replace(shipped, device_name=f"{_cpu_model_name()} ({_cpu_count()} cores, "
-                                                    f"{_cpu_count()} threads)", threads=_cpu_count())
+    here = dataclasses.replace(shipped, device_name=f"{cpu_model_name()} ({cpu_count()} cores, "
+                                                    f"{cpu_count()} threads)", threads=cpu_count())
     assert host_mismatch(here) is None
     other = dataclasses.replace(here, device_name="Imaginary CPU 9000 (2 cores, 2 threads)")
     note = host_mismatch(other)
     assert note is not None and "measured on Imaginary CPU 9000" in note and "draftnas profile" in note
-    assert "cores" in host_mismatch(dataclasses.replace(here, threads=_cpu_count() + 7))
+    assert "cores" in host_mismatch(dataclasses.replace(here, threads=cpu_count() + 7))
     assert "spec-sheet" in host_mismatch(default_profile("h100-sxm"))
     gpu = dataclasses.replace(here, device="cuda", device_name="NVIDIA H100 80GB HBM3")
     assert host_mismatch(gpu) is None  # judged where a GPU is used

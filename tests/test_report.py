@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from draftnas.errors import InvalidInputError
+from draftnas.evaluate import PriorEvaluator
 from draftnas.report import write_report
-from draftnas.search import PriorEvaluator, run_search
+from draftnas.search import run_search
 from tests.test_search import FakeMeasured, StubLatency, smol_options
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -16,22 +16,12 @@ from optuna.trial import TrialState
 
 from draftnas.candidate import Candidate
 from draftnas.errors import DraftnasError, InvalidInputError
+from draftnas.evaluate import Evaluation, PriorEvaluator
 from draftnas.registry import get_architecture
-from draftnas.search import (
-    AcceptanceReading,
-    Evaluation,
-    LatencyReading,
-    PriorEvaluator,
-    SearchOptions,
-    assumed_acceptance,
-    load_results,
-    load_trial,
-    normalize_storage,
-    open_storage,
-    predict_workload,
-    run_search,
-)
+from draftnas.scoring import AcceptanceReading, LatencyReading, assumed_acceptance, predict_workload
+from draftnas.search import SearchOptions, load_results, run_search
 from draftnas.space import GammaRange, Workload, load_search_space, parse_search_space
+from draftnas.study import load_trial, normalize_storage, open_storage
 from draftnas.throughput import best_gamma, expected_tokens_per_step, predict_throughput
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,13 +120,13 @@ def test_latency_only_search_stores_records_and_ranks_from_storage(tmp_path):
     assert speeds == sorted(speeds, reverse=True)
     study = _load(normalize_storage(str(tmp_path / "study.db"), "t"), "t")
     for t in study.get_trials(states=(TrialState.COMPLETE,)):
-        assert {"candidate", "plan", "latency", "acceptance", "throughput", "worker"} <= set(t.user_attrs)
+        assert {"candidate", "latency", "acceptance", "throughput", "worker"} <= set(t.user_attrs)
         json.dumps(t.user_attrs)  # JSON of records
         assert t.values[0] == pytest.approx(t.user_attrs["throughput"]["tokens_per_s"])
     again = load_results("t", str(tmp_path / "study.db"))
     assert [r.number for r in again.ranked] == [r.number for r in result.ranked]
-    best = load_trial("t", str(tmp_path / "study.db"))
-    assert best == result.ranked[0] and best.acceptance.kind == "assumed"
+    info, best = load_trial("t", str(tmp_path / "study.db"))
+    assert info == result.info and best == result.ranked[0] and best.acceptance.kind == "assumed"
 
 
 def test_upper_bound_prunes_without_evaluating(tmp_path):
@@ -195,7 +185,7 @@ def test_ctrl_c_fails_the_trial_in_flight_and_a_rerun_resumes(tmp_path):
 def test_ctrl_c_between_creating_a_trial_and_evaluating_it_leaves_nothing_running(tmp_path, monkeypatch):
     import draftnas.search as search_module
 
-    real_ask, asked = search_module._ask, []
+    real_ask, asked = search_module.ask_with_worker, []
 
     def ask_then_interrupt(study, dists):
         trial = real_ask(study, dists)
@@ -204,7 +194,7 @@ def test_ctrl_c_between_creating_a_trial_and_evaluating_it_leaves_nothing_runnin
             raise KeyboardInterrupt
         return trial
 
-    monkeypatch.setattr(search_module, "_ask", ask_then_interrupt)
+    monkeypatch.setattr(search_module, "ask_with_worker", ask_then_interrupt)
     result = run_search(smol_options(tmp_path, n_trials=8, sampler="random", upper_bound_pruning=False),
                         StubLatency(), FakeMeasured())
     assert result.interrupted and result.interrupted_trial == asked[-1]
@@ -218,7 +208,7 @@ def test_ctrl_c_between_creating_a_trial_and_evaluating_it_leaves_nothing_runnin
 def test_ctrl_c_waits_for_the_storage_write_but_stops_an_evaluation_at_once():
     """A KeyboardInterrupt inside SQLAlchemy's flush can hang the session: outside an evaluation the
     signal is held until a safe point; inside one it raises at once; a second one always does."""
-    from draftnas.search import InterruptGate
+    from draftnas.study import InterruptGate
 
     before = signal.getsignal(signal.SIGINT)
     gate = InterruptGate()
@@ -371,8 +361,8 @@ def test_cli_without_weights_or_prior_says_what_to_pass_and_imports_stay_lazy():
 @pytest.mark.real_model
 def test_weights_evaluator_prunes_heals_and_measures_on_real_smollm2(smollm2, tmp_path):
     from draftnas.candidate import CandidateChoice, build_candidate
+    from draftnas.evaluate import WeightsEvaluator
     from draftnas.prompts import load_prompts
-    from draftnas.search import WeightsEvaluator
     from draftnas.traces import TraceOptions, build_traces
 
     prompts = list(load_prompts("chat"))[:3]
@@ -388,8 +378,8 @@ def test_weights_evaluator_prunes_heals_and_measures_on_real_smollm2(smollm2, tm
     assert acc.kind == "measured" and 0.0 <= acc.acceptance_rate <= 1.0
     assert set(acc.tokens_per_step or {}) == {"1", "2", "3", "4"} and acc.heal is not None
     plan = evaluation.candidate.plan
-    assert plan is not None and plan["intermediate_size"] == 768 and len(plan["layers"]) == 2
-    assert plan["kept_channels"] is not None  # a real plan: importance chose the channels
+    assert plan is not None and plan.intermediate_size == 768 and len(plan.layers) == 2
+    assert plan.kept_channels is not None  # a real plan: importance chose the channels
     assert evaluation.candidate.arch.intermediate_size == 768
 
 

@@ -346,7 +346,7 @@ def test_vocab_size_is_a_search_dimension():
 def test_latency_reading_charges_the_reduced_head():
     from draftnas.latency import LatencyModel, default_profile
     from draftnas.registry import get_architecture
-    from draftnas.search import read_latency
+    from draftnas.scoring import read_latency
     from draftnas.space import load_search_space
 
     space = load_search_space("gemma-3-270m")

@@ -9,34 +9,23 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from draftnas.cli.app import app, console, err_console, fmt_params, print_json
+from draftnas.cli.app import app, console, err_console, print_json
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.e2e import E2EResult
 
 
 def results_table(result: E2EResult) -> Table:
-    b = result.options.budget
+    from draftnas.report import E2E_COLUMNS, e2e_table
+
     m = result.machine
     table = Table(title=f"draftnas e2e on {result.options.target}: measured vs predicted (greedy, batch 1, "
                         f"{m.cpu_model}, load {m.load_average_before})", header_style="bold",
                   title_justify="left")
-    for col in ("drafter", "role", "layers x width", "params", "draft ms pred/meas", "tok/step meas (est)",
-                "γ", "tok/s", "speedup", "pred tok/s", "pred speedup", "error"):
+    for col in E2E_COLUMNS:
         table.add_column(col, justify="left" if col in ("drafter", "role", "layers x width") else "right")
-    table.add_row("target alone", "target", "-", "-", "-", "1", "0", f"{result.target_tokens_per_s:.1f}",
-                  "1.000x", f"{result.target_predicted_tokens_per_s:.1f}", "1.000x", "-")
-    for r in result.rows:
-        for g in sorted(r.measured, key=int):
-            meas, pred = r.measured[g], r.predicted[g]
-            tag = "" if int(g) == b.fixed_gamma else " best"
-            err = 100.0 * (pred.speedup - meas.speedup) / meas.speedup
-            table.add_row(r.name + (f" (={r.same_as})" if r.same_as else ""), r.role, r.shape,
-                          fmt_params(r.parameters),
-                          f"{pred.draft_ms:.1f}/{r.terms.draft_ms:.1f}" if r.terms else "-",
-                          f"{meas.tokens_per_step:.2f} ({pred.tokens_per_step:.2f})", f"{g}{tag}",
-                          f"{meas.tokens_per_s:.1f}", f"{meas.speedup:.3f}x", f"{pred.tokens_per_s:.1f}",
-                          f"{pred.speedup:.3f}x", f"{err:+.1f}%")
+    for cells in e2e_table(result):
+        table.add_row(*cells)
     return table
 
 

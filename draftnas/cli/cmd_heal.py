@@ -58,7 +58,8 @@ def heal(
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Heal a pruned drafter by distillation toward its target (top-1 agreement before/after)."""
-    from draftnas.distill import HealOptions, HealRequest, heal_from_request
+    from draftnas.distill import HealOptions
+    from draftnas.export import HealRequest, heal_from_request
 
     options = HealOptions(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
                           prompts=prompts, prompts_per_domain=per_domain, max_new_tokens=max_new_tokens,

@@ -15,7 +15,8 @@ from rich.table import Table
 from draftnas.cli.app import app, console, err_console, fmt_params, print_json
 
 if TYPE_CHECKING:  # pragma: no cover
-    from draftnas.search import RankedTrial, SearchResult
+    from draftnas.scoring import RankedTrial
+    from draftnas.search import SearchResult
 
 
 def ranked_table(result: SearchResult, top: int = 15) -> Table:

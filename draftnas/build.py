@@ -1,0 +1,121 @@
+"""Building a drafter: the one way a plan becomes a model.
+
+`plan_drafter` measures importance on the base's weights (`prune.plan_pruning`) and, for a
+reduced draft head, chooses its rows from the target's traces; the kept ids go into the
+plan, so the plan alone (with the base) replays the drafter. `build_drafter` applies a plan
+(`prune.apply_plan`: layers, widths, head), heals it toward a teacher
+(`distill.heal`), and estimates its acceptance on held-out traces
+(`acceptance.estimate_acceptance`). The search's evaluator, `draftnas export`, `draftnas
+heal` and e2e all build drafters here; `heal_options` is the one place a budget becomes
+`HealOptions`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from draftnas.acceptance import AcceptanceEstimate
+from draftnas.distill import HealData, HealOptions, HealReading, HealResult
+from draftnas.errors import InvalidInputError
+from draftnas.prune import PlanOptions, PruningPlan
+from draftnas.record import TRANSIENT, Record
+
+if TYPE_CHECKING:  # pragma: no cover
+    from draftnas.sources import LoadedModel
+    from draftnas.traces import Traces
+
+Progress = Callable[[int, int], None]
+
+
+def heal_options(*, steps: int, batch_size: int, lr: float, seq_len: int, seed: int, n_records: int,
+                 max_seconds: float | None = None, gamma: int = 4) -> HealOptions | None:
+    """A search or e2e healing budget as `HealOptions` (None for 0 steps: no healing).
+
+    Trace teachers are small (a few dozen records): healing's own held-out readings take every
+    `min(4, n_records)`-th record (at least every 2nd) so some records are left to train on."""
+    if steps <= 0:
+        return None
+    return HealOptions(steps=steps, batch_size=batch_size, lr=lr, eval_every=0, max_seq_len=seq_len,
+                       max_seconds=max_seconds, seed=seed, heldout_every=max(2, min(4, n_records)),
+                       gamma=gamma)
+
+
+def plan_drafter(base: LoadedModel, options: PlanOptions, *, head_rows: int = 0,
+                 vocab_traces: Traces | None = None, source: str = "") -> PruningPlan:
+    """The plan for `options` measured on `base`, with a reduced head of `head_rows` rows (the
+    target's most frequent tokens in `vocab_traces`, plus special tokens) when `head_rows` > 0."""
+    from draftnas.prune import plan_pruning
+
+    plan = plan_pruning(base.model, options, tokenizer=base.tokenizer)
+    return choose_head(plan, head_rows, vocab_traces, base.tokenizer, source=source)
+
+
+def choose_head(plan: PruningPlan, head_rows: int, traces: Traces | None, tokenizer: Any = None, *,
+                source: str = "") -> PruningPlan:
+    """`plan` with a reduced draft head of `head_rows` rows: the target's most frequent tokens in
+    `traces` plus special tokens (`vocab.subset_from_traces`); the base's head for 0 rows."""
+    if not head_rows:
+        return replace(plan, vocab=None)
+    if traces is None:
+        raise InvalidInputError(f"a {head_rows}-row draft head is chosen from the target's traces; "
+                                "none were given")
+    from draftnas.vocab import subset_from_traces
+
+    return replace(plan, vocab=subset_from_traces(traces, head_rows, tokenizer, source=source))
+
+
+@dataclass(frozen=True)
+class BuiltDrafter(Record):
+    """A drafter built from a plan: the plan, what healing did, its acceptance on held-out traces
+    (None when none were given), its parameter count (the reduced head counted as such), and the
+    model itself (in memory only)."""
+
+    plan: PruningPlan
+    heal: HealResult | None = None
+    estimate: AcceptanceEstimate | None = None
+    parameters: int = 0
+    model: Any = field(default=None, compare=False, repr=False, metadata=TRANSIENT)
+
+    @property
+    def name(self) -> str:
+        return self.plan.label()
+
+
+def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | None = None,
+                  teacher: Any = None, data: HealData | None = None, held: Traces | None = None,
+                  max_gamma: int = 8, temperature: float = 0.0, checkpoint_dir: str | Path | None = None,
+                  progress: Progress | None = None, data_progress: Progress | None = None,
+                  on_reading: Callable[[HealReading], None] | None = None) -> BuiltDrafter:
+    """apply the plan to `base` -> heal toward `teacher` (traces or a live model; skipped when
+    `heal` is None) -> estimate acceptance on `held` traces (skipped when None).
+
+    `data`: heal data already built from the same teacher (the search reuses it across trials).
+    Deterministic for a given plan, base, teacher and options: the plan carries every index,
+    the reduced head's ids included.
+    """
+    from draftnas.prune import apply_plan
+
+    drafter = apply_plan(base.model, plan)
+    result = None
+    if heal is not None:
+        if teacher is None:
+            raise InvalidInputError("healing needs a teacher: the target's traces or the target model")
+        from draftnas.distill import heal as run_heal
+
+        result = run_heal(drafter, teacher, heal, tokenizer=base.tokenizer, data=data,
+                          checkpoint_dir=checkpoint_dir, progress=progress, data_progress=data_progress,
+                          on_reading=on_reading)
+    drafter.eval()
+    estimate = None
+    if held is not None:
+        from draftnas.acceptance import estimate_acceptance
+
+        estimate = estimate_acceptance(drafter, held, max_gamma=max_gamma, temperature=temperature)
+    parameters = sum(p.numel() for p in {id(p): p for p in drafter.parameters()}.values())
+    return BuiltDrafter(plan=plan, heal=result, estimate=estimate, parameters=parameters, model=drafter)
+
+
+__all__ = ["BuiltDrafter", "build_drafter", "choose_head", "heal_options", "plan_drafter"]

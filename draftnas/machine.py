@@ -1,0 +1,81 @@
+"""The machine a figure was taken on, and the one wall-clock timer for whole calls.
+
+Every figure draftnas prints names its host: CPU model, cores, torch threads and load
+average (`machine_info`). Profiles, calibration, bench terms and e2e all read them here.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftnas.record import Record
+
+
+@dataclass(frozen=True)
+class MachineInfo(Record):
+    cpu_model: str
+    logical_cores: int
+    torch_threads: int
+    platform: str
+    load_average_before: str
+    load_average_after: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+def load_average() -> str:
+    """The 1, 5 and 15-minute load averages, or "unknown"."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (its affinity), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def machine_info() -> MachineInfo:
+    import torch
+
+    from draftnas.provenance import package_versions
+
+    return MachineInfo(cpu_model=cpu_model_name(), logical_cores=os.cpu_count() or 1,
+                       torch_threads=torch.get_num_threads(), platform=platform.platform(),
+                       load_average_before=load_average(), versions=package_versions())
+
+
+def median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 1,
+              sync: Callable[[], Any] | None = None) -> float:
+    """Median wall ms of `fn()` over `repeats` calls after `warmup` calls; `sync` (e.g.
+    `torch.cuda.synchronize`) runs before each clock read so queued device work is counted."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if sync is not None:
+            sync()
+        t0 = time.perf_counter()
+        fn()
+        if sync is not None:
+            sync()
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times)
