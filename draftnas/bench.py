@@ -20,6 +20,10 @@ one-token decode may round a near-tie differently (a margin near 0), which a bug
 would not need. The estimator's prediction comes from a trace of the target's own
 outputs on these prompts (one teacher-forced target pass for the top-k
 probabilities) and one teacher-forced drafter pass.
+
+Size: the bench loop, its per-prompt records and the e2e aggregation of bench runs and of each
+latency term timed alone belong to one measurement; splitting them would pass the same private state
+between modules.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ once per (rows, out, in) on the machine it runs on and keeps the faster.
 
 Shapes: B batch, T new tokens, S cache slots, H query heads, K key/value heads, D head
 dim, h hidden size, V head rows. torch is imported at module level: import this lazily.
+
+Size: one compact decoder for two families (LLaMA, Gemma-3) with its cache, CUDA-graph step and CPU
+matmul chooser; the pieces share the weight layout and are tested together against transformers.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ readings of top-1 agreement with the target on held-out prompts (teacher-forced
 over the target's greedy continuation: for greedy decoding this is exactly the
 drafter's per-token acceptance). A checkpoint (trainable weights, optimizer,
 scheduler, step, readings) is written atomically so an interrupted run resumes.
+
+Size: healing is one training loop with its data, losses, readings and resumable checkpoints; the
+parts share the batch layout and the run state.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ The folder holds `config.json` (written by transformers from the model, whose co
 It is written into a temporary folder next to the destination and renamed into place
 at the end, so a crash never leaves a half-written drafter; a non-empty destination is
 refused unless `force`.
+
+Size: the folder writer, the model card (shape, plan, figures, use, reduced-vocabulary sections) and
+the export/heal requests; the card sections read the same ExportInfo.
 """
 
 from __future__ import annotations

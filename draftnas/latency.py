@@ -28,6 +28,9 @@ m = 8 cut the held-out error of the previous form roughly in half). For a measur
 device the coefficients are fitted by non-negative least squares on relative error
 (each row divided by its measured time), and `r` and `m` by a grid search on the
 training shapes only.
+
+Size: the profile records, the fitted latency model (its terms, fit and held-out error), the spec-
+sheet roofline and host calibration all price the same Condition shapes.
 """
 
 from __future__ import annotations

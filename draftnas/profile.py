@@ -25,6 +25,10 @@ one forward — fits the run's budget (free device memory, or available RAM, les
 a margin). A configuration that cannot fit even alone is not timed; it is
 listed in the profile's `skipped` with the bytes it needed. torch and
 transformers are imported inside the functions.
+
+Size: the profiler's runtime (eager, static and CUDA-graph steps), memory-aware chunk planning,
+calibration of a host and the depth-vs-width report; they share the private runtime and job records.
+The largest module left; its report half is the next to move.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ per-layer widths cannot be expressed in a loadable config. The *which*
 
 Importing this module does not import torch (the search builds plans' shapes
 with `PruningPlan.architecture` without weights).
+
+Size: plans, their validation and the surgery that applies them (layers, GQA groups, channels, head)
+plus importance measurement; apply and validate must agree field by field.
 """
 
 from __future__ import annotations

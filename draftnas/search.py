@@ -13,6 +13,9 @@ Storage is Optuna's: a SQLite file beside the run's outputs by default,
 `postgresql://...` for several machines, or a journal file. Several processes
 can work on one study; a killed process loses at most its trial in flight, which
 the next run marks FAIL (same host: its process is gone; other hosts: heartbeat).
+
+Size: the study loop (ask, bound, evaluate, tell), its results rebuilt from storage and request
+resolution (shapes, space, profile, calibration, traces).
 """
 
 from __future__ import annotations

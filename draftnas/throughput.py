@@ -200,46 +200,6 @@ def break_even_acceptance(gamma: int, draft_ms: float, target_ms: float,
     return acceptance_rate_from_tokens_per_step(needed, gamma)
 
 
-@dataclass(frozen=True)
-class MemoryEstimate(Record):
-    """What a drafter takes from the target's memory budget."""
-
-    drafter_weight_bytes: int
-    drafter_kv_bytes_per_sequence: int
-    target_kv_bytes_per_sequence: int
-    max_batch_without_drafter: int
-    max_batch_with_drafter: int
-
-
-def drafter_memory_cost(
-    *,
-    memory_budget_bytes: int,
-    target_weight_bytes: int,
-    target_kv_bytes_per_token: int,
-    drafter_weight_bytes: int,
-    drafter_kv_bytes_per_token: int,
-    context_tokens: int,
-) -> MemoryEstimate:
-    """Largest batch of `context_tokens`-long sequences that fits, without and with the drafter.
-
-    max_batch = floor((budget - weights) / (KV bytes per token * context)).
-    """
-    if context_tokens < 1:
-        raise InvalidInputError(f"context tokens must be >= 1, got {context_tokens}")
-    target_seq = target_kv_bytes_per_token * context_tokens
-    drafter_seq = drafter_kv_bytes_per_token * context_tokens
-    free_alone = memory_budget_bytes - target_weight_bytes
-    free_with = free_alone - drafter_weight_bytes
-    return MemoryEstimate(
-        drafter_weight_bytes=drafter_weight_bytes,
-        drafter_kv_bytes_per_sequence=drafter_seq,
-        target_kv_bytes_per_sequence=target_seq,
-        max_batch_without_drafter=max(0, free_alone // target_seq) if target_seq else 0,
-        max_batch_with_drafter=max(0, free_with // (target_seq + drafter_seq))
-        if target_seq + drafter_seq else 0,
-    )
-
-
 def _check_gamma(gamma: int) -> None:
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
         raise InvalidInputError(f"gamma must be an integer >= 0, got {gamma!r}")

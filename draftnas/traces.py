@@ -20,6 +20,9 @@ for a sampled record they are the temperature-T softmax the token was sampled fr
 
 An interrupted `build_traces` keeps finished shards in ``<out>.partial/`` and
 resumes from them when run again with the same target, prompts and options.
+
+Size: the trace file format (records, metadata, atomic save and load, resumable builds) and the
+target decoding that fills it; format and builder change together.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from draftnas.throughput import (
     acceptance_rate_from_tokens_per_step,
     best_gamma,
     break_even_acceptance,
-    drafter_memory_cost,
     expected_tokens_from_distribution,
     expected_tokens_per_step,
     predict_throughput,
@@ -92,10 +91,3 @@ def test_inverse_acceptance():
     assert acceptance_rate_from_tokens_per_step(3.3616, 4) == pytest.approx(0.8, abs=1e-9)
 
 
-def test_memory_cost():
-    gib = 1024**3
-    est = drafter_memory_cost(memory_budget_bytes=80 * gib, target_weight_bytes=60 * gib,
-                              target_kv_bytes_per_token=1_000_000, drafter_weight_bytes=2 * gib,
-                              drafter_kv_bytes_per_token=100_000, context_tokens=1000)
-    assert est.max_batch_without_drafter == (20 * gib) // 1_000_000_000
-    assert est.max_batch_with_drafter == (18 * gib) // 1_100_000_000
