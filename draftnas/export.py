@@ -614,14 +614,14 @@ def heal_from_request(request: HealRequest, *, progress: Progress | None = None,
     if request.plan_file is not None:
         from draftnas.build import build_drafter
 
-        plan: PruningPlan | None = load_plan(request.plan_file)
-        assert plan is not None
-        base = request.base or plan.base
+        plan_file = load_plan(request.plan_file)
+        plan: PruningPlan | None = plan_file
+        base = request.base or plan_file.base
         if not base:
             raise InvalidInputError("the plan names no base model; pass --base")
         loaded = load_model(base)
         target = request.target or base
-        built = build_drafter(plan, loaded, heal=request.options,
+        built = build_drafter(plan_file, loaded, heal=request.options,
                               teacher=_teacher(request.traces, target, base, loaded),
                               checkpoint_dir=request.checkpoint_dir, progress=progress,
                               data_progress=data_progress, on_reading=on_reading)
