@@ -6,15 +6,17 @@ on held-out target traces.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from draftnas.alpha import AlphaModel, drafter_features
 from draftnas.candidate import Candidate
 from draftnas.registry import Architecture
 from draftnas.scoring import AcceptanceReading, assumed_acceptance
-from draftnas.space import SearchSpace
+from draftnas.space import HealBudget, SearchSpace
 from draftnas.traces import split_traces
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,38 @@ class PriorEvaluator:
 
     def evaluate(self, candidate: Candidate) -> Evaluation:
         return Evaluation(candidate=candidate, acceptance=self.reading)
+
+
+class ModelEvaluator:
+    """Acceptance from an alpha(drafter) model fitted on measured pairs (`draftnas.alpha`): each
+    candidate's features relative to the base, at `heal_steps` of healing. With an anchor
+    (reference candidate, alpha), the model's level is shifted in logit so the reference gets that
+    alpha: the model then supplies only how acceptance differs between drafters."""
+
+    measured = False
+
+    def __init__(self, model: AlphaModel, base_arch: Architecture, heal_steps: int, domain: str | None = None,
+                 anchor: tuple[Candidate, float] | None = None) -> None:
+        self.model, self.base_arch, self.heal_steps, self.domain = model, base_arch, heal_steps, domain
+        self.shift = 0.0
+        if anchor is not None:
+            reference, alpha = anchor
+            self.shift = _logit(alpha) - _logit(self._raw(reference))
+
+    def _raw(self, candidate: Candidate) -> float:
+        return self.model.predict(drafter_features(candidate, self.base_arch, self.heal_steps), self.domain)
+
+    def evaluate(self, candidate: Candidate) -> Evaluation:
+        alpha = 1.0 / (1.0 + math.exp(-(_logit(self._raw(candidate)) + self.shift)))
+        outside = self.model.outside(drafter_features(candidate, self.base_arch, self.heal_steps))
+        note = "extrapolated: " + "; ".join(outside) if outside else ""
+        return Evaluation(candidate=candidate,
+                          acceptance=AcceptanceReading(kind="fitted", acceptance_rate=alpha, note=note))
+
+
+def _logit(alpha: float) -> float:
+    a = min(max(alpha, 1e-6), 1 - 1e-6)
+    return math.log(a / (1 - a))
 
 
 class WeightsEvaluator:
@@ -87,14 +121,15 @@ class WeightsEvaluator:
         traces = load_traces(self.traces_path).select(temperature=self.space.workload.temperature)
         self._eval_traces, self._heal_traces = split_traces(traces)
 
-    def evaluate(self, candidate: Candidate) -> Evaluation:
+    def evaluate(self, candidate: Candidate, heal: HealBudget | None = None) -> Evaluation:
+        """Plan, heal (with `heal`, default the space's budget) and estimate one candidate."""
         from draftnas.build import build_drafter, heal_options, plan_drafter
         from draftnas.distill import data_from_traces
         from draftnas.prune import PlanOptions
 
         self._setup()
         started = time.perf_counter()
-        a, choice, h = candidate.arch, candidate.choice, self.space.heal
+        a, choice, h = candidate.arch, candidate.choice, heal or self.space.heal
         plan = plan_drafter(self._loaded, PlanOptions(
             num_layers=a.num_hidden_layers, layer_selection=choice.layer_selection,
             num_attention_heads=a.num_attention_heads, num_key_value_heads=a.num_key_value_heads,

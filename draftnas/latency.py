@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from draftnas.errors import InvalidInputError, ProfileError
+from draftnas.placement import Hardware, Interconnect
 from draftnas.record import Record
 from draftnas.registry import Architecture
 
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 KINDS = ("measured", "spec-sheet")
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 #: Coefficient names, in feature-column order (see the module docstring).
 MODEL_TERMS: tuple[str, ...] = (
@@ -165,6 +166,7 @@ class LatencyProfile(Record):
     spec: dict[str, float] = field(default_factory=dict)
     series: dict[str, tuple[str, ...]] = field(default_factory=dict)  # "depth"/"width" -> shape names
     skipped: tuple[SkippedConfig, ...] = ()
+    hardware: Hardware | None = None  # GPU memory, dtypes and interconnect (placement, parallelism)
 
 
 # --------------------------------------------------------------------------- features
@@ -485,24 +487,59 @@ class SpecSheet(Record):
     kernels_per_layer: int = 12
     call_overhead_us: float = 50.0
     source: str = ""
+    hardware: Hardware | None = None
 
+
+#: Small-message all-reduce latency, ASSUMED (not from a data sheet): NCCL's small all-reduces
+#: within one NVSwitch node take on the order of 10 us; PCIe more.
+_NVLINK_LATENCY_US = 10.0
+H100_SXM_NODE = Hardware(
+    name="NVIDIA H100-SXM5-80GB", memory_gb=80.0, dtypes=("fp32", "fp16", "bf16", "fp8"), max_gpus=8,
+    interconnect=Interconnect(
+        name="NVLink 4 / NVSwitch (HGX H100, 8 GPUs)", bus_bandwidth_gb_s=370.0,
+        latency_us=_NVLINK_LATENCY_US,
+        source="NCCL all-reduce bus bandwidth with the ring algorithm, 370 GB/s (NVLink line rate 450 GB/s "
+               "less ~20% protocol overhead; NVLink SHARP reaches ~480 GB/s busbw, ~275 GB/s algbw, on "
+               "8 GPUs): NCCL maintainer, github.com/NVIDIA/nccl-tests/issues/212; small-message latency "
+               "10 us ASSUMED"),
+    source="NVIDIA H100 datasheet: 80 GB HBM3; FP8 tensor cores")
+A100_SXM_NODE = Hardware(
+    name="NVIDIA A100-SXM4-80GB", memory_gb=80.0, dtypes=("fp32", "fp16", "bf16"), max_gpus=8,
+    interconnect=Interconnect(
+        name="NVLink 3 / NVSwitch (HGX A100, 8 GPUs)", bus_bandwidth_gb_s=200.0,
+        latency_us=_NVLINK_LATENCY_US,
+        source="nccl-tests all_reduce_perf busbw measured by users on 8 x A100-SXM4-80GB: ~200 GB/s "
+               "(github.com/NVIDIA/nccl-tests/issues/149) and 208 GB/s (issues/178); small-message latency "
+               "10 us ASSUMED"),
+    source="NVIDIA A100 datasheet: 80 GB HBM2e; no FP8")
+RTX_3090_NODE = Hardware(
+    name="NVIDIA GeForce RTX 3090", memory_gb=24.0, dtypes=("fp32", "fp16", "bf16"), max_gpus=4,
+    interconnect=Interconnect(
+        name="PCIe 4.0 x16", bus_bandwidth_gb_s=20.0, latency_us=25.0,
+        source="ASSUMED: PCIe 4.0 x16 carries 32 GB/s per direction; NCCL all-reduce busbw taken as 20 GB/s "
+               "and 25 us per small all-reduce, not measured"),
+    source="NVIDIA GeForce RTX 3090 specifications: 24 GB GDDR6X")
 
 SPEC_SHEETS: dict[str, SpecSheet] = {
     "a100-80gb": SpecSheet("NVIDIA A100-SXM4-80GB", 2039.0, 312.0,
                            source="NVIDIA A100 datasheet: HBM2e 2,039 GB/s; FP16/BF16 tensor "
-                                  "312 TFLOPS dense"),
+                                  "312 TFLOPS dense", hardware=A100_SXM_NODE),
     "h100-sxm": SpecSheet("NVIDIA H100-SXM5-80GB", 3350.0, 989.0,
                           source="NVIDIA H100 datasheet: HBM3 3.35 TB/s; FP16/BF16 tensor "
-                                 "989 TFLOPS dense"),
+                                 "989 TFLOPS dense", hardware=H100_SXM_NODE),
     "rtx-3090": SpecSheet("NVIDIA GeForce RTX 3090", 936.0, 71.0,
                           source="NVIDIA Ampere GA102 whitepaper: GDDR6X 936 GB/s; FP16 tensor with "
-                                 "FP32 accumulate 71 TFLOPS dense"),
+                                 "FP32 accumulate 71 TFLOPS dense", hardware=RTX_3090_NODE),
 }
 
 
 def spec_sheet_profile(key: str, dtype: str = "fp16") -> LatencyProfile:
-    """A `kind="spec-sheet"` profile: roofline from data-sheet figures, NOT measured."""
+    """A `kind="spec-sheet"` profile: roofline from data-sheet figures, NOT measured. fp8 weights
+    halve the bytes read; their FLOPs are priced at the fp16 peak (conservative)."""
     sheet = SPEC_SHEETS[key]
+    if sheet.hardware is not None and dtype not in sheet.hardware.dtypes:
+        raise InvalidInputError(f"{sheet.name} does not run {dtype} "
+                                f"(it runs {', '.join(sheet.hardware.dtypes)})")
     ms_per_mb = 1e6 / (sheet.memory_bandwidth_gb_s * 1e9) * 1e3
     coefficients = {t: 0.0 for t in FIT_TERMS}
     coefficients.update(
@@ -528,6 +565,7 @@ def spec_sheet_profile(key: str, dtype: str = "fp16") -> LatencyProfile:
             "kernel_overhead_us": sheet.kernel_overhead_us,
             "kernels_per_layer": float(sheet.kernels_per_layer),
             "call_overhead_us": sheet.call_overhead_us},
+        hardware=sheet.hardware,
     )
 
 

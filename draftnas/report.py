@@ -103,15 +103,20 @@ def _batches(workload: Any) -> str:
 def _table(ranked: tuple[RankedTrial, ...], assumed: bool) -> str:
     acc = "assumed α" if assumed else "top-1"
     head = ["#", "trial", "candidate", "layers x width", "params (M)", "draft ms", "verify ms", acc,
-            "tokens/step", "best γ", "tokens/s", "speedup"]
+            "tokens/step", "best γ", "tokens/s", "speedup", "break-even α b1 / bN", "stops paying at b"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(ranked, start=1):
         p = r.primary
         params_m = r.candidate.parameters / 1e6
+        e = r.economics
+        even = ("" if e is None else
+                f"{_fmt_opt(e.break_even_alpha_batch1)} / {_fmt_opt(e.break_even_alpha_largest)}")
+        stops = ("" if e is None else str(e.crossover_batch) if e.crossover_batch
+                 else f"> {e.sweep_batches[-1]}")
         cells = [str(i), str(r.number), f"`{r.candidate.name}`", r.candidate.shape_label(),
                  f"{params_m:.1f}", f"{p.draft_ms:.3f}", f"{p.verify_ms:.3f}",
                  f"{r.acceptance.acceptance_rate:.3f}", f"{p.tokens_per_step:.2f}", str(p.gamma),
-                 f"{r.throughput.tokens_per_s:,.1f}", f"{r.throughput.speedup:.3f}x"]
+                 f"{r.throughput.tokens_per_s:,.1f}", f"{r.throughput.speedup:.3f}x", even, stops]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -125,8 +130,11 @@ def _plots(result: SearchResult, out: Path) -> list[Path]:
     if not result.ranked:
         return []
     paths = []
-    for name, draw in (("pareto.png", _pareto), ("speedup_vs_gamma.png", _speedup_vs_gamma),
-                       ("latency_vs_depth.png", _latency_vs_depth)):
+    draws = [("pareto.png", _pareto), ("speedup_vs_gamma.png", _speedup_vs_gamma),
+             ("latency_vs_depth.png", _latency_vs_depth)]
+    if any(r.economics is not None for r in result.ranked):
+        draws.append(("speedup_vs_batch.png", _speedup_vs_batch))
+    for name, draw in draws:
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
         draw(ax, result)
         if result.info.acceptance_assumed:
@@ -166,6 +174,48 @@ def _speedup_vs_gamma(ax: Any, result: SearchResult) -> None:
     ax.set_ylabel("predicted speedup over plain decoding")
     ax.set_title(f"speedup vs γ (top 5, batch {result.ranked[0].primary.batch_size})")
     ax.legend(fontsize=7)
+
+
+def _speedup_vs_batch(ax: Any, result: SearchResult, top: int = 5) -> None:
+    """Predicted speedup (best gamma >= 1 at each drafter's alpha) against batch size, crossovers marked."""
+    rows = [r for r in result.ranked[:top] if r.economics is not None]
+    rows += [r for r in result.references if r.economics is not None]
+    for r in rows:
+        e = r.economics
+        assert e is not None
+        label = f"{'ref ' if r.reference else f'#{r.number} '}{r.candidate.name} (α {e.alpha:.2f})"
+        line, = ax.plot(e.sweep_batches, e.sweep_speedup, marker="o", ms=3, ls="--" if r.reference else "-",
+                        label=label)
+        if e.crossover_batch is not None:
+            y = e.sweep_speedup[e.sweep_batches.index(e.crossover_batch)]
+            ax.plot([e.crossover_batch], [y], marker="x", ms=10, mew=2, color=line.get_color())
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("predicted speedup over plain decoding")
+    ax.set_title("speedup vs batch (x: first batch where it stops paying)")
+    ax.legend(fontsize=6)
+
+
+def save_batch_plot(result: SearchResult, path: str | Path) -> Path:
+    """The speedup-vs-batch plot of the top drafters and the space's references, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
+    _speedup_vs_batch(ax, result)
+    if result.info.acceptance_assumed:
+        fig.text(0.99, 0.01, "acceptance " + ("from a fitted model" if result.info.acceptance_model
+                                              else "ASSUMED") + ", not measured",
+                 ha="right", va="bottom", fontsize=8, color="darkred")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def _latency_vs_depth(ax: Any, result: SearchResult) -> None:

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from draftnas.acceptance import AcceptanceEstimate
-from draftnas.candidate import Candidate
+from draftnas.candidate import Candidate, InfeasibleCandidateError
 from draftnas.distill import HealResult
 from draftnas.errors import InvalidInputError
+from draftnas.placement import Placement
 from draftnas.record import Record
 from draftnas.registry import Architecture
 from draftnas.space import GammaRange, Workload
@@ -47,6 +48,18 @@ class LatencyReading(Record):
     draft_ms: tuple[float, ...]
     target_ms: tuple[float, ...]
     verify_ms: tuple[tuple[float, ...], ...]
+    # where memory caps the batch (`placement.Placement`): speculation runs at spec_batch_sizes[i]
+    # (draft_ms and verify_ms priced there), plain decoding at plain_batch_sizes[i] (target_ms);
+    # empty: both at batch_sizes
+    spec_batch_sizes: tuple[int, ...] = ()
+    plain_batch_sizes: tuple[int, ...] = ()
+    max_batch: int | None = None  # largest batch the target and this drafter fit together (None: unmodelled)
+
+    def spec_batch(self, index: int) -> int:
+        return self.spec_batch_sizes[index] if self.spec_batch_sizes else self.batch_sizes[index]
+
+    def plain_batch(self, index: int) -> int:
+        return self.plain_batch_sizes[index] if self.plain_batch_sizes else self.batch_sizes[index]
 
 
 @dataclass(frozen=True)
@@ -59,16 +72,18 @@ class AcceptanceReading(Record):
     the full records.
     """
 
-    kind: str  # "measured" | "assumed"
+    kind: str  # "measured" | "assumed" | "fitted" (an alpha(drafter) model, `draftnas.alpha`)
     acceptance_rate: float
     tokens_per_step: dict[str, float] | None = None
     estimate: AcceptanceEstimate | None = None
     heal: HealResult | None = None
     evaluate_s: float = 0.0
+    note: str = ""  # fitted: inputs outside the model's fitted range
 
     @property
     def assumed(self) -> bool:
-        return self.kind == "assumed"
+        """Not measured on this drafter: a constant prior or a fitted model's prediction."""
+        return self.kind != "measured"
 
     def tokens_at(self, gamma: int) -> float | None:
         """Measured E[tokens per step] at gamma (1.0 at gamma 0), None when assumed."""
@@ -98,6 +113,25 @@ class WorkloadPrediction(Record):
 
 
 @dataclass(frozen=True)
+class BatchEconomics(Record):
+    """Where a drafter pays off, whatever its acceptance turns out to be.
+
+    break_even_alpha_*: the per-token acceptance at which its best gamma >= 1 exactly matches
+    plain decoding, at batch 1 and at the workload's largest batch (None: even acceptance 1 does
+    not pay). crossover_batch: the first swept batch at which, at its predicted acceptance,
+    speculation no longer beats plain decoding (None: it pays at every swept batch).
+    """
+
+    alpha: float
+    largest_batch: int
+    break_even_alpha_batch1: float | None
+    break_even_alpha_largest: float | None
+    crossover_batch: int | None
+    sweep_batches: tuple[int, ...]
+    sweep_speedup: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class RankedTrial(Record):
     """One completed trial, rebuilt from storage."""
 
@@ -107,6 +141,8 @@ class RankedTrial(Record):
     acceptance: AcceptanceReading
     throughput: WorkloadPrediction
     reused_from: int | None = None
+    economics: BatchEconomics | None = None
+    reference: str | None = None  # a published drafter priced beside the trials (number -1), not a trial
 
     @property
     def primary(self) -> ThroughputEstimate:
@@ -135,17 +171,44 @@ def target_latency(predictor: LatencyPredictor, target: Architecture, workload: 
 
 def read_latency(predictor: LatencyPredictor, profile: str, arch: Architecture, workload: Workload,
                  target: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]],
-                 head_vocab_size: int | None = None) -> LatencyReading:
+                 head_vocab_size: int | None = None, *, placement: Placement | None = None,
+                 target_arch: Architecture | None = None, target_predictor: LatencyPredictor | None = None
+                 ) -> LatencyReading:
     """The candidate's draft latency per batch size beside the (shared) target latencies.
 
-    head_vocab_size: rows of a reduced draft head (None: the full vocabulary)."""
+    head_vocab_size: rows of a reduced draft head (None: the full vocabulary). With a `placement`,
+    a batch the target and this drafter do not fit in memory together runs speculation at the
+    largest batch that fits, and plain decoding at the largest the target alone fits (priced
+    there with `target_predictor` on `target_arch`); a drafter that fits at no batch is refused
+    with `InfeasibleCandidateError`."""
     ctx = workload.context_tokens
+    batches = workload.batch_sizes
+    spec, plain, max_batch = batches, batches, None
+    if placement is not None:
+        max_batch = placement.max_batch_with(arch, head_vocab_size)
+        if max_batch < 1:
+            need = placement.drafter_bytes(arch, head_vocab_size, 1) / 1e9
+            raise InfeasibleCandidateError(
+                f"the drafter ({need:.1f} GB with its KV cache) does not fit beside the target on "
+                f"{placement.hardware} ({placement.capacity_bytes / 1e9:.1f} GB usable per GPU)")
+        spec = tuple(min(b, max_batch) for b in batches)
+        plain = tuple(min(b, placement.max_batch) for b in batches)
     draft = tuple(predictor.predict_ms(arch, batch_size=b, new_tokens=1, context_tokens=ctx,
-                                       head_vocab_size=head_vocab_size)
-                  for b in workload.batch_sizes)
-    return LatencyReading(profile=profile, batch_sizes=workload.batch_sizes,
-                          context_tokens=workload.context_tokens, draft_ms=draft,
-                          target_ms=target[0], verify_ms=target[1])
+                                       head_vocab_size=head_vocab_size) for b in spec)
+    target_ms, verify_ms = target
+    if spec != batches or plain != batches:
+        assert target_arch is not None and target_predictor is not None
+        n_verify = len(verify_ms[0])
+        target_ms = tuple(target_predictor.predict_ms(target_arch, batch_size=b, context_tokens=ctx)
+                          for b in plain)
+        verify_ms = tuple(tuple(target_predictor.predict_ms(target_arch, batch_size=b, new_tokens=g + 1,
+                                                            context_tokens=ctx) for g in range(n_verify))
+                          for b in spec)
+    capped = spec != batches or plain != batches
+    return LatencyReading(profile=profile, batch_sizes=batches, context_tokens=workload.context_tokens,
+                          draft_ms=draft, target_ms=target_ms, verify_ms=verify_ms,
+                          spec_batch_sizes=spec if capped else (), plain_batch_sizes=plain if capped else (),
+                          max_batch=max_batch)
 
 
 def estimate_at(latency: LatencyReading, acceptance: AcceptanceReading, index: int,
@@ -154,7 +217,8 @@ def estimate_at(latency: LatencyReading, acceptance: AcceptanceReading, index: i
     tokens = acceptance.tokens_at(gamma)
     return predict_throughput(
         gamma=gamma, draft_ms=latency.draft_ms[index], target_ms=latency.target_ms[index],
-        verify_ms=latency.verify_ms[index][gamma], batch_size=latency.batch_sizes[index],
+        verify_ms=latency.verify_ms[index][gamma], batch_size=latency.spec_batch(index),
+        baseline_batch_size=latency.plain_batch(index),
         acceptance_rate=acceptance.acceptance_rate if tokens is None else None,
         tokens_per_step=None if tokens is None else min(max(tokens, 1.0), gamma + 1.0),
     )
@@ -162,7 +226,8 @@ def estimate_at(latency: LatencyReading, acceptance: AcceptanceReading, index: i
 
 def _best_at(latency: LatencyReading, acceptance: AcceptanceReading, index: int,
              gamma: GammaRange) -> ThroughputEstimate:
-    if acceptance.tokens_per_step is None and gamma.min == 0:
+    same_batch = latency.spec_batch(index) == latency.plain_batch(index)
+    if acceptance.tokens_per_step is None and gamma.min == 0 and same_batch:
         verify = latency.verify_ms[index]
         return best_gamma(acceptance_rate=acceptance.acceptance_rate, draft_ms=latency.draft_ms[index],
                           target_ms=latency.target_ms[index], verify_ms=lambda g: verify[g],
@@ -193,3 +258,55 @@ def pareto_front(ranked: Sequence[RankedTrial]) -> tuple[int, ...]:
     front = [n for n, ms, acc in points
              if not any((m2 <= ms and a2 >= acc) and (m2 < ms or a2 > acc) for _, m2, a2 in points)]
     return tuple(sorted(front, key=lambda n: next(p[1] for p in points if p[0] == n)))
+
+
+SWEEP_MAX_BATCH = 256
+
+
+def _speculating(gamma: GammaRange) -> GammaRange:
+    return GammaRange(min=max(1, gamma.min), max=max(1, gamma.max))
+
+
+def break_even_alpha(latency: LatencyReading, index: int, gamma: GammaRange) -> float | None:
+    """The acceptance at which the best gamma >= 1 at batch `latency.batch_sizes[index]` ties plain
+    decoding (bisection: the speedup rises with acceptance); None if acceptance 1 does not pay."""
+    spec = _speculating(gamma)
+
+    def speedup(alpha: float) -> float:
+        return _best_at(latency, assumed_acceptance(alpha), index, spec).speedup
+
+    if speedup(1.0) <= 1.0:
+        return None
+    if speedup(0.0) >= 1.0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if speedup(mid) < 1.0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def batch_economics(predictor: LatencyPredictor, target_predictor: LatencyPredictor, profile: str,
+                    arch: Architecture, target: Architecture, workload: Workload, gamma: GammaRange,
+                    acceptance: AcceptanceReading, head_vocab_size: int | None = None,
+                    placement: Placement | None = None) -> BatchEconomics:
+    """Break-even acceptance at batch 1 and the workload's largest batch, and the predicted
+    speedup (gamma >= 1) over batch sizes 1, 2, 4, ... up to 256 or the largest batch that fits."""
+    limit = SWEEP_MAX_BATCH if placement is None else min(SWEEP_MAX_BATCH, placement.max_batch_with(
+        arch, head_vocab_size))
+    largest = max(workload.batch_sizes)
+    batches = sorted({b for b in (*(2 ** k for k in range(9)), largest) if 1 <= b <= max(limit, 1)})
+    sweep = Workload(batch_sizes=tuple(batches), batch_weights=tuple(1.0 / len(batches) for _ in batches),
+                     temperature=workload.temperature, context_tokens=workload.context_tokens,
+                     prompt_set=workload.prompt_set, domain=workload.domain)
+    spec = _speculating(gamma)
+    target_ms = target_latency(target_predictor, target, sweep, spec)
+    reading = read_latency(predictor, profile, arch, sweep, target_ms, head_vocab_size, placement=placement,
+                           target_arch=target, target_predictor=target_predictor)
+    speedups = tuple(_best_at(reading, acceptance, i, spec).speedup for i in range(len(batches)))
+    crossover = next((b for b, s in zip(batches, speedups, strict=True) if s <= 1.0), None)
+    at_largest = batches.index(largest) if largest in batches else len(batches) - 1
+    return BatchEconomics(alpha=acceptance.acceptance_rate, largest_batch=batches[at_largest],
+                          break_even_alpha_batch1=break_even_alpha(reading, 0, spec),
+                          break_even_alpha_largest=break_even_alpha(reading, at_largest, spec),
+                          crossover_batch=crossover, sweep_batches=tuple(batches), sweep_speedup=speedups)

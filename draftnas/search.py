@@ -39,15 +39,18 @@ from optuna.trial import FrozenTrial, TrialState
 from draftnas.candidate import Candidate, CandidateChoice, InfeasibleCandidateError, build_candidate
 from draftnas.errors import DraftnasError, InvalidInputError
 from draftnas.evaluate import Evaluation, Evaluator, PriorEvaluator, WeightsEvaluator
+from draftnas.placement import Placement, deployed
 from draftnas.record import Record
 from draftnas.registry import Architecture
 from draftnas.scoring import (
     AcceptanceReading,
+    BatchEconomics,
     LatencyPredictor,
     LatencyReading,
     RankedTrial,
     WorkloadPrediction,
     assumed_acceptance,
+    batch_economics,
     pareto_front,
     predict_workload,
     read_latency,
@@ -105,6 +108,7 @@ class SearchResult(Record):
     baseline_tokens_per_s: float
     interrupted_trial: int | None = None  # the trial in flight at Ctrl-C (told FAIL), if any
     profile_note: str | None = None  # calibration summary, or: the profile was not measured here
+    references: tuple[RankedTrial, ...] = ()  # the space's published drafters, priced the same way
 
     @property
     def best(self) -> RankedTrial | None:
@@ -143,6 +147,8 @@ class SearchOptions:
     run_dir: str = "runs"
     upper_bound_pruning: bool = True
     profile_note: str | None = None  # calibration summary, or: the profile is not of this machine
+    placement: Placement | None = None  # GPUs, tensor parallelism and memory (GPU profiles with hardware)
+    acceptance_model: str | None = None  # label of the alpha(drafter) model the evaluator predicts with
 
 
 def default_study_name(target: str, space: SearchSpace, sampler: str) -> str:
@@ -213,7 +219,8 @@ class _Run:
     study: optuna.Study
     options: SearchOptions
     info: StudyInfo
-    predictor: LatencyPredictor
+    predictor: LatencyPredictor  # the drafter's (on its GPUs)
+    target_predictor: LatencyPredictor  # the target's (sharded over its GPUs)
     evaluator: Evaluator
     target_latency: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]
     dists: dict[str, BaseDistribution]
@@ -233,12 +240,13 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
     start = time.monotonic()
     options.sampler = options.sampler.lower()
     objectives, _ = _objectives(options.sampler)
-    if evaluator.measured != (options.acceptance_prior is None):
+    if evaluator.measured != (options.acceptance_prior is None and options.acceptance_model is None):
         raise InvalidInputError("an acceptance prior and a measuring evaluator exclude each other")
     info = StudyInfo(schema=STUDY_SCHEMA, target=options.target, base=options.base, space=options.space,
                      objectives=objectives, acceptance_assumed=not evaluator.measured,
                      acceptance_prior=options.acceptance_prior, profile=options.profile,
-                     target_arch=options.target_arch, base_arch=options.base_arch)
+                     target_arch=options.target_arch, base_arch=options.base_arch,
+                     acceptance_model=options.acceptance_model, placement=options.placement)
     study_name = options.study_name or default_study_name(options.target, options.space, options.sampler)
     storage_url = normalize_storage(options.storage, study_name, options.run_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -247,8 +255,10 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
     existing = len(study.get_trials(deepcopy=False))
     seed = None if options.seed is None else options.seed + existing
     study.sampler = make_sampler(options.sampler, seed, options.n_trials)
-    run = _Run(study=study, options=options, info=info, predictor=predictor, evaluator=evaluator,
-               target_latency=target_latency(predictor, options.target_arch, options.space.workload,
+    target_predictor, draft_predictor = deployed(predictor, options.placement)
+    run = _Run(study=study, options=options, info=info, predictor=draft_predictor,
+               target_predictor=target_predictor, evaluator=evaluator,
+               target_latency=target_latency(target_predictor, options.target_arch, options.space.workload,
                                              options.space.gamma),
                dists=distributions(options.space))
     interrupted = False
@@ -267,7 +277,7 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
         log.info("interrupted (trial in flight: %s); re-run the command to resume", run.interrupted_trial)
     result = collect_result(study, storage_url, options, info, run.told, interrupted,
                             time.monotonic() - start)
-    return replace(result, interrupted_trial=run.interrupted_trial)
+    return replace(result, interrupted_trial=run.interrupted_trial, references=_references(run))
 
 
 def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) -> None:
@@ -333,8 +343,10 @@ def _evaluate_trial(run: _Run, trial: optuna.Trial,
         candidate = build_candidate(o.space, o.base_arch, o.base, choice, target=o.target_arch)
     except InfeasibleCandidateError as exc:
         return _prune(trial, "infeasible", str(exc), {"choice": choice.to_dict()})
-    latency = read_latency(run.predictor, o.profile, candidate.arch, o.space.workload, run.target_latency,
-                           candidate.head_vocab_size)
+    try:
+        latency = _read(run, candidate)
+    except InfeasibleCandidateError as exc:
+        return _prune(trial, "infeasible", str(exc), {"candidate": candidate.to_dict()})
     bound = predict_workload(latency, assumed_acceptance(1.0), o.space.workload, o.space.gamma)
     records = {"candidate": candidate.to_dict(), "latency": latency.to_dict(),
                "upper_bound_tokens_per_s": bound.tokens_per_s}
@@ -355,6 +367,47 @@ def _evaluate_trial(run: _Run, trial: optuna.Trial,
         with run.gate.immediate():  # minutes of healing: Ctrl-C stops it at once
             evaluation = run.evaluator.evaluate(candidate)
     return _finish(run, trial, evaluation, candidate, latency, single)
+
+
+def _read(run: _Run, candidate: Candidate) -> LatencyReading:
+    o = run.options
+    return read_latency(run.predictor, o.profile, candidate.arch, o.space.workload, run.target_latency,
+                        candidate.head_vocab_size, placement=o.placement, target_arch=o.target_arch,
+                        target_predictor=run.target_predictor)
+
+
+def _economics(run: _Run, candidate: Candidate, acceptance: AcceptanceReading) -> BatchEconomics:
+    o = run.options
+    return batch_economics(run.predictor, run.target_predictor, o.profile, candidate.arch, o.target_arch,
+                           o.space.workload, o.space.gamma, acceptance, candidate.head_vocab_size,
+                           o.placement)
+
+
+def reference_candidate(name: str, base: str, base_arch: Architecture) -> Candidate:
+    """A published drafter from the registry as a candidate cut from `base` (its first layers)."""
+    from draftnas.registry import get_architecture
+
+    arch = get_architecture(name)
+    return Candidate(name=name, base=base, arch=arch, choice=CandidateChoice(depth=arch.num_hidden_layers),
+                     plan=None)
+
+
+def _references(run: _Run) -> tuple[RankedTrial, ...]:
+    """The space's published drafters, priced with the trials' latency model and acceptance source."""
+    o, out = run.options, []
+    for name in o.space.references:
+        candidate = reference_candidate(name, o.base, o.base_arch)
+        try:
+            latency = _read(run, candidate)
+        except InfeasibleCandidateError as exc:
+            log.warning("reference drafter %s: %s", name, exc)
+            continue
+        acceptance = run.evaluator.evaluate(candidate).acceptance
+        prediction = predict_workload(latency, acceptance, o.space.workload, o.space.gamma)
+        out.append(RankedTrial(number=-1, candidate=candidate, latency=latency, acceptance=acceptance,
+                               throughput=prediction,
+                               economics=_economics(run, candidate, acceptance), reference=name))
+    return tuple(out)
 
 
 def _best_value(trials: Sequence[FrozenTrial]) -> float | None:
@@ -382,11 +435,11 @@ def _finish(run: _Run, trial: optuna.Trial, evaluation: Evaluation, proposed: Ca
     o = run.options
     candidate = evaluation.candidate
     if candidate.arch != proposed.arch:  # the real plan's shape differs from the proposed one
-        latency = read_latency(run.predictor, o.profile, candidate.arch, o.space.workload, run.target_latency,
-                               candidate.head_vocab_size)
+        latency = _read(run, candidate)
     prediction = predict_workload(latency, evaluation.acceptance, o.space.workload, o.space.gamma)
+    economics = _economics(run, candidate, evaluation.acceptance)
     for key, rec in (("candidate", candidate), ("latency", latency), ("acceptance", evaluation.acceptance),
-                     ("throughput", prediction)):
+                     ("throughput", prediction), ("economics", economics)):
         trial.set_user_attr(key, rec.to_dict())
     if single:
         return TrialState.COMPLETE, [prediction.tokens_per_s]
@@ -465,6 +518,12 @@ class SearchRequest:
     acceptance_prior: float | None = None
     run_dir: str = "runs"
     calibrate: bool = True  # time the target on this machine before ranking (measured CPU profiles)
+    acceptance_model: str | None = None  # an alpha(drafter) model file (`draftnas alpha fit`)
+    acceptance_anchor: float | None = None  # with a model: the alpha of the space's first reference drafter
+    gpus: int | None = None  # target tensor-parallel degree (GPU profiles); None: the smallest that fits
+    draft_tp: str = "1"  # "1": drafter on one GPU; "same": sharded like the target
+    dtype: str | None = None  # weights' dtype (spec-sheet profiles are re-derived for it)
+    memory_margin: float = 0.1  # share of each GPU's memory kept free
 
 
 def resolve_architecture(spec: str) -> Architecture:
@@ -495,13 +554,27 @@ def has_weights(spec: str) -> bool:
         return False
 
 
-def resolve_profile(spec: str | None, space: SearchSpace) -> tuple[str, LatencyProfile]:
-    """A label naming the profile (file, device, kind) and the profile."""
-    from draftnas.latency import default_profile, load_profile
+def resolve_profile(spec: str | None, space: SearchSpace,
+                    dtype: str | None = None) -> tuple[str, LatencyProfile]:
+    """A label naming the profile (file, device, kind) and the profile. `dtype`: a shipped spec-sheet
+    profile is re-derived for it; a measured profile must have been measured in it."""
+    from draftnas.latency import (
+        SHIPPED_PROFILES,
+        SPEC_SHEETS,
+        default_profile,
+        load_profile,
+        spec_sheet_profile,
+    )
 
     name = spec or space.profile or "cpu"
     path = Path(name).expanduser()
     profile = load_profile(path) if path.suffix == ".json" or path.is_file() else default_profile(name)
+    if dtype is not None and dtype != profile.dtype:
+        if profile.kind == "spec-sheet" and name.lower() in SPEC_SHEETS and name.lower() in SHIPPED_PROFILES:
+            profile = spec_sheet_profile(name.lower(), dtype)
+        else:
+            raise InvalidInputError(f"--dtype {dtype}: the profile {name} was measured in {profile.dtype}; "
+                                    f"measure one in {dtype} (`draftnas profile --dtype {dtype}`)")
     return f"{name} ({profile.device_name}, {profile.kind}, {profile.dtype})", profile
 
 
@@ -564,22 +637,79 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     from draftnas.latency import LatencyModel
     from draftnas.profile import host_mismatch
 
-    profile, latency_profile = resolve_profile(request.profile, space)
+    profile, latency_profile = resolve_profile(request.profile, space, request.dtype)
     predictor: LatencyPredictor = LatencyModel.from_profile(latency_profile)
     profile_note = host_mismatch(latency_profile)
     if request.n_trials < 1:
         raise InvalidInputError(f"--trials must be >= 1, got {request.n_trials}")
+    placement = _placement(request, latency_profile, target_arch, space)
     if request.calibrate and latency_profile.device == "cpu" and latency_profile.kind == "measured":
         predictor, profile_note = calibrated_predictor(latency_profile, target_arch, space,
                                                        calibration_progress)
+    evaluator: Evaluator
+    model_label = None
+    if request.acceptance_model is not None:
+        if request.acceptance_prior is not None:
+            raise InvalidInputError("--acceptance-prior takes either a number or a model file, not both")
+        evaluator, model_label = _model_evaluator(request, space, base, base_arch)
+    elif request.acceptance_anchor is not None:
+        raise InvalidInputError("--acceptance-anchor needs an acceptance model "
+                                "(--acceptance-prior MODEL.json)")
     options = SearchOptions(
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
         profile=profile, n_trials=request.n_trials, timeout_s=request.timeout_s, storage=request.storage,
         study_name=request.study_name, sampler=request.sampler.lower(), seed=request.seed,
-        acceptance_prior=request.acceptance_prior, run_dir=request.run_dir, profile_note=profile_note)
+        acceptance_prior=request.acceptance_prior, run_dir=request.run_dir, profile_note=profile_note,
+        placement=placement, acceptance_model=model_label)
+    if request.acceptance_model is not None:
+        return options, predictor, evaluator
     if request.acceptance_prior is not None:
         return options, predictor, PriorEvaluator(request.acceptance_prior)
     return options, predictor, _measuring_evaluator(request, options, trace_progress)
+
+
+def _placement(request: SearchRequest, profile: LatencyProfile, target: Architecture,
+               space: SearchSpace) -> Placement | None:
+    """Where the target runs: GPU profiles that carry their hardware; None on a CPU profile."""
+    from draftnas.placement import place
+
+    if profile.hardware is None or profile.device != "cuda":
+        if request.gpus not in (None, 1):
+            raise InvalidInputError(f"--gpus applies to GPU profiles with hardware figures; the profile "
+                                    f"{profile.device_name} ({profile.device}) has none")
+        return None
+    w = space.workload
+    return place(target, profile.hardware, profile.dtype, batch_sizes=w.batch_sizes,
+                 context_tokens=w.context_tokens, max_gamma=space.gamma.max, gpus=request.gpus,
+                 draft_tp=request.draft_tp, margin=request.memory_margin)
+
+
+def _model_evaluator(request: SearchRequest, space: SearchSpace, base: str,
+                     base_arch: Architecture) -> tuple[Evaluator, str]:
+    """The alpha(drafter) model's evaluator and its label; healing as the space's budget, or (a
+    latency-only space heals nothing) the largest budget the model was fitted on."""
+    import math as _math
+
+    from draftnas.alpha import load_alpha_model
+    from draftnas.evaluate import ModelEvaluator
+
+    assert request.acceptance_model is not None
+    path = Path(request.acceptance_model).expanduser()
+    model = load_alpha_model(path)
+    heal = space.heal.steps or round(_math.expm1(model.ranges["log1p_heal_steps"][1]))
+    anchor = None
+    label = model.label() + f" [{path.name} {fingerprint_text(path.read_text())}; heal {heal} steps]"
+    if request.acceptance_anchor is not None:
+        if not 0.0 < request.acceptance_anchor < 1.0:
+            raise InvalidInputError(f"--acceptance-anchor must be in (0, 1), "
+                                    f"got {request.acceptance_anchor:g}")
+        if not space.references:
+            raise InvalidInputError("--acceptance-anchor sets the alpha of the space's first reference "
+                                    "drafter; "
+                                    f"search space {space.name!r} lists none (`references:`)")
+        anchor = (reference_candidate(space.references[0], base, base_arch), request.acceptance_anchor)
+        label += f"; level ASSUMED: alpha {request.acceptance_anchor:g} for {space.references[0]}"
+    return ModelEvaluator(model, base_arch, heal, space.workload.domain, anchor), label
 
 
 def _measuring_evaluator(request: SearchRequest, options: SearchOptions,

@@ -133,6 +133,7 @@ class SearchSpace(Record):
     description: str = ""
     source: str = ""
     vocab_sizes: tuple[int, ...] = (0,)  # draft-head rows to try; 0 = the full vocabulary
+    references: tuple[str, ...] = ()  # published drafters (registry names) ranked beside the searched ones
 
     def problems_for_base(self, base: Architecture) -> list[str]:
         """Problems that only show against the base's shape (depth beyond its layers)."""
@@ -151,7 +152,8 @@ class SearchSpace(Record):
 
 
 _TOP_FIELDS = ("schema_version", "name", "description", "target", "base", "latency_only", "profile",
-               "depth", "layer_selection", "width", "gamma", "heal", "workload", "traces", "vocab")
+               "depth", "layer_selection", "width", "gamma", "heal", "workload", "traces", "vocab",
+               "references")
 _SECTION_FIELDS: dict[str, tuple[str, ...]] = {
     "depth": ("min", "max", "step"),
     "width": ("kv_head_ratios", "query_head_ratios", "mlp_ratios", "hidden_ratios", "channel_multiple"),
@@ -256,6 +258,7 @@ def parse_search_space(data: Any, source: str = "<search space>") -> SearchSpace
     workload = _parse_workload(c, top.get("workload"))
     traces = _parse_traces(c, top.get("traces"))
     vocab_sizes = _parse_vocab(c, top.get("vocab"))
+    references = _parse_references(c, top.get("references", []))
     if c.problems:
         n = len(c.problems)
         raise SearchSpaceError(f"search space {source} has {n} problem{'s' if n > 1 else ''}: "
@@ -265,7 +268,21 @@ def parse_search_space(data: Any, source: str = "<search space>") -> SearchSpace
         layer_selection=selection, width=width, gamma=gamma, heal=heal, workload=workload,
         traces=traces, latency_only=latency_only, profile=profile,
         description=str(top.get("description", "")).strip(), source=source, vocab_sizes=vocab_sizes,
+        references=references,
     )
+
+
+def _parse_references(c: _Checker, raw: Any) -> tuple[str, ...]:
+    """Registry names of published drafters shown beside the searched ones."""
+    from draftnas.registry import load_registry
+
+    if not isinstance(raw, list) or not all(isinstance(r, str) for r in raw):
+        c.add("references", f"{raw!r} is not a list of architecture names")
+        return ()
+    unknown = [r for r in raw if r.lower() not in load_registry()]
+    if unknown:
+        c.add("references", f"{', '.join(unknown)} not in the registry (`draftnas targets` lists it)")
+    return tuple(r.lower() for r in raw)
 
 
 def _parse_depth(c: _Checker, raw: Any) -> DepthRange:

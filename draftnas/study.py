@@ -37,11 +37,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from draftnas.candidate import Candidate
 from draftnas.errors import InvalidInputError
+from draftnas.placement import Placement
 from draftnas.record import Record
 from draftnas.registry import Architecture
 from draftnas.scoring import (
     ASSUMED_NOTE,
     AcceptanceReading,
+    BatchEconomics,
     LatencyReading,
     RankedTrial,
     WorkloadPrediction,
@@ -71,14 +73,20 @@ class StudyInfo(Record):
     profile: str
     target_arch: Architecture
     base_arch: Architecture
+    acceptance_model: str | None = None  # the alpha(drafter) model's label (FITTED ON ...) and file hash
+    placement: Placement | None = None
 
     def fingerprint(self) -> dict[str, Any]:
         space = {k: v for k, v in self.space.to_dict().items() if k not in ("source", "description")}
         return {"target": self.target, "base": self.base, "space": space, "objectives": self.objectives,
-                "acceptance_prior": self.acceptance_prior, "profile": self.profile}
+                "acceptance_prior": self.acceptance_prior, "profile": self.profile,
+                "acceptance_model": self.acceptance_model,
+                "placement": self.placement.to_dict() if self.placement else None}
 
     @property
     def note(self) -> str:
+        if self.acceptance_model:
+            return f"acceptance from a model {self.acceptance_model}, not measured on these drafters"
         if self.acceptance_assumed:
             return ASSUMED_NOTE.format(alpha=self.acceptance_prior or 0.0)
         return "acceptance measured on target traces"
@@ -369,7 +377,8 @@ def _ranked(t: FrozenTrial) -> RankedTrial | None:
                        latency=LatencyReading.from_dict(a["latency"]),
                        acceptance=AcceptanceReading.from_dict(a["acceptance"]),
                        throughput=WorkloadPrediction.from_dict(a["throughput"]),
-                       reused_from=a.get("reused_from"))
+                       reused_from=a.get("reused_from"),
+                       economics=BatchEconomics.from_dict(a["economics"]) if "economics" in a else None)
 
 
 def load_study(study_name: str, storage: str | None, run_dir: str | Path = "runs") -> optuna.Study:

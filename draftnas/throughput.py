@@ -114,6 +114,7 @@ class ThroughputEstimate(Record):
     tokens_per_s: float
     baseline_tokens_per_s: float
     speedup: float
+    baseline_batch_size: int | None = None  # plain decoding's batch where memory lets it differ
 
 
 def predict_throughput(
@@ -125,17 +126,25 @@ def predict_throughput(
     acceptance_rate: float | None = None,
     tokens_per_step: float | None = None,
     batch_size: int = 1,
+    baseline_batch_size: int | None = None,
 ) -> ThroughputEstimate:
     """Predicted tokens/s and speedup for one gamma.
 
     Give either `acceptance_rate` (i.i.d. alpha) or a measured `tokens_per_step`.
     `verify_ms` (target latency over gamma + 1 positions) defaults to `target_ms`,
     the memory-bound approximation that verifying a few tokens costs one decode step.
+    `baseline_batch_size`: where memory lets plain decoding run a larger batch than speculation
+    (the drafter's weights and cache take room), the batch of plain decoding, whose step is
+    `target_ms`; speculation runs `batch_size` sequences (gamma = 0 needs no drafter: it is plain
+    decoding at the baseline batch).
     """
     if (acceptance_rate is None) == (tokens_per_step is None):
         raise InvalidInputError("give exactly one of acceptance rate or tokens per step")
     if batch_size < 1:
         raise InvalidInputError(f"batch size must be >= 1, got {batch_size}")
+    plain_batch = batch_size if baseline_batch_size is None else baseline_batch_size
+    if gamma == 0:
+        batch_size = plain_batch
     verify = target_ms if verify_ms is None or gamma == 0 else verify_ms
     if acceptance_rate is not None:
         tokens = expected_tokens_per_step(acceptance_rate, gamma)
@@ -144,12 +153,15 @@ def predict_throughput(
         check_range("tokens per step", tokens_per_step, 1.0, float(gamma + 1))
         tokens = tokens_per_step
     tps = speculative_tokens_per_s(tokens, gamma, draft_ms, verify, batch_size)
-    base = baseline_tokens_per_s(target_ms, batch_size)
+    base = baseline_tokens_per_s(target_ms, plain_batch)
+    speedup = (speculative_speedup(tokens, gamma, draft_ms, verify, target_ms) if plain_batch == batch_size
+               else tps / base)
     return ThroughputEstimate(
         batch_size=batch_size, gamma=gamma, acceptance_rate=acceptance_rate,
         tokens_per_step=tokens, draft_ms=draft_ms, verify_ms=verify, target_ms=target_ms,
         step_ms=step_latency_ms(gamma, draft_ms, verify), tokens_per_s=tps,
-        baseline_tokens_per_s=base, speedup=speculative_speedup(tokens, gamma, draft_ms, verify, target_ms),
+        baseline_tokens_per_s=base, speedup=speedup,
+        baseline_batch_size=plain_batch if plain_batch != batch_size else None,
     )
 
 

@@ -25,7 +25,7 @@ def test_report_of_an_assumed_acceptance_study_says_so(tmp_path):
     assert files.acceptance_assumed and "Acceptance is ASSUMED, not measured" in md
     assert "| # | trial | candidate |" in md and md.count("\n| ") >= files.n_ranked + 1
     names = sorted(Path(p).name for p in files.plots)
-    assert names == ["latency_vs_depth.png", "pareto.png", "speedup_vs_gamma.png"]
+    assert names == ["latency_vs_depth.png", "pareto.png", "speedup_vs_batch.png", "speedup_vs_gamma.png"]
     for p in files.plots:
         data = Path(p).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
@@ -39,7 +39,7 @@ def test_report_of_a_measured_study_and_cli(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert data["acceptance_assumed"] is False and len(data["plots"]) == 3
+    assert data["acceptance_assumed"] is False and len(data["plots"]) == 4  # speedup vs batch too
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "ASSUMED" not in md and "acceptance measured on target traces" in md
 

@@ -110,7 +110,7 @@ def test_a_plan_alone_replays_an_exported_drafter_bit_for_bit_head_included(tiny
 
 
 @pytest.mark.parametrize("module", ["draftnas.scoring", "draftnas.candidate", "draftnas.throughput",
-                                    "draftnas.fidelity"])
+                                    "draftnas.fidelity", "draftnas.placement", "draftnas.alpha"])
 def test_pure_modules_import_without_torch_or_optuna(module):
     import subprocess
     import sys

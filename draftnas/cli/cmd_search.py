@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from draftnas.cli.app import app, console, err_console, fmt_params, print_json
+from draftnas.errors import InvalidInputError
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.scoring import RankedTrial
@@ -27,35 +28,62 @@ def ranked_table(result: SearchResult, top: int = 15) -> Table:
              f"ranked by predicted tokens/s on {info.profile}")
     if (result.profile_note or "").startswith("calibrated"):
         title += ", calibrated on this machine"
-    if assumed:
+    if info.acceptance_model:
+        title += f"\n[bold yellow]ACCEPTANCE {info.acceptance_model}, NOT MEASURED[/]"
+    elif assumed:
         title += f"\n[bold yellow]ACCEPTANCE ASSUMED ({info.acceptance_prior:g} per token), NOT MEASURED[/]"
     table = Table(title=title, header_style="bold", title_justify="left")
-    acc_col = "assumed α / tok/step" if assumed else "top-1 / tok/step"
-    name_width = max((len(r.candidate.name) for r in result.ranked[:top]), default=9)
-    for col in ("#", "trial", "candidate", "layers x width", "params", "draft ms", "verify ms",
-                acc_col, "best γ", "tokens/s", "speedup"):
+    acc_col = ("fitted α / tok/step" if info.acceptance_model else "assumed α / tok/step" if assumed
+               else "top-1 / tok/step")
+    rows = rows_with_references(result, top)
+    name_width = max((len(r.candidate.name) for r in rows), default=9)
+    for col in ("#", "trial", "candidate", "layers x width", "params", "draft / verify ms",
+                acc_col, "best γ", "tokens/s", "speedup", "break-even α b1 / bN", "stops paying at b"):
         # the name is never cut ("L1bi-h6kv2-m0.5-v4…" was): its column keeps its width, the
         # others wrap at their spaces when the terminal is narrow
         if col == "candidate":
             table.add_column(col, no_wrap=True, min_width=name_width)
         else:
             table.add_column(col, justify="left" if col == "layers x width" else "right", overflow="fold")
-    for rank, r in enumerate(result.ranked[:top], start=1):
+    rank = 0
+    for r in rows:
+        rank += r.reference is None
         table.add_row(*_row(rank, r))
     batches = result.ranked[0].latency.batch_sizes if result.ranked else ()
+    caption = []
     if len(batches) > 1:
-        table.caption = (f"ms and γ at the workload's main batch size; tokens/s and speedup over batch "
-                         f"sizes {', '.join(map(str, batches))} (weighted)")
+        caption.append(f"ms and γ at the workload's main batch size; tokens/s and speedup over batch "
+                       f"sizes {', '.join(map(str, batches))} (weighted)")
+    if result.references:
+        caption.append("ref: a published drafter (the space's references), priced the same way")
+    caption.append("break-even α: the acceptance at which speculation ties plain decoding, at batch 1 and "
+                   "the largest; stops paying: the first batch where it no longer wins at its α")
+    table.caption = "\n".join(caption)
     return table
+
+
+def rows_with_references(result: SearchResult, top: int) -> list[RankedTrial]:
+    """The top trials and the space's published drafters, by predicted tokens/s."""
+    rows = [*result.ranked[:top], *result.references]
+    return sorted(rows, key=lambda r: -r.throughput.tokens_per_s)
+
+
+def _alpha(value: float | None) -> str:
+    return "none ≤ 1" if value is None else f"{value:.2f}"
 
 
 def _row(rank: int, r: RankedTrial) -> list[str]:
     p = r.primary
     acc = f"{r.acceptance.acceptance_rate:.3f} / {p.tokens_per_step:.2f}"
     trial = f"{r.number}" + (f" (=#{r.reused_from})" if r.reused_from is not None else "")
-    return [str(rank), trial, r.candidate.name, r.candidate.shape_label(),
-            fmt_params(r.candidate.parameters), f"{p.draft_ms:.3f}", f"{p.verify_ms:.3f}",
-            acc, str(p.gamma), f"{r.throughput.tokens_per_s:,.1f}", f"{r.throughput.speedup:.3f}x"]
+    e = r.economics
+    even = "" if e is None else f"{_alpha(e.break_even_alpha_batch1)} / {_alpha(e.break_even_alpha_largest)}"
+    stops = "" if e is None else (f"{e.crossover_batch}" if e.crossover_batch is not None
+                                  else f"> {e.sweep_batches[-1]}")
+    return ["ref" if r.reference else str(rank), "—" if r.reference else trial, r.candidate.name,
+            r.candidate.shape_label(), fmt_params(r.candidate.parameters),
+            f"{p.draft_ms:.3f} / {p.verify_ms:.3f}", acc, str(p.gamma), f"{r.throughput.tokens_per_s:,.1f}",
+            f"{r.throughput.speedup:.3f}x", even, stops]
 
 
 def summary_lines(result: SearchResult) -> list[str]:
@@ -67,6 +95,8 @@ def summary_lines(result: SearchResult) -> list[str]:
         f"{len(result.told_here)} in {result.wall_s:.1f} s",
         f"storage: {result.storage}  (study {result.study_name})",
     ]
+    if result.info.placement is not None:
+        lines.append(f"placement: {result.info.placement.summary()}")
     if result.pruned_by_upper_bound:
         what = "healing + acceptance estimates" if not result.info.acceptance_assumed else "evaluations"
         lines.append(f"upper-bound pruning saved {result.pruned_by_upper_bound} {what} "
@@ -154,8 +184,23 @@ def search(
     sampler: str = typer.Option("tpe", "--sampler", help="tpe | nsga2 (latency vs acceptance "
                                 "Pareto front) | random."),
     seed: int | None = typer.Option(0, "--seed", help="Sampler seed."),
-    acceptance_prior: float | None = typer.Option(None, "--acceptance-prior", help="Assume this "
-                                                  "per-token acceptance instead of measuring it."),
+    acceptance_prior: str | None = typer.Option(
+        None, "--acceptance-prior",
+        help="Do not measure acceptance: a number assumes that per-token acceptance for every drafter "
+             "(ASSUMED); a model file from `draftnas alpha fit` predicts it per drafter (FITTED ON ...)."),
+    acceptance_anchor: float | None = typer.Option(
+        None, "--acceptance-anchor",
+        help="With a model: shift its level so the space's first reference drafter gets this acceptance; "
+             "the model then only says how drafters differ."),
+    gpus: int | None = typer.Option(None, "--gpus", help="GPUs the target is sharded over (tensor "
+                                    "parallelism; GPU profiles). Default: the smallest number that holds "
+                                    "it at the workload's largest batch."),
+    draft_tp: str = typer.Option("1", "--draft-tp", help="Drafter on 1 GPU, or 'same': sharded like the "
+                                 "target (the two vLLM allows)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Weights' dtype: fp32, fp16, bf16 or fp8 "
+                                     "(default: the profile's; spec-sheet profiles are re-derived)."),
+    memory_margin: float = typer.Option(0.1, "--memory-margin", help="Share of each GPU's memory kept "
+                                        "free (vLLM's 1 - gpu_memory_utilization)."),
     run_dir: str = typer.Option("runs", "--run-dir", help="Folder for studies' outputs."),
     top: int = typer.Option(15, "--top", help="Rows in the ranked table."),
     calibrate: bool = typer.Option(
@@ -172,10 +217,13 @@ def search(
     from draftnas.search import SearchRequest
     from draftnas.search import search as run
 
+    prior, model = parse_acceptance_prior(acceptance_prior)
     request = SearchRequest(target=target, base=base, base_shape=base_shape, space=space, profile=profile,
                             traces=traces, n_trials=trials, timeout_s=timeout, storage=storage,
                             study_name=study, sampler=sampler, seed=seed,
-                            acceptance_prior=acceptance_prior, run_dir=run_dir, calibrate=calibrate)
+                            acceptance_prior=prior, run_dir=run_dir, calibrate=calibrate,
+                            acceptance_model=model, acceptance_anchor=acceptance_anchor, gpus=gpus,
+                            draft_tp=draft_tp, dtype=dtype, memory_margin=memory_margin)
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
     quiet = json_out
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -199,6 +247,20 @@ def search(
         sys.exit(130)
 
 
+def parse_acceptance_prior(text: str | None) -> tuple[float | None, str | None]:
+    """--acceptance-prior: (a constant alpha, None) or (None, a model file)."""
+    if text is None:
+        return None, None
+    try:
+        return float(text), None
+    except ValueError:
+        pass
+    if not Path(text).expanduser().is_file():
+        raise InvalidInputError(f"--acceptance-prior {text!r} is neither a number in [0, 1] nor a model file "
+                                "(`draftnas alpha fit` writes one)")
+    return None, text
+
+
 def _terminate(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -212,3 +274,8 @@ def _render(result: SearchResult, top: int, json_out: bool, out_json: Path | Non
     console.print(ranked_table(result, top))
     for line in summary_lines(result):
         console.print(line, highlight=False, soft_wrap=True)
+    if any(r.economics is not None for r in result.ranked):
+        from draftnas.report import save_batch_plot
+
+        path = save_batch_plot(result, Path(result.run_dir) / "speedup-vs-batch.png")
+        console.print(f"plot: predicted speedup against batch size, top drafters and references: {path}")
