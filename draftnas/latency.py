@@ -141,6 +141,38 @@ class ExtrapolationCheck(Record):
 
 
 @dataclass(frozen=True)
+class TargetTiming(Record):
+    """A target's full-depth step latencies, extrapolated from stacks of its first k layers timed
+    on the profile's device (`draftnas profile --target T --layers k1,k2`).
+
+    `arch` is the shape that was timed: the target itself, or one tensor-parallel rank's share
+    of it (`gpus` > 1). `ms["BxN"]` is batch B reading N new tokens (N = 1 decode, gamma + 1
+    verify) after `context_tokens`. `check`: the method's error on a stack that fits.
+    """
+
+    target: str
+    arch: Architecture
+    gpus: int
+    timed_layers: tuple[int, ...]
+    context_tokens: int
+    batch_sizes: tuple[int, ...]
+    new_tokens: tuple[int, ...]
+    ms: dict[str, float]
+    check: ExtrapolationCheck | None = None
+    device_name: str = ""
+    mode: str = "eager"
+    wall_s: float = 0.0
+
+    def matches(self, arch: Architecture, head_rows: int) -> bool:
+        """Whether a prediction for `arch` with `head_rows` LM-head rows is this timed shape."""
+        a, t = arch, self.arch
+        return (head_rows == t.vocab_size and a.num_hidden_layers == t.num_hidden_layers
+                and a.hidden_size == t.hidden_size and a.intermediate_size == t.intermediate_size
+                and a.num_attention_heads == t.num_attention_heads
+                and a.num_key_value_heads == t.num_key_value_heads and a.head_dim == t.head_dim)
+
+
+@dataclass(frozen=True)
 class LatencyProfile(Record):
     """A device's latency profile (schema-versioned JSON under `profiles/`)."""
 
@@ -167,6 +199,7 @@ class LatencyProfile(Record):
     series: dict[str, tuple[str, ...]] = field(default_factory=dict)  # "depth"/"width" -> shape names
     skipped: tuple[SkippedConfig, ...] = ()
     hardware: Hardware | None = None  # GPU memory, dtypes and interconnect (placement, parallelism)
+    targets: dict[str, TargetTiming] = field(default_factory=dict)  # "name" or "name/tpN" -> timing
 
 
 # --------------------------------------------------------------------------- features
@@ -567,6 +600,40 @@ def spec_sheet_profile(key: str, dtype: str = "fp16") -> LatencyProfile:
             "call_overhead_us": sheet.call_overhead_us},
         hardware=sheet.hardware,
     )
+
+
+# --------------------------------------------------------------------------- measured targets
+
+
+class TargetTimedModel:
+    """A latency model that answers a timed target's shape (`TargetTiming`) with its extrapolated
+    full-depth latencies: exact at the timed (batch, new tokens) at the timed context; another
+    batch, count or context scales the model's prediction by measured / predicted at the nearest
+    timed point. Every other shape: the model itself. `predict_ms` has `LatencyModel`'s signature.
+    """
+
+    def __init__(self, model: Any, timings: Iterable[TargetTiming]) -> None:
+        self.model, self.timings = model, tuple(timings)
+
+    def predict_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
+                   context_tokens: int = 128, head_vocab_size: int | None = None) -> float:
+        rows = head_vocab_size or arch.vocab_size
+        timing = next((t for t in self.timings if t.matches(arch, rows)), None)
+        if timing is not None:
+            key = f"{batch_size}x{new_tokens}"
+            if key in timing.ms and context_tokens == timing.context_tokens:
+                return timing.ms[key]
+            b = min(timing.batch_sizes, key=lambda x: abs(x - batch_size))
+            n = min(timing.new_tokens, key=lambda x: abs(x - new_tokens))
+            said = self.model.predict_ms(arch, batch_size=b, new_tokens=n,
+                                         context_tokens=timing.context_tokens,
+                                         head_vocab_size=head_vocab_size)
+            ratio = timing.ms[f"{b}x{n}"] / said if said > 0 else 1.0
+            return ratio * self.model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
+                                                 context_tokens=context_tokens,
+                                                 head_vocab_size=head_vocab_size)
+        return float(self.model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
+                                           context_tokens=context_tokens, head_vocab_size=head_vocab_size))
 
 
 # --------------------------------------------------------------------------- host calibration

@@ -57,6 +57,7 @@ from draftnas.latency import (
     LatencyProfile,
     Measurement,
     SkippedConfig,
+    TargetTiming,
     fit_latency_model,
 )
 from draftnas.machine import cpu_count, cpu_model_name, load_average
@@ -654,6 +655,20 @@ def extrapolate_from_layers(times_ms: dict[int, float], layers: int) -> float:
     return float(fixed + layers * per_layer)
 
 
+def _time_stacks(options: ProfileOptions, arch: Architecture, conditions: Sequence[Condition],
+                 layer_counts: Sequence[int],
+                 progress: Progress | None = None) -> dict[tuple[int, Condition], float]:
+    """Median ms of `arch`'s first k layers at each condition, for k in `layer_counts` (one model of
+    max(k) layers is built)."""
+    rt = _Runtime(options.validate())
+    group = _model_group(rt, arch, layer_counts, conditions, "extrapolation")
+    skipped = _run_round_robin(rt, [group], _ticker(progress, len(group.jobs) * _calls_per_job(options)))
+    if skipped:
+        raise InvalidInputError(f"{len(skipped)} of the k-layer stacks of {arch.name} do not fit here, "
+                                f"e.g. {skipped[0].shape}: {skipped[0].reason}; time fewer layers")
+    return {(j.layers, j.cond): j.measurement().median_ms for j in group.jobs}
+
+
 def measure_extrapolated(options: ProfileOptions, arch: Architecture, conditions: Sequence[Condition],
                          layer_counts: Sequence[int] = (2, 4), progress: Progress | None = None
                          ) -> dict[Condition, float]:
@@ -661,19 +676,72 @@ def measure_extrapolated(options: ProfileOptions, arch: Architecture, conditions
 
     For targets too big for the device (e.g. LLaMA-65B on one GPU): only max(k) layers
     are built; each condition's estimate is fixed + L * per-layer (`extrapolate_from_layers`).
-    The method's error is measured by `check_extrapolation` on a model that fits.
     """
+    medians = _time_stacks(options, arch, conditions, layer_counts, progress)
+    return {cond: extrapolate_from_layers({k: medians[(k, cond)] for k in layer_counts},
+                                          arch.num_hidden_layers)
+            for cond in conditions}
+
+
+def measure_target(options: ProfileOptions, target: Architecture, *, layer_counts: Sequence[int] = (2, 4),
+                   batch_sizes: Sequence[int] = (1,), max_gamma: int = 4, context_tokens: int = 128,
+                   gpus: int = 1, check_layers: int | None = None,
+                   progress: Progress | None = None) -> TargetTiming:
+    """A target's decode and verify latencies at full depth from k-layer stacks of its real shape
+    (random weights), with the method's error measured on the deepest stack that fits.
+
+    `gpus` > 1 times one tensor-parallel rank's share (heads, MLP channels and head rows / N):
+    the search adds the all-reduces (`placement.ShardedLatency`). The check times a stack of
+    `check_layers` (default: the full depth if its weights take at most a third of the memory
+    budget, else the deepest that does) and compares it with the extrapolation to that depth.
+    """
+    from draftnas.placement import shard
+
+    ks = tuple(sorted(set(layer_counts)))
+    if len(ks) < 2 or ks[0] < 1:
+        raise InvalidInputError(f"--layers needs at least two different layer counts >= 1, got "
+                                f"{', '.join(map(str, layer_counts))}")
+    if ks[-1] >= target.num_hidden_layers:
+        raise InvalidInputError(f"--layers {ks[-1]} is not fewer than {target.name}'s "
+                                f"{target.num_hidden_layers} layers")
+    if gpus < 1 or (gpus > 1 and options.device != "cuda"):
+        raise InvalidInputError(f"--tp {gpus}: a tensor-parallel share is timed on CUDA only (got "
+                                f"--device {options.device})")
+    timed = shard(target, gpus)
+    if gpus > 1:
+        timed = timed.with_shape(vocab_size=max(1, target.vocab_size // gpus), name=f"{target.name}/tp{gpus}")
+    news = tuple(range(1, max_gamma + 2))
+    conditions = [(b, n, context_tokens) for b in batch_sizes for n in news]
+    started = time.perf_counter()
     rt = _Runtime(options.validate())
-    group = _model_group(rt, arch, layer_counts, conditions, "extrapolation")
-    skipped = _run_round_robin(rt, [group], _ticker(progress, len(group.jobs) * _calls_per_job(options)))
-    if skipped:
-        raise InvalidInputError(f"{len(skipped)} of the k-layer stacks of {arch.name} do not fit here, "
-                                f"e.g. {skipped[0].shape}: {skipped[0].reason}; time fewer layers")
-    out = {}
-    for cond in conditions:
-        medians = {j.layers: j.measurement().median_ms for j in group.jobs if j.cond == cond}
-        out[cond] = extrapolate_from_layers(medians, arch.num_hidden_layers)
-    return out
+    if check_layers is None:
+        per_layer = timed.layer_parameters() * rt.dtype_bytes
+        fits = max(1, int(rt.memory_budget_bytes() / 3 // max(per_layer, 1)))
+        check_layers = min(timed.num_hidden_layers, fits)
+    counts = tuple(sorted(set(ks) | ({check_layers} if check_layers > ks[-1] else set())))
+    medians = _time_stacks(options, timed, conditions, counts, progress)
+    ms = {f"{b}x{n}": extrapolate_from_layers({k: medians[(k, (b, n, c))] for k in ks},
+                                              timed.num_hidden_layers)
+          for b, n, c in conditions}
+    check = None
+    if check_layers > ks[-1]:
+        points = []
+        for cond in conditions:
+            full = medians[(check_layers, cond)]
+            est = extrapolate_from_layers({k: medians[(k, cond)] for k in ks}, check_layers)
+            points.append(ExtrapolationPoint(batch_size=cond[0], new_tokens=cond[1], context_tokens=cond[2],
+                                             full_ms=full, extrapolated_ms=est,
+                                             error_pct=(est - full) / full * 100))
+        errs = [abs(p.error_pct) for p in points]
+        check = ExtrapolationCheck(shape=f"{timed.name}[:{check_layers}]", full_layers=check_layers,
+                                   timed_layers=ks, points=tuple(points),
+                                   mean_abs_error_pct=float(np.mean(errs)),
+                                   max_abs_error_pct=float(np.max(errs)))
+    return TargetTiming(target=target.name, arch=timed, gpus=gpus, timed_layers=ks,
+                        context_tokens=context_tokens,
+                        batch_sizes=tuple(batch_sizes), new_tokens=news, ms=ms, check=check,
+                        device_name=rt.device_name(), mode=options.mode,
+                        wall_s=round(time.perf_counter() - started, 1))
 
 
 def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Sequence[int],

@@ -634,12 +634,22 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
                         f"{target_arch.vocab_size}; a drafter must share the target's tokenizer")
     if problems:
         raise InvalidInputError("; ".join(problems))
-    from draftnas.latency import LatencyModel
+    from draftnas.latency import LatencyModel, TargetTimedModel
     from draftnas.profile import host_mismatch
 
     profile, latency_profile = resolve_profile(request.profile, space, request.dtype)
     predictor: LatencyPredictor = LatencyModel.from_profile(latency_profile)
     profile_note = host_mismatch(latency_profile)
+    timed = [t for t in latency_profile.targets.values() if t.target == target_arch.name]
+    if timed:
+        predictor = TargetTimedModel(predictor, timed)
+        checks = [f"{t.check.mean_abs_error_pct:.1f}% mean error on {t.check.shape}"
+                  for t in timed if t.check]
+        layers = "/".join(map(str, timed[0].timed_layers))
+        note = (f"{target_arch.name} priced from its first {layers} layers "
+                f"timed on {timed[0].device_name} and extrapolated to full depth "
+                f"({', '.join(checks) or 'method not checked here'})")
+        profile_note = f"{profile_note}; {note}" if profile_note else note
     if request.n_trials < 1:
         raise InvalidInputError(f"--trials must be >= 1, got {request.n_trials}")
     placement = _placement(request, latency_profile, target_arch, space)

@@ -286,3 +286,45 @@ def test_a_profile_from_another_cpu_or_a_spec_sheet_is_named_as_such():
     assert "spec-sheet" in host_mismatch(default_profile("h100-sxm"))
     gpu = dataclasses.replace(here, device="cuda", device_name="NVIDIA H100 80GB HBM3")
     assert host_mismatch(gpu) is None  # judged where a GPU is used
+
+
+def test_profile_target_extrapolates_k_layers_checks_the_method_and_the_search_uses_it(tmp_path):
+    import dataclasses
+
+    from draftnas.latency import LatencyModel, TargetTimedModel, default_profile, load_profile, save_profile
+    from draftnas.profile import measure_target
+    from draftnas.registry import get_architecture
+    from draftnas.search import SearchRequest, plan_search
+    from draftnas.space import default_space_for
+
+    smol = get_architecture("smollm2-135m")
+    small = smol.with_shape(num_hidden_layers=6)
+    timing = measure_target(ProfileOptions(device="cpu", repeats=3, warmup=1, threads=1), small,
+                            layer_counts=(1, 2), max_gamma=1, context_tokens=32)
+    assert set(timing.ms) == {"1x1", "1x2"} and timing.timed_layers == (1, 2)
+    assert timing.check is not None and timing.check.full_layers == 6  # the whole shape fits: checked on it
+    assert len(timing.check.points) == 2 and all(p.full_ms > 0 for p in timing.check.points)
+    model = TargetTimedModel(LatencyModel.from_profile(default_profile("cpu")), [timing])
+    assert model.predict_ms(small, context_tokens=32) == timing.ms["1x1"]
+    assert model.predict_ms(small, new_tokens=2, context_tokens=32) == timing.ms["1x2"]
+    other = smol.with_shape(num_hidden_layers=2)  # any other shape: the fitted model
+    assert model.predict_ms(other) == LatencyModel.from_profile(default_profile("cpu")).predict_ms(other)
+    with pytest.raises(InvalidInputError, match="at least two different layer counts"):
+        measure_target(ProfileOptions(), small, layer_counts=(2,))
+    with pytest.raises(InvalidInputError, match="not fewer than"):
+        measure_target(ProfileOptions(), small, layer_counts=(2, 6))
+    with pytest.raises(InvalidInputError, match="CUDA only"):
+        measure_target(ProfileOptions(), small, gpus=2)
+
+    # a profile carrying a timing of the search's target: the search prices the target with it
+    full = dataclasses.replace(timing, target=smol.name, arch=smol,
+                               ms={"1x1": 111.0, **{f"1x{n}": 100.0 + n for n in range(2, 10)}},
+                               context_tokens=default_space_for("smollm2-135m").workload.context_tokens)
+    path = save_profile(dataclasses.replace(default_profile("cpu"), targets={smol.name: full}),
+                        tmp_path / "p.json")
+    assert load_profile(path).targets[smol.name].ms["1x1"] == 111.0
+    options, predictor, _ = plan_search(SearchRequest(target="smollm2-135m", profile=str(path), calibrate=False,
+                                                      acceptance_prior=0.5, run_dir=str(tmp_path)))
+    ctx = options.space.workload.context_tokens
+    assert predictor.predict_ms(smol, context_tokens=ctx) == 111.0
+    assert "priced from its first 1/2 layers" in (options.profile_note or "")

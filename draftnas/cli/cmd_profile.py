@@ -51,11 +51,33 @@ def profile(
     from_file: Path | None = typer.Option(None, "--from",
                                           help="Do not measure: load this profile (e.g. for --report)."),
     json_out: bool = typer.Option(False, "--json", help="Print the profile as JSON on stdout."),
+    target: str | None = typer.Option(
+        None, "--target", help="Time this target's real shape (random weights) through only its first k "
+                               "layers (--layers), extrapolate to full depth and add the result to the "
+                               "profile (--from, default the shipped one for --device); the search then "
+                               "prices that target with it."),
+    layers: str = typer.Option("2,4", "--layers", help="Layer counts timed for --target, e.g. 2,4."),
+    tp: int = typer.Option(1, "--tp", help="With --target on CUDA: time one tensor-parallel rank's share "
+                                           "of N GPUs."),
+    batch_sizes: str = typer.Option("1", "--batch-sizes",
+                                    help="Batch sizes timed for --target, e.g. 1,8,32."),
+    max_gamma: int = typer.Option(4, "--max-gamma", help="With --target: verify steps of up to this many "
+                                                         "drafted tokens (+1) are timed."),
+    context: int = typer.Option(128, "--context", help="With --target: context tokens before each step."),
 ) -> None:
     """Time decoder shapes (draft and verify steps) on this device and fit its latency model."""
     from draftnas.latency import load_profile, save_profile
     from draftnas.profile import ProfileOptions, measure_profile
 
+    if target is not None:
+        path, prof = _profile_target(target, from_file, out, device, dtype, mode, repeats, threads, layers,
+                                     tp,
+                                     batch_sizes, max_gamma, context)
+        if json_out:
+            print_json({"path": str(path), **prof.to_dict()})
+            return
+        _render_target(prof, path)
+        return
     if from_file is not None:
         prof = load_profile(from_file)
         path = from_file
@@ -76,6 +98,68 @@ def profile(
         print_json({"path": str(path), "report_png": str(png) if png else None, **prof.to_dict()})
         return
     _render_summary(prof, path)
+
+
+def _ints(flag: str, text: str) -> list[int]:
+    from draftnas.errors import InvalidInputError
+
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise InvalidInputError(f"{flag} {text!r}: give whole numbers separated by commas") from None
+
+
+def _profile_target(target: str, from_file: Path | None, out: Path | None, device: str, dtype: str | None,
+                    mode: str, repeats: int | None, threads: int | None, layers: str, tp: int,
+                    batch_sizes: str, max_gamma: int, context: int) -> tuple[Path, LatencyProfile]:
+    from draftnas.errors import InvalidInputError
+    from draftnas.latency import default_profile, load_profile, save_profile
+    from draftnas.profile import ProfileOptions, measure_target
+    from draftnas.search import resolve_architecture
+
+    arch = resolve_architecture(target)
+    base = load_profile(from_file) if from_file is not None else default_profile(device)
+    options = ProfileOptions(device=device, dtype=dtype or base.dtype, mode=mode, repeats=repeats,
+                             threads=threads).validate()
+    if base.device != device or base.dtype != options.resolved_dtype():
+        raise InvalidInputError(f"the profile is {base.device} {base.dtype}; time --target on the same "
+                                f"device and dtype (--device {base.device} --dtype {base.dtype}) or pass "
+                                "another --from")
+    if max_gamma < 1 or context < 0:
+        raise InvalidInputError(f"--max-gamma must be >= 1 and --context >= 0, got {max_gamma} and {context}")
+    batches = _ints("--batch-sizes", batch_sizes)
+    if not batches or min(batches) < 1:
+        raise InvalidInputError(f"--batch-sizes {batch_sizes!r}: give batch sizes >= 1")
+    path = out or Path(f"draftnas-profile-{device}-{base.dtype}-{arch.name}.json")
+    with _progress_bar() as (bar, task):
+        timing = measure_target(options, arch, layer_counts=_ints("--layers", layers), batch_sizes=batches,
+                                max_gamma=max_gamma, context_tokens=context, gpus=tp,
+                                progress=lambda done, total: bar.update(task, completed=done, total=total))
+    key = arch.name if tp == 1 else f"{arch.name}/tp{tp}"
+    prof = dataclasses.replace(base, targets={**base.targets, key: timing})
+    save_profile(prof, path)
+    return path, prof
+
+
+def _render_target(prof: LatencyProfile, path: Path) -> None:
+    table = Table(title=f"Extrapolated target latencies added to {path}")
+    for col in ("target", "timed", "batch", "new tokens", "ms (extrapolated)"):
+        table.add_column(col, justify="left" if col in ("target", "timed") else "right")
+    for key, t in prof.targets.items():
+        for name, ms in t.ms.items():
+            b, n = name.split("x")
+            table.add_row(key, f"{'/'.join(map(str, t.timed_layers))} of {t.arch.num_hidden_layers} layers",
+                          b, n,
+                          f"{ms:.2f}")
+    console.print(table)
+    for key, t in prof.targets.items():
+        if t.check is not None:
+            console.print(f"{key}: method checked on {t.check.shape}: mean |error| "
+                          f"{t.check.mean_abs_error_pct:.1f}%, max {t.check.max_abs_error_pct:.1f}% "
+                          f"({len(t.check.points)} conditions; {t.device_name}, {t.wall_s:.0f} s)")
+        else:
+            console.print(f"{key}: no deeper stack fits here to check the method on")
+    console.print(f"next: draftnas search --target {next(iter(prof.targets)).split('/')[0]} --profile {path}")
 
 
 @contextlib.contextmanager
