@@ -323,8 +323,9 @@ def test_profile_target_extrapolates_k_layers_checks_the_method_and_the_search_u
     path = save_profile(dataclasses.replace(default_profile("cpu"), targets={smol.name: full}),
                         tmp_path / "p.json")
     assert load_profile(path).targets[smol.name].ms["1x1"] == 111.0
-    options, predictor, _ = plan_search(SearchRequest(target="smollm2-135m", profile=str(path), calibrate=False,
-                                                      acceptance_prior=0.5, run_dir=str(tmp_path)))
+    request = SearchRequest(target="smollm2-135m", profile=str(path), calibrate=False, acceptance_prior=0.5,
+                            run_dir=str(tmp_path))
+    options, predictor, _ = plan_search(request)
     ctx = options.space.workload.context_tokens
     assert predictor.predict_ms(smol, context_tokens=ctx) == 111.0
     assert "priced from its first 1/2 layers" in (options.profile_note or "")
