@@ -140,13 +140,15 @@ class AlphaModel(Record):
         w = np.array(self.weights.get(domain or ALL, self.weights[ALL]))
         return float(_sigmoid(w[0] + _standardize(features.vector(), self.means, self.scales) @ w[1:]))
 
-    def outside(self, features: DrafterFeatures) -> list[str]:
-        """Inputs outside the fitted range (the prediction there is an extrapolation)."""
+    def outside(self, features: DrafterFeatures, tolerance: float = 0.1) -> list[str]:
+        """Inputs outside the fitted range by more than `tolerance` of its width (the model was not
+        fitted on drafters like this; its prediction there would be an extrapolation)."""
         out = []
         for name in self.features:
             lo, hi = self.ranges[name]
             v = getattr(features, name)
-            if not lo - 1e-9 <= v <= hi + 1e-9:
+            slack = tolerance * (hi - lo) + 1e-9
+            if not lo - slack <= v <= hi + slack:
                 out.append(f"{name} {v:.3g} (fitted {lo:.3g}..{hi:.3g})")
         if not math.isclose(features.hidden_ratio, 1.0):
             out.append(f"hidden_ratio {features.hidden_ratio:.3g} (no pair prunes the hidden size; "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from draftnas.alpha import AlphaModel, drafter_features
-from draftnas.candidate import Candidate
+from draftnas.candidate import Candidate, InfeasibleCandidateError
 from draftnas.registry import Architecture
 from draftnas.scoring import AcceptanceReading, assumed_acceptance
 from draftnas.space import HealBudget, SearchSpace
@@ -70,11 +70,15 @@ class ModelEvaluator:
         return self.model.predict(drafter_features(candidate, self.base_arch, self.heal_steps), self.domain)
 
     def evaluate(self, candidate: Candidate) -> Evaluation:
-        alpha = 1.0 / (1.0 + math.exp(-(_logit(self._raw(candidate)) + self.shift)))
+        """The model's alpha for `candidate`; a drafter unlike every measured pair (a feature outside
+        the fitted range) is refused as infeasible rather than extrapolated."""
         outside = self.model.outside(drafter_features(candidate, self.base_arch, self.heal_steps))
-        note = "extrapolated: " + "; ".join(outside) if outside else ""
+        if outside:
+            raise InfeasibleCandidateError("the acceptance model was not fitted on drafters like this: "
+                                           + "; ".join(outside))
+        alpha = 1.0 / (1.0 + math.exp(-(_logit(self._raw(candidate)) + self.shift)))
         return Evaluation(candidate=candidate,
-                          acceptance=AcceptanceReading(kind="fitted", acceptance_rate=alpha, note=note))
+                          acceptance=AcceptanceReading(kind="fitted", acceptance_rate=alpha))
 
 
 def _logit(alpha: float) -> float:

@@ -78,7 +78,6 @@ class AcceptanceReading(Record):
     estimate: AcceptanceEstimate | None = None
     heal: HealResult | None = None
     evaluate_s: float = 0.0
-    note: str = ""  # fitted: inputs outside the model's fitted range
 
     @property
     def assumed(self) -> bool:
@@ -291,11 +290,12 @@ def batch_economics(predictor: LatencyPredictor, target_predictor: LatencyPredic
                     acceptance: AcceptanceReading, head_vocab_size: int | None = None,
                     placement: Placement | None = None) -> BatchEconomics:
     """Break-even acceptance at batch 1 and the workload's largest batch, and the predicted
-    speedup (gamma >= 1) over batch sizes 1, 2, 4, ... up to 256 or the largest batch that fits."""
+    speedup (gamma >= 1) over batch sizes 1, 2, 4, ... up to 256 or the largest batch that fits
+    (which is swept too)."""
     limit = SWEEP_MAX_BATCH if placement is None else min(SWEEP_MAX_BATCH, placement.max_batch_with(
         arch, head_vocab_size))
     largest = max(workload.batch_sizes)
-    batches = sorted({b for b in (*(2 ** k for k in range(9)), largest) if 1 <= b <= max(limit, 1)})
+    batches = sorted({b for b in (*(2 ** k for k in range(9)), largest, limit) if 1 <= b <= max(limit, 1)})
     sweep = Workload(batch_sizes=tuple(batches), batch_weights=tuple(1.0 / len(batches) for _ in batches),
                      temperature=workload.temperature, context_tokens=workload.context_tokens,
                      prompt_set=workload.prompt_set, domain=workload.domain)

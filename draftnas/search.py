@@ -365,7 +365,10 @@ def _evaluate_trial(run: _Run, trial: optuna.Trial,
             for key, value in records.items():
                 trial.set_user_attr(key, value)
         with run.gate.immediate():  # minutes of healing: Ctrl-C stops it at once
-            evaluation = run.evaluator.evaluate(candidate)
+            try:
+                evaluation = run.evaluator.evaluate(candidate)
+            except InfeasibleCandidateError as exc:  # e.g. outside what an acceptance model was fitted on
+                return _prune(trial, "infeasible", str(exc), records)
     return _finish(run, trial, evaluation, candidate, latency, single)
 
 
@@ -402,7 +405,11 @@ def _references(run: _Run) -> tuple[RankedTrial, ...]:
         except InfeasibleCandidateError as exc:
             log.warning("reference drafter %s: %s", name, exc)
             continue
-        acceptance = run.evaluator.evaluate(candidate).acceptance
+        try:
+            acceptance = run.evaluator.evaluate(candidate).acceptance
+        except InfeasibleCandidateError as exc:
+            log.warning("reference drafter %s: %s", name, exc)
+            continue
         prediction = predict_workload(latency, acceptance, o.space.workload, o.space.gamma)
         out.append(RankedTrial(number=-1, candidate=candidate, latency=latency, acceptance=acceptance,
                                throughput=prediction,
@@ -708,7 +715,7 @@ def _model_evaluator(request: SearchRequest, space: SearchSpace, base: str,
     model = load_alpha_model(path)
     heal = space.heal.steps or round(_math.expm1(model.ranges["log1p_heal_steps"][1]))
     anchor = None
-    label = model.label() + f" [{path.name} {fingerprint_text(path.read_text())}; heal {heal} steps]"
+    label = model.label() + f" ({path.name} {fingerprint_text(path.read_text())}, at {heal} heal steps)"
     if request.acceptance_anchor is not None:
         if not 0.0 < request.acceptance_anchor < 1.0:
             raise InvalidInputError(f"--acceptance-anchor must be in (0, 1), "

@@ -45,7 +45,7 @@ def _pairs(family: str, n: int, seed: int) -> list[AlphaPair]:
     out = []
     for i in range(n):
         f = DrafterFeatures(depth_fraction=float(rng.uniform(0.03, 0.5)),
-                            mean_position=float(rng.uniform(0, 0.5)),
+                            mean_position=float(rng.uniform(0, 0.5)) if i % 3 else 0.0,
                             query_head_ratio=float(rng.choice([0.67, 1.0])),
                             kv_head_ratio=float(rng.choice([0.67, 1.0])),
                             mlp_ratio=float(rng.choice([0.5, 1.0])),
@@ -184,3 +184,15 @@ def test_cli_refuses_a_model_file_with_the_wrong_schema(tmp_path):
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1 and "is not a draftnas acceptance model" in lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_drafter_unlike_every_measured_pair_is_refused_not_extrapolated():
+    from draftnas.candidate import InfeasibleCandidateError
+
+    model = fit_alpha_model(_pairs("a", 30, 0))  # kv and query ratios 0.67..1, full hidden size
+    from draftnas.candidate import Candidate
+
+    narrow = Candidate(name="n", base="llama-7b", arch=L7.with_shape(num_hidden_layers=2, hidden_size=2048),
+                       choice=CandidateChoice(depth=2, hidden_ratio=0.5))
+    with pytest.raises(InfeasibleCandidateError, match="hidden_ratio 0.5"):
+        ModelEvaluator(model, L7, 30).evaluate(narrow)

@@ -110,7 +110,10 @@ def summary_lines(result: SearchResult) -> list[str]:
                      f"({b.throughput.baseline_tokens_per_s:,.1f} tokens/s)")
     if result.best is not None and result.best.throughput.speedup < 1.0:
         lines.append(_no_winner(result))
-    if result.info.acceptance_assumed:
+    if result.info.acceptance_model:
+        lines.append(f"NOTE: {result.info.note}. Transferring a model fitted on other families to this one "
+                     "is an assumption; the break-even α column says what each drafter needs.")
+    elif result.info.acceptance_assumed:
         lines.append(f"NOTE: {result.info.note}; ranking reflects latency only.")
     if result.profile_note:
         lines.append(result.profile_note if result.profile_note.startswith("calibrated")
@@ -132,6 +135,9 @@ def _no_winner(result: SearchResult) -> str:
            "target token")
     if bound.speedup <= 1.0:
         return f"NOTE: no candidate beats plain decoding: {why}; no acceptance makes these drafters pay here."
+    if result.info.acceptance_assumed:
+        return (f"NOTE: no candidate beats plain decoding at the acceptance given: {why}, so it is acceptance "
+                "that falls short; the break-even α column says how much each drafter needs.")
     return (f"NOTE: no candidate beats plain decoding at the acceptance measured: {why}, so it is acceptance "
             "that falls short; heal longer, trace more of your workload, or search another base.")
 
