@@ -136,8 +136,8 @@ def _no_winner(result: SearchResult) -> str:
     if bound.speedup <= 1.0:
         return f"NOTE: no candidate beats plain decoding: {why}; no acceptance makes these drafters pay here."
     if result.info.acceptance_assumed:
-        return (f"NOTE: no candidate beats plain decoding at the acceptance given: {why}, so it is acceptance "
-                "that falls short; the break-even α column says how much each drafter needs.")
+        return (f"NOTE: no candidate beats plain decoding at the acceptance given: {why}, so it is "
+                "acceptance that falls short; the break-even α column says how much each drafter needs.")
     return (f"NOTE: no candidate beats plain decoding at the acceptance measured: {why}, so it is acceptance "
             "that falls short; heal longer, trace more of your workload, or search another base.")
 
