@@ -157,11 +157,19 @@ def test_break_even_alpha_matches_the_closed_form_and_the_crossover_is_where_spe
     assert e.break_even_alpha_batch1 is not None and e.break_even_alpha_batch1 < 0.6
 
 
-def test_cli_refuses_one_gpu_for_llama_65b_in_one_line(tmp_path):
+@pytest.mark.parametrize("args,needle", [
+    (["--gpus", "1"], "does not fit on 1 x NVIDIA H100-SXM5-80GB"),
+    (["--gpus", "3"], "--gpus 3 does not shard llama-65b evenly"),
+    (["--profile", "a100-80gb", "--dtype", "fp8"], "NVIDIA A100-SXM4-80GB does not run fp8"),
+    (["--memory-margin", "-0.1"], "--memory-margin must be in [0, 1)"),
+    (["--draft-tp", "2"], "--draft-tp must be 1"),
+    (["--acceptance-anchor", "0.7"], "--acceptance-anchor needs an acceptance model"),
+])
+def test_cli_refuses_bad_placements_in_one_line_and_writes_nothing(tmp_path, args, needle):
     out = subprocess.run([sys.executable, "-m", "draftnas", "search", "--target", "llama-65b", "--base-shape",
-                          "llama-7b", "--acceptance-prior", "0.7", "--trials", "2", "--gpus", "1",
+                          "llama-7b", "--acceptance-prior", "0.7", "--trials", "2", *args,
                           "--run-dir", str(tmp_path)], capture_output=True, text=True)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr
-    assert "does not fit on 1 x NVIDIA H100-SXM5-80GB" in lines[0]
+    assert needle in lines[0]
     assert not any(tmp_path.iterdir())  # nothing written

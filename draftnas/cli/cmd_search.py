@@ -164,7 +164,9 @@ def next_commands(result: SearchResult) -> list[str]:
 
 def result_json(result: SearchResult) -> dict[str, Any]:
     data = result.to_dict()
-    data["acceptance"] = "ASSUMED" if result.info.acceptance_assumed else "measured"
+    info = result.info
+    data["acceptance"] = ("FITTED" if info.acceptance_model else "ASSUMED" if info.acceptance_assumed
+                          else "measured")
     data["note"] = result.info.note
     return data
 
