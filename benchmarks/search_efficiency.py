@@ -107,7 +107,7 @@ def main() -> None:
 
     from draftnas.evaluate import PriorEvaluator
     from draftnas.registry import get_architecture
-    from draftnas.search import SearchOptions, resolve_profile, run_search
+    from draftnas.search import SearchOptions, StudySettings, resolve_profile, run_search
     from draftnas.space import load_search_space
     from draftnas.study import load_study
 
@@ -135,8 +135,9 @@ def main() -> None:
             started = time.perf_counter()
             result = run_search(SearchOptions(
                 target=target.name, target_arch=target, base=space.base, base_arch=base, space=space,
-                profile=profile, n_trials=args.trials, storage=storage, study_name=name,
-                sampler=sampler, seed=seed, acceptance_prior=0.7), predictor, evaluator)
+                profile=profile, acceptance_prior=0.7,
+                study=StudySettings(n_trials=args.trials, storage=storage, study_name=name, sampler=sampler,
+                                    seed=seed)), predictor, evaluator)
             speeds.append(len(result.told_here) / (time.perf_counter() - started))
             curve = best_so_far(load_study(name, storage).get_trials(deepcopy=False))
             curves.append(curve)

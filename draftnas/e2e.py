@@ -269,22 +269,19 @@ def search_space(options: E2EOptions) -> SearchSpace:
     return replace(space, depth=depth, heal=heal, gamma=GammaRange(min=1, max=b.max_gamma))
 
 
-def stage_search(options: E2EOptions, profile: LatencyProfile, label: str, traces: Path, out: Path,
+def stage_search(options: E2EOptions, profile_spec: str, traces: Path, out: Path,
                  tick: Callable[[int, int], None]) -> SearchResult:
-    """The study (SQLite in the run folder: a re-run resumes it, a finished one returns at once)."""
-    from draftnas.evaluate import WeightsEvaluator
-    from draftnas.latency import LatencyModel
-    from draftnas.search import SearchOptions, resolve_architecture, run_search
+    """The study, resolved by `search.plan_search` like `draftnas search` (SQLite in the run folder: a
+    re-run resumes it, a finished one returns at once). No host calibration: the profile is this run's."""
+    from draftnas.search import SearchRequest, StudySettings, plan_search, run_search
 
-    space = search_space(options)
-    target_arch = resolve_architecture(options.target)
-    search_options = SearchOptions(
-        target=options.target, target_arch=target_arch, base=options.target, base_arch=target_arch,
-        space=space, profile=label, n_trials=options.budget.trials,
-        storage=f"sqlite:///{(out / 'study.db').resolve()}", study_name="e2e", seed=options.seed,
-        run_dir=str(out))
-    evaluator = WeightsEvaluator(options.target, target_arch, traces, space, seed=options.seed)
-    return run_search(search_options, LatencyModel.from_profile(profile), evaluator, progress=tick)
+    request = SearchRequest(
+        target=options.target, space=search_space(options), profile=profile_spec, traces=str(traces),
+        calibrate=False, study=StudySettings(n_trials=options.budget.trials, seed=options.seed,
+                                             storage=f"sqlite:///{(out / 'study.db').resolve()}",
+                                             study_name="e2e", run_dir=str(out)))
+    search_options, predictor, evaluator = plan_search(request)
+    return run_search(search_options, predictor, evaluator, progress=tick)
 
 
 # ---------------------------------------------------------------- stage 4: baselines, heal, export
@@ -608,7 +605,7 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
     traces_path = stage_traces(target, trace_prompts, options.budget, options.seed, out,
                                stages.start("traces", len(trace_prompts)))
     stages.done()
-    search = stage_search(options, profile, label, traces_path, out,
+    search = stage_search(options, options.profile or str(out / "profile.json"), traces_path, out,
                           stages.start("search", options.budget.trials))
     stages.done()
     if search.best is None or search.best.candidate.plan is None:

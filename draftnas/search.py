@@ -127,9 +127,25 @@ class SearchResult(Record):
 # ---------------------------------------------------------------- the study
 
 
-@dataclass
+@dataclass(frozen=True)
+class StudySettings(Record):
+    """How a study runs: what `draftnas search` was asked and what the loop runs with alike."""
+
+    n_trials: int = 20
+    timeout_s: float | None = None
+    storage: str | None = None
+    study_name: str | None = None
+    sampler: str = "tpe"  # stored lower-case
+    seed: int | None = 0
+    run_dir: str = "runs"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sampler", self.sampler.lower())
+
+
+@dataclass(frozen=True)
 class SearchOptions:
-    """Everything `run_search` needs besides the latency model and the evaluator."""
+    """Everything `run_search` needs besides the latency model and the evaluator (resolved)."""
 
     target: str
     target_arch: Architecture
@@ -137,18 +153,16 @@ class SearchOptions:
     base_arch: Architecture
     space: SearchSpace
     profile: str
-    n_trials: int = 20
-    timeout_s: float | None = None
-    storage: str | None = None
-    study_name: str | None = None
-    sampler: str = "tpe"
-    seed: int | None = 0
+    study: StudySettings = StudySettings()
     acceptance_prior: float | None = None
-    run_dir: str = "runs"
     upper_bound_pruning: bool = True
     profile_note: str | None = None  # calibration summary, or: the profile is not of this machine
     placement: Placement | None = None  # GPUs, tensor parallelism and memory (GPU profiles with hardware)
     acceptance_model: str | None = None  # label of the alpha(drafter) model the evaluator predicts with
+
+    @property
+    def study_name(self) -> str:
+        return self.study.study_name or default_study_name(self.target, self.space, self.study.sampler)
 
 
 def default_study_name(target: str, space: SearchSpace, sampler: str) -> str:
@@ -194,9 +208,9 @@ def _objectives(sampler: str) -> tuple[str, list[optuna.study.StudyDirection]]:
 
 def open_study(options: SearchOptions, info: StudyInfo, storage_url: str) -> optuna.Study:
     """Create the study or load it (several workers, resume); refuse a study made for another search."""
-    _, directions = _objectives(options.sampler)
+    _, directions = _objectives(options.study.sampler)
     storage = open_storage(storage_url)
-    name = options.study_name or default_study_name(options.target, options.space, options.sampler)
+    name = options.study_name
     study = optuna.create_study(study_name=name, storage=storage, directions=directions,
                                 load_if_exists=True)
     stored = study.user_attrs.get("draftnas")
@@ -238,8 +252,8 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
     or Ctrl-C (the trial in flight is told FAIL; the result says `interrupted`).
     """
     start = time.monotonic()
-    options.sampler = options.sampler.lower()
-    objectives, _ = _objectives(options.sampler)
+    settings = options.study
+    objectives, _ = _objectives(settings.sampler)
     if evaluator.measured != (options.acceptance_prior is None and options.acceptance_model is None):
         raise InvalidInputError("an acceptance prior and a measuring evaluator exclude each other")
     info = StudyInfo(schema=STUDY_SCHEMA, target=options.target, base=options.base, space=options.space,
@@ -247,14 +261,13 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
                      acceptance_prior=options.acceptance_prior, profile=options.profile,
                      target_arch=options.target_arch, base_arch=options.base_arch,
                      acceptance_model=options.acceptance_model, placement=options.placement)
-    study_name = options.study_name or default_study_name(options.target, options.space, options.sampler)
-    storage_url = normalize_storage(options.storage, study_name, options.run_dir)
+    storage_url = normalize_storage(settings.storage, options.study_name, settings.run_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(options, info, storage_url)
     recover_stale_trials(study)
     existing = len(study.get_trials(deepcopy=False))
-    seed = None if options.seed is None else options.seed + existing
-    study.sampler = make_sampler(options.sampler, seed, options.n_trials)
+    seed = None if settings.seed is None else settings.seed + existing
+    study.sampler = make_sampler(settings.sampler, seed, settings.n_trials)
     target_predictor, draft_predictor = deployed(predictor, options.placement)
     run = _Run(study=study, options=options, info=info, predictor=draft_predictor,
                target_predictor=target_predictor, evaluator=evaluator,
@@ -281,7 +294,7 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
 
 
 def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) -> None:
-    target = run.options.n_trials
+    target, timeout = run.options.study.n_trials, run.options.study.timeout_s
     while True:
         run.gate.check()
         trials = run.study.get_trials(deepcopy=False)
@@ -292,8 +305,8 @@ def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) 
             progress(min(finished, target), target)
         if finished + running >= target:
             return
-        if run.options.timeout_s is not None and time.monotonic() - start >= run.options.timeout_s:
-            log.info("timeout of %.0f s reached with %d/%d trials finished", run.options.timeout_s,
+        if timeout is not None and time.monotonic() - start >= timeout:
+            log.info("timeout of %.0f s reached with %d/%d trials finished", timeout,
                      finished, target)
             return
         _one_trial(run, trials)
@@ -477,8 +490,9 @@ def collect_result(study: optuna.Study, storage_url: str, options: SearchOptions
     stored = StudyInfo.from_dict(study.user_attrs["draftnas"]) if "draftnas" in study.user_attrs else info
     return SearchResult(
         study_name=study.study_name, storage=redact(storage_url),
-        run_dir=str(Path(options.run_dir if options else "runs") / study.study_name), info=stored,
-        sampler=options.sampler if options else "", n_trials=options.n_trials if options else len(trials),
+        run_dir=str(Path(options.study.run_dir if options else "runs") / study.study_name), info=stored,
+        sampler=options.study.sampler if options else "",
+        n_trials=options.study.n_trials if options else len(trials),
         ranked=ranked, pareto=pareto_front(ranked), counts={k: v for k, v in counts.items() if v},
         pruned_by_upper_bound=kinds.count("upper_bound"), pruned_infeasible=kinds.count("infeasible"),
         reused=sum("reused_from" in t.user_attrs for t in trials), told_here=tuple(told),
@@ -506,24 +520,18 @@ def fingerprint_text(data: Any) -> str:
 # ---------------------------------------------------------------- the command's entry point
 
 
-@dataclass
+@dataclass(frozen=True)
 class SearchRequest:
     """What `draftnas search` was asked (CLI flags, before anything is resolved)."""
 
     target: str
     base: str | None = None
     base_shape: str | None = None
-    space: str | None = None
+    space: str | SearchSpace | None = None  # a YAML file or shipped name, or a space itself
     profile: str | None = None
     traces: str | None = None
-    n_trials: int = 20
-    timeout_s: float | None = None
-    storage: str | None = None
-    study_name: str | None = None
-    sampler: str = "tpe"
-    seed: int | None = 0
+    study: StudySettings = StudySettings()
     acceptance_prior: float | None = None
-    run_dir: str = "runs"
     calibrate: bool = True  # time the target on this machine before ranking (measured CPU profiles)
     acceptance_model: str | None = None  # an alpha(drafter) model file (`draftnas alpha fit`)
     acceptance_anchor: float | None = None  # with a model: the alpha of the space's first reference drafter
@@ -614,7 +622,7 @@ def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
     prompts = prompts[:t.prompts]
     key = fingerprint_text([request.target, w.prompt_set, w.domain, t.prompts, t.max_new_tokens,
                             w.temperature])
-    out = Path(request.run_dir).expanduser() / study_name / f"traces-{key}.safetensors"
+    out = Path(request.study.run_dir).expanduser() / study_name / f"traces-{key}.safetensors"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -631,7 +639,10 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     """Resolve the request: shapes, space, profile, and measured or assumed acceptance."""
     from draftnas.space import default_space_for, load_search_space
 
-    space = load_search_space(request.space) if request.space else default_space_for(request.target)
+    if isinstance(request.space, SearchSpace):
+        space = request.space
+    else:
+        space = load_search_space(request.space) if request.space else default_space_for(request.target)
     target_arch = resolve_architecture(request.target)
     base = request.base_shape or request.base or space.base
     base_arch = resolve_architecture(base)
@@ -657,8 +668,11 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
                 f"timed on {timed[0].device_name} and extrapolated to full depth "
                 f"({', '.join(checks) or 'method not checked here'})")
         profile_note = f"{profile_note}; {note}" if profile_note else note
-    if request.n_trials < 1:
-        raise InvalidInputError(f"--trials must be >= 1, got {request.n_trials}")
+    if request.study.n_trials < 1:
+        raise InvalidInputError(f"--trials must be >= 1, got {request.study.n_trials}")
+    if request.study.sampler not in SAMPLERS:
+        raise InvalidInputError(f"--sampler {request.study.sampler!r} is not known "
+                                f"(allowed: {', '.join(SAMPLERS)})")
     placement = _placement(request, latency_profile, target_arch, space)
     if request.calibrate and latency_profile.device == "cpu" and latency_profile.kind == "measured":
         predictor, profile_note = calibrated_predictor(latency_profile, target_arch, space,
@@ -674,10 +688,8 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
                                 "(--acceptance-prior MODEL.json)")
     options = SearchOptions(
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
-        profile=profile, n_trials=request.n_trials, timeout_s=request.timeout_s, storage=request.storage,
-        study_name=request.study_name, sampler=request.sampler.lower(), seed=request.seed,
-        acceptance_prior=request.acceptance_prior, run_dir=request.run_dir, profile_note=profile_note,
-        placement=placement, acceptance_model=model_label)
+        profile=profile, study=request.study, acceptance_prior=request.acceptance_prior,
+        profile_note=profile_note, placement=placement, acceptance_model=model_label)
     if request.acceptance_model is not None:
         return options, predictor, evaluator
     if request.acceptance_prior is not None:
@@ -745,11 +757,11 @@ def _measuring_evaluator(request: SearchRequest, options: SearchOptions,
     if missing:
         raise InvalidInputError("measuring acceptance needs " + " and ".join(missing) + "; or pass "
                                 "--acceptance-prior A to search on latency with an assumed acceptance")
-    name = options.study_name or default_study_name(options.target, space, options.sampler)
+    name = options.study_name
     traces = Path(request.traces) if request.traces else default_traces(request, space, name, trace_progress)
     if not traces.is_file():
         raise InvalidInputError(f"--traces {traces} is not a file")
-    return WeightsEvaluator(options.base, options.base_arch, traces, space, seed=request.seed or 0)
+    return WeightsEvaluator(options.base, options.base_arch, traces, space, seed=request.study.seed or 0)
 
 
 def search(request: SearchRequest, *, progress: Callable[[int, int], None] | None = None,

@@ -26,7 +26,7 @@ from draftnas.errors import InvalidInputError
 from draftnas.evaluate import ModelEvaluator
 from draftnas.pairs import design
 from draftnas.registry import get_architecture
-from draftnas.search import SearchRequest, reference_candidate, search
+from draftnas.search import SearchRequest, StudySettings, reference_candidate, search
 from draftnas.space import default_space_for
 
 SMOL = get_architecture("smollm2-135m")
@@ -156,10 +156,13 @@ def test_an_anchor_sets_the_reference_drafters_alpha_and_keeps_the_ordering():
 def test_with_a_fitted_model_the_cheapest_drafter_no_longer_wins_by_construction(tmp_path):
     model = fit_alpha_model(_pairs("a", 30, 0) + _pairs("b", 20, 1))
     model_path = save_alpha_model(model, tmp_path / "m.json")
-    common = dict(target="llama-65b", base_shape="llama-7b", n_trials=30, run_dir=str(tmp_path))
-    prior = search(SearchRequest(**common, acceptance_prior=0.7, study_name="prior"))
+    def study(name: str) -> StudySettings:
+        return StudySettings(n_trials=30, run_dir=str(tmp_path), study_name=name)
+
+    common = dict(target="llama-65b", base_shape="llama-7b")
+    prior = search(SearchRequest(**common, acceptance_prior=0.7, study=study("prior")))
     fitted = search(SearchRequest(**common, acceptance_model=str(model_path), acceptance_anchor=0.7,
-                                  study_name="fitted"))
+                                  study=study("fitted")))
     cheapest = min(prior.ranked, key=lambda r: r.primary.draft_ms)
     assert prior.ranked[0].candidate.key == cheapest.candidate.key  # a constant alpha: latency alone decides
     assert fitted.info.acceptance_model and "FITTED ON a, b" in fitted.info.acceptance_model

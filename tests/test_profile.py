@@ -294,7 +294,7 @@ def test_profile_target_extrapolates_k_layers_checks_the_method_and_the_search_u
     from draftnas.latency import LatencyModel, TargetTimedModel, default_profile, load_profile, save_profile
     from draftnas.profile import measure_target
     from draftnas.registry import get_architecture
-    from draftnas.search import SearchRequest, plan_search
+    from draftnas.search import SearchRequest, StudySettings, plan_search
     from draftnas.space import default_space_for
 
     smol = get_architecture("smollm2-135m")
@@ -324,7 +324,7 @@ def test_profile_target_extrapolates_k_layers_checks_the_method_and_the_search_u
                         tmp_path / "p.json")
     assert load_profile(path).targets[smol.name].ms["1x1"] == 111.0
     request = SearchRequest(target="smollm2-135m", profile=str(path), calibrate=False, acceptance_prior=0.5,
-                            run_dir=str(tmp_path))
+                            study=StudySettings(run_dir=str(tmp_path)))
     options, predictor, _ = plan_search(request)
     ctx = options.space.workload.context_tokens
     assert predictor.predict_ms(smol, context_tokens=ctx) == 111.0

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -19,7 +20,7 @@ from draftnas.errors import DraftnasError, InvalidInputError
 from draftnas.evaluate import Evaluation, PriorEvaluator
 from draftnas.registry import get_architecture
 from draftnas.scoring import AcceptanceReading, LatencyReading, assumed_acceptance, predict_workload
-from draftnas.search import SearchOptions, load_results, run_search
+from draftnas.search import SearchOptions, StudySettings, load_results, run_search
 from draftnas.space import GammaRange, Workload, load_search_space, parse_search_space
 from draftnas.study import load_trial, normalize_storage, open_storage
 from draftnas.throughput import best_gamma, expected_tokens_per_step, predict_throughput
@@ -62,10 +63,12 @@ class FakeMeasured:
 
 
 def smol_options(tmp_path, n_trials=12, sampler="tpe", prior=None, study="t", storage=None, **kw):
+    settings = StudySettings(n_trials=n_trials, storage=storage or str(tmp_path / "study.db"),
+                             study_name=study, sampler=sampler, run_dir=str(tmp_path),
+                             **{k: kw.pop(k) for k in ("timeout_s", "seed") if k in kw})
     return SearchOptions(target="smollm2-135m", target_arch=SMOL, base="smollm2-135m", base_arch=SMOL,
-                         space=load_search_space("smollm2-135m"), profile="stub", n_trials=n_trials,
-                         storage=storage or str(tmp_path / "study.db"), study_name=study, sampler=sampler,
-                         acceptance_prior=prior, run_dir=str(tmp_path), **kw)
+                         space=load_search_space("smollm2-135m"), profile="stub", study=settings,
+                         acceptance_prior=prior, **kw)
 
 
 # ---------------------------------------------------------------- scoring arithmetic
@@ -133,7 +136,7 @@ def test_upper_bound_prunes_without_evaluating(tmp_path):
     evaluator = FakeMeasured(alpha=0.95)  # well accepted: deep drafters cannot catch up even at 1
     options = smol_options(tmp_path, n_trials=30, sampler="random", seed=3)
     result = run_search(options, StubLatency(), evaluator)
-    study = _load(normalize_storage(options.storage, "t"), "t")
+    study = _load(normalize_storage(options.study.storage, "t"), "t")
     pruned = [t for t in study.get_trials() if t.user_attrs.get("pruned_kind") == "upper_bound"]
     assert result.pruned_by_upper_bound == len(pruned) > 0
     best = max(t.values[0] for t in study.get_trials(states=(TrialState.COMPLETE,)))
@@ -148,11 +151,10 @@ def test_upper_bound_prunes_without_evaluating(tmp_path):
 def test_infeasible_candidates_are_pruned_with_the_reason(tmp_path):
     space = parse_search_space({"schema_version": 1, "name": "deep", "target": "smollm2-135m",
                                 "base": "smollm2-135m", "depth": {"min": 28, "max": 30}})
-    options = smol_options(tmp_path, n_trials=6, prior=0.7, sampler="random")
-    options.space = space
+    options = replace(smol_options(tmp_path, n_trials=6, prior=0.7, sampler="random"), space=space)
     result = run_search(options, StubLatency(), PriorEvaluator(0.7))
     assert result.pruned_infeasible == 6 and not result.ranked
-    study = _load(normalize_storage(options.storage, "t"), "t")
+    study = _load(normalize_storage(options.study.storage, "t"), "t")
     reasons = {t.user_attrs["pruned_reason"] for t in study.get_trials()}
     assert any("not fewer than the target's" in r for r in reasons)
     assert any("drafter too slow" in r for r in reasons)

@@ -222,14 +222,14 @@ def search(
                                          help="Also write the result as JSON to this file."),
 ) -> None:
     """Search drafter depth/width for a target; rank by predicted speculative tokens/s."""
-    from draftnas.search import SearchRequest
+    from draftnas.search import SearchRequest, StudySettings
     from draftnas.search import search as run
 
     prior, model = parse_acceptance_prior(acceptance_prior)
+    settings = StudySettings(n_trials=trials, timeout_s=timeout, storage=storage, study_name=study,
+                             sampler=sampler, seed=seed, run_dir=run_dir)
     request = SearchRequest(target=target, base=base, base_shape=base_shape, space=space, profile=profile,
-                            traces=traces, n_trials=trials, timeout_s=timeout, storage=storage,
-                            study_name=study, sampler=sampler, seed=seed,
-                            acceptance_prior=prior, run_dir=run_dir, calibrate=calibrate,
+                            traces=traces, study=settings, acceptance_prior=prior, calibrate=calibrate,
                             acceptance_model=model, acceptance_anchor=acceptance_anchor, gpus=gpus,
                             draft_tp=draft_tp, dtype=dtype, memory_margin=memory_margin)
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
