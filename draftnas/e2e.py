@@ -23,9 +23,8 @@ gamma, so the per-domain table answers whether the domain-tuned drafter accepts 
 Bench prompts are shipped prompts NOT used for the traces, so no drafter is benched on the
 text it was healed on.
 
-Size: still about 690 lines, not the ~250-line orchestrator asked for: its stage functions (baseline
-plans, bench and term jobs, row assembly) have not moved out yet; the arithmetic, rendering, drafter
-building and machine facts have.
+The stages themselves and their options are in `draftnas.stages`; this module runs them in
+order and assembles the analysis.
 """
 
 from __future__ import annotations
@@ -35,13 +34,11 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from draftnas.bench import measure_terms, per_domain_measured, summarize_bench
-from draftnas.build import BuiltDrafter, build_drafter, choose_head, heal_options
-from draftnas.distill import HealData, HealOptions
 from draftnas.errors import InvalidInputError
 from draftnas.fidelity import (
     DrafterRow,
@@ -53,11 +50,28 @@ from draftnas.fidelity import (
     predict,
 )
 from draftnas.machine import MachineInfo, load_average, machine_info
-from draftnas.prune import PruningPlan
 from draftnas.record import Record
 from draftnas.registry import Architecture
 from draftnas.report import E2E_GPU_PROFILE, honest_notes, results_markdown
 from draftnas.search import SearchResult
+from draftnas.stages import (
+    BUDGETS,
+    ROLES,
+    Budget,
+    E2EOptions,
+    RoleDrafter,
+    bench_one,
+    budget_preset,
+    check_tuned_domain,
+    heal_and_held_out,
+    split_prompts,
+    stage_drafters,
+    stage_profile,
+    stage_search,
+    stage_traces,
+    stage_tuned,
+    write_json,
+)
 
 if TYPE_CHECKING:
     from draftnas.acceptance import AcceptanceEstimate
@@ -66,90 +80,10 @@ if TYPE_CHECKING:
     from draftnas.prompts import Prompt
     from draftnas.search import SearchResult
     from draftnas.sources import LoadedModel
-    from draftnas.space import SearchSpace
-    from draftnas.traces import Traces
 
 log = logging.getLogger(__name__)
 
 StageProgress = Callable[[str, int, int], None]
-ROLES = ("winner", "first-k", "deep-narrow", "even")
-
-
-# ---------------------------------------------------------------- options and records
-
-
-@dataclass(frozen=True)
-class Budget(Record):
-    """How much work each stage does (`BUDGETS` holds the named presets)."""
-
-    name: str
-    profile_quick: bool = True
-    trace_per_domain: int = 3
-    trace_new_tokens: int = 48
-    trials: int = 6
-    depth_max: int = 8
-    search_heal_steps: int = 6
-    search_heal_seconds: float = 30.0
-    heal_steps: int = 20
-    heal_batch_size: int = 2
-    heal_seq_len: int = 160
-    heal_lr: float = 2e-3
-    bench_per_domain: int = 1
-    bench_new_tokens: int = 32
-    repeats: int = 1
-    fixed_gamma: int = 3
-    max_gamma: int = 6
-    term_repeats: int = 9
-
-    def validate(self) -> None:
-        problems = [f"{k} must be >= 1, got {getattr(self, k)}" for k in (
-            "trace_per_domain", "trace_new_tokens", "trials", "depth_max", "heal_batch_size",
-            "bench_per_domain", "bench_new_tokens", "repeats", "fixed_gamma", "max_gamma", "term_repeats")
-            if getattr(self, k) < 1]
-        if self.fixed_gamma > self.max_gamma:
-            problems.append(f"fixed_gamma {self.fixed_gamma} must be <= max_gamma {self.max_gamma}")
-        if problems:
-            raise InvalidInputError("invalid e2e budget: " + "; ".join(problems))
-
-
-BUDGETS: dict[str, Budget] = {
-    # minutes on a loaded 2-core CPU: proves the machinery, not the figures
-    "quick": Budget(name="quick", trace_per_domain=3, trace_new_tokens=32, trials=4, depth_max=6,
-                    search_heal_steps=4, search_heal_seconds=20.0, heal_steps=12, bench_per_domain=1,
-                    bench_new_tokens=32, repeats=1, fixed_gamma=3, max_gamma=6, term_repeats=7),
-    # the README figures: under an hour on a quiet 2-core CPU
-    # (healing is data-bound: on 24 traced prompts a 1-layer drafter overfit by step 40 at top-1
-    # 0.06-0.14; on all 112 non-bench prompts x 96 tokens it reaches 0.20, 2 layers 0.24)
-    "full": Budget(name="full", profile_quick=True, trace_per_domain=28, trace_new_tokens=96, trials=12,
-                   depth_max=8, search_heal_steps=30, search_heal_seconds=30.0, heal_steps=150,
-                   heal_batch_size=8, heal_seq_len=256, bench_per_domain=3, bench_new_tokens=48, repeats=3,
-                   fixed_gamma=3, max_gamma=6, term_repeats=15),
-}
-
-
-def budget_preset(name: str, **overrides: Any) -> Budget:
-    if name not in BUDGETS:
-        raise InvalidInputError(f"budget {name!r} unknown (allowed: {', '.join(BUDGETS)})")
-    budget = replace(BUDGETS[name], **overrides)
-    budget.validate()
-    return budget
-
-
-@dataclass(frozen=True)
-class E2EOptions(Record):
-    """What `draftnas e2e` was asked. `profile`: a profile JSON or shipped name (None = measure one).
-
-    `space`: a search space YAML / shipped name (None = the target's shipped space).
-    """
-
-    target: str = "smollm2-135m"
-    out_dir: str = "runs/e2e"
-    budget: Budget = field(default_factory=lambda: BUDGETS["quick"])
-    seed: int = 0
-    profile: str | None = None
-    space: str | None = None
-    threads: int | None = None  # torch CPU threads (None: torch's default); 1 on an oversubscribed CPU
-    tuned_domain: str | None = "translation"  # also heal the winner's plan on this domain alone
 
 
 @dataclass(frozen=True)
@@ -175,16 +109,6 @@ class E2EResult(Record):
         return next(r for r in self.rows if r.role == role)
 
 
-# ---------------------------------------------------------------- small helpers
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
-
-
 class _Stages:
     """Times stages and forwards progress under each stage's name."""
 
@@ -203,271 +127,6 @@ class _Stages:
 
     def done(self) -> None:
         self.seconds[self._name] = round(self.seconds.get(self._name, 0.0) + time.perf_counter() - self._t, 1)
-
-
-# ---------------------------------------------------------------- stages 1-3: profile, traces, search
-
-
-def stage_profile(options: E2EOptions, out: Path, tick: Callable[[int, int], None]
-                  ) -> tuple[LatencyProfile, str]:
-    """The given or shipped profile, else out/profile.json (measured here once)."""
-    from draftnas.latency import load_profile, save_profile
-    from draftnas.profile import ProfileOptions, measure_profile
-
-    if options.profile:
-        from draftnas.search import resolve_profile
-
-        label, given = resolve_profile(options.profile, search_space(options))
-        return given, label
-    path = out / "profile.json"
-    if path.is_file():
-        return load_profile(path), str(path)
-    profile = measure_profile(ProfileOptions(quick=options.budget.profile_quick, seed=options.seed,
-                                             threads=options.threads), progress=tick)
-    save_profile(profile, path)
-    return profile, str(path)
-
-
-def split_prompts(budget: Budget) -> tuple[tuple[Prompt, ...], tuple[Prompt, ...]]:
-    """(trace prompts, bench prompts): every shipped domain, disjoint sets."""
-    from draftnas.prompts import load_prompts
-
-    traced = load_prompts("all", per_domain=budget.trace_per_domain)
-    ids = {p.id for p in traced}
-    by_domain: dict[str, list[Prompt]] = {}
-    for p in load_prompts("all"):
-        if p.id not in ids:
-            by_domain.setdefault(p.domain, []).append(p)
-    if not by_domain:
-        raise InvalidInputError("no shipped prompts left for the bench; lower trace_per_domain")
-    bench = [p for items in by_domain.values()
-             for p in items[:: max(1, len(items) // budget.bench_per_domain)][:budget.bench_per_domain]]
-    return traced, tuple(bench)
-
-
-def stage_traces(target: LoadedModel, prompts: Sequence[Prompt], budget: Budget, seed: int, out: Path,
-                 tick: Callable[[int, int], None]) -> Path:
-    from draftnas.traces import TraceOptions, build_traces
-
-    path = out / "traces.safetensors"
-    if path.is_file():
-        return path
-    options = TraceOptions(max_new_tokens=budget.trace_new_tokens, temperatures=(0.0,), seed=seed,
-                           batch_size=min(len(prompts), 8))
-    return build_traces(target, prompts, options, path, prompt_set="all", progress=tick)
-
-
-def search_space(options: E2EOptions) -> SearchSpace:
-    """The target's space with the budget's depth cap, gamma range and per-trial healing."""
-    from draftnas.space import DepthRange, GammaRange, default_space_for, load_search_space
-
-    space = load_search_space(options.space) if options.space else default_space_for(options.target)
-    b = options.budget
-    depth = DepthRange(min=space.depth.min, max=max(space.depth.min, min(space.depth.max, b.depth_max)),
-                       step=space.depth.step)
-    heal = replace(space.heal, steps=b.search_heal_steps, max_seconds=b.search_heal_seconds)
-    return replace(space, depth=depth, heal=heal, gamma=GammaRange(min=1, max=b.max_gamma))
-
-
-def stage_search(options: E2EOptions, profile_spec: str, traces: Path, out: Path,
-                 tick: Callable[[int, int], None]) -> SearchResult:
-    """The study, resolved by `search.plan_search` like `draftnas search` (SQLite in the run folder: a
-    re-run resumes it, a finished one returns at once). No host calibration: the profile is this run's."""
-    from draftnas.search import SearchRequest, StudySettings, plan_search, run_search
-
-    request = SearchRequest(
-        target=options.target, space=search_space(options), profile=profile_spec, traces=str(traces),
-        calibrate=False, study=StudySettings(n_trials=options.budget.trials, seed=options.seed,
-                                             storage=f"sqlite:///{(out / 'study.db').resolve()}",
-                                             study_name="e2e", run_dir=str(out)))
-    search_options, predictor, evaluator = plan_search(request)
-    return run_search(search_options, predictor, evaluator, progress=tick)
-
-
-# ---------------------------------------------------------------- stage 4: baselines, heal, export
-
-
-def deep_narrow_depth(winner: Architecture, narrow: Architecture, base_layers: int) -> int:
-    """Layers of the `narrow` shape with about the winner's non-embedding parameters (> winner's depth)."""
-    per_layer = max(narrow.layer_parameters(), 1)
-    target = winner.num_hidden_layers * winner.layer_parameters()
-    depth = max(winner.num_hidden_layers + 1, round(target / per_layer))
-    return min(base_layers, depth)
-
-
-def baseline_options(winner: PruningPlan, base: Architecture) -> dict[str, Any]:
-    """PlanOptions for the baselines (first-k, deep-narrow, even), from the winner's plan."""
-    from draftnas.prune import PlanOptions
-
-    k = winner.num_layers
-    narrow_kv = 1  # one whole GQA group (its query heads), a quarter of the MLP: narrow, so deep
-    narrow_q = base.num_attention_heads // max(base.num_key_value_heads, 1) * narrow_kv
-    narrow_mlp = max(8, (base.intermediate_size // 4) // 8 * 8)
-    narrow = base.with_shape(num_attention_heads=narrow_q, num_key_value_heads=narrow_kv,
-                             intermediate_size=narrow_mlp)
-    winner_arch = winner.architecture(base)
-    depth = deep_narrow_depth(winner_arch, narrow, base.num_hidden_layers)
-    common = PlanOptions(base=winner.base, calibration_sequences=4, calibration_seq_len=96)
-    return {
-        "first-k": replace(common, num_layers=k, layer_selection="first"),
-        "deep-narrow": replace(common, num_layers=depth, layer_selection="first",
-                               num_attention_heads=narrow_q, num_key_value_heads=narrow_kv,
-                               intermediate_size=narrow_mlp),
-        "even": replace(common, num_layers=k, layer_selection="even"),
-    }
-
-
-@dataclass(frozen=True)
-class RoleDrafter(Record):
-    """One drafter of the comparison: its role, the builder's record and its exported folder."""
-
-    role: str
-    built: BuiltDrafter
-    folder: str
-    same_as: str | None = None
-
-    @property
-    def plan(self) -> PruningPlan:
-        return self.built.plan
-
-    @property
-    def name(self) -> str:
-        return self.built.name
-
-    @property
-    def head_vocab_size(self) -> int | None:
-        return self.plan.head_rows or None
-
-
-def _heal_options(options: E2EOptions, heal_traces: Traces) -> HealOptions | None:
-    b = options.budget
-    return heal_options(steps=b.heal_steps, batch_size=b.heal_batch_size, lr=b.heal_lr,
-                        seq_len=b.heal_seq_len, seed=options.seed, n_records=len(heal_traces.records),
-                        gamma=b.fixed_gamma)
-
-
-def build_role(role: str, plan: PruningPlan, base: LoadedModel, traces: tuple[Traces, Traces],
-               options: E2EOptions, out: Path, data: HealData | None = None) -> RoleDrafter:
-    """`build.build_drafter` on the heal split (the budget's steps), estimated on the held-out
-    split, exported to out/drafters/<role>; a re-run reads what an earlier run wrote."""
-    from draftnas.export import ExportInfo, export_drafter
-
-    record = out / "drafters" / f"{role}.json"
-    folder = out / "drafters" / role
-    if record.is_file() and (folder / "draftnas.json").is_file():
-        return RoleDrafter.from_dict(json.loads(record.read_text()))
-    heal_traces, held = traces
-    built = build_drafter(plan, base, heal=_heal_options(options, heal_traces), teacher=heal_traces,
-                          data=data, held=held, max_gamma=options.budget.max_gamma,
-                          checkpoint_dir=out / "heal" / role)
-    assert built.estimate is not None
-    info = ExportInfo(base=options.target, target=options.target, plan=plan, heal=built.heal,
-                      source=f"draftnas e2e ({role})", seed=options.seed, gamma=options.budget.fixed_gamma,
-                      measured={"top1_agreement_heldout": built.estimate.top1_agreement})
-    export_drafter(built.model, base.tokenizer, folder, info, force=True)
-    drafter = RoleDrafter(role=role, built=built, folder=str(folder))
-    _write_json(record, drafter.to_dict())
-    return drafter
-
-
-def heal_and_held_out(traces_path: Path) -> tuple[Traces, Traces]:
-    """(heal split, held-out split) of the greedy traces: the search's own split."""
-    from draftnas.traces import load_traces, split_traces
-
-    held, rest = split_traces(load_traces(traces_path).select(temperature=0.0))
-    return rest, held
-
-
-def stage_drafters(winner: PruningPlan, base: LoadedModel, base_arch: Architecture,
-                   traces: tuple[Traces, Traces], options: E2EOptions, out: Path,
-                   tick: Callable[[int, int], None]) -> list[RoleDrafter]:
-    """The winner and the three baselines, healed alike; a baseline equal to another is not rebuilt.
-
-    `traces`: (heal split, held-out split). The winner keeps the reduced draft head its plan
-    carries; the baselines are what one would build without a search: pruned layers under the
-    base's full LM head.
-    """
-    from draftnas.distill import data_from_traces
-    from draftnas.prune import plan_pruning
-
-    plans: dict[str, PruningPlan] = {"winner": winner}
-    for role, plan_options in baseline_options(winner, base_arch).items():
-        plans[role] = plan_pruning(base.model, plan_options, tokenizer=base.tokenizer)
-    h = _heal_options(options, traces[0])
-    data = data_from_traces(traces[0], h) if h is not None else None
-    built: list[RoleDrafter] = []
-    for i, role in enumerate(ROLES):
-        twin = next((b for b in built if b.plan == plans[role]), None)
-        if twin is not None:
-            built.append(replace(twin, role=role, same_as=twin.role))
-        else:
-            built.append(build_role(role, plans[role], base, traces, options, out, data))
-        tick(i + 1, len(ROLES))
-    return built
-
-
-def tuned_role(domain: str) -> str:
-    return f"winner-{domain}"
-
-
-def check_tuned_domain(options: E2EOptions, trace_prompts: Sequence[Prompt]) -> None:
-    """Refuse, before any work, a tuned domain that is unknown or has too few traces to heal on."""
-    from draftnas.prompts import DOMAINS
-    from draftnas.traces import held_out
-
-    d = options.tuned_domain
-    if d is None:
-        return
-    if d not in DOMAINS:
-        raise InvalidInputError(f"tuned domain {d!r} unknown (allowed: {', '.join(DOMAINS)}, or none)")
-    n = sum(p.domain == d for i, p in enumerate(trace_prompts) if not held_out(i))  # one record each
-    if n < 2:
-        raise InvalidInputError(f"tuned domain {d!r}: {n} traced {d} prompt(s) in the heal split, healing "
-                                f"needs 2; raise the budget's trace_per_domain or pass --tuned-domain none")
-
-
-def stage_tuned(winner: RoleDrafter, base: LoadedModel, traces: tuple[Traces, Traces], domain: str,
-                options: E2EOptions, out: Path) -> RoleDrafter:
-    """The winner's plan healed with the same budget on ONE domain's heal traces.
-
-    Held-out traces stay all four domains, so its per-domain estimate sits beside the winner's.
-    A reduced head is chosen again from that domain's tokens (same size): part of tuning for it.
-    """
-    rest, held = traces
-    domain_traces = rest.select(domains=[domain])
-    plan = choose_head(winner.plan, winner.plan.head_rows, domain_traces, base.tokenizer,
-                       source=f"e2e heal split, {domain} only")
-    return build_role(tuned_role(domain), plan, base, (domain_traces, held), options, out)
-
-
-# ---------------------------------------------------------------- stage 5: each term measured alone
-
-
-# ---------------------------------------------------------------- predictions and the analysis (pure)
-
-
-# ---------------------------------------------------------------- stage 6: bench
-
-
-def _bench_path(out: Path, role: str, gamma: int, repeat: int) -> Path:
-    return out / "bench" / f"{role}-g{gamma}-r{repeat}.json"
-
-
-def bench_one(target: LoadedModel, folder: str, prompts: Sequence[Prompt], gamma: int, repeat: int,
-              options: E2EOptions, out: Path) -> BenchResult:
-    from draftnas.bench import BenchOptions, BenchResult, run_bench
-    from draftnas.sources import load_model
-
-    path = _bench_path(out, Path(folder).name, gamma, repeat)
-    if path.is_file():
-        return BenchResult.from_dict(json.loads(path.read_text()))
-    draft = load_model(folder)
-    draft.model.eval()
-    result = run_bench(target, draft, prompts, BenchOptions(
-        gamma=gamma, max_new_tokens=options.budget.bench_new_tokens, seed=options.seed + repeat,
-        hf_assisted=False, estimate=repeat == 0))
-    _write_json(path, result.to_dict())
-    return result
 
 
 # ---------------------------------------------------------------- the pipeline
@@ -569,7 +228,7 @@ def _terms_for(ctx: _Context, built: RoleDrafter, gammas: Sequence[int]) -> Meas
     maybe_apply_saved_subset(draft, loaded.folder)  # time the head the loop uses
     terms = measure_terms(ctx.target.model, draft, ctx.sample_ids, ctx.context_tokens, gammas,
                           ctx.options.budget.term_repeats, ctx.prompt_tokens)
-    _write_json(path, terms.to_dict())
+    write_json(path, terms.to_dict())
     return terms
 
 
@@ -682,12 +341,13 @@ def _assemble(ctx: _Context, search: SearchResult, label: str, profile: LatencyP
 
 def write_results(result: E2EResult, out: Path) -> tuple[Path, Path]:
     json_path, md_path = out / "results.json", out / "results.md"
-    _write_json(json_path, result.to_dict())
+    write_json(json_path, result.to_dict())
     md_path.write_text(results_markdown(result))
     return json_path, md_path
 
 
 __all__ = [
     "BUDGETS", "Budget", "DrafterRow", "E2EOptions", "E2EResult", "Fidelity", "MeasuredTerms",
-    "budget_preset", "decompose", "fidelity", "machine_info", "results_markdown", "run_e2e",
+    "budget_preset", "check_tuned_domain", "decompose", "fidelity", "machine_info", "results_markdown",
+    "run_e2e", "split_prompts",
 ]
