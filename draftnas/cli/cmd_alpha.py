@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
-from draftnas.cli.app import app, console, err_console, print_json
+from draftnas.cli.app import app, console, print_json, progress_bars
 from draftnas.errors import InvalidInputError
 
 alpha_app = typer.Typer(
@@ -26,22 +15,6 @@ alpha_app = typer.Typer(
          "that `draftnas search --acceptance-prior MODEL.json` uses where the target's weights are absent.",
     no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(alpha_app, name="alpha")
-
-
-@contextlib.contextmanager
-def _bars(quiet: bool) -> Iterator[Callable[[str], Callable[[int, int], None]]]:
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err_console,
-                  transient=True, disable=quiet) as bar:
-        tasks: dict[str, Any] = {}
-
-        def on(name: str) -> Callable[[int, int], None]:
-            def update(done: int, total: int) -> None:
-                if name not in tasks:
-                    tasks[name] = bar.add_task(name, total=total)
-                bar.update(tasks[name], completed=done, total=total)
-            return update
-        yield on
 
 
 def _steps(text: str | None) -> list[int] | None:
@@ -74,7 +47,7 @@ def measure(
     from draftnas.pairs import measure_pairs
     from draftnas.space import load_search_space
 
-    with _bars(json_out) as on:
+    with progress_bars(json_out) as on:
         result = measure_pairs(base, out, n=pairs, seed=seed, per_domain=per_domain,
                                space=load_search_space(space) if space else None,
                                heal_steps=_steps(heal_steps),

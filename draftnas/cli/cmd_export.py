@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from draftnas.cli.app import app, console, fmt_params, print_json
-from draftnas.cli.cmd_heal import progress_bars, render_heal
+from draftnas.cli.app import app, console, fmt_params, print_json, progress_bars
+from draftnas.cli.cmd_heal import render_heal
 
 
 @app.command()

@@ -2,35 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from draftnas.cli.app import app, console, err_console, fmt_params, print_json
+from draftnas.cli.app import app, console, fmt_params, print_json, progress_bars
 
 if TYPE_CHECKING:
     from draftnas.distill import HealResult
-
-
-@contextlib.contextmanager
-def progress_bars(quiet: bool) -> Iterator[Callable[[str], Callable[[int, int], None]]]:
-    """Rich progress bars on stderr, one per named phase (stdout stays clean for --json)."""
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=True, disable=quiet) as bar:
-        tasks: dict[str, Any] = {}
-
-        def on(name: str) -> Callable[[int, int], None]:
-            def update(done: int, total: int) -> None:
-                if name not in tasks:
-                    tasks[name] = bar.add_task(name, total=total)
-                bar.update(tasks[name], completed=done, total=total)
-            return update
-        yield on
 
 
 @app.command()

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from draftnas.cli.app import app, console, err_console, fmt_params, print_json
+from draftnas.cli.app import app, console, err_console, fmt_params, print_json, progress_bars
 from draftnas.errors import InvalidInputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -233,18 +232,7 @@ def search(
                             acceptance_model=model, acceptance_anchor=acceptance_anchor, gpus=gpus,
                             draft_tp=draft_tp, dtype=dtype, memory_margin=memory_margin)
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
-    quiet = json_out
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, disable=quiet, transient=True) as bar:
-        tasks: dict[str, Any] = {}
-
-        def on(name: str) -> Any:
-            def update(done: int, total: int) -> None:
-                if name not in tasks:
-                    tasks[name] = bar.add_task(name, total=total)
-                bar.update(tasks[name], completed=done, total=total)
-            return update
-
+    with progress_bars(json_out) as on:
         result = run(request, progress=on("trials"), trace_progress=on("tracing target"),
                      calibration_progress=on("timing the target on this machine"))
     _render(result, top, json_out, out_json)
