@@ -9,6 +9,10 @@
 #             tiny grid with CUDA_LAUNCH_BLOCKING=1, to see where its illegal access starts
 #   bench     SmolLM2-135M (GGUF reassembled) with each packed drafter: draftnas bench in bf16
 #             and in fp32 (exact check), and benchmarks/loop_engines.py in bf16
+#   target65b LLaMA-65B's real shape through 2 and 4 layers (random weights), one tensor-parallel
+#             rank of 4 GPUs, decode and verify at batch 1/8/32, extrapolated to 80 layers and
+#             checked on the deepest stack that fits; added to the cuda-graph profile, then a
+#             llama-65b search priced with it
 #
 #   bash scripts/gpu_measure.sh setup tests oldgraph profile-eager profile-cuda-graph bench
 set -uo pipefail
@@ -41,6 +45,13 @@ EOF
 tests)
     run tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_decoder.py tests/test_speculative.py \
         tests/test_profile.py -k "cuda or captured" ;;
+target65b)
+    base="$OUT/h100-bf16-cuda-graph.json"; [ -f "$base" ] || base=profiles/h100-bf16-cuda-graph.json
+    run target65b 420 "$PY" -m draftnas profile --device cuda --dtype bf16 --mode cuda-graph --from "$base" \
+        --target llama-65b --layers 2,4 --tp 4 --batch-sizes 1,8,32 --max-gamma 8 --context 512 \
+        --out "$OUT/h100-bf16-cuda-graph-llama65b-tp4.json"
+    run search65b 120 "$PY" -m draftnas search --target llama-65b --base-shape llama-7b --acceptance-prior 0.7 \
+        --profile "$OUT/h100-bf16-cuda-graph-llama65b-tp4.json" --gpus 4 --trials 60 --run-dir "$OUT/runs" ;;
 profile-eager|profile-cuda-graph)
     mode=${phase#profile-}
     run "$phase" 420 "$PY" -m draftnas profile --device cuda --dtype bf16 --mode "$mode" \
