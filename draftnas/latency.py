@@ -661,6 +661,7 @@ class HostCalibration(Record):
     generate_overhead_ms: float = 0.0
     draft_overhead_ms: float = 0.0
     verify_overhead_ms: float = 0.0
+    prefill_ms: dict[int, float] = field(default_factory=dict)  # prompt tokens -> the target's prefill
 
 
 class CalibratedModel:
@@ -719,6 +720,8 @@ class CalibratedModel:
         same = (arch.with_shape(name="") == self.target.with_shape(name="") and head_vocab_size in
                 (None, self.target.vocab_size))
         c = self.calibration
+        if same and batch_size == 1 and context_tokens == 0 and new_tokens in c.prefill_ms:
+            return c.prefill_ms[new_tokens]
         overhead = (c.generate_overhead_ms if new_tokens == 1 else c.verify_overhead_ms) if same \
             else (c.draft_overhead_ms if new_tokens == 1 else c.verify_overhead_ms)
         if same and batch_size == 1 and context_tokens == c.context_tokens:

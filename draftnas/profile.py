@@ -746,12 +746,13 @@ def measure_target(options: ProfileOptions, target: Architecture, *, layer_count
 
 def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Sequence[int],
                    prefix_layers: Sequence[int] = (1, 2), context_tokens: int = 128,
-                   progress: Progress | None = None, overheads: bool = True) -> HostCalibration:
+                   progress: Progress | None = None, overheads: bool = True,
+                   prompt_tokens: int = 0) -> HostCalibration:
     """Time `target` (random weights) on this machine: every count in `new_tokens` at full depth,
     and one new token through its first k layers for k in `prefix_layers` — seconds, not the
     minutes of a profile. Timed the way `options.mode` runs steps (eager: what the CPU loop runs).
     With `overheads`, short real decoding runs also measure the work outside the forward
-    (`decoding_overheads`).
+    (`decoding_overheads`). `prompt_tokens` > 0: the prefill of a prompt that long is timed too.
     """
     started = time.perf_counter()
     rt = _Runtime(options.validate())
@@ -760,11 +761,14 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     counts = tuple(sorted(set(new_tokens) | {1} | ({2, 3, 4} if overheads else set())))
     jobs = [_model_job(rt, target, full, (1, n, context_tokens), "calibration") for n in counts]
     jobs += [_model_job(rt, target, k, (1, 1, context_tokens), "calibration") for k in prefixes]
+    if prompt_tokens > 0:
+        jobs.append(_model_job(rt, target, full, (1, prompt_tokens, 0), "calibration"))
     group = _Group(functools.partial(rt.build, target), _weight_bytes(rt, target), jobs)
     skipped = _run_round_robin(rt, [group], _ticker(progress, len(jobs) * _calls_per_job(options)))
     if skipped:
         raise DeviceError(f"calibrating {target.name} here: {skipped[0].reason}")
-    medians = {(j.layers, j.cond[1]): j.measurement().median_ms for j in jobs}
+    medians = {(j.layers, j.cond[1]): j.measurement().median_ms for j in jobs if j.cond[2] == context_tokens}
+    prefill = {j.cond[1]: j.measurement().median_ms for j in jobs if j.cond[2] == 0}
     target_ms = {n: medians[(full, n)] for n in counts}
     prefix_ms = {k: medians[(k, 1)] for k in prefixes}
     extra = (0.0, 0.0, 0.0)
@@ -774,7 +778,7 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
         target=target.name, device_name=rt.device_name(), threads=rt.torch.get_num_threads(),
         context_tokens=context_tokens, target_ms=target_ms, prefix_ms=prefix_ms, mode=options.mode,
         wall_s=round(time.perf_counter() - started, 1), generate_overhead_ms=extra[0],
-        draft_overhead_ms=extra[1], verify_overhead_ms=extra[2])
+        draft_overhead_ms=extra[1], verify_overhead_ms=extra[2], prefill_ms=prefill)
 
 
 def decoding_overheads(rt: _Runtime, target: Architecture, context_tokens: int, target_ms: dict[int, float],

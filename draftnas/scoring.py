@@ -20,7 +20,7 @@ from draftnas.placement import Placement
 from draftnas.record import Record
 from draftnas.registry import Architecture
 from draftnas.space import GammaRange, Workload
-from draftnas.throughput import ThroughputEstimate, best_gamma, predict_throughput
+from draftnas.throughput import ThroughputEstimate, best_gamma, predict_throughput, with_prefill
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,16 @@ class LatencyPredictor(Protocol):
 
     def predict_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
                    context_tokens: int = 128, head_vocab_size: int | None = None) -> float: ...
+
+
+@dataclass(frozen=True)
+class TargetLatency(Record):
+    """The target's latencies per workload batch size, shared by every candidate: decode, verify of
+    g + 1 tokens (g = 0..gamma max) and the prefill of one request's prompt (empty: not modelled)."""
+
+    decode_ms: tuple[float, ...]
+    verify_ms: tuple[tuple[float, ...], ...]
+    prefill_ms: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,10 @@ class LatencyReading(Record):
     spec_batch_sizes: tuple[int, ...] = ()
     plain_batch_sizes: tuple[int, ...] = ()
     max_batch: int | None = None  # largest batch the target and this drafter fit together (None: unmodelled)
+    # a request's prompt prefilled (workload.prompt_tokens > 0): by the target alone at the plain
+    # batch, and by the target and the drafter at the speculation batch
+    target_prefill_ms: tuple[float, ...] = ()
+    spec_prefill_ms: tuple[float, ...] = ()
 
     def spec_batch(self, index: int) -> int:
         return self.spec_batch_sizes[index] if self.spec_batch_sizes else self.batch_sizes[index]
@@ -156,8 +170,9 @@ def assumed_acceptance(alpha: float) -> AcceptanceReading:
 
 
 def target_latency(predictor: LatencyPredictor, target: Architecture, workload: Workload,
-                   gamma: GammaRange) -> tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]:
-    """Target decode ms per batch size, and verify ms per (batch size, gamma 0..max)."""
+                   gamma: GammaRange) -> TargetLatency:
+    """Target decode ms per batch size, verify ms per (batch size, gamma 0..max), and the prefill of
+    `workload.prompt_tokens` per batch size (when the workload has a prompt)."""
     ctx = workload.context_tokens
     decode = tuple(predictor.predict_ms(target, batch_size=b, new_tokens=1, context_tokens=ctx)
                    for b in workload.batch_sizes)
@@ -165,11 +180,20 @@ def target_latency(predictor: LatencyPredictor, target: Architecture, workload: 
         tuple(predictor.predict_ms(target, batch_size=b, new_tokens=g + 1, context_tokens=ctx)
               for g in range(gamma.max + 1))
         for b in workload.batch_sizes)
-    return decode, verify
+    return TargetLatency(decode_ms=decode, verify_ms=verify,
+                         prefill_ms=_prefill(predictor, target, workload, workload.batch_sizes))
+
+
+def _prefill(predictor: LatencyPredictor, arch: Architecture, workload: Workload, batches: Sequence[int],
+             head_vocab_size: int | None = None) -> tuple[float, ...]:
+    if workload.prompt_tokens < 1:
+        return ()
+    return tuple(predictor.predict_ms(arch, batch_size=b, new_tokens=workload.prompt_tokens, context_tokens=0,
+                                      head_vocab_size=head_vocab_size) for b in batches)
 
 
 def read_latency(predictor: LatencyPredictor, profile: str, arch: Architecture, workload: Workload,
-                 target: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]],
+                 target: TargetLatency,
                  head_vocab_size: int | None = None, *, placement: Placement | None = None,
                  target_arch: Architecture | None = None, target_predictor: LatencyPredictor | None = None
                  ) -> LatencyReading:
@@ -194,20 +218,26 @@ def read_latency(predictor: LatencyPredictor, profile: str, arch: Architecture, 
         plain = tuple(min(b, placement.max_batch) for b in batches)
     draft = tuple(predictor.predict_ms(arch, batch_size=b, new_tokens=1, context_tokens=ctx,
                                        head_vocab_size=head_vocab_size) for b in spec)
-    target_ms, verify_ms = target
+    target_ms, verify_ms, target_prefill = target.decode_ms, target.verify_ms, target.prefill_ms
+    spec_target_prefill = target_prefill
     if spec != batches or plain != batches:
         assert target_arch is not None and target_predictor is not None
         n_verify = len(verify_ms[0])
+        target_prefill = _prefill(target_predictor, target_arch, workload, plain)
+        spec_target_prefill = _prefill(target_predictor, target_arch, workload, spec)
         target_ms = tuple(target_predictor.predict_ms(target_arch, batch_size=b, context_tokens=ctx)
                           for b in plain)
         verify_ms = tuple(tuple(target_predictor.predict_ms(target_arch, batch_size=b, new_tokens=g + 1,
                                                             context_tokens=ctx) for g in range(n_verify))
                           for b in spec)
     capped = spec != batches or plain != batches
+    draft_prefill = _prefill(predictor, arch, workload, spec, head_vocab_size) if spec_target_prefill else ()
     return LatencyReading(profile=profile, batch_sizes=batches, context_tokens=workload.context_tokens,
                           draft_ms=draft, target_ms=target_ms, verify_ms=verify_ms,
                           spec_batch_sizes=spec if capped else (), plain_batch_sizes=plain if capped else (),
-                          max_batch=max_batch)
+                          max_batch=max_batch, target_prefill_ms=target_prefill,
+                          spec_prefill_ms=tuple(t + d for t, d in zip(spec_target_prefill, draft_prefill,
+                                                                      strict=True)))
 
 
 def estimate_at(latency: LatencyReading, acceptance: AcceptanceReading, index: int,
@@ -241,11 +271,23 @@ def _best_at(latency: LatencyReading, acceptance: AcceptanceReading, index: int,
 
 def predict_workload(latency: LatencyReading, acceptance: AcceptanceReading, workload: Workload,
                      gamma: GammaRange) -> WorkloadPrediction:
-    """Each batch size at its best gamma; the workload's tokens/s is their weighted harmonic mean."""
+    """Each batch size at its best gamma; the workload's tokens/s is their weighted harmonic mean.
+
+    With a prompt in the workload, each batch size's tokens/s is that of whole requests: the prefill
+    (target, plus the drafter when it speculates) and `workload.new_tokens` generated
+    (`throughput.with_prefill`); the per-batch estimates stay the steady-state steps."""
     per_batch = tuple(_best_at(latency, acceptance, i, gamma) for i in range(len(latency.batch_sizes)))
     weights = workload.batch_weights
-    tps = 1.0 / sum(w / e.tokens_per_s for w, e in zip(weights, per_batch, strict=True))
-    base = 1.0 / sum(w / e.baseline_tokens_per_s for w, e in zip(weights, per_batch, strict=True))
+    spec_tps, plain_tps = [e.tokens_per_s for e in per_batch], [e.baseline_tokens_per_s for e in per_batch]
+    if latency.target_prefill_ms:  # whole requests: each pays its prompt's prefill once
+        n = workload.new_tokens
+        for i, e in enumerate(per_batch):
+            plain_b = latency.plain_batch(i)
+            prefill = latency.spec_prefill_ms[i] if e.gamma > 0 else latency.target_prefill_ms[i]
+            spec_tps[i] = with_prefill(e.tokens_per_s, e.batch_size * n, prefill)
+            plain_tps[i] = with_prefill(e.baseline_tokens_per_s, plain_b * n, latency.target_prefill_ms[i])
+    tps = 1.0 / sum(w / t for w, t in zip(weights, spec_tps, strict=True))
+    base = 1.0 / sum(w / t for w, t in zip(weights, plain_tps, strict=True))
     return WorkloadPrediction(per_batch=per_batch, batch_weights=weights, tokens_per_s=tps,
                               baseline_tokens_per_s=base, speedup=tps / base,
                               acceptance_assumed=acceptance.assumed)

@@ -48,6 +48,7 @@ from draftnas.scoring import (
     LatencyPredictor,
     LatencyReading,
     RankedTrial,
+    TargetLatency,
     WorkloadPrediction,
     assumed_acceptance,
     batch_economics,
@@ -236,7 +237,7 @@ class _Run:
     predictor: LatencyPredictor  # the drafter's (on its GPUs)
     target_predictor: LatencyPredictor  # the target's (sharded over its GPUs)
     evaluator: Evaluator
-    target_latency: tuple[tuple[float, ...], tuple[tuple[float, ...], ...]]
+    target_latency: TargetLatency
     dists: dict[str, BaseDistribution]
     told: list[int] = field(default_factory=list)
     failures_in_a_row: int = 0
@@ -606,7 +607,7 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     counts = [n + 1 for n in range(max(1, g.min), g.max + 1)]
     options = ProfileOptions(device="cpu", dtype=profile.dtype, mode="eager", repeats=5, warmup=1)
     calibration = calibrate_host(options, target, counts, context_tokens=space.workload.context_tokens,
-                                 progress=progress)
+                                 progress=progress, prompt_tokens=space.workload.prompt_tokens)
     model = CalibratedModel(LatencyModel.from_profile(profile), calibration, target)
     return model, model.summary()
 

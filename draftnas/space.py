@@ -97,6 +97,10 @@ class Workload(Record):
     context_tokens: int = 256
     prompt_set: str = "chat"
     domain: str | None = None
+    # one request: a prompt of `prompt_tokens` prefilled (by the target, and by the drafter when it
+    # speculates), then `new_tokens` generated; 0 prompt tokens = steady-state decoding, no prefill
+    prompt_tokens: int = 0
+    new_tokens: int = 64
 
     @property
     def primary_batch_size(self) -> int:
@@ -159,7 +163,8 @@ _SECTION_FIELDS: dict[str, tuple[str, ...]] = {
     "width": ("kv_head_ratios", "query_head_ratios", "mlp_ratios", "hidden_ratios", "channel_multiple"),
     "gamma": ("min", "max"),
     "heal": ("steps", "batch_size", "seq_len", "learning_rate", "max_seconds"),
-    "workload": ("batch_sizes", "temperature", "context_tokens", "prompt_set", "domain"),
+    "workload": ("batch_sizes", "temperature", "context_tokens", "prompt_set", "domain", "prompt_tokens",
+                 "new_tokens"),
     "traces": ("prompts", "max_new_tokens"),
     "vocab": ("sizes",),
 }
@@ -377,6 +382,8 @@ def _parse_workload(c: _Checker, raw: Any) -> Workload:
         context_tokens=c.int_("workload.context_tokens", w.get("context_tokens", 256), 1) or 256,
         prompt_set=c.str_("workload.prompt_set", w.get("prompt_set", "chat")) or "chat",
         domain=c.str_("workload.domain", domain) if domain is not None else None,
+        prompt_tokens=c.int_("workload.prompt_tokens", w.get("prompt_tokens", 0), 0) or 0,
+        new_tokens=c.int_("workload.new_tokens", w.get("new_tokens", 64), 1) or 64,
     )
 
 

@@ -93,6 +93,15 @@ def speculative_speedup(tokens_per_step: float, drafted_per_step: float, draft_m
     return tokens_per_step * target_ms / (drafted_per_step * draft_ms + verify_ms)
 
 
+def with_prefill(tokens_per_s: float, tokens: int, prefill_ms: float) -> float:
+    """Tokens/s of whole requests: `tokens` generated at `tokens_per_s` after a prefill of `prefill_ms`
+    (tokens / (prefill + tokens / tokens_per_s)); 0 ms leaves it unchanged."""
+    _check_latency("prefill latency", prefill_ms)
+    if tokens < 1:
+        raise InvalidInputError(f"tokens per request must be >= 1, got {tokens}")
+    return tokens / (prefill_ms / MS_PER_S + tokens / tokens_per_s)
+
+
 def baseline_tokens_per_s(target_ms: float, batch_size: int = 1) -> float:
     """Plain autoregressive decoding: b / T_target(b, 1)."""
     _check_latency("target latency", target_ms, strictly_positive=True)

@@ -441,3 +441,44 @@ def test_when_nothing_wins_the_summary_gives_the_acceptance_one_ceiling(tmp_path
     note = next(line for line in summary_lines(result) if line.startswith("NOTE: no candidate"))
     assert ranked.candidate.name in note and f"{bound.speedup:.2f}x" in note
     assert "acceptance that falls short" in note if bound.speedup > 1 else "no acceptance makes" in note
+
+
+def test_a_workload_with_a_prompt_prices_whole_requests_prefill_included():
+    from draftnas.scoring import read_latency, target_latency
+    from draftnas.throughput import with_prefill
+
+    assert with_prefill(20.0, 64, 0.0) == pytest.approx(20.0)
+    assert with_prefill(20.0, 64, 400.0) == pytest.approx(64 / (0.4 + 3.2))
+    steady = Workload(batch_sizes=(1,), batch_weights=(1.0,), context_tokens=128)
+    request = replace(steady, prompt_tokens=50, new_tokens=64)
+    drafter = SMOL.with_shape(num_hidden_layers=2)
+    gamma = GammaRange(1, 4)
+    acc = assumed_acceptance(0.6)
+    lat = StubLatency()
+    plain = predict_workload(read_latency(lat, "stub", drafter, steady, target_latency(lat, SMOL, steady,
+                                                                                       gamma)),
+                             acc, steady, gamma)
+    reading = read_latency(lat, "stub", drafter, request, target_latency(lat, SMOL, request, gamma))
+    whole = predict_workload(reading, acc, request, gamma)
+    target_prefill = lat.predict_ms(SMOL, new_tokens=50, context_tokens=0)
+    draft_prefill = lat.predict_ms(drafter, new_tokens=50, context_tokens=0)
+    assert reading.target_prefill_ms == (pytest.approx(target_prefill),)
+    assert reading.spec_prefill_ms == (pytest.approx(target_prefill + draft_prefill),)
+    e = plain.per_batch[0]  # the steady-state step is the same; only whole requests pay the prefill
+    assert whole.per_batch[0].tokens_per_s == pytest.approx(e.tokens_per_s)
+    spec_s = (target_prefill + draft_prefill) / 1e3 + 64 / e.tokens_per_s
+    plain_s = target_prefill / 1e3 + 64 / e.baseline_tokens_per_s
+    assert whole.tokens_per_s == pytest.approx(64 / spec_s)
+    assert whole.baseline_tokens_per_s == pytest.approx(64 / plain_s)
+    assert whole.tokens_per_s < plain.tokens_per_s
+    assert whole.baseline_tokens_per_s < plain.baseline_tokens_per_s
+
+
+def test_host_calibration_answers_the_targets_prefill_with_its_measurement():
+    from draftnas.latency import CalibratedModel, HostCalibration
+
+    cal = HostCalibration(target=SMOL.name, device_name="here", threads=2, context_tokens=128,
+                          target_ms={1: 50.0, 2: 80.0}, prefix_ms={1: 10.0}, prefill_ms={50: 170.0})
+    model = CalibratedModel(StubLatency(), cal, SMOL)
+    assert model.predict_ms(SMOL, new_tokens=50, context_tokens=0) == 170.0
+    assert model.predict_ms(SMOL, new_tokens=1, context_tokens=128) == 50.0

@@ -346,13 +346,13 @@ def test_vocab_size_is_a_search_dimension():
 def test_latency_reading_charges_the_reduced_head():
     from draftnas.latency import LatencyModel, default_profile
     from draftnas.registry import get_architecture
-    from draftnas.scoring import read_latency
+    from draftnas.scoring import TargetLatency, read_latency
     from draftnas.space import load_search_space
 
     space = load_search_space("gemma-3-270m")
     model = LatencyModel.from_profile(default_profile("cpu"))
     arch = get_architecture("gemma-3-270m").with_shape(num_hidden_layers=4)
-    target = ((30.0,), ((30.0, 35.0, 40.0, 45.0, 50.0),))
+    target = TargetLatency(decode_ms=(30.0,), verify_ms=((30.0, 35.0, 40.0, 45.0, 50.0),))
     full = read_latency(model, "cpu", arch, space.workload, target)
     cut = read_latency(model, "cpu", arch, space.workload, target, head_vocab_size=4096)
     assert cut.draft_ms[0] < full.draft_ms[0] / 2

@@ -53,6 +53,10 @@ def ranked_table(result: SearchResult, top: int = 15) -> Table:
     if len(batches) > 1:
         caption.append(f"ms and γ at the workload's main batch size; tokens/s and speedup over batch "
                        f"sizes {', '.join(map(str, batches))} (weighted)")
+    w = info.space.workload
+    if w.prompt_tokens:
+        caption.append(f"tokens/s and speedup of whole requests: a {w.prompt_tokens}-token prompt prefilled, "
+                       f"{w.new_tokens} tokens generated")
     if result.references:
         caption.append("ref: a published drafter (the space's references), priced the same way")
     caption.append("break-even α: the acceptance at which speculation ties plain decoding, at batch 1 and "
