@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from draftnas.errors import InvalidInputError, ProfileError
-from draftnas.placement import Hardware, Interconnect
+from draftnas.placement import DTYPE_BYTES, Hardware, Interconnect, dtype_bytes
 from draftnas.record import Record
 from draftnas.registry import Architecture
 
@@ -55,7 +55,6 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 KINDS = ("measured", "spec-sheet")
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 #: Coefficient names, in feature-column order (see the module docstring).
 MODEL_TERMS: tuple[str, ...] = (
@@ -300,7 +299,7 @@ def fit_latency_model(measurements: Sequence[Measurement], shapes: Iterable[Arch
     shapes never influence the fit. Held-out error is over "model" rows (whole passes).
     """
     by_name = {a.name: a for a in shapes}
-    dtype_bytes = _dtype_bytes(dtype)
+    nbytes = dtype_bytes(dtype)
     train = [m for m in measurements if m.split == "train"]
     heldout = [m for m in measurements if m.split == "heldout" and m.kind == "model"]
     if len(train) < len(FIT_TERMS):
@@ -309,7 +308,7 @@ def fit_latency_model(measurements: Sequence[Measurement], shapes: Iterable[Arch
     best: tuple[float, float, int, np.ndarray] | None = None
     for tile in tile_grid:
         for ridge in ridge_grid:
-            rows, times = _design(train, by_name, dtype_bytes, ridge, tile)
+            rows, times = _design(train, by_name, nbytes, ridge, tile)
             coef = _nnls_relative(rows, times)
             err = _mape(rows, coef, times)
             if best is None or err < best[0] - 1e-9:
@@ -321,16 +320,10 @@ def fit_latency_model(measurements: Sequence[Measurement], shapes: Iterable[Arch
     coefficients[TILE] = float(tile)
     heldout_err = None
     if heldout:
-        rows, times = _design(heldout, by_name, dtype_bytes, ridge, tile)
+        rows, times = _design(heldout, by_name, nbytes, ridge, tile)
         heldout_err = _mape(rows, coef, times)
     return FitResult(coefficients=coefficients, train_mape=train_err, heldout_mape=heldout_err,
                      n_train=len(train), n_heldout=len(heldout))
-
-
-def _dtype_bytes(dtype: str) -> int:
-    if dtype not in DTYPE_BYTES:
-        raise InvalidInputError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
-    return DTYPE_BYTES[dtype]
 
 
 # --------------------------------------------------------------------------- prediction
@@ -349,7 +342,7 @@ class LatencyModel:
             raise ProfileError(f"latency model {name or '?'}: coefficients miss {', '.join(missing)}")
         self.name = name
         self.dtype = dtype
-        self._dtype_bytes = _dtype_bytes(dtype)
+        self._dtype_bytes = dtype_bytes(dtype)
         self._ridge = float(coefficients[RIDGE])
         self._tile = float(coefficients[TILE])
         self._coef = tuple(float(coefficients[t]) for t in MODEL_TERMS)

@@ -258,11 +258,13 @@ class ShardedLatency:
 
     def predict_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
                    context_tokens: int = 128, head_vocab_size: int | None = None) -> float:
+        if self.gpus == 1:
+            return self.model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
+                                         context_tokens=context_tokens, head_vocab_size=head_vocab_size)
         rows = head_vocab_size or arch.vocab_size
         compute = self.model.predict_ms(shard(arch, self.gpus), batch_size=batch_size, new_tokens=new_tokens,
                                         context_tokens=context_tokens,
-                                        head_vocab_size=None if self.gpus == 1 and head_vocab_size is None
-                                        else max(1, rows // self.gpus))
+                                        head_vocab_size=max(1, rows // self.gpus))
         return compute + self.communication_ms(arch, batch_size, new_tokens, head_vocab_size)
 
 

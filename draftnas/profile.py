@@ -991,7 +991,7 @@ def depth_width_report(profile: LatencyProfile) -> DepthWidthReport:
 
 
 def _bytes(dtype: str) -> int:
-    from draftnas.latency import DTYPE_BYTES
+    from draftnas.placement import DTYPE_BYTES
 
     return DTYPE_BYTES[dtype]
 

@@ -718,15 +718,13 @@ def _model_evaluator(request: SearchRequest, space: SearchSpace, base: str,
                      base_arch: Architecture) -> tuple[Evaluator, str]:
     """The alpha(drafter) model's evaluator and its label; healing as the space's budget, or (a
     latency-only space heals nothing) the largest budget the model was fitted on."""
-    import math as _math
-
     from draftnas.alpha import load_alpha_model
     from draftnas.evaluate import ModelEvaluator
 
     assert request.acceptance_model is not None
     path = Path(request.acceptance_model).expanduser()
     model = load_alpha_model(path)
-    heal = space.heal.steps or round(_math.expm1(model.ranges["log1p_heal_steps"][1]))
+    heal = space.heal.steps or round(math.expm1(model.ranges["log1p_heal_steps"][1]))
     anchor = None
     label = model.label() + f" ({path.name} {fingerprint_text(path.read_text())}, at {heal} heal steps)"
     if request.acceptance_anchor is not None:
