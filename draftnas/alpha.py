@@ -135,10 +135,14 @@ class AlphaModel(Record):
     sources: tuple[str, ...] = ()
     created: str = ""
 
-    def predict(self, features: DrafterFeatures, domain: str | None = None) -> float:
-        """alpha for a drafter; the domain's fit when the model has one, else all domains'."""
+    def log_odds(self, features: DrafterFeatures, domain: str | None = None) -> float:
+        """logit(alpha) for a drafter; the domain's fit when the model has one, else all domains'."""
         w = np.array(self.weights.get(domain or ALL, self.weights[ALL]))
-        return float(_sigmoid(w[0] + _standardize(features.vector(), self.means, self.scales) @ w[1:]))
+        return float(w[0] + _standardize(features.vector(), self.means, self.scales) @ w[1:])
+
+    def predict(self, features: DrafterFeatures, domain: str | None = None, shift: float = 0.0) -> float:
+        """alpha for a drafter, its log-odds moved by `shift` (an anchor's level)."""
+        return float(sigmoid(self.log_odds(features, domain) + shift))
 
     def outside(self, features: DrafterFeatures, tolerance: float = 0.1) -> list[str]:
         """Inputs outside the fitted range by more than `tolerance` of its width (the model was not
@@ -161,7 +165,7 @@ class AlphaModel(Record):
                 f"abs error {h.mean_abs_error:.3f} in alpha, {h.method})")
 
 
-def _sigmoid(x: Any) -> Any:
+def sigmoid(x: Any) -> Any:
     return 1.0 / (1.0 + np.exp(-x))
 
 
@@ -190,7 +194,7 @@ def _ridge(x: np.ndarray, y: np.ndarray, ridge: float) -> tuple[np.ndarray, np.n
 
 
 def _predict_raw(x: np.ndarray, means: np.ndarray, scales: np.ndarray, coef: np.ndarray) -> np.ndarray:
-    return np.asarray(_sigmoid(coef[0] + _standardize(x, means, scales) @ coef[1:]))
+    return np.asarray(sigmoid(coef[0] + _standardize(x, means, scales) @ coef[1:]))
 
 
 def fit_alpha_model(pairs: Sequence[AlphaPair], *, ridge: float = RIDGE,

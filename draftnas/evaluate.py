@@ -64,26 +64,20 @@ class ModelEvaluator:
         self.shift = 0.0
         if anchor is not None:
             reference, alpha = anchor
-            self.shift = _logit(alpha) - _logit(self._raw(reference))
-
-    def _raw(self, candidate: Candidate) -> float:
-        return self.model.predict(drafter_features(candidate, self.base_arch, self.heal_steps), self.domain)
+            features = drafter_features(reference, base_arch, heal_steps)
+            self.shift = math.log(alpha / (1 - alpha)) - model.log_odds(features, domain)
 
     def evaluate(self, candidate: Candidate) -> Evaluation:
         """The model's alpha for `candidate`; a drafter unlike every measured pair (a feature outside
         the fitted range) is refused as infeasible rather than extrapolated."""
-        outside = self.model.outside(drafter_features(candidate, self.base_arch, self.heal_steps))
+        features = drafter_features(candidate, self.base_arch, self.heal_steps)
+        outside = self.model.outside(features)
         if outside:
             raise InfeasibleCandidateError("the acceptance model was not fitted on drafters like this: "
                                            + "; ".join(outside))
-        alpha = 1.0 / (1.0 + math.exp(-(_logit(self._raw(candidate)) + self.shift)))
+        alpha = self.model.predict(features, self.domain, self.shift)
         return Evaluation(candidate=candidate,
                           acceptance=AcceptanceReading(kind="fitted", acceptance_rate=alpha))
-
-
-def _logit(alpha: float) -> float:
-    a = min(max(alpha, 1e-6), 1 - 1e-6)
-    return math.log(a / (1 - a))
 
 
 class WeightsEvaluator:
