@@ -78,3 +78,14 @@ def progress_bars(quiet: bool) -> Iterator[Callable[[str], Callable[[int, int], 
                 bar.update(tasks[name], completed=done, total=total)
             return update
         yield on
+
+
+def parse_ints(flag: str, text: str, example: str = "") -> list[int]:
+    """'0,30,150' -> [0, 30, 150]; one line naming the flag when an item is not a whole number."""
+    from draftnas.errors import InvalidInputError
+
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        hint = f", e.g. {example}" if example else ""
+        raise InvalidInputError(f"{flag} {text!r}: give whole numbers separated by commas{hint}") from None

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from draftnas.cli.app import app, console, print_json, progress_bars
+from draftnas.cli.app import app, console, parse_ints, print_json, progress_bars
 from draftnas.errors import InvalidInputError
 
 alpha_app = typer.Typer(
@@ -15,16 +15,6 @@ alpha_app = typer.Typer(
          "that `draftnas search --acceptance-prior MODEL.json` uses where the target's weights are absent.",
     no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(alpha_app, name="alpha")
-
-
-def _steps(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise InvalidInputError(f"--heal-steps {text!r}: give whole numbers separated by commas, "
-                                "e.g. 0,30,150") from None
 
 
 @alpha_app.command("measure")
@@ -48,10 +38,11 @@ def measure(
     from draftnas.pairs import measure_pairs
     from draftnas.space import load_search_space
 
+    budgets = None if heal_steps is None else parse_ints("--heal-steps", heal_steps, "0,30,150")
     with progress_bars(json_out) as on:
         result = measure_pairs(base, out, n=pairs, seed=seed, per_domain=per_domain,
                                space=load_search_space(space) if space else None,
-                               heal_steps=_steps(heal_steps),
+                               heal_steps=budgets,
                                progress=on("drafters"), trace_progress=on("tracing"))
     if json_out:
         print_json([p.to_dict() for p in result])

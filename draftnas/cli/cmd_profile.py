@@ -20,7 +20,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from draftnas.cli.app import app, console, err_console, fmt_params, print_json
+from draftnas.cli.app import app, console, err_console, fmt_params, parse_ints, print_json
 
 if TYPE_CHECKING:
     from draftnas.latency import LatencyProfile
@@ -100,15 +100,6 @@ def profile(
     _render_summary(prof, path)
 
 
-def _ints(flag: str, text: str) -> list[int]:
-    from draftnas.errors import InvalidInputError
-
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise InvalidInputError(f"{flag} {text!r}: give whole numbers separated by commas") from None
-
-
 def _profile_target(target: str, from_file: Path | None, out: Path | None, device: str, dtype: str | None,
                     mode: str, repeats: int | None, threads: int | None, layers: str, tp: int,
                     batch_sizes: str, max_gamma: int, context: int) -> tuple[Path, LatencyProfile]:
@@ -127,12 +118,13 @@ def _profile_target(target: str, from_file: Path | None, out: Path | None, devic
                                 "another --from")
     if max_gamma < 1 or context < 0:
         raise InvalidInputError(f"--max-gamma must be >= 1 and --context >= 0, got {max_gamma} and {context}")
-    batches = _ints("--batch-sizes", batch_sizes)
+    batches = parse_ints("--batch-sizes", batch_sizes)
     if not batches or min(batches) < 1:
         raise InvalidInputError(f"--batch-sizes {batch_sizes!r}: give batch sizes >= 1")
     path = out or Path(f"draftnas-profile-{device}-{base.dtype}-{arch.name}.json")
+    counts = parse_ints("--layers", layers)
     with _progress_bar() as (bar, task):
-        timing = measure_target(options, arch, layer_counts=_ints("--layers", layers), batch_sizes=batches,
+        timing = measure_target(options, arch, layer_counts=counts, batch_sizes=batches,
                                 max_gamma=max_gamma, context_tokens=context, gpus=tp,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
     key = arch.name if tp == 1 else f"{arch.name}/tp{tp}"
