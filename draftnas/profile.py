@@ -655,14 +655,13 @@ def extrapolate_from_layers(times_ms: dict[int, float], layers: int) -> float:
     return float(fixed + layers * per_layer)
 
 
-def _time_stacks(options: ProfileOptions, arch: Architecture, conditions: Sequence[Condition],
+def _time_stacks(rt: _Runtime, arch: Architecture, conditions: Sequence[Condition],
                  layer_counts: Sequence[int],
                  progress: Progress | None = None) -> dict[tuple[int, Condition], float]:
     """Median ms of `arch`'s first k layers at each condition, for k in `layer_counts` (one model of
     max(k) layers is built)."""
-    rt = _Runtime(options.validate())
     group = _model_group(rt, arch, layer_counts, conditions, "extrapolation")
-    skipped = _run_round_robin(rt, [group], _ticker(progress, len(group.jobs) * _calls_per_job(options)))
+    skipped = _run_round_robin(rt, [group], _ticker(progress, len(group.jobs) * _calls_per_job(rt.options)))
     if skipped:
         raise InvalidInputError(f"{len(skipped)} of the k-layer stacks of {arch.name} do not fit here, "
                                 f"e.g. {skipped[0].shape}: {skipped[0].reason}; time fewer layers")
@@ -677,7 +676,7 @@ def measure_extrapolated(options: ProfileOptions, arch: Architecture, conditions
     For targets too big for the device (e.g. LLaMA-65B on one GPU): only max(k) layers
     are built; each condition's estimate is fixed + L * per-layer (`extrapolate_from_layers`).
     """
-    medians = _time_stacks(options, arch, conditions, layer_counts, progress)
+    medians = _time_stacks(_Runtime(options.validate()), arch, conditions, layer_counts, progress)
     return {cond: extrapolate_from_layers({k: medians[(k, cond)] for k in layer_counts},
                                           arch.num_hidden_layers)
             for cond in conditions}
@@ -719,24 +718,12 @@ def measure_target(options: ProfileOptions, target: Architecture, *, layer_count
         fits = max(1, int(rt.memory_budget_bytes() / 3 // max(per_layer, 1)))
         check_layers = min(timed.num_hidden_layers, fits)
     counts = tuple(sorted(set(ks) | ({check_layers} if check_layers > ks[-1] else set())))
-    medians = _time_stacks(options, timed, conditions, counts, progress)
+    medians = _time_stacks(rt, timed, conditions, counts, progress)
     ms = {f"{b}x{n}": extrapolate_from_layers({k: medians[(k, (b, n, c))] for k in ks},
                                               timed.num_hidden_layers)
           for b, n, c in conditions}
-    check = None
-    if check_layers > ks[-1]:
-        points = []
-        for cond in conditions:
-            full = medians[(check_layers, cond)]
-            est = extrapolate_from_layers({k: medians[(k, cond)] for k in ks}, check_layers)
-            points.append(ExtrapolationPoint(batch_size=cond[0], new_tokens=cond[1], context_tokens=cond[2],
-                                             full_ms=full, extrapolated_ms=est,
-                                             error_pct=(est - full) / full * 100))
-        errs = [abs(p.error_pct) for p in points]
-        check = ExtrapolationCheck(shape=f"{timed.name}[:{check_layers}]", full_layers=check_layers,
-                                   timed_layers=ks, points=tuple(points),
-                                   mean_abs_error_pct=float(np.mean(errs)),
-                                   max_abs_error_pct=float(np.max(errs)))
+    check = (extrapolation_check(f"{timed.name}[:{check_layers}]", medians, conditions, ks, check_layers)
+             if check_layers > ks[-1] else None)
     return TargetTiming(target=target.name, arch=timed, gpus=gpus, timed_layers=ks,
                         context_tokens=context_tokens,
                         batch_sizes=tuple(batch_sizes), new_tokens=news, ms=ms, check=check,
@@ -830,20 +817,30 @@ def _extrapolation_result(plan: ProfilePlan, group: _Group) -> ExtrapolationChec
     (None when none is left)."""
     arch = plan.extrapolation_shape
     assert arch is not None
-    full = arch.num_hidden_layers
+    medians = {(j.layers, j.cond): j.measurement().median_ms for j in group.jobs if j.times_ms}
+    return extrapolation_check(arch.name, medians, plan.extrapolation_conditions, plan.extrapolation_layers,
+                               arch.num_hidden_layers)
+
+
+def extrapolation_check(shape: str, medians: dict[tuple[int, Condition], float],
+                        conditions: Sequence[Condition], timed_layers: Sequence[int],
+                        full: int) -> ExtrapolationCheck | None:
+    """The k-layer method's error: per condition, the extrapolation from the `timed_layers` stacks
+    against the stack of `full` layers timed beside them (`medians[(layers, condition)]`).
+    Conditions missing a stack (skipped for memory) are left out; None when none is left."""
     points = []
-    for cond in plan.extrapolation_conditions:
-        medians = {j.layers: j.measurement().median_ms for j in group.jobs if j.cond == cond and j.times_ms}
-        if any(k not in medians for k in (*plan.extrapolation_layers, full)):
+    for cond in conditions:
+        if any((k, cond) not in medians for k in (*timed_layers, full)):
             continue
-        estimate = extrapolate_from_layers({k: medians[k] for k in plan.extrapolation_layers}, full)
+        measured = medians[(full, cond)]
+        estimate = extrapolate_from_layers({k: medians[(k, cond)] for k in timed_layers}, full)
         points.append(ExtrapolationPoint(
-            batch_size=cond[0], new_tokens=cond[1], context_tokens=cond[2], full_ms=medians[full],
-            extrapolated_ms=estimate, error_pct=(estimate - medians[full]) / medians[full] * 100.0))
+            batch_size=cond[0], new_tokens=cond[1], context_tokens=cond[2], full_ms=measured,
+            extrapolated_ms=estimate, error_pct=(estimate - measured) / measured * 100.0))
     if not points:
         return None
     errors = [abs(p.error_pct) for p in points]
-    return ExtrapolationCheck(shape=arch.name, full_layers=full, timed_layers=plan.extrapolation_layers,
+    return ExtrapolationCheck(shape=shape, full_layers=full, timed_layers=tuple(timed_layers),
                               points=tuple(points), mean_abs_error_pct=float(np.mean(errors)),
                               max_abs_error_pct=float(np.max(errors)))
 
