@@ -8,6 +8,7 @@ as it is measured, so a killed run resumes where it stopped.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -39,20 +40,17 @@ def design(space: SearchSpace, base: Architecture, base_spec: str, n: int, seed:
     by_depth: dict[int, list[tuple[Candidate, int]]] = {}
     for depth in space.depth.values():
         points = []
-        for sel in space.layer_selection:
-            if depth == 1 and sel != space.layer_selection[0]:
-                continue  # one layer: every selection of a first-layer-heavy rule is the same
-            for q in w.query_head_ratios:
-                for kv in w.kv_head_ratios:
-                    for mlp in w.mlp_ratios:
-                        for vocab in space.vocab_sizes:
-                            choice = CandidateChoice(depth=depth, layer_selection=sel, kv_head_ratio=kv,
-                                                     query_head_ratio=q, mlp_ratio=mlp, vocab_size=vocab)
-                            try:
-                                cand = build_candidate(space, base, base_spec, choice, target=base)
-                            except InfeasibleCandidateError:
-                                continue
-                            points += [(cand, h) for h in heal_steps]
+        # one layer: every selection of a first-layer-heavy rule is the same
+        selections = space.layer_selection[:1] if depth == 1 else space.layer_selection
+        for sel, q, kv, mlp, vocab in itertools.product(selections, w.query_head_ratios, w.kv_head_ratios,
+                                                         w.mlp_ratios, space.vocab_sizes):
+            choice = CandidateChoice(depth=depth, layer_selection=sel, kv_head_ratio=kv, query_head_ratio=q,
+                                     mlp_ratio=mlp, vocab_size=vocab)
+            try:
+                cand = build_candidate(space, base, base_spec, choice, target=base)
+            except InfeasibleCandidateError:
+                continue
+            points += [(cand, h) for h in heal_steps]
         random.Random(f"{seed}-{depth}").shuffle(points)
         by_depth[depth] = points
     out: list[tuple[Candidate, int]] = []

@@ -220,7 +220,8 @@ def read_latency(predictor: LatencyPredictor, profile: str, arch: Architecture, 
                                        head_vocab_size=head_vocab_size) for b in spec)
     target_ms, verify_ms, target_prefill = target.decode_ms, target.verify_ms, target.prefill_ms
     spec_target_prefill = target_prefill
-    if spec != batches or plain != batches:
+    capped = spec != batches or plain != batches
+    if capped:
         assert target_arch is not None and target_predictor is not None
         n_verify = len(verify_ms[0])
         target_prefill = _prefill(target_predictor, target_arch, workload, plain)
@@ -230,7 +231,6 @@ def read_latency(predictor: LatencyPredictor, profile: str, arch: Architecture, 
         verify_ms = tuple(tuple(target_predictor.predict_ms(target_arch, batch_size=b, new_tokens=g + 1,
                                                             context_tokens=ctx) for g in range(n_verify))
                           for b in spec)
-    capped = spec != batches or plain != batches
     draft_prefill = _prefill(predictor, arch, workload, spec, head_vocab_size) if spec_target_prefill else ()
     return LatencyReading(profile=profile, batch_sizes=batches, context_tokens=workload.context_tokens,
                           draft_ms=draft, target_ms=target_ms, verify_ms=verify_ms,
