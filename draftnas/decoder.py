@@ -113,6 +113,9 @@ LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2  # F.linear(x, W), (W @ x.T).T, x @ W.
 class MatmulChooser:
     """Per (rows, out, in): F.linear(x, W), (W @ x.T).T, or x @ Wt with Wt a contiguous copy of
     W's transpose — the form that timed fastest here (another form must beat F.linear by 10%).
+    An odd row count may also be padded with one row whose output is dropped: on the AMD
+    EPYC host MKL's kernels are not monotonic in the row count ((W @ x.T).T with Gemma-3's
+    262,144-row head: 47 ms for 3 rows, 31 ms for 4), so the padded product is a candidate too.
 
     Enabled on CPU only (on CUDA F.linear is used as is). The first product of a new key
     times the forms (a few passes each, interleaved) on random inputs, each pass over
@@ -125,6 +128,7 @@ class MatmulChooser:
 
     enabled: bool
     form: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    padded: dict[tuple[int, int, int], int] = field(default_factory=dict)  # key -> rows computed
     margin: float = 0.9  # another form must take < 90% of F.linear's time
     by_shape: dict[tuple[int, int], list[torch.Tensor]] = field(default_factory=dict)
     transposed: dict[int, torch.Tensor] = field(default_factory=dict)  # id(W) -> W.T.contiguous()
@@ -142,15 +146,21 @@ class MatmulChooser:
         key = (rows, int(weight.shape[0]), int(weight.shape[1]))
         form = self.form.get(key)
         if form is None:
-            form = self.form[key] = self._time(rows, weight)
+            form, computed = self._time(rows, weight)
+            self.form[key] = form
+            if computed > rows:
+                self.padded[key] = computed
         if form == LINEAR:
             return F.linear(x, weight)
         flat = x.reshape(rows, x.shape[-1])
+        computed = self.padded.get(key, rows)
+        if computed > rows:
+            flat = F.pad(flat, (0, 0, 0, computed - rows))
         if form == WEIGHT_ONCE:
             out = torch.mm(weight, flat.T).T
         else:
             out = torch.mm(flat, self._transpose(weight))
-        return out.reshape(*x.shape[:-1], weight.shape[0])
+        return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
 
     def _transpose(self, weight: torch.Tensor) -> torch.Tensor:
         wt = self.transposed.get(id(weight))
@@ -158,42 +168,46 @@ class MatmulChooser:
             wt = self.transposed[id(weight)] = weight.detach().T.contiguous()
         return wt
 
-    def _time(self, rows: int, weight: torch.Tensor) -> int:
-        """The fastest form for `rows` rows over every weight of this shape (LINEAR unless another
-        is faster by the margin); drops transposed copies the choice does not use."""
-        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    def _time(self, rows: int, weight: torch.Tensor) -> tuple[int, int]:
+        """The fastest (form, rows computed) for `rows` rows over every weight of this shape
+        (LINEAR unless another is faster by the margin; odd counts also padded by one row);
+        drops transposed copies the choice does not use."""
         weights = self.by_shape.get((int(weight.shape[0]), int(weight.shape[1])), [weight])
         had = {id(w) for w in weights if id(w) in self.transposed}
         copies = [self._transpose(w) for w in weights]
 
-        def linear() -> None:
+        def linear(x: torch.Tensor) -> None:
             for w in weights:
                 F.linear(x, w)
 
-        def weight_once() -> None:
+        def weight_once(x: torch.Tensor) -> None:
             for w in weights:
                 torch.mm(w, x.T)
 
-        def transposed() -> None:
+        def transposed(x: torch.Tensor) -> None:
             for wt in copies:
                 torch.mm(x, wt)
 
-        forms = (linear, weight_once, transposed)
-        times: list[list[float]] = [[] for _ in forms]
+        counts = (rows, rows + 1) if rows % 2 else (rows,)
+        inputs = {n: torch.randn(n, weight.shape[1], dtype=weight.dtype, device=weight.device)
+                  for n in counts}
+        forms = ((WEIGHT_ONCE, weight_once), (TRANSPOSED, transposed))
+        candidates = [(LINEAR, rows, linear)] + [(f, n, fn) for n in counts for f, fn in forms]
+        times: list[list[float]] = [[] for _ in candidates]
         for i in range(7):
-            for j, form in enumerate(forms):
+            for j, (_, n, fn) in enumerate(candidates):
                 started = time.perf_counter()
-                form()
+                fn(inputs[n])
                 if i >= 2:  # two warm-up rounds
                     times[j].append(time.perf_counter() - started)
         medians = [statistics.median(t) for t in times]
-        best = min(range(len(forms)), key=lambda j: medians[j])
-        choice = best if medians[best] < self.margin * medians[LINEAR] else LINEAR
-        if choice != TRANSPOSED:
+        best = min(range(len(candidates)), key=lambda j: medians[j])
+        form, computed, _ = candidates[best] if medians[best] < self.margin * medians[0] else candidates[0]
+        if form != TRANSPOSED:
             for w in weights:
                 if id(w) not in had:
                     self.transposed.pop(id(w), None)
-        return choice
+        return form, computed
 
 
 # --------------------------------------------------------------------------- modules

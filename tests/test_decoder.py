@@ -135,6 +135,14 @@ def test_both_matmul_forms_give_the_same_product_and_the_choice_is_kept() -> Non
     never = MatmulChooser(enabled=True, margin=0.0)
     never(x, w)
     assert never.form == {(6, 300, 40): LINEAR} and never.transposed == {}
+    for form in (WEIGHT_ONCE, TRANSPOSED):  # an odd row count computed with one padded row, dropped
+        padded = MatmulChooser(enabled=True, form={(3, 300, 40): form}, padded={(3, 300, 40): 4})
+        three = torch.randn(1, 3, 40)
+        expected3 = torch.nn.functional.linear(three, w)
+        torch.testing.assert_close(padded(three, w), expected3, rtol=1e-5, atol=1e-5)
+    odd = MatmulChooser(enabled=True, margin=10.0)
+    odd(torch.randn(3, 40), w)
+    assert odd.padded.get((3, 300, 40), 3) in (3, 4)  # timed: padded or not, never anything else
     many = torch.randn(40, 40)  # more rows than the other forms are ever tried for
     torch.testing.assert_close(timed(many, w), torch.nn.functional.linear(many, w))
     assert (40, 300, 40) not in timed.form
