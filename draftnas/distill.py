@@ -134,6 +134,7 @@ class HealResult(Record):
     trainable_parameters: int
     readings: tuple[HealReading, ...] = ()
     options: HealOptions = field(default_factory=HealOptions)
+    kept: bool = True  # False: healing lowered held-out top-1, so the export kept the unhealed weights
 
 
 @dataclass

@@ -293,6 +293,9 @@ def _figures_section(info: ExportInfo) -> list[str]:
             f"{h.tokens_per_step_after:.3f} |",
             "",
         ]
+        if not h.kept:
+            lines += ["Healing lowered held-out agreement, so this folder holds the **unhealed** weights "
+                      "(the 'before healing' column).", ""]
     predicted = None
     if info.trial is not None:
         t = info.trial
@@ -453,7 +456,7 @@ class ExportRequest(Record):
     base: str | None = None
     target: str | None = None
     traces: str | None = None
-    heal_steps: int = 0
+    heal_steps: int | None = 0  # None: the stated default (`default_heal_steps`)
     heal: HealOptions | None = None
     gamma: int | None = None
     force: bool = False
@@ -465,7 +468,7 @@ class ExportRequest(Record):
         problems = []
         if self.gamma is not None and not MIN_GAMMA <= self.gamma <= MAX_GAMMA:
             problems.append(f"gamma must be in [{MIN_GAMMA}, {MAX_GAMMA}], got {self.gamma}")
-        if self.heal_steps < 0:
+        if self.heal_steps is not None and self.heal_steps < 0:
             problems.append(f"heal steps must be >= 0, got {self.heal_steps}")
         if problems:
             raise InvalidInputError("; ".join(problems))
@@ -531,6 +534,15 @@ def _gamma(request: ExportRequest, trial: RankedTrial | None) -> int:
     return trial.primary.gamma if trial is not None else DEFAULT_GAMMA
 
 
+def default_heal_steps(source_space: Any) -> tuple[int, str]:
+    """Heal steps when --heal-steps is not given, with why: none when the study's space heals none
+    (its authors found short healing lowers that family's acceptance: the shipped Gemma-3 space),
+    else DEFAULT_EXPORT_HEAL_STEPS."""
+    if source_space is not None and source_space.heal.steps == 0:
+        return 0, f"the search space {source_space.name} heals no drafter (heal.steps: 0)"
+    return DEFAULT_EXPORT_HEAL_STEPS, "the stated default"
+
+
 def export_from_request(request: ExportRequest, *, progress: Progress | None = None,
                         data_progress: Progress | None = None) -> ExportResult:
     """Resolve the plan, build the drafter from the base (healed unless 0 steps), export, push
@@ -547,19 +559,30 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         raise ExportError("the plan names no base model; pass --base")
     target = request.target or (source.info.target if source.info else None) or base
     loaded = load_model(base)
+    steps = request.heal_steps
+    if steps is None:
+        steps, why = default_heal_steps(source.info.space if source.info else None)
+        log.info("healing %d steps: %s (--heal-steps N to choose)", steps, why)
     options = None
-    if request.heal_steps > 0:
-        options = replace(request.heal or HealOptions(), steps=request.heal_steps, seed=request.seed)
+    if steps > 0:
+        options = replace(request.heal or HealOptions(), steps=steps, seed=request.seed)
     checkpoint = Path(request.out_dir + ".heal-checkpoint")
     built = build_drafter(plan, loaded, heal=options,
                           teacher=_teacher(request.traces, target, base, loaded) if options else None,
                           checkpoint_dir=checkpoint, progress=progress, data_progress=data_progress)
     heal_result = built.heal
+    if heal_result is not None and heal_result.top1_after < heal_result.top1_before:
+        # healing made it worse on held-out text: export the pruned weights, and say so in the card
+        log.warning("healing lowered held-out top-1 agreement (%.3f -> %.3f): exporting the unhealed "
+                    "drafter", heal_result.top1_before, heal_result.top1_after)
+        built = build_drafter(plan, loaded)
+        heal_result = replace(heal_result, kept=False)
     info = ExportInfo(
         base=base, target=target, plan=plan, trial=trial,
         profile=source.info.profile if source.info else None,
         heal=heal_result, source=source.label, seed=request.seed, gamma=_gamma(request, trial),
-        measured={"top1_agreement_after_healing": heal_result.top1_after} if heal_result else None,
+        measured=({"top1_agreement_after_healing": heal_result.top1_after} if heal_result and heal_result.kept
+                  else {"top1_agreement": heal_result.top1_before} if heal_result else None),
     )
     out = export_drafter(built.model, loaded.tokenizer, request.out_dir, info, force=request.force)
     if heal_result is not None:

@@ -734,12 +734,15 @@ def measure_target(options: ProfileOptions, target: Architecture, *, layer_count
 def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Sequence[int],
                    prefix_layers: Sequence[int] = (1, 2), context_tokens: int = 128,
                    progress: Progress | None = None, overheads: bool = True,
-                   prompt_tokens: int = 0) -> HostCalibration:
+                   prompt_tokens: int = 0, head_rows: Sequence[int] = ()) -> HostCalibration:
     """Time `target` (random weights) on this machine: every count in `new_tokens` at full depth,
     and one new token through its first k layers for k in `prefix_layers` — seconds, not the
-    minutes of a profile. Timed the way `options.mode` runs steps (eager: what the CPU loop runs).
+    minutes of a profile. Timed the way `options.mode` runs steps (eager: transformers' forward,
+    what `--engine hf` runs; static: draftnas's decoder, what `--engine static` runs).
     With `overheads`, short real decoding runs also measure the work outside the forward
     (`decoding_overheads`). `prompt_tokens` > 0: the prefill of a prompt that long is timed too.
+    `head_rows`: reduced draft heads; one new token of the full-depth target with each, so the
+    time a smaller head saves is measured (`HostCalibration.head_saving_ms`).
     """
     started = time.perf_counter()
     rt = _Runtime(options.validate())
@@ -750,10 +753,17 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     jobs += [_model_job(rt, target, k, (1, 1, context_tokens), "calibration") for k in prefixes]
     if prompt_tokens > 0:
         jobs.append(_model_job(rt, target, full, (1, prompt_tokens, 0), "calibration"))
-    group = _Group(functools.partial(rt.build, target), _weight_bytes(rt, target), jobs)
-    skipped = _run_round_robin(rt, [group], _ticker(progress, len(jobs) * _calls_per_job(options)))
+    groups = [_Group(functools.partial(rt.build, target), _weight_bytes(rt, target), jobs)]
+    rows = sorted({r for r in head_rows if 0 < r < target.vocab_size})
+    for r in rows:  # the target's body under an r-row head
+        shape = target.with_shape(vocab_size=r)
+        groups.append(_Group(functools.partial(rt.build, shape), _weight_bytes(rt, shape),
+                             [_model_job(rt, shape, full, (1, 1, context_tokens), "calibration")]))
+    n_jobs = sum(len(g.jobs) for g in groups)
+    skipped = _run_round_robin(rt, groups, _ticker(progress, n_jobs * _calls_per_job(options)))
     if skipped:
         raise DeviceError(f"calibrating {target.name} here: {skipped[0].reason}")
+    reduced = {r: g.jobs[0].measurement().median_ms for r, g in zip(rows, groups[1:], strict=True)}
     medians = {(j.layers, j.cond[1]): j.measurement().median_ms for j in jobs if j.cond[2] == context_tokens}
     prefill = {j.cond[1]: j.measurement().median_ms for j in jobs if j.cond[2] == 0}
     target_ms = {n: medians[(full, n)] for n in counts}
@@ -765,31 +775,41 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
         target=target.name, device_name=rt.device_name(), threads=rt.torch.get_num_threads(),
         context_tokens=context_tokens, target_ms=target_ms, prefix_ms=prefix_ms, mode=options.mode,
         wall_s=round(time.perf_counter() - started, 1), generate_overhead_ms=extra[0],
-        draft_overhead_ms=extra[1], verify_overhead_ms=extra[2], prefill_ms=prefill)
+        draft_overhead_ms=extra[1], verify_overhead_ms=extra[2], prefill_ms=prefill,
+        head_saving_ms={r: max(0.0, target_ms[1] - ms) for r, ms in reduced.items()})
 
 
 def decoding_overheads(rt: _Runtime, target: Architecture, context_tokens: int, target_ms: dict[int, float],
                        draft_ms: float) -> tuple[float, float, float]:
-    """Work outside the forward, in ms: transformers' generate per token, draftnas's loop per drafted
+    """Work outside the forward, in ms: plain decoding per token, draftnas's loop per drafted
     token and per verify step — the part of real decoding runs that the timed steps do not explain.
 
-    Random-weight target and its 1-layer prefix as drafter. generate: time per token between a
-    2- and a 14-token run (prefill cancels), less the decode step. Loop: each run's time less
-    its forward steps (draft steps at `draft_ms`, verifies at the measured `target_ms`) is fitted
-    by least squares as constant (prefill) + per drafted token + per step, over runs at gamma 1
-    and 3 of two lengths. Negative fits count as 0.
+    Random-weight target and its 1-layer prefix as drafter, in the engine `rt`'s mode times:
+    transformers' `generate` and the loop over transformers models (eager), or greedy decoding
+    and the loop over draftnas's decoder with static caches (static modes). Plain decoding:
+    time per token between a 2- and a 14-token run (prefill cancels), less the decode step.
+    Loop: each run's time less its forward steps (draft steps at `draft_ms`, verifies at the
+    measured `target_ms`) is fitted by least squares as constant (prefill) + per drafted token
+    + per step, over runs at gamma 1 and 3 of two lengths. Negative fits count as 0.
     """
-    from draftnas.speculative import speculative_generate
+    from draftnas.speculative import StaticEngine, greedy_decode, speculative_generate
 
     torch = rt.torch
     model, drafter = rt.build(target), rt.build(target.with_shape(num_hidden_layers=1))
     prompt = rt.randint(target.vocab_size, (context_tokens,)).tolist()
     ids = torch.tensor([prompt], device=rt.device)
+    if rt.options.mode in STATIC_MODES:
+        slots = context_tokens + 32
+        capture = rt.options.mode == "cuda-graph"
+        model, drafter = (StaticEngine(m, slots, capture=capture) for m in (model, drafter))
 
     def generate_s(n: int) -> float:
         started = time.perf_counter()
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                       do_sample=False, pad_token_id=0, eos_token_id=None)
+        if isinstance(model, StaticEngine):
+            greedy_decode(model, prompt, max_new_tokens=n)
+        else:
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0, eos_token_id=None)
         return time.perf_counter() - started
 
     def verify_ms(n: int) -> float:
@@ -801,7 +821,8 @@ def decoding_overheads(rt: _Runtime, target: Architecture, context_tokens: int, 
         generate_s(2)
         short, long = min(generate_s(2) for _ in range(2)), min(generate_s(14) for _ in range(2))
         generate = max(0.0, (long - short) * 1e3 / 12 - target_ms[1])
-        speculative_generate(model, drafter, prompt, gamma=1, max_new_tokens=4)  # warm-up
+        for gamma in (1, 3):  # warm-up: every step size once (the static decoder picks its kernels then)
+            speculative_generate(model, drafter, prompt, gamma=gamma, max_new_tokens=16)
         for gamma in (1, 3):
             for n in (4, 16):
                 out = speculative_generate(model, drafter, prompt, gamma=gamma, max_new_tokens=n)

@@ -36,6 +36,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from draftnas.bench import ENGINES
 from draftnas.candidate import Candidate, CandidateChoice, InfeasibleCandidateError, build_candidate
 from draftnas.errors import DraftnasError, InvalidInputError
 from draftnas.evaluate import Evaluation, Evaluator, PriorEvaluator, WeightsEvaluator
@@ -160,6 +161,7 @@ class SearchOptions:
     profile_note: str | None = None  # calibration summary, or: the profile is not of this machine
     placement: Placement | None = None  # GPUs, tensor parallelism and memory (GPU profiles with hardware)
     acceptance_model: str | None = None  # label of the alpha(drafter) model the evaluator predicts with
+    engine: str | None = None  # the loop engine the calibration timed (None: the profile as it is)
 
     @property
     def study_name(self) -> str:
@@ -261,7 +263,8 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
                      objectives=objectives, acceptance_assumed=not evaluator.measured,
                      acceptance_prior=options.acceptance_prior, profile=options.profile,
                      target_arch=options.target_arch, base_arch=options.base_arch,
-                     acceptance_model=options.acceptance_model, placement=options.placement)
+                     acceptance_model=options.acceptance_model, placement=options.placement,
+                     engine=options.engine)
     storage_url = normalize_storage(settings.storage, options.study_name, settings.run_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(options, info, storage_url)
@@ -540,6 +543,7 @@ class SearchRequest:
     draft_tp: str = "1"  # "1": drafter on one GPU; "same": sharded like the target
     dtype: str | None = None  # weights' dtype (spec-sheet profiles are re-derived for it)
     memory_margin: float = 0.1  # share of each GPU's memory kept free
+    engine: str = "static"  # the loop the calibration times: "static" (draftnas's decoder) or "hf"
 
 
 def resolve_architecture(spec: str) -> Architecture:
@@ -595,19 +599,24 @@ def resolve_profile(spec: str | None, space: SearchSpace,
 
 
 def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: SearchSpace,
-                         progress: Callable[[int, int], None] | None = None) -> tuple[LatencyPredictor, str]:
+                         progress: Callable[[int, int], None] | None = None,
+                         engine: str = "static") -> tuple[LatencyPredictor, str]:
     """The profile's model corrected by timing `target`'s decode, its verify at every gamma + 1
-    the space considers, drafter-sized prefixes of it and the work outside the forward on this
-    machine (`calibrate_host`, about 25 s for SmolLM2-135M on 2 cores), with the one-line summary
-    of what was measured against what the profile said."""
+    the space considers, drafter-sized prefixes of it, the time the space's reduced heads save and
+    the work outside the forward on this machine, in the loop `engine` that bench then runs
+    (`calibrate_host`, about 25 s for SmolLM2-135M on 2 cores), with the one-line summary of what
+    was measured against what the profile said."""
     from draftnas.latency import CalibratedModel, LatencyModel
     from draftnas.profile import ProfileOptions, calibrate_host
 
     g = space.gamma
     counts = [n + 1 for n in range(max(1, g.min), g.max + 1)]
-    options = ProfileOptions(device="cpu", dtype=profile.dtype, mode="eager", repeats=5, warmup=1)
+    mode = "static" if engine == "static" else "eager"
+    options = ProfileOptions(device="cpu", dtype=profile.dtype, mode=mode, repeats=5, warmup=1)
+    heads = [v for v in space.vocab_sizes if v > 0]
     calibration = calibrate_host(options, target, counts, context_tokens=space.workload.context_tokens,
-                                 progress=progress, prompt_tokens=space.workload.prompt_tokens)
+                                 progress=progress, prompt_tokens=space.workload.prompt_tokens,
+                                 head_rows=heads)
     model = CalibratedModel(LatencyModel.from_profile(profile), calibration, target)
     return model, model.summary()
 
@@ -675,9 +684,13 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         raise InvalidInputError(f"--sampler {request.study.sampler!r} is not known "
                                 f"(allowed: {', '.join(SAMPLERS)})")
     placement = _placement(request, latency_profile, target_arch, space)
+    if request.engine not in ENGINES:
+        raise InvalidInputError(f"--engine {request.engine!r} is not known (allowed: {', '.join(ENGINES)})")
+    engine = None
     if request.calibrate and latency_profile.device == "cpu" and latency_profile.kind == "measured":
+        engine = request.engine
         predictor, profile_note = calibrated_predictor(latency_profile, target_arch, space,
-                                                       calibration_progress)
+                                                       calibration_progress, engine=engine)
     evaluator: Evaluator
     model_label = None
     if request.acceptance_model is not None:
@@ -690,7 +703,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     options = SearchOptions(
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
         profile=profile, study=request.study, acceptance_prior=request.acceptance_prior,
-        profile_note=profile_note, placement=placement, acceptance_model=model_label)
+        profile_note=profile_note, placement=placement, acceptance_model=model_label, engine=engine)
     if request.acceptance_model is not None:
         return options, predictor, evaluator
     if request.acceptance_prior is not None:

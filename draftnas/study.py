@@ -75,13 +75,15 @@ class StudyInfo(Record):
     base_arch: Architecture
     acceptance_model: str | None = None  # the alpha(drafter) model's label (FITTED ON ...) and file hash
     placement: Placement | None = None
+    engine: str | None = None  # the loop engine a calibrated CPU search priced ("hf" | "static")
 
     def fingerprint(self) -> dict[str, Any]:
         space = {k: v for k, v in self.space.to_dict().items() if k not in ("source", "description")}
         return {"target": self.target, "base": self.base, "space": space, "objectives": self.objectives,
                 "acceptance_prior": self.acceptance_prior, "profile": self.profile,
                 "acceptance_model": self.acceptance_model,
-                "placement": self.placement.to_dict() if self.placement else None}
+                "placement": self.placement.to_dict() if self.placement else None,
+                **({"engine": self.engine} if self.engine else {})}
 
     @property
     def note(self) -> str:

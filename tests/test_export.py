@@ -313,14 +313,18 @@ def test_heal_cli_json_and_out(tiny_base, tmp_path):
     assert json.loads((out / "draftnas.json").read_text())["heal"]["steps"] == 2
 
 
-def test_the_cli_heals_by_default_with_the_stated_budget():
+def test_the_cli_heals_by_default_with_the_stated_budget_unless_the_space_heals_none():
     import inspect
 
     from draftnas.cli.cmd_export import export
-    from draftnas.export import DEFAULT_EXPORT_HEAL_STEPS
+    from draftnas.export import DEFAULT_EXPORT_HEAL_STEPS, default_heal_steps
+    from draftnas.space import load_search_space as load_space
 
-    default = inspect.signature(export).parameters["heal_steps"].default.default
-    assert default == DEFAULT_EXPORT_HEAL_STEPS > 0
+    assert inspect.signature(export).parameters["heal_steps"].default.default is None  # resolved per source
+    assert default_heal_steps(None)[0] == DEFAULT_EXPORT_HEAL_STEPS > 0  # a plan file
+    assert default_heal_steps(load_space("smollm2-135m"))[0] == DEFAULT_EXPORT_HEAL_STEPS
+    steps, why = default_heal_steps(load_space("gemma-3-270m"))
+    assert steps == 0 and "heal.steps: 0" in why
 
 
 @pytest.mark.parametrize("kwargs,needle", [({"gamma": 0}, "gamma must be in \\[1, 32\\], got 0"),

@@ -224,6 +224,27 @@ def test_calibration_replaces_the_target_and_rescales_everything_else_by_depth()
     assert "target decode 122.0 ms (profile: 61.0)" in model.summary()
 
 
+def test_a_reduced_head_is_priced_by_the_time_it_saved_here():
+    from draftnas.latency import CalibratedModel, HostCalibration
+    from draftnas.registry import get_architecture
+
+    target = get_architecture("smollm2-135m")  # vocabulary 49,152
+    cal = HostCalibration(target="smollm2-135m", device_name="here", threads=2, context_tokens=128,
+                          target_ms={1: 122.0, 2: 130.0}, prefix_ms={1: 6.0, 2: 10.0},
+                          head_saving_ms={4096: 40.0, 16384: 30.0})
+    model = CalibratedModel(_LinearModel(), cal, target)  # 2x the stand-in model at every depth
+    drafter = target.with_shape(num_hidden_layers=4)
+    assert model.head_saving_ms(4096) == 40.0 and model.head_saving_ms(49152) is None
+    assert model.head_saving_ms(32768) == pytest.approx(30.0 * (49152 - 32768) / (49152 - 16384))
+    assert model.head_saving_ms(1024) == 40.0  # below the smallest measured: no more than measured
+    assert model.predict_ms(drafter, head_vocab_size=4096) == pytest.approx(0.05 * 18.0)  # floor, not < 0
+    assert model.predict_ms(target.with_shape(num_hidden_layers=20), head_vocab_size=4096) == pytest.approx(
+        2.0 * 41.0 - 40.0)
+    assert model.predict_ms(target, head_vocab_size=16384) == pytest.approx(2.0 * 61.0 - 30.0)
+    # a verify (3 tokens) is not corrected by the 1-token head saving
+    assert model.predict_ms(drafter, new_tokens=3, head_vocab_size=4096) == pytest.approx(2.0 * 10.0)
+
+
 def test_a_tiny_calibration_runs_here_and_feeds_the_model():
     from draftnas.latency import CalibratedModel, HostCalibration
     from draftnas.profile import ProfileOptions, calibrate_host

@@ -160,7 +160,8 @@ def next_commands(result: SearchResult) -> list[str]:
         "next:",
         f"  draftnas export --study {result.study_name} --storage {result.storage} --trial {b.number} "
         f"--out {folder}",
-        f"  draftnas bench --target {result.info.target} --draft {folder} --gamma {b.primary.gamma}",
+        f"  draftnas bench --target {result.info.target} --draft {folder} --gamma {b.primary.gamma}"
+        + (f" --engine {result.info.engine}" if result.info.engine else ""),
         f"  in transformers: target.generate(..., assistant_model={load})",
     ]
 
@@ -219,6 +220,11 @@ def search(
         help="Before ranking, time the target's decode and verify steps, drafter-sized stacks and a "
              "few short decoding runs on this machine (about 25 s for SmolLM2-135M) and correct a CPU "
              "profile's predictions with them."),
+    engine: str = typer.Option(
+        "static", "--engine",
+        help="The speculative loop the calibration times and the printed bench command runs: static "
+             "(draftnas's decoder over caches allocated once; its target alone is faster too) or hf "
+             "(transformers models over a growing cache)."),
     json_out: bool = typer.Option(False, "--json",
                                   help="Print the result as JSON on stdout (progress stays on stderr)."),
     out_json: Path | None = typer.Option(None, "--out-json",
@@ -234,7 +240,7 @@ def search(
     request = SearchRequest(target=target, base=base, base_shape=base_shape, space=space, profile=profile,
                             traces=traces, study=settings, acceptance_prior=prior, calibrate=calibrate,
                             acceptance_model=model, acceptance_anchor=acceptance_anchor, gpus=gpus,
-                            draft_tp=draft_tp, dtype=dtype, memory_margin=memory_margin)
+                            draft_tp=draft_tp, dtype=dtype, memory_margin=memory_margin, engine=engine)
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
     with progress_bars(json_out) as on:
         result = run(request, progress=on("trials"), trace_progress=on("tracing target"),
