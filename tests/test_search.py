@@ -482,3 +482,23 @@ def test_host_calibration_answers_the_targets_prefill_with_its_measurement():
     model = CalibratedModel(StubLatency(), cal, SMOL)
     assert model.predict_ms(SMOL, new_tokens=50, context_tokens=0) == 170.0
     assert model.predict_ms(SMOL, new_tokens=1, context_tokens=128) == 50.0
+
+
+def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced():
+    from types import SimpleNamespace as NS
+
+    from draftnas.cli.cmd_search import next_commands
+    from draftnas.space import load_search_space
+
+    space = load_search_space("smollm2-135m")  # workload: chat prompts
+    best = NS(candidate=NS(plan=object(), name="L1bi-x-v4096", head_vocab_size=4096), number=3,
+              primary=NS(gamma=2))
+    info = NS(acceptance_assumed=False, target="smollm2-135m", engine="static", space=space)
+    lines = next_commands(NS(best=best, info=info, study_name="s", storage="sqlite:///s.db"))
+    bench = next(line for line in lines if "draftnas bench" in line)
+    assert bench.strip() == ("draftnas bench --target smollm2-135m --draft drafters/L1bi-x-v4096 --gamma 2 "
+                             "--engine static --prompts chat --per-domain 8")
+    assert "trust_remote_code=True" in lines[-1]  # a reduced head loads through the shipped class
+    uncalibrated = next_commands(NS(best=best, info=NS(**{**vars(info), "engine": None}), study_name="s",
+                                    storage="sqlite:///s.db"))
+    assert "--engine" not in next(line for line in uncalibrated if "draftnas bench" in line)

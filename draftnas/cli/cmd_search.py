@@ -154,6 +154,7 @@ def next_commands(result: SearchResult) -> list[str]:
         return ["next: this was a latency-only search (no weights to prune); search with the base's weights "
                 "(--base) to get a drafter you can export"]
     folder = f"drafters/{b.candidate.name}"
+    w = result.info.space.workload  # bench on the workload's prompt set, as the acceptance was measured
     reduced = b.candidate.head_vocab_size is not None
     load = f"AutoModelForCausalLM.from_pretrained('{folder}'{', trust_remote_code=True' if reduced else ''})"
     return [
@@ -161,7 +162,8 @@ def next_commands(result: SearchResult) -> list[str]:
         f"  draftnas export --study {result.study_name} --storage {result.storage} --trial {b.number} "
         f"--out {folder}",
         f"  draftnas bench --target {result.info.target} --draft {folder} --gamma {b.primary.gamma}"
-        + (f" --engine {result.info.engine}" if result.info.engine else ""),
+        + (f" --engine {result.info.engine}" if result.info.engine else "")
+        + (f" --prompts {w.prompt_set} --per-domain 8" if w.prompt_set != "all" else ""),
         f"  in transformers: target.generate(..., assistant_model={load})",
     ]
 
