@@ -604,8 +604,8 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     """The profile's model corrected by timing `target`'s decode, its verify at every gamma + 1
     the space considers, drafter-sized prefixes of it, the time the space's reduced heads save and
     the work outside the forward on this machine, in the loop `engine` that bench then runs
-    (`calibrate_host`, about 25 s for SmolLM2-135M on 2 cores), with the one-line summary of what
-    was measured against what the profile said."""
+    (`calibrate_host`, about 1 min for SmolLM2-135M on 2 cores in the static engine), with the
+    one-line summary of what was measured against what the profile said."""
     from draftnas.latency import CalibratedModel, LatencyModel
     from draftnas.profile import ProfileOptions, calibrate_host
 

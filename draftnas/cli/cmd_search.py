@@ -219,9 +219,9 @@ def search(
     top: int = typer.Option(15, "--top", help="Rows in the ranked table."),
     calibrate: bool = typer.Option(
         True, "--calibrate/--no-calibrate",
-        help="Before ranking, time the target's decode and verify steps, drafter-sized stacks and a "
-             "few short decoding runs on this machine (about 25 s for SmolLM2-135M) and correct a CPU "
-             "profile's predictions with them."),
+        help="Before ranking, time the target's decode and verify steps, drafter-sized stacks, the "
+             "space's reduced heads and a few short decoding runs on this machine (about 1 min for "
+             "SmolLM2-135M on 2 cores) and correct a CPU profile's predictions with them."),
     engine: str = typer.Option(
         "static", "--engine",
         help="The speculative loop the calibration times and the printed bench command runs: static "
