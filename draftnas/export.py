@@ -577,12 +577,15 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
                     "drafter", heal_result.top1_before, heal_result.top1_after)
         built = build_drafter(plan, loaded)
         heal_result = replace(heal_result, kept=False)
+    measured = None
+    if heal_result is not None:
+        measured = ({"top1_agreement_after_healing": heal_result.top1_after} if heal_result.kept
+                    else {"top1_agreement": heal_result.top1_before})
     info = ExportInfo(
         base=base, target=target, plan=plan, trial=trial,
         profile=source.info.profile if source.info else None,
         heal=heal_result, source=source.label, seed=request.seed, gamma=_gamma(request, trial),
-        measured=({"top1_agreement_after_healing": heal_result.top1_after} if heal_result and heal_result.kept
-                  else {"top1_agreement": heal_result.top1_before} if heal_result else None),
+        measured=measured,
     )
     out = export_drafter(built.model, loaded.tokenizer, request.out_dir, info, force=request.force)
     if heal_result is not None:

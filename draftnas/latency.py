@@ -705,15 +705,10 @@ class CalibratedModel:
         return measured / predicted if predicted > 0 and measured > 0 else 1.0
 
     def _target_ms(self, new_tokens: int) -> float | None:
-        measured = self.calibration.target_ms
-        if new_tokens in measured:
-            return measured[new_tokens]
-        below = [n for n in measured if n < new_tokens]
-        above = [n for n in measured if n > new_tokens]
-        if not below or not above:
+        counts, ms = zip(*sorted(self.calibration.target_ms.items()), strict=True)
+        if not counts[0] <= new_tokens <= counts[-1]:
             return None
-        lo, hi = max(below), min(above)
-        return measured[lo] + (measured[hi] - measured[lo]) * (new_tokens - lo) / (hi - lo)
+        return float(np.interp(new_tokens, counts, ms))  # exact at measured counts, linear between
 
     def predict_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
                    context_tokens: int = 128, head_vocab_size: int | None = None) -> float:
@@ -745,12 +740,8 @@ class CalibratedModel:
         vocab = self.target.vocab_size
         if not measured or rows >= vocab:
             return None
-        points = sorted({**measured, vocab: 0.0}.items())
-        lo = max((p for p in points if p[0] <= rows), default=points[0])
-        hi = min((p for p in points if p[0] > rows), default=points[-1])
-        if hi[0] == lo[0]:
-            return lo[1]
-        return lo[1] + (hi[1] - lo[1]) * (rows - lo[0]) / (hi[0] - lo[0])
+        sizes, saved = zip(*sorted({**measured, vocab: 0.0}.items()), strict=True)
+        return float(np.interp(rows, sizes, saved))  # below the smallest size measured: its saving
 
     def summary(self) -> str:
         """One line: what was measured here against what the profile said."""
