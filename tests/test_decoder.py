@@ -143,6 +143,11 @@ def test_both_matmul_forms_give_the_same_product_and_the_choice_is_kept() -> Non
     odd = MatmulChooser(enabled=True, margin=10.0)
     odd(torch.randn(3, 40), w)
     assert odd.padded.get((3, 300, 40), 3) in (3, 4)  # timed: padded or not, never anything else
+    chained = torch.mm(torch.randn(40, 40), torch.randn(40, 6)).T.reshape(2, 3, 40)  # a transposed view,
+    for form in (WEIGHT_ONCE, TRANSPOSED):  # as a weight-once product returns it, gives the same product
+        viewed = MatmulChooser(enabled=True, form={(6, 300, 40): form})
+        torch.testing.assert_close(viewed(chained, w), torch.nn.functional.linear(chained, w),
+                                   rtol=1e-5, atol=1e-5)
     many = torch.randn(40, 40)  # more rows than the other forms are ever tried for
     torch.testing.assert_close(timed(many, w), torch.nn.functional.linear(many, w))
     assert (40, 300, 40) not in timed.form
