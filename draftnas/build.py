@@ -12,6 +12,7 @@ heal` and e2e all build drafters here; `heal_options` is the one place a budget 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,6 +27,8 @@ from draftnas.record import TRANSIENT, Record
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.sources import LoadedModel
     from draftnas.traces import Traces
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
 
@@ -110,7 +113,9 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
                           on_reading=on_reading)
     drafter.eval()
     estimate = None
-    if held is not None:
+    if held is not None and result is not None:
+        held = unseen_records(held, result)
+    if held is not None and held.records:
         from draftnas.acceptance import estimate_acceptance
 
         estimate = estimate_acceptance(drafter, held, max_gamma=max_gamma, temperature=temperature)
@@ -118,4 +123,18 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
     return BuiltDrafter(plan=plan, heal=result, estimate=estimate, parameters=parameters, model=drafter)
 
 
-__all__ = ["BuiltDrafter", "build_drafter", "choose_head", "heal_options", "plan_drafter"]
+def unseen_records(traces: Traces, heal: HealResult) -> Traces:
+    """`traces` without the records whose prompt `heal` trained on: a drafter is never scored on the
+    text it was distilled on, whichever teacher's data that text came from."""
+    from draftnas.distill import prompt_key
+    from draftnas.traces import Traces as TracesClass
+
+    trained = set(heal.trained_prompts)
+    kept = [r for r in traces.records if prompt_key(r.prompt_ids.tolist()) not in trained]
+    if len(kept) < len(traces.records):
+        log.info("acceptance estimate: %d of %d trace records left out (healing trained on their prompts)",
+                 len(traces.records) - len(kept), len(traces.records))
+    return TracesClass(metadata=traces.metadata, records=kept)
+
+
+__all__ = ["BuiltDrafter", "build_drafter", "choose_head", "heal_options", "plan_drafter", "unseen_records"]

@@ -135,6 +135,13 @@ class HealResult(Record):
     readings: tuple[HealReading, ...] = ()
     options: HealOptions = field(default_factory=HealOptions)
     kept: bool = True  # False: healing lowered held-out top-1, so the export kept the unhealed weights
+    trained_prompts: tuple[str, ...] = ()  # `prompt_key` of every prompt the drafter was trained on
+
+
+def prompt_key(prompt_ids: Sequence[int]) -> str:
+    """A prompt's identity by its token ids (sha256, 12 hex digits): what healing records of the
+    prompts it trained on, so an acceptance estimate can leave them out wherever its text came from."""
+    return hashlib.sha256(json.dumps([int(i) for i in prompt_ids]).encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -667,11 +674,12 @@ def _result(drafter: Any, data: HealData, options: HealOptions, params: list, ru
         n_heldout_positions=positions, trained_tokens=run.trained_tokens,
         trainable_parameters=sum(p.numel() for _, p in params),
         readings=tuple(run.readings), options=options,
+        trained_prompts=tuple(sorted({prompt_key(s.input_ids[:s.prompt_len]) for s in data.train})),
     )
 
 
 __all__ = [
     "HealData", "HealOptions", "HealReading", "HealResult", "HealSequence", "data_from_traces",
     "generate_heal_data", "heal", "kl_to_logits", "kl_to_topk",
-    "measure_agreement", "trainable_parameters",
+    "measure_agreement", "prompt_key", "trainable_parameters",
 ]

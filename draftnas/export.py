@@ -25,12 +25,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from draftnas.acceptance import AcceptanceEstimate
 from draftnas.distill import HealOptions, HealReading, HealResult
 from draftnas.errors import ExportError, InvalidInputError
 from draftnas.provenance import package_versions
 from draftnas.prune import PruningPlan, load_plan
 from draftnas.record import Record
-from draftnas.scoring import RankedTrial
+from draftnas.scoring import AcceptanceReading, RankedTrial, WorkloadPrediction, predict_workload
 from draftnas.study import StudyInfo
 from draftnas.vocab import HEAD_MODULE
 
@@ -54,7 +55,10 @@ class ExportInfo(Record):
     step the card and generation_config recommend. trial: the search's records for this
     drafter (candidate, latency, acceptance, throughput), as stored in its Optuna trial, and
     profile the latency profile they were priced with; measured: figures measured at export
-    (e.g. top-1 after healing).
+    (e.g. top-1 after healing). acceptance / prediction: when the plan came from a study that
+    measured acceptance, this folder's drafter (healed as exported) estimated on the study's traces,
+    leaving out every prompt its healing trained on, and the trial's latency priced at that
+    acceptance (best gamma included): the search's own figure, for the drafter as exported.
     """
 
     base: str
@@ -67,6 +71,8 @@ class ExportInfo(Record):
     source: str = ""
     seed: int = 0
     gamma: int = 4
+    acceptance: AcceptanceEstimate | None = None  # this folder's drafter on the study's traces
+    prediction: WorkloadPrediction | None = None  # the trial's latency at that acceptance
 
 
 def check_destination(out_dir: str | Path, force: bool) -> Path:
@@ -296,6 +302,9 @@ def _figures_section(info: ExportInfo) -> list[str]:
         if not h.kept:
             lines += ["Healing lowered held-out agreement, so this folder holds the **unhealed** weights "
                       "(the 'before healing' column).", ""]
+    if info.prediction is not None and info.acceptance is not None:
+        searched = searched_tokens(info.trial, info.gamma)
+        lines += [*rescored_lines(info.prediction, info.acceptance, searched), ""]
     predicted = None
     if info.trial is not None:
         t = info.trial
@@ -315,6 +324,24 @@ def _figures_section(info: ExportInfo) -> list[str]:
 
 
 CARD_ROWS = 24
+
+
+def rescored_lines(prediction: WorkloadPrediction, acceptance: AcceptanceEstimate,
+                   searched: float | None) -> list[str]:
+    """What the search predicts for the drafter as exported, in plain words (card and CLI);
+    `searched`: the tokens per step the search scored at that gamma."""
+    p = prediction.primary()
+    tokens = acceptance.tokens_per_step.get(str(p.gamma))
+    verdict = "faster than" if prediction.speedup > 1.0 else "not faster than"
+    line = (f"Predicted for this drafter as exported: {prediction.tokens_per_s:.1f} tokens/s, "
+            f"{prediction.speedup:.3f}x the target alone ({prediction.baseline_tokens_per_s:.1f}), so "
+            f"{verdict} plain decoding, at gamma {p.gamma}")
+    if tokens is not None:
+        line += (f" with {tokens:.3f} tokens per step, measured on {acceptance.n_positions} positions of "
+                 f"{acceptance.n_prompts} trace records its healing never trained on")
+    if searched is not None:
+        line += f" (the search scored {searched:.3f} after its own, shorter healing)"
+    return [line + ". Latency as the search priced it on its machine."]
 
 
 def _scalar_rows(data: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -484,6 +511,10 @@ class ExportResult(Record):
     hub_url: str | None = None
     source: str = ""
     name: str = ""  # the drafter's name (search table, card, draftnas.json)
+    gamma: int = DEFAULT_GAMMA
+    acceptance: AcceptanceEstimate | None = None
+    prediction: WorkloadPrediction | None = None
+    searched_tokens_per_step: float | None = None  # the search's reading at `gamma`, for comparison
 
 
 @dataclass(frozen=True)
@@ -520,18 +551,63 @@ def _resolve_plan(request: ExportRequest) -> _Source:
     if trial.candidate.head_vocab_size and plan.vocab is None:
         raise ExportError(f"trial {trial.number} was stored by a draftnas whose plans did not carry the "
                           "reduced head's token ids; re-run `draftnas search` to export it")
-    return _Source(plan=plan, label=f"study {request.study} trial {trial.number}", trial=trial, info=info)
+    return _Source(plan=plan, label=study_source(study, trial.number), trial=trial, info=info)
 
 
-def _gamma(request: ExportRequest, trial: RankedTrial | None) -> int:
-    """--gamma, else the searched best gamma at the workload's main batch size, else 4.
+def _gamma(request: ExportRequest, trial: RankedTrial | None, prediction: WorkloadPrediction | None) -> int:
+    """--gamma, else the best gamma at the workload's main batch size for the drafter as exported
+    (`prediction`), else the search's, else 4; never 0 (a folder is for speculating).
 
     (This once looked for top-level keys the stored prediction does not have, so every
     exported drafter said gamma 4 whatever the search found.)
     """
     if request.gamma is not None:
         return request.gamma
-    return trial.primary.gamma if trial is not None else DEFAULT_GAMMA
+    for source in (prediction, trial.throughput if trial is not None else None):
+        if source is not None and source.primary().gamma >= MIN_GAMMA:
+            return source.primary().gamma
+    return DEFAULT_GAMMA
+
+
+def study_source(study: str, trial: int) -> str:
+    """How an export from a study trial names its source (ExportInfo.source, draftnas.json)."""
+    return f"study {study} trial {trial}"
+
+
+def exported_record(folder: str | Path) -> dict[str, Any] | None:
+    """A draftnas folder's `draftnas.json` (None when the folder holds none or it is unreadable)."""
+    path = Path(folder) / "draftnas.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def searched_tokens(trial: RankedTrial | None, gamma: int) -> float | None:
+    """The tokens per step the search scored for this trial at `gamma` (None: none measured)."""
+    return trial.acceptance.tokens_at(gamma) if trial is not None else None
+
+
+def study_traces(info: StudyInfo | None) -> Any:
+    """The traces a study measured acceptance on (at its workload's temperature), or None: an
+    assumed-acceptance study, a study stored before draftnas recorded them, or a moved file."""
+    if info is None or info.acceptance_assumed or not info.traces:
+        return None
+    if not Path(info.traces).is_file():
+        log.warning("the study's traces %s are gone; the export is not re-scored", info.traces)
+        return None
+    from draftnas.traces import load_traces
+
+    return load_traces(info.traces).select(temperature=info.space.workload.temperature)
+
+
+def rescore(trial: RankedTrial, info: StudyInfo, estimate: AcceptanceEstimate) -> WorkloadPrediction:
+    """The trial's latency (as the search priced it) at the exported drafter's measured acceptance."""
+    reading = AcceptanceReading(kind="measured", acceptance_rate=float(estimate.acceptance_rate),
+                                tokens_per_step={k: float(v) for k, v in estimate.tokens_per_step.items()},
+                                estimate=estimate)
+    return predict_workload(trial.latency, reading, info.space.workload, info.space.gamma)
 
 
 def default_heal_steps(source_space: Any) -> tuple[int, str]:
@@ -567,16 +643,25 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     if steps > 0:
         options = replace(request.heal or HealOptions(), steps=steps, seed=request.seed)
     checkpoint = Path(request.out_dir + ".heal-checkpoint")
+    held = study_traces(source.info) if trial is not None else None
+    scoring: dict[str, Any] = {}
+    if held is not None and source.info is not None:
+        scoring = {"held": held, "max_gamma": max(source.info.space.gamma.max, 1),
+                   "temperature": source.info.space.workload.temperature}
     built = build_drafter(plan, loaded, heal=options,
                           teacher=_teacher(request.traces, target, base, loaded) if options else None,
-                          checkpoint_dir=checkpoint, progress=progress, data_progress=data_progress)
+                          checkpoint_dir=checkpoint, progress=progress, data_progress=data_progress,
+                          **scoring)
     heal_result = built.heal
     if heal_result is not None and heal_result.top1_after < heal_result.top1_before:
         # healing made it worse on held-out text: export the pruned weights, and say so in the card
         log.warning("healing lowered held-out top-1 agreement (%.3f -> %.3f): exporting the unhealed "
                     "drafter", heal_result.top1_before, heal_result.top1_after)
-        built = build_drafter(plan, loaded)
+        built = build_drafter(plan, loaded, **scoring)
         heal_result = replace(heal_result, kept=False)
+    prediction = None
+    if built.estimate is not None and trial is not None and source.info is not None:
+        prediction = rescore(trial, source.info, built.estimate)
     measured = None
     if heal_result is not None:
         measured = ({"top1_agreement_after_healing": heal_result.top1_after} if heal_result.kept
@@ -584,15 +669,17 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     info = ExportInfo(
         base=base, target=target, plan=plan, trial=trial,
         profile=source.info.profile if source.info else None,
-        heal=heal_result, source=source.label, seed=request.seed, gamma=_gamma(request, trial),
-        measured=measured,
+        heal=heal_result, source=source.label, seed=request.seed, gamma=_gamma(request, trial, prediction),
+        measured=measured, acceptance=built.estimate, prediction=prediction,
     )
     out = export_drafter(built.model, loaded.tokenizer, request.out_dir, info, force=request.force)
     if heal_result is not None:
         shutil.rmtree(checkpoint, ignore_errors=True)
     hub_url = push_to_hub(out, request.push_to_hub) if request.push_to_hub else None
     return ExportResult(out_dir=str(out), plan=plan, parameters=built.parameters, heal=heal_result,
-                        hub_url=hub_url, source=source.label, name=drafter_name(info))
+                        hub_url=hub_url, source=source.label, name=drafter_name(info), gamma=info.gamma,
+                        acceptance=built.estimate, prediction=prediction,
+                        searched_tokens_per_step=searched_tokens(trial, info.gamma))
 
 
 def _teacher(traces: str | None, target: str, base: str, loaded: Any) -> Any:

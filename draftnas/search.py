@@ -264,7 +264,7 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
                      acceptance_prior=options.acceptance_prior, profile=options.profile,
                      target_arch=options.target_arch, base_arch=options.base_arch,
                      acceptance_model=options.acceptance_model, placement=options.placement,
-                     engine=options.engine)
+                     engine=options.engine, traces=_traces_of(evaluator))
     storage_url = normalize_storage(settings.storage, options.study_name, settings.run_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(options, info, storage_url)
@@ -295,6 +295,12 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
     result = collect_result(study, storage_url, options, info, run.told, interrupted,
                             time.monotonic() - start)
     return replace(result, interrupted_trial=run.interrupted_trial, references=_references(run))
+
+
+def _traces_of(evaluator: Evaluator) -> str | None:
+    """The traces a measuring evaluator scores on (recorded in the study for the export)."""
+    path = getattr(evaluator, "traces_path", None)
+    return str(Path(path).resolve()) if path is not None else None
 
 
 def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) -> None:

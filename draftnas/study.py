@@ -76,6 +76,7 @@ class StudyInfo(Record):
     acceptance_model: str | None = None  # the alpha(drafter) model's label (FITTED ON ...) and file hash
     placement: Placement | None = None
     engine: str | None = None  # the loop engine a calibrated CPU search priced ("hf" | "static")
+    traces: str | None = None  # the target traces acceptance was measured on (absolute path)
 
     def fingerprint(self) -> dict[str, Any]:
         space = {k: v for k, v in self.space.to_dict().items() if k not in ("source", "description")}

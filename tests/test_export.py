@@ -155,13 +155,14 @@ def _trial(number: int, tokens_per_s: float, base: str = "tiny", with_plan: bool
     candidate = Candidate(name=f"c{number}", base=base, arch=arch, choice=CandidateChoice(depth=2),
                           plan=_plan(base) if with_plan else None)
     latency = LatencyReading(profile="cpu-default", batch_sizes=(1, 8), context_tokens=64,
-                             draft_ms=(1.0, 1.0), target_ms=(4.0, 4.0), verify_ms=((4.0,) * 6, (4.0,) * 6))
+                             draft_ms=(1.0, 1.0), target_ms=(4.0, 4.0), verify_ms=((4.0,) * 9, (4.0,) * 9))
     return RankedTrial(number=number, candidate=candidate, latency=latency,
                        acceptance=assumed_acceptance(0.7),
                        throughput=WorkloadPrediction.from_dict(_prediction(tokens_per_s)))
 
 
-def _study(storage: str, *, directions=("maximize",), with_plan=True, base="tiny"):
+def _study(storage: str, *, directions=("maximize",), with_plan=True, base="tiny", traces=None):
+    """Three trials; acceptance assumed, or (`traces`) measured on those traces."""
     import optuna
 
     from draftnas.registry import get_architecture
@@ -169,9 +170,13 @@ def _study(storage: str, *, directions=("maximize",), with_plan=True, base="tiny
     from draftnas.study import StudyInfo
 
     smol = get_architecture("smollm2-135m")
-    info = StudyInfo(schema=1, target="tiny-target", base=base, space=load_search_space("smollm2-135m"),
-                     objectives="throughput", acceptance_assumed=True, acceptance_prior=0.7,
-                     profile="cpu-default", target_arch=smol, base_arch=smol)
+    space = load_search_space("smollm2-135m")  # its workload at the trials' batch sizes (1 and 8)
+    space = dataclasses.replace(space, workload=dataclasses.replace(space.workload, batch_sizes=(1, 8),
+                                                                    batch_weights=(0.7, 0.3)))
+    info = StudyInfo(schema=1, target="tiny-target", base=base, space=space,
+                     objectives="throughput", acceptance_assumed=traces is None,
+                     acceptance_prior=None if traces else 0.7, profile="cpu-default", target_arch=smol,
+                     base_arch=smol, traces=traces)
     study = optuna.create_study(study_name="s", storage=storage, directions=list(directions))
     study.set_user_attr("draftnas", info.to_dict())
     for i, value in enumerate((10.0, 30.0, 20.0)):
@@ -227,19 +232,53 @@ def test_export_from_study_end_to_end(tiny_base, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
 
 
-def test_exported_gamma_is_the_searched_gamma_at_the_main_batch_size():
+def test_exported_gamma_is_the_best_for_the_drafter_as_exported_else_the_searched_one():
     from draftnas.export import ExportRequest, _gamma
     from draftnas.scoring import WorkloadPrediction
 
     request = ExportRequest(out_dir="x", study="s")
     trial = _trial(0, 1.0)
-    assert _gamma(request, trial) == 5
+    assert _gamma(request, trial, None) == 5
     one = _prediction(1.0)
     one["batch_weights"] = [0.2, 0.8]  # batch 8 now carries most tokens
     heavy = dataclasses.replace(trial, throughput=WorkloadPrediction.from_dict(one))
-    assert _gamma(request, heavy) == 2
-    assert _gamma(ExportRequest(out_dir="x", study="s", gamma=3), heavy) == 3  # --gamma wins
-    assert _gamma(request, None) == 4
+    assert _gamma(request, heavy, None) == 2
+    assert _gamma(ExportRequest(out_dir="x", study="s", gamma=3), heavy, None) == 3  # --gamma wins
+    assert _gamma(request, None, None) == 4
+    rescored = _prediction(1.0)
+    rescored["per_batch"][0]["gamma"] = 1  # priced again at the exported drafter's acceptance
+    assert _gamma(request, trial, WorkloadPrediction.from_dict(rescored)) == 1
+    rescored["per_batch"][0]["gamma"] = 0  # "do not speculate": a folder still says the search's gamma
+    assert _gamma(request, trial, WorkloadPrediction.from_dict(rescored)) == 5
+
+
+def test_an_export_from_a_measuring_study_is_priced_again_on_records_its_healing_never_saw(tiny_base, tmp_path):
+    from draftnas.distill import HealOptions
+    from draftnas.export import ExportRequest, export_from_request
+    from draftnas.prompts import load_prompts
+    from draftnas.sources import load_model
+    from draftnas.traces import TraceOptions, build_traces, held_out
+
+    folder, _, _ = tiny_base
+    traces = build_traces(load_model(str(folder)), list(load_prompts("chat", per_domain=6)),
+                          TraceOptions(max_new_tokens=6, batch_size=6), tmp_path / "t.safetensors",
+                          prompt_set="chat")
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    _study(storage, base=str(folder), traces=str(traces))
+    unhealed = export_from_request(ExportRequest(out_dir=str(tmp_path / "a"), study="s", storage=storage))
+    assert unhealed.acceptance is not None and unhealed.acceptance.n_prompts == 6  # nothing trained on
+    p = unhealed.prediction
+    assert p is not None and unhealed.gamma == p.primary().gamma >= 1
+    assert p.primary().tokens_per_step == pytest.approx(unhealed.acceptance.tokens_per_step[str(unhealed.gamma)])
+    meta = json.loads((tmp_path / "a" / "draftnas.json").read_text())
+    assert meta["prediction"]["tokens_per_s"] == pytest.approx(p.tokens_per_s) and meta["gamma"] == unhealed.gamma
+    assert "Predicted for this drafter as exported" in (tmp_path / "a" / "README.md").read_text()
+    heal = HealOptions(heldout_every=3, eval_every=0, batch_size=2)  # trains on records 1, 2, 4, 5
+    healed = export_from_request(ExportRequest(out_dir=str(tmp_path / "b"), study="s", storage=storage,
+                                               traces=str(traces), heal_steps=2, heal=heal))
+    assert healed.heal is not None and len(healed.heal.trained_prompts) == 4
+    assert healed.acceptance is not None
+    assert healed.acceptance.n_prompts == sum(held_out(i, 3) for i in range(6)) == 2  # only the unseen ones
 
 
 def test_export_from_plan_file_with_healing(tiny_base, tmp_path):

@@ -410,7 +410,7 @@ def test_ctrl_c_on_the_cli_prints_the_table_so_far_and_leaves_nothing_running(tm
 def test_the_table_keeps_whole_names_at_120_columns_and_says_what_to_run_next(tmp_path):
     from rich.console import Console
 
-    from draftnas.cli.cmd_search import ranked_table, summary_lines
+    from draftnas.cli.cmd_search import next_commands, ranked_table, summary_lines
 
     result = run_search(smol_options(tmp_path, n_trials=10), StubLatency(), FakeMeasured())
     console = Console(width=120, record=True)
@@ -419,15 +419,20 @@ def test_the_table_keeps_whole_names_at_120_columns_and_says_what_to_run_next(tm
     assert "…" not in text
     for r in result.ranked[:10]:  # folded onto two lines at worst, never cut
         assert r.candidate.name in text.replace("\n", "").replace("│", "").replace(" ", "")
-    lines = summary_lines(result)
+    lines = next_commands(result)
     best = result.best
     export = next(line for line in lines if "draftnas export" in line)
     assert f"--trial {best.number}" in export and f"--out drafters/{best.candidate.name}" in export
     bench = next(line for line in lines if "draftnas bench" in line)
     assert f"--gamma {best.primary.gamma}" in bench and "assistant_model=" in lines[-1]
+    # after --export: no export line; bench the folder written, at the gamma it was exported with
+    exported = next_commands(result, ("drafters/x", 7))
+    assert not any("draftnas export" in line for line in exported)
+    assert any("--draft drafters/x --gamma 7" in line for line in exported) and "'drafters/x'" in exported[-1]
     assumed = run_search(smol_options(tmp_path, n_trials=4, prior=0.7, study="a"), StubLatency(),
                          PriorEvaluator(0.7))
-    assert any("latency-only" in line for line in summary_lines(assumed))
+    assert any("latency-only" in line for line in next_commands(assumed))
+    assert not any("latency-only" in line for line in summary_lines(assumed))
 
 
 def test_when_nothing_wins_the_summary_gives_the_acceptance_one_ceiling(tmp_path):
@@ -502,3 +507,20 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     uncalibrated = next_commands(NS(best=best, info=NS(**{**vars(info), "engine": None}), study_name="s",
                                     storage="sqlite:///s.db"))
     assert "--engine" not in next(line for line in uncalibrated if "draftnas bench" in line)
+
+
+def test_export_keeps_a_folder_that_already_holds_the_best_trial_and_refuses_a_latency_only_one(tmp_path):
+    from types import SimpleNamespace as NS
+
+    from draftnas.cli.cmd_search import export_best
+
+    best = NS(candidate=NS(plan=object(), name="L1bi-x"), number=3, primary=NS(gamma=2))
+    result = NS(best=best, info=NS(acceptance_assumed=False), study_name="s", storage="sqlite:///s.db")
+    folder = tmp_path / "L1bi-x"
+    folder.mkdir()
+    (folder / "draftnas.json").write_text(json.dumps({"source": "study s trial 3", "gamma": 1}))
+    assert export_best(result, tmp_path, json_out=True) == (str(folder), 1)  # nothing re-healed
+    latency_only = NS(best=NS(candidate=NS(plan=None, name="x"), number=0, primary=NS(gamma=2)),
+                      info=NS(acceptance_assumed=True), study_name="s", storage="sqlite:///s.db")
+    with pytest.raises(InvalidInputError, match="--export needs a search that pruned real weights"):
+        export_best(latency_only, tmp_path, json_out=True)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from draftnas.cli.app import app, console, fmt_params, print_json, progress_bars
 from draftnas.cli.cmd_heal import render_heal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from draftnas.export import ExportResult
 
 
 @app.command()
@@ -31,8 +35,9 @@ def export(
              "Default: 80, or 0 when the study's search space heals none (the shipped Gemma-3 space). "
              "If healing lowers held-out top-1 agreement, the unhealed weights are exported."),
     gamma: int | None = typer.Option(None, "--gamma",
-                                     help="Draft tokens per step for generation_config (default: "
-                                          "the searched best at the main batch size, else 4; 1-32)."),
+                                     help="Draft tokens per step for generation_config, 1-32 "
+                                          "(default: the best for the drafter as exported when the study "
+                                          "measured acceptance, else the searched best, else 4)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out folder."),
     push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Upload to this hub repo (online)."),
     seed: int = typer.Option(0, "--seed"),
@@ -51,9 +56,19 @@ def export(
     if json_out:
         print_json(result.to_dict())
         return
+    render_export(result)
+
+
+def render_export(result: ExportResult) -> None:
+    """What an export did: healing, where the folder is, its gamma, and its prediction as exported."""
+    from draftnas.export import rescored_lines
+
     if result.heal is not None:
         render_heal(result.heal)
     console.print(f"exported [bold]{result.name}[/bold] ({fmt_params(result.parameters)} parameters, "
-                  f"from {result.source}) to [bold]{result.out_dir}[/bold]")
+                  f"from {result.source}) to [bold]{result.out_dir}[/bold], gamma {result.gamma}")
+    if result.prediction is not None and result.acceptance is not None:
+        for line in rescored_lines(result.prediction, result.acceptance, result.searched_tokens_per_step):
+            console.print(line, highlight=False, soft_wrap=True)
     if result.hub_url:
         console.print(f"pushed to {result.hub_url}")

@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from draftnas.cli.app import app, console, err_console, fmt_params, print_json, progress_bars
+from draftnas.cli.cmd_export import render_export
 from draftnas.errors import InvalidInputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -121,7 +122,7 @@ def summary_lines(result: SearchResult) -> list[str]:
     if result.profile_note:
         lines.append(result.profile_note if result.profile_note.startswith("calibrated")
                      else f"NOTE: {result.profile_note}.")
-    return lines + next_commands(result)
+    return lines
 
 
 def _no_winner(result: SearchResult) -> str:
@@ -141,31 +142,70 @@ def _no_winner(result: SearchResult) -> str:
     if result.info.acceptance_assumed:
         return (f"NOTE: no candidate beats plain decoding at the acceptance given: {why}, so it is "
                 "acceptance that falls short; the break-even α column says how much each drafter needs.")
-    return (f"NOTE: no candidate beats plain decoding at the acceptance measured: {why}, so it is acceptance "
-            "that falls short; heal longer, trace more of your workload, or search another base.")
+    steps = result.info.space.heal.steps
+    healed = f" after the search's {steps}-step healing" if steps else ""
+    return (f"NOTE: no candidate beats plain decoding at the acceptance measured{healed}: {why}, so it is "
+            "acceptance that falls short; export heals longer and prices the drafter again (--export), "
+            "or trace more of your workload, or search another base.")
 
 
-def next_commands(result: SearchResult) -> list[str]:
-    """What to run next with the best drafter: export it, bench it, use it from transformers."""
+def exportable(result: SearchResult) -> bool:
+    """Whether the best trial is a drafter with weights (not a latency-only shape)."""
+    b = result.best
+    return b is not None and b.candidate.plan is not None and not result.info.acceptance_assumed
+
+
+def next_commands(result: SearchResult, exported: tuple[str, int] | None = None) -> list[str]:
+    """What to run next with the best drafter: export it (unless `exported`: its folder and gamma),
+    bench it, use it from transformers."""
     b = result.best
     if b is None:
         return []
-    if b.candidate.plan is None or result.info.acceptance_assumed:
+    if not exportable(result):
         return ["next: this was a latency-only search (no weights to prune); search with the base's weights "
                 "(--base) to get a drafter you can export"]
-    folder = f"drafters/{b.candidate.name}"
+    folder, gamma = exported or (f"drafters/{b.candidate.name}", b.primary.gamma)
     w = result.info.space.workload  # bench on the workload's prompt set, as the acceptance was measured
     reduced = b.candidate.head_vocab_size is not None
     load = f"AutoModelForCausalLM.from_pretrained('{folder}'{', trust_remote_code=True' if reduced else ''})"
+    export = [] if exported is not None else [
+        f"  draftnas export --study {result.study_name} --storage {result.storage} --trial {b.number} "
+        f"--out {folder}"]
     return [
         "next:",
-        f"  draftnas export --study {result.study_name} --storage {result.storage} --trial {b.number} "
-        f"--out {folder}",
-        f"  draftnas bench --target {result.info.target} --draft {folder} --gamma {b.primary.gamma}"
+        *export,
+        f"  draftnas bench --target {result.info.target} --draft {folder} --gamma {gamma}"
         + (f" --engine {result.info.engine}" if result.info.engine else "")
         + (f" --prompts {w.prompt_set} --per-domain 8" if w.prompt_set != "all" else ""),
         f"  in transformers: target.generate(..., assistant_model={load})",
     ]
+
+
+def export_best(result: SearchResult, root: Path, json_out: bool) -> tuple[str, int]:
+    """`--export`: the best trial exported as `draftnas export` would (its default healing) into
+    root/<name> and priced again at its acceptance as exported -> (folder, gamma). A folder that
+    already holds that trial is kept."""
+    from draftnas.export import ExportRequest, export_from_request, exported_record, study_source
+
+    b = result.best
+    if b is None or not exportable(result):
+        raise InvalidInputError("--export needs a search that pruned real weights and measured acceptance; "
+                                "this study has no such drafter to export")
+    out = root / b.candidate.name
+    record = exported_record(out)
+    if record is not None and record.get("source") == study_source(result.study_name, b.number):
+        if not json_out:
+            console.print(f"{out} already holds trial {b.number} of study {result.study_name} (exported "
+                          "before; its README.md has the figures)")
+        return str(out), int(record.get("gamma", b.primary.gamma))
+    request = ExportRequest(out_dir=str(out), study=result.study_name, storage=result.storage, trial=b.number,
+                            heal_steps=None)
+    with progress_bars(json_out) as on:
+        exported = export_from_request(request, progress=on("healing the best drafter"),
+                                       data_progress=on("target continuations"))
+    if not json_out:
+        render_export(exported)
+    return exported.out_dir, exported.gamma
 
 
 def result_json(result: SearchResult) -> dict[str, Any]:
@@ -227,6 +267,11 @@ def search(
         help="The speculative loop the calibration times and the printed bench command runs: static "
              "(draftnas's decoder over caches allocated once; its target alone is faster too) or hf "
              "(transformers models over a growing cache)."),
+    export: bool = typer.Option(
+        False, "--export",
+        help="Then export the best drafter to drafters/<name> as `draftnas export` does (healed by "
+             "default), price it again at its acceptance as exported, and print how to bench it and use "
+             "it from transformers. A folder that already holds that trial is kept."),
     json_out: bool = typer.Option(False, "--json",
                                   help="Print the result as JSON on stdout (progress stays on stderr)."),
     out_json: Path | None = typer.Option(None, "--out-json",
@@ -253,6 +298,10 @@ def search(
                 if result.interrupted_trial is not None else "no trial was in flight")
         err_console.print(f"[yellow]interrupted: {lost}; re-run the same command to resume[/yellow]")
         sys.exit(130)
+    exported = export_best(result, Path("drafters"), json_out) if export else None
+    if not json_out:
+        for line in next_commands(result, exported):
+            console.print(line, highlight=False, soft_wrap=True)
 
 
 def parse_acceptance_prior(text: str | None) -> tuple[float | None, str | None]:
