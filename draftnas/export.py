@@ -332,7 +332,8 @@ def rescored_lines(prediction: WorkloadPrediction, acceptance: AcceptanceEstimat
     `searched`: the tokens per step the search scored at that gamma."""
     p = prediction.primary()
     tokens = acceptance.tokens_per_step.get(str(p.gamma))
-    verdict = "faster than" if prediction.speedup > 1.0 else "not faster than"
+    verdict = ("faster than" if prediction.speedup >= 1.005 else "slower than" if prediction.speedup <= 0.995
+               else "level with")
     line = (f"Predicted for this drafter as exported: {prediction.tokens_per_s:.1f} tokens/s, "
             f"{prediction.speedup:.3f}x the target alone ({prediction.baseline_tokens_per_s:.1f}), so "
             f"{verdict} plain decoding, at gamma {p.gamma}")

@@ -252,7 +252,7 @@ def test_exported_gamma_is_the_best_for_the_drafter_as_exported_else_the_searche
     assert _gamma(request, trial, WorkloadPrediction.from_dict(rescored)) == 5
 
 
-def test_an_export_from_a_measuring_study_is_priced_again_on_records_its_healing_never_saw(tiny_base, tmp_path):
+def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never_saw(tiny_base, tmp_path):
     from draftnas.distill import HealOptions
     from draftnas.export import ExportRequest, export_from_request
     from draftnas.prompts import load_prompts
@@ -269,9 +269,11 @@ def test_an_export_from_a_measuring_study_is_priced_again_on_records_its_healing
     assert unhealed.acceptance is not None and unhealed.acceptance.n_prompts == 6  # nothing trained on
     p = unhealed.prediction
     assert p is not None and unhealed.gamma == p.primary().gamma >= 1
-    assert p.primary().tokens_per_step == pytest.approx(unhealed.acceptance.tokens_per_step[str(unhealed.gamma)])
+    measured = unhealed.acceptance.tokens_per_step[str(unhealed.gamma)]
+    assert p.primary().tokens_per_step == pytest.approx(measured)
     meta = json.loads((tmp_path / "a" / "draftnas.json").read_text())
-    assert meta["prediction"]["tokens_per_s"] == pytest.approx(p.tokens_per_s) and meta["gamma"] == unhealed.gamma
+    assert meta["prediction"]["tokens_per_s"] == pytest.approx(p.tokens_per_s)
+    assert meta["gamma"] == unhealed.gamma
     assert "Predicted for this drafter as exported" in (tmp_path / "a" / "README.md").read_text()
     heal = HealOptions(heldout_every=3, eval_every=0, batch_size=2)  # trains on records 1, 2, 4, 5
     healed = export_from_request(ExportRequest(out_dir=str(tmp_path / "b"), study="s", storage=storage,
