@@ -1,0 +1,74 @@
+"""What bounds a CPU decode step: the target's matrix products alone, against the read bandwidth.
+
+One decode (or verify) step multiplies every layer's weight matrices and the LM head by a few
+rows. This times exactly those products, streaming every weight once per pass as a step does,
+in the three forms the static decoder chooses between (`F.linear(x, W)`, `(W @ x.T).T` and
+`x @ Wt` with Wt a contiguous copy of W's transpose), at
+1..N rows, beside the host's read bandwidth (`profile.measure_read_bandwidth_gb_s`) and the
+bound it gives: weight bytes / bandwidth. A step can be no faster than its fastest products;
+the rest of a step (norms, attention, RoPE, Python) comes on top.
+
+    python benchmarks/product_floor.py --target smollm2-135m
+    python benchmarks/product_floor.py --target gemma-3-270m --rows 1,2,3,4,5 --json out.json
+
+Prints one JSON object: host, threads, load, bandwidth, bound, and ms per form and row count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from draftnas.decoder import StaticDecoder
+    from draftnas.machine import cpu_model_name, load_average
+    from draftnas.profile import measure_read_bandwidth_gb_s
+    from draftnas.registry import get_architecture
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--rows", default="1,2,3,4,5")
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    args = parser.parse_args()
+    arch = get_architecture(args.target)
+    dec = StaticDecoder(arch, dtype=torch.float32, device="cpu", matmul="off").init_random(0)
+    weights = [w for shape_weights in dec.matmul.by_shape.values() for w in shape_weights]
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    bandwidth = measure_read_bandwidth_gb_s()
+    transposed = {id(w): w.T.contiguous() for w in weights}
+    forms = {"F.linear(x, W)": lambda w, x: F.linear(x, w), "(W @ x.T).T": lambda w, x: torch.mm(w, x.T),
+             "x @ Wt": lambda w, x: torch.mm(x, transposed[id(w)])}
+    ms: dict[str, dict[int, float]] = {name: {} for name in forms}
+    with torch.inference_mode():
+        for rows in [int(r) for r in args.rows.split(",")]:
+            inputs = {n: torch.randn(rows, n) for n in {int(w.shape[1]) for w in weights}}
+            for name, fn in forms.items():
+                times = []
+                for _ in range(args.repeats):
+                    started = time.perf_counter()
+                    for w in weights:
+                        fn(w, inputs[int(w.shape[1])])
+                    times.append(time.perf_counter() - started)
+                ms[name][rows] = round(statistics.median(times[2:]) * 1e3, 2)
+    bound_ms = nbytes / (bandwidth * 1e9) * 1e3
+    result = {"host": cpu_model_name(), "threads": torch.get_num_threads(), "load_average": load_average(),
+              "target": args.target, "weight_mb": round(nbytes / 1e6, 1),
+              "read_bandwidth_gb_s": round(bandwidth, 1), "bound_ms": round(bound_ms, 2), "products_ms": ms,
+              "fastest_over_bound": {rows: round(min(ms[f][rows] for f in forms) / bound_ms, 2)
+                                     for rows in ms["F.linear(x, W)"]}}
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
