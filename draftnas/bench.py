@@ -67,6 +67,9 @@ class BenchOptions(Record):
     device: str = "cpu"
     dtype: str = "fp32"
     engine: str | None = None
+    # at most this many prompts per domain (evenly spaced), chosen after leaving out the prompts
+    # the drafter was healed on (None: every prompt given that it was not healed on)
+    per_domain: int | None = None
 
     def resolved_engine(self) -> str:
         return self.engine or ("static" if self.device == "cuda" else "hf")
@@ -85,6 +88,8 @@ class BenchOptions(Record):
             problems.append(f"temperature must be in [0, 10], got {self.temperature:g}")
         if not 1 <= self.max_new_tokens <= 8192:
             problems.append(f"max_new_tokens must be in [1, 8192], got {self.max_new_tokens}")
+        if self.per_domain is not None and self.per_domain < 1:
+            problems.append(f"per_domain must be >= 1, got {self.per_domain}")
         if problems:
             raise InvalidInputError("; ".join(problems))
 
@@ -157,6 +162,7 @@ class BenchResult(Record):
     exact_match_rate: float | None = None  # greedy: share of prompts whose output equals the target's
     divergence_margins: tuple[float, ...] = ()  # target's top-1 minus top-2 logit at each divergence
     hf_target_tokens_per_s: float | None = None  # transformers generate of the target alone
+    left_out: tuple[str, ...] = ()  # ids of prompts not benched: the drafter was healed on them
 
 
 @dataclass
@@ -425,8 +431,8 @@ def run_bench(
     t_model = load_model(target, **load) if isinstance(target, str) else target
     d_model = load_model(draft, **load) if isinstance(draft, str) else draft
     _check_same_tokenizer(t_model, d_model)
+    prompts, encoded, left_out = unseen_prompts(prompts, t_model.tokenizer, d_model, options.per_domain)
     bench = _Bench(t_model, d_model, options)
-    encoded = [encode_prompt(t_model.tokenizer, p.text) for p in prompts]
     if options.resolved_engine() == "static":
         bench.build_engines(max(len(ids) for ids in encoded) + options.max_new_tokens + options.gamma + 1)
     # warm-up; a static engine's full-length run also meets (and on CUDA captures) every step size
@@ -453,9 +459,35 @@ def run_bench(
         device=str(param.device), dtype=str(param.dtype).removeprefix("torch."),
         threads=torch.get_num_threads(), prompts=tuple(rows), versions=package_versions(),
         draft_vocab_size=bench.subset.size if bench.subset is not None else None,
-        engine=options.resolved_engine(),
+        engine=options.resolved_engine(), left_out=left_out,
         wall_s=round(time.perf_counter() - started, 2), **summary,
     )
+
+
+def unseen_prompts(prompts: Sequence[Prompt], tokenizer: Any, drafter: LoadedModel, per_domain: int | None
+                   ) -> tuple[list[Prompt], list[list[int]], tuple[str, ...]]:
+    """The prompts a drafter folder's healing never trained on (by token ids, as `draftnas.json`
+    records them), then at most `per_domain` of each domain -> (prompts, their ids, ids left out).
+    A bench on the drafter's own training text would overstate its acceptance."""
+    from draftnas.distill import prompt_key
+    from draftnas.export import exported_record
+    from draftnas.prompts import subsample
+
+    record = exported_record(drafter.folder) if drafter.folder is not None else None
+    heal = (record or {}).get("heal") or {}
+    trained = set(heal.get("trained_prompts") or ()) if heal.get("kept", True) else set()
+    pairs = [(p, encode_prompt(tokenizer, p.text)) for p in prompts]
+    kept = [(p, ids) for p, ids in pairs if prompt_key(ids) not in trained]
+    left_out = tuple(p.id for p, ids in pairs if prompt_key(ids) in trained)
+    if not kept:
+        raise InvalidInputError(f"the drafter was healed on every one of the {len(pairs)} prompts given; "
+                                "bench it on other prompts (--prompts)")
+    if left_out:
+        log.warning("left out %d prompt(s) the drafter was healed on: %s", len(left_out), ", ".join(left_out))
+    if per_domain is not None:
+        chosen = {p.id for p in subsample([p for p, _ in kept], per_domain)}
+        kept = [(p, ids) for p, ids in kept if p.id in chosen]
+    return [p for p, _ in kept], [ids for _, ids in kept], left_out
 
 
 def _predict(bench: _Bench, prompts: Sequence[Prompt], encoded: Sequence[list[int]],

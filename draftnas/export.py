@@ -611,6 +611,15 @@ def rescore(trial: RankedTrial, info: StudyInfo, estimate: AcceptanceEstimate) -
     return predict_workload(trial.latency, reading, info.space.workload, info.space.gamma)
 
 
+def workload_heal_options(info: StudyInfo | None) -> HealOptions:
+    """Healing data for an export: the target's continuations of the study's workload prompt set
+    (self-distillation on the text the drafter will serve; up to 40 prompts per domain), or of the
+    default mixed set (10 per domain) for a plan file or a workload of every set."""
+    if info is None or info.space.workload.prompt_set == "all":
+        return HealOptions()
+    return HealOptions(prompts=info.space.workload.prompt_set, prompts_per_domain=40)
+
+
 def default_heal_steps(source_space: Any) -> tuple[int, str]:
     """Heal steps when --heal-steps is not given, with why: none when the study's space heals none
     (its authors found short healing lowers that family's acceptance: the shipped Gemma-3 space),
@@ -642,7 +651,7 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         log.info("healing %d steps: %s (--heal-steps N to choose)", steps, why)
     options = None
     if steps > 0:
-        options = replace(request.heal or HealOptions(), steps=steps, seed=request.seed)
+        options = replace(request.heal or workload_heal_options(source.info), steps=steps, seed=request.seed)
     checkpoint = Path(request.out_dir + ".heal-checkpoint")
     held = study_traces(source.info) if trial is not None else None
     scoring: dict[str, Any] = {}

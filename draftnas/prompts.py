@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -141,11 +142,12 @@ def load_prompts(spec: str, *, per_domain: int | None = None) -> tuple[Prompt, .
     if not prompts:
         raise InvalidInputError(f"prompt set {spec!r} is empty")
     if per_domain is not None:
-        prompts = _subsample(prompts, per_domain)
+        prompts = subsample(prompts, per_domain)
     return tuple(prompts)
 
 
-def _subsample(prompts: list[Prompt], per_domain: int) -> list[Prompt]:
+def subsample(prompts: Sequence[Prompt], per_domain: int) -> list[Prompt]:
+    """At most `per_domain` prompts of each domain, evenly spaced through `prompts`, in order."""
     by_domain: dict[str, list[Prompt]] = {}
     for p in prompts:
         by_domain.setdefault(p.domain, []).append(p)

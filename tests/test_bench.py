@@ -116,3 +116,28 @@ def test_smollm2_bench_is_lossless_and_matches_the_estimate(smollm2):
     result = run_bench(smollm2, draft, prompts, BenchOptions(gamma=3, max_new_tokens=10, hf_assisted=False))
     assert result.lossless is True
     assert result.predicted_tokens_per_step == pytest.approx(result.tokens_per_step, rel=1e-6)
+
+
+def test_prompts_the_drafter_was_healed_on_are_left_out_before_the_per_domain_choice(tmp_path):
+    import dataclasses
+    import json
+
+    from draftnas.bench import unseen_prompts
+    from draftnas.distill import prompt_key
+    from draftnas.prompts import encode_prompt
+
+    tok = TinyTokenizer()
+    prompts = PROMPTS + (Prompt(id="d", domain="x", text="accept"),)
+    trained = [prompt_key(encode_prompt(tok, p.text)) for p in prompts[:1]]  # healed on "a"
+    (tmp_path / "draftnas.json").write_text(json.dumps({"heal": {"trained_prompts": trained, "kept": True}}))
+    drafter = dataclasses.replace(_loaded(None, "d"), folder=tmp_path)
+    kept, ids, left_out = unseen_prompts(prompts, tok, drafter, per_domain=None)
+    assert [p.id for p in kept] == ["b", "c", "d"] and left_out == ("a",)
+    assert ids == [encode_prompt(tok, p.text) for p in kept]
+    one_each, _, _ = unseen_prompts(prompts, tok, drafter, per_domain=1)  # chosen among b, c, d: x gets c
+    assert [p.id for p in one_each] == ["b", "c"]
+    assert unseen_prompts(prompts, tok, _loaded(None, "no-folder"), per_domain=None)[2] == ()
+    with pytest.raises(InvalidInputError, match="healed on every one of the 1 prompts"):
+        unseen_prompts(prompts[:1], tok, drafter, per_domain=None)
+    (tmp_path / "draftnas.json").write_text(json.dumps({"heal": {"trained_prompts": trained, "kept": False}}))
+    assert unseen_prompts(prompts, tok, drafter, per_domain=None)[2] == ()  # unhealed weights exported

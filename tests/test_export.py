@@ -161,10 +161,8 @@ def _trial(number: int, tokens_per_s: float, base: str = "tiny", with_plan: bool
                        throughput=WorkloadPrediction.from_dict(_prediction(tokens_per_s)))
 
 
-def _study(storage: str, *, directions=("maximize",), with_plan=True, base="tiny", traces=None):
-    """Three trials; acceptance assumed, or (`traces`) measured on those traces."""
-    import optuna
-
+def _info(base="tiny", traces=None):
+    """What the fake studies were made for: acceptance assumed, or (`traces`) measured on those."""
     from draftnas.registry import get_architecture
     from draftnas.space import load_search_space
     from draftnas.study import StudyInfo
@@ -173,10 +171,17 @@ def _study(storage: str, *, directions=("maximize",), with_plan=True, base="tiny
     space = load_search_space("smollm2-135m")  # its workload at the trials' batch sizes (1 and 8)
     space = dataclasses.replace(space, workload=dataclasses.replace(space.workload, batch_sizes=(1, 8),
                                                                     batch_weights=(0.7, 0.3)))
-    info = StudyInfo(schema=1, target="tiny-target", base=base, space=space,
+    return StudyInfo(schema=1, target="tiny-target", base=base, space=space,
                      objectives="throughput", acceptance_assumed=traces is None,
                      acceptance_prior=None if traces else 0.7, profile="cpu-default", target_arch=smol,
                      base_arch=smol, traces=traces)
+
+
+def _study(storage: str, *, directions=("maximize",), with_plan=True, base="tiny", traces=None):
+    """Three trials; acceptance assumed, or (`traces`) measured on those traces."""
+    import optuna
+
+    info = _info(base, traces)
     study = optuna.create_study(study_name="s", storage=storage, directions=list(directions))
     study.set_user_attr("draftnas", info.to_dict())
     for i, value in enumerate((10.0, 30.0, 20.0)):
@@ -281,6 +286,18 @@ def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never
     assert healed.heal is not None and len(healed.heal.trained_prompts) == 4
     assert healed.acceptance is not None
     assert healed.acceptance.n_prompts == sum(held_out(i, 3) for i in range(6)) == 2  # only the unseen ones
+
+
+def test_an_export_from_a_study_heals_on_its_workload_prompt_set():
+    from draftnas.distill import HealOptions
+    from draftnas.export import workload_heal_options
+
+    info = _info()  # the SmolLM2 space: chat workload
+    chat = workload_heal_options(info)
+    assert (chat.prompts, chat.prompts_per_domain) == ("chat", 40)
+    every = dataclasses.replace(info, space=dataclasses.replace(
+        info.space, workload=dataclasses.replace(info.space.workload, prompt_set="all")))
+    assert workload_heal_options(every) == workload_heal_options(None) == HealOptions()
 
 
 def test_export_from_plan_file_with_healing(tiny_base, tmp_path):

@@ -38,7 +38,9 @@ def bench(
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy (checked lossless)."),
     prompts: str = typer.Option("all", "--prompts", "-p", help="Prompt set or JSONL file."),
     per_domain: int | None = typer.Option(2, "--per-domain",
-                                          help="At most this many prompts per domain (0 = all)."),
+                                          help="At most this many prompts per domain, evenly spaced "
+                                               "(0 = all); prompts the drafter was healed on are left "
+                                               "out first."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="New tokens per prompt."),
     seed: int = typer.Option(0, "--seed", help="Seed of sampling runs."),
     no_hf: bool = typer.Option(False, "--no-hf", help="Skip transformers' assisted generation."),
@@ -58,9 +60,10 @@ def bench(
     from draftnas.bench import BenchOptions, run_bench
     from draftnas.prompts import load_prompts
 
-    prompt_list = load_prompts(prompts, per_domain=per_domain or None)
+    prompt_list = load_prompts(prompts)
     options = BenchOptions(gamma=gamma, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                           hf_assisted=not no_hf, device=device, dtype=dtype, engine=engine)
+                           hf_assisted=not no_hf, device=device, dtype=dtype, engine=engine,
+                           per_domain=per_domain or None)
     options.validate()
     with Progress(TextColumn("[bold]bench[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console) as bar:
@@ -108,5 +111,8 @@ def bench(
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
+    if result.left_out:
+        console.print(f"left out {len(result.left_out)} prompt(s) the drafter was healed on: "
+                      f"{', '.join(result.left_out)}", highlight=False, soft_wrap=True)
     if out_json is not None:
         console.print(f"result written to {out_json}")
