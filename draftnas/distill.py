@@ -60,6 +60,8 @@ class HealOptions(Record):
     heldout_every: every n-th prompt (or trace record) is held out for the readings.
     prompts / prompts_per_domain / max_new_tokens / data_temperature: self-distillation data in
     live mode (the target's continuations; generating them is most of a short run's cost).
+    exclude_prompts: ids of prompts kept out of the live data altogether (e.g. the ones an
+    acceptance estimate will be made on).
     max_seconds: stop early after this much training wall time (the search's budget).
     checkpoint_every: steps between checkpoints when a checkpoint folder is given.
     """
@@ -74,6 +76,7 @@ class HealOptions(Record):
     heldout_every: int = 5
     prompts: str = "all"
     prompts_per_domain: int | None = 10
+    exclude_prompts: tuple[str, ...] = ()
     max_new_tokens: int = 96
     data_temperature: float = 0.0
     max_seq_len: int = 384
@@ -224,6 +227,7 @@ def generate_heal_data(target: Any, tokenizer: Any, options: HealOptions,
 
     started = time.perf_counter()
     prompts = load_prompts(options.prompts, per_domain=options.prompts_per_domain)
+    prompts = tuple(p for p in prompts if p.id not in set(options.exclude_prompts))
     encoded = [encode_prompt(tokenizer, p.text) for p in prompts]
     eos = eos_token_ids(target, tokenizer)
     train: list[HealSequence] = []
@@ -511,8 +515,8 @@ def _load_or_make_data(teacher: Any, tokenizer: Any, options: HealOptions, folde
 
 
 def _data_options(options: HealOptions) -> dict[str, Any]:
-    keep = ("prompts", "prompts_per_domain", "max_new_tokens", "data_temperature", "heldout_every",
-            "max_seq_len", "seed")
+    keep = ("prompts", "prompts_per_domain", "exclude_prompts", "max_new_tokens", "data_temperature",
+            "heldout_every", "max_seq_len", "seed")
     return {k: getattr(options, k) for k in keep}
 
 

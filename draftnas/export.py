@@ -56,9 +56,10 @@ class ExportInfo(Record):
     drafter (candidate, latency, acceptance, throughput), as stored in its Optuna trial, and
     profile the latency profile they were priced with; measured: figures measured at export
     (e.g. top-1 after healing). acceptance / prediction: when the plan came from a study that
-    measured acceptance, this folder's drafter (healed as exported) estimated on the study's traces,
-    leaving out every prompt its healing trained on, and the trial's latency priced at that
-    acceptance (best gamma included): the search's own figure, for the drafter as exported.
+    measured acceptance, this folder's drafter (healed as exported) estimated on the trace records
+    the search scored acceptance on (kept out of the export's healing data; any record whose
+    prompt it trained on anyway is left out), and the trial's latency priced at that acceptance
+    (best gamma included): the search's own figure, for the drafter as exported.
     """
 
     base: str
@@ -71,7 +72,7 @@ class ExportInfo(Record):
     source: str = ""
     seed: int = 0
     gamma: int = 4
-    acceptance: AcceptanceEstimate | None = None  # this folder's drafter on the study's traces
+    acceptance: AcceptanceEstimate | None = None  # this folder's drafter on the study's scored traces
     prediction: WorkloadPrediction | None = None  # the trial's latency at that acceptance
 
 
@@ -591,16 +592,18 @@ def searched_tokens(trial: RankedTrial | None, gamma: int) -> float | None:
 
 
 def study_traces(info: StudyInfo | None) -> Any:
-    """The traces a study measured acceptance on (at its workload's temperature), or None: an
-    assumed-acceptance study, a study stored before draftnas recorded them, or a moved file."""
+    """The trace records a study scored acceptance on (its held-out split, at the workload's
+    temperature), or None: an assumed-acceptance study, a study stored before draftnas recorded
+    its traces, or a moved file."""
     if info is None or info.acceptance_assumed or not info.traces:
         return None
     if not Path(info.traces).is_file():
         log.warning("the study's traces %s are gone; the export is not re-scored", info.traces)
         return None
-    from draftnas.traces import load_traces
+    from draftnas.traces import load_traces, split_traces
 
-    return load_traces(info.traces).select(temperature=info.space.workload.temperature)
+    scored, _ = split_traces(load_traces(info.traces).select(temperature=info.space.workload.temperature))
+    return scored
 
 
 def rescore(trial: RankedTrial, info: StudyInfo, estimate: AcceptanceEstimate) -> WorkloadPrediction:
@@ -611,13 +614,15 @@ def rescore(trial: RankedTrial, info: StudyInfo, estimate: AcceptanceEstimate) -
     return predict_workload(trial.latency, reading, info.space.workload, info.space.gamma)
 
 
-def workload_heal_options(info: StudyInfo | None) -> HealOptions:
+def workload_heal_options(info: StudyInfo | None, scored: Any = None) -> HealOptions:
     """Healing data for an export: the target's continuations of the study's workload prompt set
     (self-distillation on the text the drafter will serve; up to 40 prompts per domain), or of the
-    default mixed set (10 per domain) for a plan file or a workload of every set."""
+    default mixed set (10 per domain) for a plan file or a workload of every set; never the
+    prompts of `scored`, the traces its acceptance will be estimated on."""
+    exclude = tuple(r.info.prompt_id for r in scored.records) if scored is not None else ()
     if info is None or info.space.workload.prompt_set == "all":
-        return HealOptions()
-    return HealOptions(prompts=info.space.workload.prompt_set, prompts_per_domain=40)
+        return HealOptions(exclude_prompts=exclude)
+    return HealOptions(prompts=info.space.workload.prompt_set, prompts_per_domain=40, exclude_prompts=exclude)
 
 
 def default_heal_steps(source_space: Any) -> tuple[int, str]:
@@ -649,11 +654,12 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     if steps is None:
         steps, why = default_heal_steps(source.info.space if source.info else None)
         log.info("healing %d steps: %s (--heal-steps N to choose)", steps, why)
+    held = study_traces(source.info) if trial is not None else None
     options = None
     if steps > 0:
-        options = replace(request.heal or workload_heal_options(source.info), steps=steps, seed=request.seed)
+        options = replace(request.heal or workload_heal_options(source.info, held), steps=steps,
+                          seed=request.seed)
     checkpoint = Path(request.out_dir + ".heal-checkpoint")
-    held = study_traces(source.info) if trial is not None else None
     scoring: dict[str, Any] = {}
     if held is not None and source.info is not None:
         scoring = {"held": held, "max_gamma": max(source.info.space.gamma.max, 1),

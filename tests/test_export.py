@@ -271,7 +271,8 @@ def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never
     storage = f"sqlite:///{tmp_path / 's.db'}"
     _study(storage, base=str(folder), traces=str(traces))
     unhealed = export_from_request(ExportRequest(out_dir=str(tmp_path / "a"), study="s", storage=storage))
-    assert unhealed.acceptance is not None and unhealed.acceptance.n_prompts == 6  # nothing trained on
+    assert unhealed.acceptance is not None  # on the records the search scored: every 3rd of 6
+    assert unhealed.acceptance.n_prompts == sum(held_out(i) for i in range(6)) == 2
     p = unhealed.prediction
     assert p is not None and unhealed.gamma == p.primary().gamma >= 1
     measured = unhealed.acceptance.tokens_per_step[str(unhealed.gamma)]
@@ -280,12 +281,11 @@ def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never
     assert meta["prediction"]["tokens_per_s"] == pytest.approx(p.tokens_per_s)
     assert meta["gamma"] == unhealed.gamma
     assert "Predicted for this drafter as exported" in (tmp_path / "a" / "README.md").read_text()
-    heal = HealOptions(heldout_every=3, eval_every=0, batch_size=2)  # trains on records 1, 2, 4, 5
+    heal = HealOptions(heldout_every=2, eval_every=0, batch_size=2)  # trains on records 1, 3, 5
     healed = export_from_request(ExportRequest(out_dir=str(tmp_path / "b"), study="s", storage=storage,
                                                traces=str(traces), heal_steps=2, heal=heal))
-    assert healed.heal is not None and len(healed.heal.trained_prompts) == 4
-    assert healed.acceptance is not None
-    assert healed.acceptance.n_prompts == sum(held_out(i, 3) for i in range(6)) == 2  # only the unseen ones
+    assert healed.heal is not None and len(healed.heal.trained_prompts) == 3
+    assert healed.acceptance is not None and healed.acceptance.n_prompts == 1  # record 3 left out, 0 kept
 
 
 def test_an_export_from_a_study_heals_on_its_workload_prompt_set():
@@ -304,6 +304,7 @@ def test_export_from_plan_file_with_healing(tiny_base, tmp_path):
     """--plan + --base + --heal-steps: heals toward the (live) base on self-distilled text."""
     from draftnas.distill import HealOptions
     from draftnas.export import ExportRequest, export_from_request
+    from draftnas.prompts import load_prompts
 
     folder, _, _ = tiny_base
     plan_file = _plan(str(folder)).save(tmp_path / "plan.json")
@@ -315,6 +316,13 @@ def test_export_from_plan_file_with_healing(tiny_base, tmp_path):
     meta = json.loads((tmp_path / "healed" / "draftnas.json").read_text())
     assert meta["heal"]["steps"] == 2 and meta["measured"]["top1_agreement_after_healing"] >= 0
     assert not (tmp_path / "healed.heal-checkpoint").exists()
+    assert (result.heal.n_train_sequences, result.heal.n_heldout_sequences) == (2, 2)  # 4 prompts, 2 held
+    second = load_prompts("chat", per_domain=4)[1].id
+    without = export_from_request(ExportRequest(
+        out_dir=str(tmp_path / "without"), plan_file=str(plan_file), heal_steps=2,
+        heal=dataclasses.replace(heal, exclude_prompts=(second,))))
+    assert without.heal is not None  # that prompt is in neither part of the data: 3 prompts left
+    assert (without.heal.n_train_sequences, without.heal.n_heldout_sequences) == (1, 2)
 
 
 def test_cli_refuses_busy_folder_in_one_line(tmp_path):
