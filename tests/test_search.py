@@ -509,6 +509,19 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     assert "--engine" not in next(line for line in uncalibrated if "draftnas bench" in line)
 
 
+def test_the_result_json_carries_the_export_after_export(tmp_path):
+    from draftnas.cli.cmd_search import _write_json
+
+    result = run_search(smol_options(tmp_path, n_trials=3), StubLatency(), FakeMeasured())
+    out = tmp_path / "r.json"
+    _write_json(result, ("drafters/x", 2, {"gamma": 2}), json_out=False, out_json=out)
+    data = json.loads(out.read_text())
+    assert data["export"] == {"folder": "drafters/x", "gamma": 2, "record": {"gamma": 2}}
+    assert data["study_name"] == result.study_name
+    _write_json(result, None, json_out=False, out_json=out)
+    assert "export" not in json.loads(out.read_text())
+
+
 def test_export_keeps_a_folder_that_already_holds_the_best_trial_and_refuses_a_latency_only_one(tmp_path):
     from types import SimpleNamespace as NS
 
@@ -519,7 +532,8 @@ def test_export_keeps_a_folder_that_already_holds_the_best_trial_and_refuses_a_l
     folder = tmp_path / "L1bi-x"
     folder.mkdir()
     (folder / "draftnas.json").write_text(json.dumps({"source": "study s trial 3", "gamma": 1}))
-    assert export_best(result, tmp_path, json_out=True) == (str(folder), 1)  # nothing re-healed
+    record = {"source": "study s trial 3", "gamma": 1}
+    assert export_best(result, tmp_path, json_out=True) == (str(folder), 1, record)  # nothing re-healed
     latency_only = NS(best=NS(candidate=NS(plan=None, name="x"), number=0, primary=NS(gamma=2)),
                       info=NS(acceptance_assumed=True), study_name="s", storage="sqlite:///s.db")
     with pytest.raises(InvalidInputError, match="--export needs a search that pruned real weights"):

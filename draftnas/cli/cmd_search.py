@@ -181,10 +181,10 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
     ]
 
 
-def export_best(result: SearchResult, root: Path, json_out: bool) -> tuple[str, int]:
+def export_best(result: SearchResult, root: Path, json_out: bool) -> tuple[str, int, dict[str, Any]]:
     """`--export`: the best trial exported as `draftnas export` would (its default healing) into
-    root/<name> and priced again at its acceptance as exported -> (folder, gamma). A folder that
-    already holds that trial is kept."""
+    root/<name> and priced again at its acceptance as exported -> (folder, gamma, the export's
+    record). A folder that already holds that trial is kept (its `draftnas.json` is the record)."""
     from draftnas.export import ExportRequest, export_from_request, exported_record, study_source
 
     b = result.best
@@ -197,7 +197,7 @@ def export_best(result: SearchResult, root: Path, json_out: bool) -> tuple[str, 
         if not json_out:
             console.print(f"{out} already holds trial {b.number} of study {result.study_name} (exported "
                           "before; its README.md has the figures)")
-        return str(out), int(record.get("gamma", b.primary.gamma))
+        return str(out), int(record.get("gamma", b.primary.gamma)), record
     request = ExportRequest(out_dir=str(out), study=result.study_name, storage=result.storage, trial=b.number,
                             heal_steps=None)
     with progress_bars(json_out) as on:
@@ -205,7 +205,7 @@ def export_best(result: SearchResult, root: Path, json_out: bool) -> tuple[str, 
                                        data_progress=on("target continuations"))
     if not json_out:
         render_export(exported)
-    return exported.out_dir, exported.gamma
+    return exported.out_dir, exported.gamma, exported.to_dict()
 
 
 def result_json(result: SearchResult) -> dict[str, Any]:
@@ -292,15 +292,18 @@ def search(
     with progress_bars(json_out) as on:
         result = run(request, progress=on("trials"), trace_progress=on("tracing target"),
                      calibration_progress=on("timing the target on this machine"))
-    _render(result, top, json_out, out_json)
+    if not json_out:
+        _render(result, top)
     if result.interrupted:
+        _write_json(result, None, json_out, out_json)
         lost = (f"trial {result.interrupted_trial} (in flight) was marked FAIL"
                 if result.interrupted_trial is not None else "no trial was in flight")
         err_console.print(f"[yellow]interrupted: {lost}; re-run the same command to resume[/yellow]")
         sys.exit(130)
     exported = export_best(result, Path("drafters"), json_out) if export else None
+    _write_json(result, exported, json_out, out_json)
     if not json_out:
-        for line in next_commands(result, exported):
+        for line in next_commands(result, exported[:2] if exported else None):
             console.print(line, highlight=False, soft_wrap=True)
 
 
@@ -322,12 +325,22 @@ def _terminate(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _render(result: SearchResult, top: int, json_out: bool, out_json: Path | None) -> None:
-    if out_json is not None:
-        out_json.write_text(json.dumps(result_json(result), indent=2, default=str) + "\n")
-    if json_out:
-        print_json(result_json(result))
+def _write_json(result: SearchResult, exported: tuple[str, int, dict[str, Any]] | None, json_out: bool,
+                out_json: Path | None) -> None:
+    """The result as JSON (with the export's folder, gamma and record after --export): printed on
+    stdout with --json, written to --out-json."""
+    if not json_out and out_json is None:
         return
+    data = result_json(result)
+    if exported is not None:
+        data["export"] = {"folder": exported[0], "gamma": exported[1], "record": exported[2]}
+    if out_json is not None:
+        out_json.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    if json_out:
+        print_json(data)
+
+
+def _render(result: SearchResult, top: int) -> None:
     console.print(ranked_table(result, top))
     for line in summary_lines(result):
         console.print(line, highlight=False, soft_wrap=True)
