@@ -755,15 +755,18 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
         jobs.append(_model_job(rt, target, full, (1, prompt_tokens, 0), "calibration"))
     groups = [_Group(functools.partial(rt.build, target), _weight_bytes(rt, target), jobs)]
     rows = sorted({r for r in head_rows if 0 < r < target.vocab_size})
-    for r in rows:  # the target's body under an r-row head
+    for r in rows:  # the target's body under an r-row head: full depth and (when timed) its first layer
         shape = target.with_shape(vocab_size=r)
-        groups.append(_Group(functools.partial(rt.build, shape), _weight_bytes(rt, shape),
-                             [_model_job(rt, shape, full, (1, 1, context_tokens), "calibration")]))
+        depths = (full, 1) if 1 in prefixes else (full,)
+        jobs_r = [_model_job(rt, shape, k, (1, 1, context_tokens), "calibration") for k in depths]
+        groups.append(_Group(functools.partial(rt.build, shape), _weight_bytes(rt, shape), jobs_r))
     n_jobs = sum(len(g.jobs) for g in groups)
     skipped = _run_round_robin(rt, groups, _ticker(progress, n_jobs * _calls_per_job(options)))
     if skipped:
         raise DeviceError(f"calibrating {target.name} here: {skipped[0].reason}")
     reduced = {r: g.jobs[0].measurement().median_ms for r, g in zip(rows, groups[1:], strict=True)}
+    reduced_first = {r: g.jobs[1].measurement().median_ms for r, g in zip(rows, groups[1:], strict=True)
+                     if len(g.jobs) > 1}
     medians = {(j.layers, j.cond[1]): j.measurement().median_ms for j in jobs if j.cond[2] == context_tokens}
     prefill = {j.cond[1]: j.measurement().median_ms for j in jobs if j.cond[2] == 0}
     target_ms = {n: medians[(full, n)] for n in counts}
@@ -776,7 +779,8 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
         context_tokens=context_tokens, target_ms=target_ms, prefix_ms=prefix_ms, mode=options.mode,
         wall_s=round(time.perf_counter() - started, 1), generate_overhead_ms=extra[0],
         draft_overhead_ms=extra[1], verify_overhead_ms=extra[2], prefill_ms=prefill,
-        head_saving_ms={r: max(0.0, target_ms[1] - ms) for r, ms in reduced.items()})
+        head_saving_ms={r: max(0.0, target_ms[1] - ms) for r, ms in reduced.items()},
+        head_saving_prefix_ms={r: max(0.0, prefix_ms[1] - ms) for r, ms in reduced_first.items()})
 
 
 def decoding_overheads(rt: _Runtime, target: Architecture, context_tokens: int, target_ms: dict[int, float],
@@ -788,9 +792,13 @@ def decoding_overheads(rt: _Runtime, target: Architecture, context_tokens: int, 
     transformers' `generate` and the loop over transformers models (eager), or greedy decoding
     and the loop over draftnas's decoder with static caches (static modes). Plain decoding:
     time per token between a 2- and a 14-token run (prefill cancels), less the decode step.
-    Loop: each run's time less its forward steps (draft steps at `draft_ms`, verifies at the
-    measured `target_ms`) is fitted by least squares as constant (prefill) + per drafted token
-    + per step, over runs at gamma 1 and 3 of two lengths. Negative fits count as 0.
+    Loop, per drafted token: the loop's own drafting time (`SpeculativeOutput.draft_s`) between
+    a 4- and a 16-token run at gamma 1 and 3 (the drafter's prefill cancels), per drafted token,
+    less `draft_ms`. Measured directly, not fitted: fitted from whole runs with the other terms,
+    it swung from 0 to 2.1 ms between calibrations on the AMD EPYC host, where the direct
+    reading stays within 0.2 ms. Per verify step: each run's time less its forward steps and
+    that drafting work, fitted by least squares as constant (prefill) + per step. Negative
+    values count as 0.
     """
     from draftnas.speculative import StaticEngine, greedy_decode, speculative_generate
 
@@ -816,7 +824,7 @@ def decoding_overheads(rt: _Runtime, target: Architecture, context_tokens: int, 
         known = sorted(target_ms)
         return target_ms.get(n, target_ms[min(known, key=lambda k: abs(k - n))])
 
-    rows, residuals = [], []
+    runs = []
     with torch.inference_mode():
         generate_s(2)
         # the fastest of 3 runs each: on a shared host one slow run gave 18 ms of "overhead" per token
@@ -825,14 +833,19 @@ def decoding_overheads(rt: _Runtime, target: Architecture, context_tokens: int, 
         for gamma in (1, 3):  # warm-up: every step size once (the static decoder picks its kernels then)
             speculative_generate(model, drafter, prompt, gamma=gamma, max_new_tokens=16)
         for gamma in (1, 3):
-            for n in (4, 16):
-                out = min((speculative_generate(model, drafter, prompt, gamma=gamma, max_new_tokens=n)
-                           for _ in range(2)), key=lambda o: o.elapsed_s)  # the faster of two runs
-                forward = sum(d * draft_ms + verify_ms(d + 1) for d in out.drafted)
-                rows.append([1.0, float(sum(out.drafted)), float(out.steps)])
-                residuals.append(out.elapsed_s * 1e3 - forward)
-    _, per_draft, per_step = np.linalg.lstsq(np.array(rows), np.array(residuals), rcond=None)[0]
-    return generate, max(0.0, float(per_draft)), max(0.0, float(per_step))
+            pair = [min((speculative_generate(model, drafter, prompt, gamma=gamma, max_new_tokens=n)
+                         for _ in range(2)), key=lambda o: o.elapsed_s) for n in (4, 16)]  # the faster of two
+            runs.append(pair)
+    drafted = sum(sum(long.drafted) - sum(short.drafted) for short, long in runs)
+    drafting_ms = sum((long.draft_s - short.draft_s) * 1e3 for short, long in runs)
+    per_draft = max(0.0, drafting_ms / drafted - draft_ms) if drafted > 0 else 0.0
+    rows, residuals = [], []
+    for out in (o for pair in runs for o in pair):
+        forward = sum(d * (draft_ms + per_draft) + verify_ms(d + 1) for d in out.drafted)
+        rows.append([1.0, float(out.steps)])
+        residuals.append(out.elapsed_s * 1e3 - forward)
+    _, per_step = np.linalg.lstsq(np.array(rows), np.array(residuals), rcond=None)[0]
+    return generate, per_draft, max(0.0, float(per_step))
 
 
 def _extrapolation_result(plan: ProfilePlan, group: _Group) -> ExtrapolationCheck | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -243,6 +244,14 @@ def test_a_reduced_head_is_priced_by_the_time_it_saved_here():
     assert model.predict_ms(target, head_vocab_size=16384) == pytest.approx(2.0 * 61.0 - 30.0)
     # a verify (3 tokens) is not corrected by the 1-token head saving
     assert model.predict_ms(drafter, new_tokens=3, head_vocab_size=4096) == pytest.approx(2.0 * 10.0)
+    # measured under the first layer too: linear in depth between that saving and the full-depth one
+    first = dataclasses.replace(cal, head_saving_prefix_ms={4096: 4.0})
+    both = CalibratedModel(_LinearModel(), first, target)
+    assert both.head_saving_ms(4096, 1) == 4.0 and both.head_saving_ms(4096, 30) == 40.0
+    assert both.head_saving_ms(4096, 15) == pytest.approx(4.0 + 36.0 * 14 / 29)
+    assert both.head_saving_ms(4096) == 40.0  # no depth given: the target's own
+    one = target.with_shape(num_hidden_layers=1)
+    assert both.predict_ms(one, head_vocab_size=4096) == pytest.approx(6.0 - 4.0)  # its measured prefix, less
 
 
 def test_a_tiny_calibration_runs_here_and_feeds_the_model():
@@ -278,3 +287,30 @@ def test_work_outside_the_forward_is_added_where_the_loop_pays_it():
     drafter = target.with_shape(num_hidden_layers=4)
     assert model.predict_ms(drafter) == pytest.approx(2.0 * 9.0 + 2.0)  # a draft step of the loop
     assert "30.0 per verify step" in model.summary()
+
+
+def test_the_loops_work_per_drafted_token_is_its_own_drafting_time_less_the_draft_step(monkeypatch):
+    """Per drafted token: the loop's measured drafting time between a short and a long run (the
+    drafter's prefill cancels), less the timed draft step; per step: what is left, fitted."""
+    import draftnas.speculative as spec
+    from draftnas.profile import ProfileOptions, _Runtime, decoding_overheads
+    from draftnas.registry import Architecture
+    from draftnas.speculative import SpeculativeOutput
+
+    tiny = Architecture(name="tiny", family="llama", num_hidden_layers=2, hidden_size=32,
+                        intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                        vocab_size=64, tie_word_embeddings=True)
+    draft_ms, verify_ms, per_draft, per_step, prefill = 0.4, 2.0, 0.6, 0.5, 10.0
+
+    def fake(target, drafter, prompt, *, gamma, max_new_tokens, **_):
+        steps = max(1, max_new_tokens // (gamma + 1))
+        drafted = [gamma] * steps
+        draft = prefill + sum(drafted) * (draft_ms + per_draft)
+        elapsed = draft + steps * (verify_ms + per_step)
+        return SpeculativeOutput(tokens=[0] * max_new_tokens, accepted=[gamma] * steps, drafted=drafted,
+                                 elapsed_s=elapsed / 1e3, draft_s=draft / 1e3)
+
+    monkeypatch.setattr(spec, "speculative_generate", fake)
+    rt = _Runtime(ProfileOptions(device="cpu", threads=1).validate())
+    _, draft, step = decoding_overheads(rt, tiny, 8, {n: verify_ms for n in (1, 2, 3, 4)}, draft_ms)
+    assert draft == pytest.approx(per_draft) and step == pytest.approx(per_step)
