@@ -74,7 +74,6 @@ class ExportInfo(Record):
     gamma: int = 4
     acceptance: AcceptanceEstimate | None = None  # this folder's drafter on the study's scored traces
     prediction: WorkloadPrediction | None = None  # the trial's latency at that acceptance
-    host_drift: float | None = None  # the target's decode timed at export over the search's (scales latency)
 
 
 def check_destination(out_dir: str | Path, force: bool) -> Path:
@@ -306,7 +305,7 @@ def _figures_section(info: ExportInfo) -> list[str]:
                       "(the 'before healing' column).", ""]
     if info.prediction is not None and info.acceptance is not None:
         searched = searched_tokens(info.trial, info.gamma)
-        lines += [*rescored_lines(info.prediction, info.acceptance, searched, info.host_drift), ""]
+        lines += [*rescored_lines(info.prediction, info.acceptance, searched), ""]
     predicted = None
     if info.trial is not None:
         t = info.trial
@@ -329,10 +328,9 @@ CARD_ROWS = 24
 
 
 def rescored_lines(prediction: WorkloadPrediction, acceptance: AcceptanceEstimate,
-                   searched: float | None, drift: float | None = None) -> list[str]:
+                   searched: float | None) -> list[str]:
     """What the search predicts for the drafter as exported, in plain words (card and CLI);
-    `searched`: the tokens per step the search scored at that gamma; `drift`: the host's speed
-    now against the search's calibration (latency scaled by it)."""
+    `searched`: the tokens per step the search scored at that gamma."""
     p = prediction.primary()
     tokens = acceptance.tokens_per_step.get(str(p.gamma))
     verdict = ("faster than" if prediction.speedup >= 1.005 else "slower than" if prediction.speedup <= 0.995
@@ -345,10 +343,7 @@ def rescored_lines(prediction: WorkloadPrediction, acceptance: AcceptanceEstimat
                  f"{acceptance.n_prompts} trace records its healing never trained on")
     if searched is not None:
         line += f" (the search scored {searched:.3f} after its own, shorter healing)"
-    if drift is None:
-        return [line + ". Latency as the search priced it on its machine."]
-    return [line + f". Latency as the search priced it, times {drift:.3f}: the target's decode timed again "
-            "at export against the search's calibration."]
+    return [line + ". Latency as the search priced it on its machine."]
 
 
 def _scalar_rows(data: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -522,7 +517,6 @@ class ExportResult(Record):
     acceptance: AcceptanceEstimate | None = None
     prediction: WorkloadPrediction | None = None
     searched_tokens_per_step: float | None = None  # the search's reading at `gamma`, for comparison
-    host_drift: float | None = None
 
 
 @dataclass(frozen=True)
@@ -612,41 +606,12 @@ def study_traces(info: StudyInfo | None) -> Any:
     return scored
 
 
-def rescore(trial: RankedTrial, info: StudyInfo, estimate: AcceptanceEstimate,
-            scale: float = 1.0) -> WorkloadPrediction:
-    """The trial's latency (as the search priced it, times `scale`) at the exported drafter's
-    measured acceptance."""
+def rescore(trial: RankedTrial, info: StudyInfo, estimate: AcceptanceEstimate) -> WorkloadPrediction:
+    """The trial's latency (as the search priced it) at the exported drafter's measured acceptance."""
     reading = AcceptanceReading(kind="measured", acceptance_rate=float(estimate.acceptance_rate),
                                 tokens_per_step={k: float(v) for k, v in estimate.tokens_per_step.items()},
                                 estimate=estimate)
-    latency = trial.latency
-    if scale != 1.0:
-        def times(values: tuple[float, ...]) -> tuple[float, ...]:
-            return tuple(v * scale for v in values)
-
-        latency = replace(latency, draft_ms=times(latency.draft_ms), target_ms=times(latency.target_ms),
-                          verify_ms=tuple(times(v) for v in latency.verify_ms),
-                          target_prefill_ms=times(latency.target_prefill_ms),
-                          spec_prefill_ms=times(latency.spec_prefill_ms))
-    return predict_workload(latency, reading, info.space.workload, info.space.gamma)
-
-
-def host_drift(info: StudyInfo, trial: RankedTrial) -> float | None:
-    """How much slower (> 1) or faster this machine decodes the target now than when the search
-    calibrated: the target's decode timed again here, in the engine the search priced, over the
-    search's figure. A few seconds; None when the search did not calibrate (GPU profiles, or
-    --no-calibrate). On a shared host the speed drifts: the same calibration read the target's
-    decode at 38.2 ms and, in a slow spell, 44.7 ms."""
-    latency = trial.latency
-    if not info.engine or 1 not in latency.batch_sizes:
-        return None
-    from draftnas.profile import ProfileOptions, calibrate_host
-
-    mode = "static" if info.engine == "static" else "eager"
-    now = calibrate_host(ProfileOptions(device="cpu", mode=mode, repeats=5, warmup=1), info.target_arch, [1],
-                         prefix_layers=(), context_tokens=latency.context_tokens, overheads=False)
-    then = latency.target_ms[latency.batch_sizes.index(1)]
-    return now.target_ms[1] / then if then > 0 else None
+    return predict_workload(trial.latency, reading, info.space.workload, info.space.gamma)
 
 
 def workload_heal_options(info: StudyInfo | None, scored: Any = None) -> HealOptions:
@@ -710,10 +675,9 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
                     "drafter", heal_result.top1_before, heal_result.top1_after)
         built = build_drafter(plan, loaded, **scoring)
         heal_result = replace(heal_result, kept=False)
-    prediction, drift = None, None
+    prediction = None
     if built.estimate is not None and trial is not None and source.info is not None:
-        drift = host_drift(source.info, trial)
-        prediction = rescore(trial, source.info, built.estimate, drift or 1.0)
+        prediction = rescore(trial, source.info, built.estimate)
     measured = None
     if heal_result is not None:
         measured = ({"top1_agreement_after_healing": heal_result.top1_after} if heal_result.kept
@@ -722,7 +686,7 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         base=base, target=target, plan=plan, trial=trial,
         profile=source.info.profile if source.info else None,
         heal=heal_result, source=source.label, seed=request.seed, gamma=_gamma(request, trial, prediction),
-        measured=measured, acceptance=built.estimate, prediction=prediction, host_drift=drift,
+        measured=measured, acceptance=built.estimate, prediction=prediction,
     )
     out = export_drafter(built.model, loaded.tokenizer, request.out_dir, info, force=request.force)
     if heal_result is not None:
@@ -731,7 +695,7 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     return ExportResult(out_dir=str(out), plan=plan, parameters=built.parameters, heal=heal_result,
                         hub_url=hub_url, source=source.label, name=drafter_name(info), gamma=info.gamma,
                         acceptance=built.estimate, prediction=prediction,
-                        searched_tokens_per_step=searched_tokens(trial, info.gamma), host_drift=drift)
+                        searched_tokens_per_step=searched_tokens(trial, info.gamma))
 
 
 def _teacher(traces: str | None, target: str, base: str, loaded: Any) -> Any:

@@ -288,34 +288,6 @@ def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never
     assert healed.acceptance is not None and healed.acceptance.n_prompts == 1  # record 3 left out, 0 kept
 
 
-def test_the_export_scales_the_searched_latency_by_the_hosts_speed_now(monkeypatch):
-    from types import SimpleNamespace as NS
-
-    import draftnas.profile
-    from draftnas.acceptance import AcceptanceEstimate
-    from draftnas.export import host_drift, rescore
-
-    info, trial = _info(traces="t.safetensors"), _trial(0, 1.0)
-    assert host_drift(info, trial) is None  # the search did not calibrate: nothing to compare with
-    calibrated = dataclasses.replace(info, engine="static")
-    seen = {}
-
-    def timed(options, target, new_tokens, **kw):
-        seen.update(mode=options.mode, counts=list(new_tokens), **kw)
-        return NS(target_ms={1: 6.0})  # the search priced the target's decode at 4.0 ms
-
-    monkeypatch.setattr(draftnas.profile, "calibrate_host", timed)
-    assert host_drift(calibrated, trial) == pytest.approx(1.5)
-    assert seen["mode"] == "static" and seen["counts"] == [1] and seen["overheads"] is False
-    estimate = AcceptanceEstimate(temperature=0.0, max_gamma=8, n_prompts=1, n_positions=10,
-                                  top1_agreement=0.5, acceptance_rate=0.5, acceptance_rate_upper=0.5,
-                                  tokens_per_step={str(g): 1.5 for g in range(1, 9)},
-                                  tokens_per_step_upper={}, ci_low={}, ci_high={})
-    same, slower = rescore(trial, info, estimate), rescore(trial, info, estimate, 1.5)
-    assert slower.tokens_per_s == pytest.approx(same.tokens_per_s / 1.5)
-    assert slower.speedup == pytest.approx(same.speedup)  # every step slower alike: the ratio holds
-
-
 def test_an_export_from_a_study_heals_on_its_workload_prompt_set():
     from draftnas.distill import HealOptions
     from draftnas.export import workload_heal_options

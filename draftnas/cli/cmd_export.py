@@ -68,8 +68,7 @@ def render_export(result: ExportResult) -> None:
     console.print(f"exported [bold]{result.name}[/bold] ({fmt_params(result.parameters)} parameters, "
                   f"from {result.source}) to [bold]{result.out_dir}[/bold], gamma {result.gamma}")
     if result.prediction is not None and result.acceptance is not None:
-        for line in rescored_lines(result.prediction, result.acceptance, result.searched_tokens_per_step,
-                                   result.host_drift):
+        for line in rescored_lines(result.prediction, result.acceptance, result.searched_tokens_per_step):
             console.print(line, highlight=False, soft_wrap=True)
     if result.hub_url:
         console.print(f"pushed to {result.hub_url}")
