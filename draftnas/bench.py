@@ -477,8 +477,9 @@ def unseen_prompts(prompts: Sequence[Prompt], tokenizer: Any, drafter: LoadedMod
     heal = (record or {}).get("heal") or {}
     trained = set(heal.get("trained_prompts") or ()) if heal.get("kept", True) else set()
     pairs = [(p, encode_prompt(tokenizer, p.text)) for p in prompts]
-    kept = [(p, ids) for p, ids in pairs if prompt_key(ids) not in trained]
-    left_out = tuple(p.id for p, ids in pairs if prompt_key(ids) in trained)
+    seen = [prompt_key(ids) in trained for _, ids in pairs]
+    kept = [pair for pair, was in zip(pairs, seen, strict=True) if not was]
+    left_out = tuple(p.id for (p, _), was in zip(pairs, seen, strict=True) if was)
     if not kept:
         raise InvalidInputError(f"the drafter was healed on every one of the {len(pairs)} prompts given; "
                                 "bench it on other prompts (--prompts)")

@@ -227,7 +227,8 @@ def generate_heal_data(target: Any, tokenizer: Any, options: HealOptions,
 
     started = time.perf_counter()
     prompts = load_prompts(options.prompts, per_domain=options.prompts_per_domain)
-    prompts = tuple(p for p in prompts if p.id not in set(options.exclude_prompts))
+    excluded = set(options.exclude_prompts)
+    prompts = tuple(p for p in prompts if p.id not in excluded)
     encoded = [encode_prompt(tokenizer, p.text) for p in prompts]
     eos = eos_token_ids(target, tokenizer)
     train: list[HealSequence] = []

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from draftnas.alpha import AlphaModel, drafter_features
 from draftnas.candidate import Candidate, InfeasibleCandidateError
 from draftnas.registry import Architecture
-from draftnas.scoring import AcceptanceReading, assumed_acceptance
+from draftnas.scoring import AcceptanceReading, assumed_acceptance, measured_acceptance
 from draftnas.space import HealBudget, SearchSpace
 from draftnas.traces import split_traces
 
@@ -145,9 +145,6 @@ class WeightsEvaluator:
                               temperature=self.space.workload.temperature)
         estimate = built.estimate
         assert estimate is not None
-        reading = AcceptanceReading(
-            kind="measured", acceptance_rate=float(estimate.acceptance_rate),
-            tokens_per_step={str(k): float(v) for k, v in estimate.tokens_per_step.items()},
-            estimate=estimate, heal=built.heal, evaluate_s=round(time.perf_counter() - started, 3))
+        reading = measured_acceptance(estimate, built.heal, round(time.perf_counter() - started, 3))
         arch = plan.architecture(self.base_arch).with_shape(name=candidate.arch.name)
         return Evaluation(candidate=candidate.with_plan(plan, arch), acceptance=reading)

@@ -31,7 +31,7 @@ from draftnas.errors import ExportError, InvalidInputError
 from draftnas.provenance import package_versions
 from draftnas.prune import PruningPlan, load_plan
 from draftnas.record import Record
-from draftnas.scoring import AcceptanceReading, RankedTrial, WorkloadPrediction, predict_workload
+from draftnas.scoring import RankedTrial, WorkloadPrediction, measured_acceptance, predict_workload
 from draftnas.study import StudyInfo
 from draftnas.vocab import HEAD_MODULE
 
@@ -608,9 +608,7 @@ def study_traces(info: StudyInfo | None) -> Any:
 
 def rescore(trial: RankedTrial, info: StudyInfo, estimate: AcceptanceEstimate) -> WorkloadPrediction:
     """The trial's latency (as the search priced it) at the exported drafter's measured acceptance."""
-    reading = AcceptanceReading(kind="measured", acceptance_rate=float(estimate.acceptance_rate),
-                                tokens_per_step={k: float(v) for k, v in estimate.tokens_per_step.items()},
-                                estimate=estimate)
+    reading = measured_acceptance(estimate)
     return predict_workload(trial.latency, reading, info.space.workload, info.space.gamma)
 
 

@@ -796,9 +796,9 @@ def decoding_overheads(rt: _Runtime, target: Architecture, context_tokens: int, 
     a 4- and a 16-token run at gamma 1 and 3 (the drafter's prefill cancels), per drafted token,
     less `draft_ms`. Measured directly, not fitted: fitted from whole runs with the other terms,
     it swung from 0 to 2.1 ms between calibrations on the AMD EPYC host, where the direct
-    reading stays within 0.2 ms. Per verify step: each run's time less its forward steps and
-    that drafting work, fitted by least squares as constant (prefill) + per step. Negative
-    values count as 0.
+    reading varied by 0.24 ms over three repeats in one process. Per verify step: each run's
+    time less its forward steps and that drafting work, fitted by least squares as constant
+    (prefill) + per step. Negative values count as 0.
     """
     from draftnas.speculative import StaticEngine, greedy_decode, speculative_generate
 

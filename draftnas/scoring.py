@@ -169,6 +169,14 @@ def assumed_acceptance(alpha: float) -> AcceptanceReading:
     return AcceptanceReading(kind="assumed", acceptance_rate=alpha)
 
 
+def measured_acceptance(estimate: AcceptanceEstimate, heal: HealResult | None = None,
+                        evaluate_s: float = 0.0) -> AcceptanceReading:
+    """The reading of a drafter estimated on traces (`acceptance.estimate_acceptance`)."""
+    return AcceptanceReading(kind="measured", acceptance_rate=float(estimate.acceptance_rate),
+                             tokens_per_step={str(k): float(v) for k, v in estimate.tokens_per_step.items()},
+                             estimate=estimate, heal=heal, evaluate_s=evaluate_s)
+
+
 def target_latency(predictor: LatencyPredictor, target: Architecture, workload: Workload,
                    gamma: GammaRange) -> TargetLatency:
     """Target decode ms per batch size, verify ms per (batch size, gamma 0..max), and the prefill of

@@ -299,8 +299,7 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
 
 def _traces_of(evaluator: Evaluator) -> str | None:
     """The traces a measuring evaluator scores on (recorded in the study for the export)."""
-    path = getattr(evaluator, "traces_path", None)
-    return str(Path(path).resolve()) if path is not None else None
+    return str(Path(evaluator.traces_path).resolve()) if isinstance(evaluator, WeightsEvaluator) else None
 
 
 def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) -> None:
