@@ -10,7 +10,10 @@ drift on a shared machine hits each alike), after one warm-up run each:
 3. transformers' assisted generation ``generate(assistant_model=drafter)`` with a
    fixed gamma (``num_assistant_tokens=gamma``, schedule "constant", confidence
    threshold 0 on the drafter's generation config), beside transformers' own
-   ``generate`` of the target alone (the same as 1. under engine "hf").
+   ``generate`` of the target alone (the same as 1. under engine "hf");
+4. on CPU, the pair of 3. again with both models' linear layers routed through the
+   product that timed fastest on this host (`draftnas.linears.route_linears`, what a
+   transformers user can apply with one line), checked against that routed target.
 
 Greedy runs are checked token for token against the target's own greedy output in
 the same engine (``lossless`` per prompt; ``exact_match_rate`` overall). Where a
@@ -28,6 +31,8 @@ between modules.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import statistics
 import time
@@ -62,6 +67,8 @@ class BenchOptions(Record):
     max_new_tokens: int = 64
     seed: int = 0
     hf_assisted: bool = True
+    # also run transformers with both models' linear layers routed (draftnas.linears; CPU only)
+    hf_routed: bool = True
     estimate: bool = True
     top_k: int = 20
     device: str = "cpu"
@@ -117,6 +124,13 @@ class BenchPrompt(Record):
     hf_target_s: float | None = None  # transformers generate of the target alone (engine "static")
     first_divergence: int | None = None  # index of the first token the loop's output departs at
     divergence_margin: float | None = None  # target's top-1 minus top-2 logit there (own greedy run)
+    # transformers with route_linears on both models: the target alone, then assisted generation
+    hf_routed_target_s: float | None = None
+    hf_routed_target_tokens: int | None = None
+    hf_routed_s: float | None = None
+    hf_routed_tokens: int | None = None
+    hf_routed_steps: int | None = None
+    hf_routed_lossless: bool | None = None  # equal to the routed target's own greedy output
 
 
 @dataclass(frozen=True)
@@ -163,6 +177,12 @@ class BenchResult(Record):
     divergence_margins: tuple[float, ...] = ()  # target's top-1 minus top-2 logit at each divergence
     hf_target_tokens_per_s: float | None = None  # transformers generate of the target alone
     left_out: tuple[str, ...] = ()  # ids of prompts not benched: the drafter was healed on them
+    # transformers with route_linears on both models (draftnas.linears)
+    hf_routed_target_tokens_per_s: float | None = None
+    hf_routed_tokens_per_s: float | None = None
+    hf_routed_speedup: float | None = None  # against the routed target alone
+    hf_routed_tokens_per_step: float | None = None
+    hf_routed_lossless: bool | None = None
 
 
 @dataclass
@@ -207,6 +227,17 @@ class _Bench:
         cfg.num_assistant_tokens_schedule = "constant"
         cfg.assistant_confidence_threshold = 0.0
         self.engines: tuple[Any, Any] | None = None
+        self.routed = options.hf_assisted and options.hf_routed and options.device == "cpu"
+        self.routings: dict[str, Any] = {}  # "target" / "draft" -> LinearRouting, made on first use
+
+    def _routing(self, which: str) -> Any:
+        """The (detached) routing of the target's or the drafter's linear layers, as they are now."""
+        from draftnas.linears import route_linears
+
+        if which not in self.routings:
+            model = self.target.model if which == "target" else self.draft.model
+            self.routings[which] = route_linears(model, attach=False)
+        return self.routings[which]
 
     def build_engines(self, max_tokens: int) -> None:
         """Static engines (one KV cache each, `max_tokens` slots) for engine "static"."""
@@ -266,16 +297,21 @@ class _Bench:
                                    eos_token_ids=self.eos, generator=torch.Generator().manual_seed(seed))
         return _Run(tokens=run.tokens, elapsed_s=run.elapsed_s)
 
-    def run_hf_target(self, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
-        return self._generate(ids, seed, max_new_tokens)
+    def run_hf_target(self, ids: list[int], seed: int, max_new_tokens: int, routed: bool = False) -> _Run:
+        with self._routing("target") if routed else contextlib.nullcontext():
+            return self._generate(ids, seed, max_new_tokens)
 
-    def run_hf(self, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
+    def run_hf(self, ids: list[int], seed: int, max_new_tokens: int, routed: bool = False) -> _Run:
         calls = [0]
         hook = self.target.model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
         if self.full_head is not None:  # transformers needs the full-vocabulary head
             self.draft.model.set_output_embeddings(self.full_head)
         try:
-            run = self._generate(ids, seed, max_new_tokens, assistant_model=self.draft.model)
+            with contextlib.ExitStack() as routings:
+                if routed:
+                    routings.enter_context(self._routing("target"))
+                    routings.enter_context(self._routing("draft"))
+                run = self._generate(ids, seed, max_new_tokens, assistant_model=self.draft.model)
         finally:
             hook.remove()
             if self.reduced_head is not None:
@@ -298,15 +334,21 @@ class _Bench:
                     accepted=sum(out.accepted), drafted=sum(out.drafted), draft_s=out.draft_s)
 
     def run(self, method: str, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
-        runner = {"target": self.run_target, "draftnas": self.run_draftnas, "hf_target": self.run_hf_target,
-                  "hf_assisted": self.run_hf}
+        runner: dict[str, Callable[[list[int], int, int], _Run]] = {
+            "target": self.run_target, "draftnas": self.run_draftnas, "hf_target": self.run_hf_target,
+            "hf_assisted": self.run_hf,
+            "hf_routed_target": functools.partial(self.run_hf_target, routed=True),
+            "hf_routed": functools.partial(self.run_hf, routed=True)}
         return runner[method](ids, seed, max_new_tokens)
 
     def methods(self) -> list[str]:
-        """The decoders this bench runs: hf_target only beside the static engine (else it is target)."""
+        """The decoders this bench runs: hf_target only beside the static engine (else it is target);
+        the routed pair on CPU unless turned off."""
         out = ["target", "draftnas"]
         if self.options.hf_assisted:
             out += (["hf_target"] if self.engines is not None else []) + ["hf_assisted"]
+        if self.routed:
+            out += ["hf_routed_target", "hf_routed"]
         return out
 
 
@@ -329,6 +371,7 @@ def _bench_prompt(bench: _Bench, prompt: Prompt, ids: list[int], index: int) -> 
     seed = bench.options.seed + index
     runs = {m: bench.run(m, ids, seed, bench.options.max_new_tokens) for m in order}
     ref, own, hf = runs["target"], runs["draftnas"], runs.get("hf_assisted")
+    routed, routed_ref = runs.get("hf_routed"), runs.get("hf_routed_target")
     hf_ref = runs.get("hf_target", ref)
     greedy = bench.options.temperature <= 0
     divergence = _first_divergence(own.tokens, ref.tokens) if greedy else None
@@ -345,6 +388,11 @@ def _bench_prompt(bench: _Bench, prompt: Prompt, ids: list[int], index: int) -> 
         draft_s=own.draft_s, hf_target_s=runs["hf_target"].elapsed_s if "hf_target" in runs else None,
         first_divergence=divergence, divergence_margin=margin,
     )
+    if routed is not None and routed_ref is not None:
+        row = replace(row, hf_routed_target_s=routed_ref.elapsed_s,
+                      hf_routed_target_tokens=len(routed_ref.tokens), hf_routed_s=routed.elapsed_s,
+                      hf_routed_tokens=len(routed.tokens), hf_routed_steps=routed.steps,
+                      hf_routed_lossless=(routed.tokens == routed_ref.tokens) if greedy else None)
     return row, ref.tokens
 
 
@@ -399,6 +447,16 @@ def _summary(rows: Sequence[BenchPrompt]) -> dict[str, Any]:
                    hf_tokens_per_step=hf_tokens / max(sum(r.hf_steps or 0 for r in rows), 1),
                    hf_lossless=None if rows[0].hf_lossless is None
                    else all(bool(r.hf_lossless) for r in rows))
+    if rows[0].hf_routed_s is not None:
+        routed_tps = sum(r.hf_routed_tokens or 0 for r in rows) / sum(r.hf_routed_s or 0.0 for r in rows)
+        routed_target_tps = (sum(r.hf_routed_target_tokens or 0 for r in rows)
+                             / sum(r.hf_routed_target_s or 0.0 for r in rows))
+        out.update(hf_routed_target_tokens_per_s=routed_target_tps, hf_routed_tokens_per_s=routed_tps,
+                   hf_routed_speedup=routed_tps / routed_target_tps,
+                   hf_routed_tokens_per_step=sum(r.hf_routed_tokens or 0 for r in rows)
+                   / max(sum(r.hf_routed_steps or 0 for r in rows), 1),
+                   hf_routed_lossless=None if rows[0].hf_routed_lossless is None
+                   else all(bool(r.hf_routed_lossless) for r in rows))
     return out
 
 

@@ -391,6 +391,19 @@ def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
         "",
         f"`generation_config.json` sets `num_assistant_tokens={g}` with a constant schedule.",
         "",
+        "On CPU, a host's default kernel can make the target's multi-token verify cost far more than a "
+        "one-token decode, which undoes speculative decoding. With draftnas installed, route both models' "
+        "linear layers through the product that times fastest on your host (outputs unchanged; products of "
+        "more than 16 rows keep the default kernel; no effect on CUDA):",
+        "",
+        "```python",
+        "from draftnas.linears import route_linears",
+        "route_linears(target); route_linears(drafter)",
+        "```",
+        "",
+        "`draftnas bench` measures assisted generation both ways (\"HF assisted generate\" and \"HF "
+        "assisted, linears routed\").",
+        "",
         "vLLM (not tested by draftnas):",
         "",
         "```python",

@@ -424,11 +424,12 @@ def test_the_table_keeps_whole_names_at_120_columns_and_says_what_to_run_next(tm
     export = next(line for line in lines if "draftnas export" in line)
     assert f"--trial {best.number}" in export and f"--out drafters/{best.candidate.name}" in export
     bench = next(line for line in lines if "draftnas bench" in line)
-    assert f"--gamma {best.primary.gamma}" in bench and "assistant_model=" in lines[-1]
+    assert f"--gamma {best.primary.gamma}" in bench and "assistant_model=" in lines[-2]
+    assert "route_linears(target); route_linears(drafter)" in lines[-1]
     # after --export: no export line; bench the folder written, at the gamma it was exported with
     exported = next_commands(result, ("drafters/x", 7))
     assert not any("draftnas export" in line for line in exported)
-    assert any("--draft drafters/x --gamma 7" in line for line in exported) and "'drafters/x'" in exported[-1]
+    assert any("--draft drafters/x --gamma 7" in line for line in exported) and "'drafters/x'" in exported[-2]
     assumed = run_search(smol_options(tmp_path, n_trials=4, prior=0.7, study="a"), StubLatency(),
                          PriorEvaluator(0.7))
     assert any("latency-only" in line for line in next_commands(assumed))
@@ -503,7 +504,7 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     bench = next(line for line in lines if "draftnas bench" in line)
     assert bench.strip() == ("draftnas bench --target smollm2-135m --draft drafters/L1bi-x-v4096 --gamma 2 "
                              "--engine static --prompts chat --per-domain 8")
-    assert "trust_remote_code=True" in lines[-1]  # a reduced head loads through the shipped class
+    assert "trust_remote_code=True" in lines[-2]  # a reduced head loads through the shipped class
     uncalibrated = next_commands(NS(best=best, info=NS(**{**vars(info), "engine": None}), study_name="s",
                                     storage="sqlite:///s.db"))
     assert "--engine" not in next(line for line in uncalibrated if "draftnas bench" in line)

@@ -44,6 +44,10 @@ def bench(
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="New tokens per prompt."),
     seed: int = typer.Option(0, "--seed", help="Seed of sampling runs."),
     no_hf: bool = typer.Option(False, "--no-hf", help="Skip transformers' assisted generation."),
+    no_hf_routed: bool = typer.Option(
+        False, "--no-hf-routed",
+        help="On CPU, skip the second transformers pair, run with both models' linear layers routed through "
+             "the product that timed fastest here (draftnas.linears.route_linears)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     dtype: str = typer.Option("fp32", "--dtype",
                               help="fp32, bf16 or fp16 (in fp32 outputs must match exactly)."),
@@ -62,8 +66,8 @@ def bench(
 
     prompt_list = load_prompts(prompts)
     options = BenchOptions(gamma=gamma, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                           hf_assisted=not no_hf, device=device, dtype=dtype, engine=engine,
-                           per_domain=per_domain or None)
+                           hf_assisted=not no_hf, hf_routed=not no_hf_routed, device=device, dtype=dtype,
+                           engine=engine, per_domain=per_domain or None)
     options.validate()
     with Progress(TextColumn("[bold]bench[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console) as bar:
@@ -77,11 +81,14 @@ def bench(
         print_json(result.to_dict())
         return
     per = Table(title="Per prompt", header_style="bold")
-    for col in ("prompt", "domain", "new tok", "target s", "draftnas s", "HF s", "tok/step", "lossless"):
+    routed = result.hf_routed_tokens_per_s is not None
+    for col in ("prompt", "domain", "new tok", "target s", "draftnas s", "HF s",
+                *(("HF routed s",) if routed else ()), "tok/step", "lossless"):
         per.add_column(col, justify="left" if col in ("prompt", "domain") else "right")
     for r in result.prompts:
         per.add_row(r.prompt_id, r.domain, str(r.new_tokens), f"{r.target_s:.2f}", f"{r.draftnas_s:.2f}",
-                    _fmt(r.hf_assisted_s), f"{r.draftnas_tokens / max(r.steps, 1):.2f}", _flag(r.lossless))
+                    _fmt(r.hf_assisted_s), *((_fmt(r.hf_routed_s),) if routed else ()),
+                    f"{r.draftnas_tokens / max(r.steps, 1):.2f}", _flag(r.lossless))
     console.print(per)
     table = Table(show_header=False,
                   title=f"Speculative decoding, gamma={result.gamma}, T={result.temperature:g} "
@@ -94,6 +101,12 @@ def bench(
         ("draftnas loop", f"{result.draftnas_tokens_per_s:.2f} tokens/s ({result.draftnas_speedup:.3f}x)"),
         ("HF assisted generate", f"{_fmt(result.hf_assisted_tokens_per_s)} tokens/s "
                                  f"({_fmt(result.hf_assisted_speedup, '.3f')}x)"),
+        *([("HF assisted, linears routed",
+            f"{result.hf_routed_tokens_per_s:.2f} tokens/s ({result.hf_routed_speedup:.3f}x its target at "
+            f"{result.hf_routed_target_tokens_per_s:.2f}; "
+            f"{result.hf_routed_tokens_per_s / result.draftnas_tokens_per_s:.2f} of draftnas's loop)")]
+          if result.hf_routed_tokens_per_s is not None and result.hf_routed_speedup is not None
+          and result.hf_routed_target_tokens_per_s is not None else []),
         ("tokens per step (measured)",
          f"{result.tokens_per_step:.3f}  (HF: {_fmt(result.hf_tokens_per_step, '.3f')})"),
         ("tokens per step (estimated)",
@@ -101,8 +114,9 @@ def bench(
          f"{_fmt(result.predicted_ci_high, '.3f')}] in {_fmt(result.estimator_s)} s"),
         ("mean accepted drafts per step", f"{result.mean_accepted_per_step:.3f} "
                                           f"(acceptance {result.draft_acceptance_rate:.3f})"),
-        ("lossless (draftnas / HF)", f"{_flag(result.lossless)} / "
-         f"{_flag(result.hf_lossless, 'sampling' if result.lossless is None else 'not run')}"),
+        ("lossless (draftnas / HF / HF routed)", f"{_flag(result.lossless)} / "
+         f"{_flag(result.hf_lossless, 'sampling' if result.lossless is None else 'not run')} / "
+         f"{_flag(result.hf_routed_lossless, 'sampling' if result.lossless is None else 'not run')}"),
         ("exact match with the target's greedy", _match(result.exact_match_rate, result.divergence_margins)),
         ("drafter ms per drafted token", f"{_fmt(result.draft_ms_per_token)}  (head: "
          + (f"{result.draft_vocab_size:,} of the vocabulary's ids, draft_vocab.json)"

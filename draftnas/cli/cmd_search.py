@@ -178,6 +178,9 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
         + (f" --engine {result.info.engine}" if result.info.engine else "")
         + (f" --prompts {w.prompt_set} --per-domain 8" if w.prompt_set != "all" else ""),
         f"  in transformers: target.generate(..., assistant_model={load})",
+        "  on CPU, route both models' small products first (a multi-token verify can cost far more than a "
+        "decode with the default kernel): from draftnas.linears import route_linears; route_linears(target); "
+        "route_linears(drafter)",
     ]
 
 

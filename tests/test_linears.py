@@ -1,0 +1,91 @@
+"""route_linears: a transformers model's linear layers through the chooser, same outputs, undone cleanly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from draftnas.decoder import LINEAR, TRANSPOSED, WEIGHT_ONCE
+from draftnas.linears import route_linears
+from tests.helpers import truncated
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_config):
+    from transformers import LlamaForCausalLM
+
+    config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2})
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _greedy(model, ids, **kw):
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                             **kw)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("form", [WEIGHT_ONCE, TRANSPOSED])
+def test_routed_model_gives_the_same_logits_and_generation(tiny, form):
+    ids = torch.tensor([[3, 14, 15, 92, 65]])
+    with torch.inference_mode():
+        plain = tiny(ids).logits
+    expected = _greedy(tiny, ids)
+    routing = route_linears(tiny)
+    # every small product takes `form` (odd row counts padded by one), whatever this host timed
+    routing.chooser._time = lambda rows, weight: (form, rows + rows % 2)  # type: ignore[method-assign]
+    try:
+        assert all("forward" in vars(layer) for layer in routing.layers)
+        with torch.inference_mode():
+            torch.testing.assert_close(tiny(ids).logits, plain, rtol=1e-5, atol=1e-5)
+        assert _greedy(tiny, ids) == expected
+        chosen = routing.chosen()
+        assert (5, 64, 32) in chosen and (1, 64, 32) in chosen  # prompt of 5 rows, then one token a step
+        assert set(chosen.values()) == {"weight-once" if form == WEIGHT_ONCE else "transposed"}
+        assert routing.chooser.padded[(5, 64, 32)] == 6
+    finally:
+        routing.detach()
+    assert not any("forward" in vars(layer) for layer in routing.layers)
+    with torch.inference_mode():
+        torch.testing.assert_close(tiny(ids).logits, plain, rtol=0, atol=0)
+
+
+def test_prefill_keeps_f_linear_and_routing_is_a_context(tiny):
+    routing = route_linears(tiny, attach=False)
+    assert not routing.attached and not any("forward" in vars(layer) for layer in routing.layers)
+    with routing, torch.inference_mode():
+        assert routing.attached
+        tiny(torch.arange(40).unsqueeze(0))  # 40 rows: above the weight-once limit, never timed
+    assert not routing.attached and routing.chosen() == {}
+    assert route_linears(tiny, attach=False).layers == routing.layers  # nothing left marked
+
+
+def test_assisted_generation_with_both_models_routed_is_lossless(tiny):
+    drafter = truncated(tiny, 2)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    expected = _greedy(tiny, ids)
+    with route_linears(tiny, attach=False) as target_routing, route_linears(drafter, attach=False):
+        target_routing.chooser._time = lambda rows, weight: (WEIGHT_ONCE, rows)  # type: ignore[method-assign]
+        assert _greedy(tiny, ids, assistant_model=drafter) == expected
+        assert any(rows > 1 for rows, _, _ in target_routing.chosen())  # a multi-token verify was routed
+
+
+def test_layers_that_are_not_plain_linears_or_are_routed_already_are_left_alone():
+    class Scaled(nn.Linear):
+        def forward(self, x):  # a subclass with its own forward (e.g. a quantized layer)
+            return 2 * super().forward(x)
+
+    model = nn.Sequential(nn.Linear(8, 8), Scaled(8, 8), nn.Linear(8, 4))
+    first = route_linears(model)
+    assert first.layers == [model[0], model[2]]
+    assert route_linears(model).layers == []  # a second routing does not wrap the first
+    first.chooser._time = lambda rows, weight: (LINEAR, rows)  # type: ignore[method-assign]
+    x = torch.randn(3, 8)
+    routed = model(x)
+    first.detach()
+    torch.testing.assert_close(routed, model(x), rtol=0, atol=0)
