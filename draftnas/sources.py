@@ -265,11 +265,22 @@ def ensure_local_folder(spec: str) -> tuple[ModelSource, Path, bool]:
     return source, folder, False
 
 
+#: sha256 of copies of draftnas/hf_head.py that earlier draftnas versions wrote into folders ->
+#: what plain transformers gets from that copy. They define the same classes over the same
+#: weights, so draftnas (which builds the class from its own package) still loads such a folder.
+EARLIER_HEAD_COPIES = {
+    "ac674263583e45e68437c335d1cc812905bc9d6de43e74a1d685976ec6aec259":
+        "its forward hides its parameters behind **kwargs, so transformers' generate feeds the drafter "
+        "the whole sequence at every assisted step",
+}
+
+
 def _reduced_head_class(folder: Path) -> Any:
     """The draftnas.hf_head class a draftnas reduced-head folder names, or None for other folders.
 
     draftnas never runs code shipped in a folder: the folder's copy must be this package's
-    draftnas/hf_head.py byte for byte, and the class is built from the package.
+    draftnas/hf_head.py byte for byte (or a known earlier copy, with a warning), and the class
+    is built from the package.
     """
     config = folder / "config.json"
     if not config.is_file():
@@ -289,7 +300,12 @@ def _reduced_head_class(folder: Path) -> Any:
     if not shipped.is_file():
         raise ModelSourceError(f"{folder} is a draftnas reduced-head drafter but {shipped.name} is missing; "
                                + fallback)
-    if shipped.read_bytes() != Path(hf_head.__file__).read_bytes():
+    copy = shipped.read_bytes()
+    earlier = EARLIER_HEAD_COPIES.get(hashlib.sha256(copy).hexdigest())
+    if earlier is not None:
+        log.warning("%s is an earlier draftnas copy: draftnas loads the folder with its own class, but in "
+                    "plain transformers %s; re-export the drafter to ship the present copy", shipped, earlier)
+    elif copy != Path(hf_head.__file__).read_bytes():
         raise ModelSourceError(f"{shipped} is not the file this draftnas ships (altered, or from another "
                                f"version), and draftnas runs no code from a folder; {fallback}")
     cls = getattr(hf_head, auto.split(".", 1)[1], None)

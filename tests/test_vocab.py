@@ -225,11 +225,15 @@ def test_export_of_a_reduced_head_keeps_it_reduced_and_writes_a_plain_full_head_
     assert "trust_remote_code=True" in card and FULL_HEAD_DIR in card and "-row LM head" in card
 
 
-def test_draftnas_loads_its_own_reduced_head_class_and_refuses_an_altered_folder(tmp_path, tiny_llama_config):
+def test_draftnas_loads_its_own_reduced_head_class_and_refuses_an_altered_folder(tmp_path, tiny_llama_config,
+                                                                                  caplog):
+    import hashlib
+    import logging
+
     from draftnas.errors import ModelSourceError
     from draftnas.export import HEAD_MODULE_FILE
     from draftnas.hf_head import DraftnasLlamaReducedHead
-    from draftnas.sources import load_model
+    from draftnas.sources import EARLIER_HEAD_COPIES, load_model
     from tests.helpers import TinyTokenizer
 
     model, s, out = _exported_reduced(tmp_path, tiny_llama_config)
@@ -241,6 +245,12 @@ def test_draftnas_loads_its_own_reduced_head_class_and_refuses_an_altered_folder
         shipped.write_text(shipped.read_text() + "\nimport os  # a change\n")
         with pytest.raises(ModelSourceError, match="not the file this draftnas ships"):
             load_model(str(out))
+        # a copy an earlier draftnas shipped still loads, with draftnas's own class and a warning
+        digest = hashlib.sha256(shipped.read_bytes()).hexdigest()
+        mp.setitem(EARLIER_HEAD_COPIES, digest, "it differs")
+        with caplog.at_level(logging.WARNING, logger="draftnas.sources"):
+            assert type(load_model(str(out)).model) is DraftnasLlamaReducedHead
+        assert "earlier draftnas copy" in caplog.text and "it differs" in caplog.text
         shipped.unlink()
         with pytest.raises(ModelSourceError, match="is missing"):
             load_model(str(out))
@@ -258,9 +268,15 @@ def test_the_exported_reduced_head_is_a_lossless_assistant_in_transformers(tmp_p
     _, _, out = _exported_reduced(tmp_path, tiny_llama_config)
     drafter = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
     ids = torch.tensor([[3, 1, 4, 1, 5]])
+    fed: list[int] = []  # tokens the drafter gets per call
+    drafter.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True)
     plain = target.generate(ids, max_new_tokens=12, do_sample=False)
     assisted = target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=drafter)
     assert torch.equal(plain, assisted)
+    # after its prefill the drafter is fed only the new tokens (its cache reused): with a forward
+    # of bare **kwargs, generate fed it the whole sequence at every call
+    assert fed[0] == ids.shape[1] and len(fed) > 2
+    assert max(fed[1:]) <= drafter.generation_config.num_assistant_tokens + 1
 
 
 # --------------------------------------------------------------------------- Gemma-3
