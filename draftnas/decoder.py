@@ -28,7 +28,6 @@ matmul chooser; the pieces share the weight layout and are tested together again
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -204,9 +203,11 @@ class MatmulChooser:
                 fn(inputs[n])
                 if i >= 2:  # two warm-up rounds
                     times[j].append(time.perf_counter() - started)
-        medians = [statistics.median(t) for t in times]
-        best = min(range(len(candidates)), key=lambda j: medians[j])
-        form, computed, _ = candidates[best] if medians[best] < self.margin * medians[0] else candidates[0]
+        # each form's fastest pass decides: the work is fixed, so a slower pass measured other
+        # work on the machine, and the choice is made once and kept for the whole process
+        fastest = [min(t) for t in times]
+        best = min(range(len(candidates)), key=lambda j: fastest[j])
+        form, computed, _ = candidates[best] if fastest[best] < self.margin * fastest[0] else candidates[0]
         if form != TRANSPOSED:
             for w in weights:
                 if id(w) not in had:
