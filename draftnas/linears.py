@@ -1,16 +1,17 @@
 """Cheaper small-batch products for plain transformers models on CPU.
 
 Speculative decoding lives on verifying γ+1 tokens for about the price of decoding one. On
-some CPU hosts the default kernel breaks that: on the 2-core AMD EPYC (Zen 2) host,
-transformers' SmolLM2-135M in fp32 took 48.0 ms to decode one token after a prompt, 79.9 ms
-for 2 and 98.7 ms for 3, because `F.linear` with a few rows takes a path that reads the
-weights more than once. draftnas's own decoder picks, per shape, the product that timed
-fastest here (`decoder.MatmulChooser`). `route_linears` gives the same choice to the
-`nn.Linear` layers of any model, so that a user's own
+some CPU hosts the default kernel breaks that: on the 2-core AMD EPYC (Zen 2) host, inside
+transformers' assisted generation, SmolLM2-135M in fp32 took 49.8 ms a decode and 80.8 ms a
+2-token verify, because `F.linear` with a few rows takes a path that reads the weights more
+than once. draftnas's own decoder picks, per shape, the product that timed fastest here
+(`decoder.MatmulChooser`). `route_linears` gives the same choice to the `nn.Linear` layers of
+any model, so that a user's own
 
     target.generate(..., assistant_model=drafter)
 
-pays for the cheap verify as well (43.6 / 45.9 / 51.3 ms on that host, same outputs).
+pays for the cheap verify as well (44.4 and 46.5 ms there, same outputs;
+`benchmarks/hf_assisted_parts.py`).
 
     from draftnas.linears import route_linears
     route_linears(target); route_linears(drafter)

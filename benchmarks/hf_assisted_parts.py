@@ -1,0 +1,112 @@
+"""Where transformers' assisted generation spends a step: the target's forward, the drafter's,
+and the rest, with the linear layers plain and routed (draftnas.linears.route_linears).
+
+    python benchmarks/hf_assisted_parts.py --draft drafters/L1bi-h9kv3-i1536-v4096 --gamma 1
+
+Greedy, on prompts of the set the drafter folder was not healed on (as `draftnas bench` picks
+them). Per arm: tokens/s of the target alone and of `generate(assistant_model=drafter)`, the
+mean time of one target and one drafter forward, the tokens each is fed per call, and the time
+per step outside both forwards. Prints JSON (also to --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+
+def main() -> None:
+    import torch
+
+    from draftnas.bench import unseen_prompts
+    from draftnas.linears import route_linears
+    from draftnas.machine import cpu_model_name, load_average
+    from draftnas.prompts import load_prompts
+    from draftnas.sources import load_model
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--draft", required=True, help="a drafter folder")
+    parser.add_argument("--gamma", type=int, default=1)
+    parser.add_argument("--prompts", default="chat")
+    parser.add_argument("--per-domain", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    target, drafter = load_model(args.target), load_model(args.draft)
+    prompts, encoded, _ = unseen_prompts(load_prompts(args.prompts), target.tokenizer, drafter,
+                                         args.per_domain)
+    config = drafter.model.generation_config
+    config.num_assistant_tokens, config.num_assistant_tokens_schedule = args.gamma, "constant"
+    config.assistant_confidence_threshold = 0.0
+    pad = target.tokenizer.pad_token_id or 0
+    calls: dict[str, list[tuple[float, int]]] = {"target": [], "drafter": []}
+
+    def timed(name: str, model: Any) -> None:
+        def pre(module: Any, _args: Any, kwargs: Any) -> None:
+            module._draftnas_started = time.perf_counter()
+
+        def post(module: Any, _args: Any, kwargs: Any, _out: Any) -> None:
+            fed = kwargs.get("input_ids")
+            calls[name].append((time.perf_counter() - module._draftnas_started,
+                                int(fed.shape[1]) if fed is not None else 0))
+
+        model.register_forward_pre_hook(pre, with_kwargs=True)
+        model.register_forward_hook(post, with_kwargs=True)
+
+    timed("target", target.model)
+    timed("drafter", drafter.model)
+
+    def run(assisted: bool) -> dict[str, Any]:
+        extra = {"assistant_model": drafter.model} if assisted else {}
+        for v in calls.values():
+            v.clear()
+        tokens, elapsed = 0, 0.0
+        steps: dict[str, list[tuple[float, int]]] = {"target": [], "drafter": []}  # prefills left out
+        for ids in encoded:
+            x = torch.tensor([ids])
+            before = {k: len(v) for k, v in calls.items()}
+            started = time.perf_counter()
+            with torch.inference_mode():
+                out = target.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                            pad_token_id=pad, max_new_tokens=args.max_new_tokens, **extra)
+            elapsed += time.perf_counter() - started
+            tokens += out.shape[1] - len(ids)
+            for k, v in calls.items():
+                steps[k] += v[before[k] + 1:]
+        inside = sum(t for v in calls.values() for t, _ in v)
+        n_steps = max(len(steps["target"]), 1)
+        return {
+            "tokens_per_s": round(tokens / elapsed, 2),
+            **{f"{k}_{what}": (round(statistics.mean(1e3 * t if what == "forward_ms" else n for t, n in v), 2)
+                               if v else None)
+               for k, v in steps.items() for what in ("forward_ms", "tokens_per_call")},
+            "outside_forwards_ms_per_step": round(1e3 * (elapsed - inside) / n_steps, 2),
+            "tokens_per_step": round(tokens / n_steps, 3),
+        }
+
+    result: dict[str, Any] = {"host": cpu_model_name(), "threads": torch.get_num_threads(),
+                              "load_average": load_average(), "target": args.target, "draft": args.draft,
+                              "gamma": args.gamma, "prompts": [p.id for p in prompts],
+                              "max_new_tokens": args.max_new_tokens}
+    for arm in ("plain", "routed"):
+        routings = (route_linears(target.model), route_linears(drafter.model)) if arm == "routed" else ()
+        run(True)  # warm-up (and, routed, the product choice for every row count met)
+        result[arm] = {"target_alone": run(False), "assisted": run(True)}
+        for routing in routings:
+            routing.detach()
+        result[arm]["speedup"] = round(result[arm]["assisted"]["tokens_per_s"]
+                                       / result[arm]["target_alone"]["tokens_per_s"], 3)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
