@@ -46,8 +46,9 @@ def bench(
     no_hf: bool = typer.Option(False, "--no-hf", help="Skip transformers' assisted generation."),
     no_hf_routed: bool = typer.Option(
         False, "--no-hf-routed",
-        help="On CPU, skip the second transformers pair, run with both models' linear layers routed through "
-             "the product that timed fastest here (draftnas.linears.route_linears)."),
+        help="Skip the second transformers pair (CPU only): the target alone and assisted generation with "
+             "both models' linear layers routed through the product that timed fastest here "
+             "(draftnas.linears.route_linears)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     dtype: str = typer.Option("fp32", "--dtype",
                               help="fp32, bf16 or fp16 (in fp32 outputs must match exactly)."),
