@@ -389,7 +389,10 @@ def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
         "out = target.generate(**inputs, assistant_model=drafter, do_sample=False, max_new_tokens=64)",
         "```",
         "",
-        f"`generation_config.json` sets `num_assistant_tokens={g}` with a constant schedule.",
+        f"`generation_config.json` sets `num_assistant_tokens={g}` with a constant schedule: the γ priced "
+        "best for draftnas's loop. transformers' assisted generation does more work per step outside the "
+        "two models (about 3 ms on a 2-core CPU host), which can favour a smaller γ there; "
+        "`draftnas bench --gamma N` measures both at any γ.",
         "",
         "On CPU, a host's default kernel can make the target's multi-token verify cost far more than a "
         "one-token decode, which undoes speculative decoding. With draftnas installed, route both models' "
