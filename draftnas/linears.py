@@ -30,7 +30,7 @@ from torch import nn
 
 from draftnas.decoder import MatmulChooser
 
-_MARK = "_draftnas_routed"
+_MARK = "_draftnas_routed"  # on a routed layer: id() of the routing that routed it
 
 
 @dataclass
@@ -42,9 +42,10 @@ class LinearRouting:
     attached: bool = False
 
     def attach(self) -> LinearRouting:
-        """Route every layer's forward through the chooser (a no-op when already attached)."""
+        """Route every layer's forward through the chooser; a layer another routing holds (a
+        module two models share) stays with that one."""
         for layer in self.layers:
-            if getattr(layer, _MARK, False):
+            if getattr(layer, _MARK, None) is not None:
                 continue
 
             def forward(x: torch.Tensor, layer: nn.Linear = layer) -> torch.Tensor:
@@ -52,14 +53,15 @@ class LinearRouting:
                 return out if layer.bias is None else out + layer.bias
 
             layer.forward = forward  # type: ignore[method-assign,assignment]
-            setattr(layer, _MARK, True)
+            setattr(layer, _MARK, id(self))
         self.attached = True
         return self
 
     def detach(self) -> None:
-        """Give every layer its own forward back (the chooser keeps what it timed)."""
+        """Give every layer this routing routed its own forward back (the chooser keeps what it
+        timed)."""
         for layer in self.layers:
-            if getattr(layer, _MARK, False):
+            if getattr(layer, _MARK, None) == id(self):
                 del layer.forward
                 delattr(layer, _MARK)
         self.attached = False
@@ -89,7 +91,7 @@ def route_linears(model: nn.Module, *, attach: bool = True) -> LinearRouting:
     layers: list[nn.Linear] = []
     for module in model.modules():
         if (isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
-                and module.weight.device.type == "cpu" and not getattr(module, _MARK, False)):
+                and module.weight.device.type == "cpu" and getattr(module, _MARK, None) is None):
             layers.append(module)
     routing = LinearRouting(layers)
     for layer in layers:

@@ -75,6 +75,20 @@ def test_assisted_generation_with_both_models_routed_is_lossless(tiny):
         assert any(rows > 1 for rows, _, _ in target_routing.chosen())  # a multi-token verify was routed
 
 
+def test_a_layer_two_routings_share_stays_with_the_one_that_routed_it():
+    shared = nn.Linear(8, 8)
+    a, b = nn.Sequential(shared, nn.Linear(8, 8)), nn.Sequential(shared, nn.Linear(8, 4))
+    first, second = route_linears(a, attach=False), route_linears(b, attach=False)
+    assert shared in first.layers and shared in second.layers
+    first.attach()
+    second.attach()
+    routed_by_first = vars(shared)["forward"]
+    second.detach()  # leaves the shared layer to the routing that routed it
+    assert vars(shared)["forward"] is routed_by_first and "forward" not in vars(b[1])
+    first.detach()
+    assert "forward" not in vars(shared)
+
+
 def test_layers_that_are_not_plain_linears_or_are_routed_already_are_left_alone():
     class Scaled(nn.Linear):
         def forward(self, x):  # a subclass with its own forward (e.g. a quantized layer)
