@@ -7,6 +7,20 @@ import copy
 import torch
 
 
+def tiny_llama(config, seed=0, **changes):
+    """A LLaMA model with random weights (seed `seed`), eval mode, on its own copy of `config` with
+    `changes` (e.g. initializer_range=0.2: a model whose layers matter; 0.02 makes every layer
+    ~identity). Pruning or a reduced head rewrites a model's config in place, which must not reach
+    the session fixture other tests build from."""
+    from transformers import LlamaForCausalLM
+
+    own = copy.deepcopy(config)
+    for key, value in changes.items():
+        setattr(own, key, value)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(own).eval()
+
+
 def truncated(model, k):
     """A copy of a LLaMA-style model with only its first k layers (layer_idx re-indexed, config updated)."""
     small = copy.deepcopy(model)

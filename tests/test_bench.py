@@ -10,7 +10,7 @@ from draftnas.errors import InvalidInputError
 from draftnas.prompts import Prompt
 from draftnas.sources import LoadedModel, ModelSource
 from tests import helpers
-from tests.helpers import truncated
+from tests.helpers import tiny_llama, truncated
 
 
 class TinyTokenizer(helpers.TinyTokenizer):
@@ -24,11 +24,7 @@ def _loaded(model, spec, tokenizer=None):
 
 @pytest.fixture(scope="module")
 def tiny_pair(tiny_llama_config):
-    from transformers import LlamaForCausalLM
-
-    config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2})
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(config).eval()
+    target = tiny_llama(tiny_llama_config, initializer_range=0.2)
     target.generation_config.eos_token_id = None
     target.generation_config.pad_token_id = 0
     drafter = truncated(target, 2)

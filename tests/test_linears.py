@@ -8,16 +8,12 @@ from torch import nn
 
 from draftnas.decoder import LINEAR, TRANSPOSED, WEIGHT_ONCE
 from draftnas.linears import route_linears
-from tests.helpers import truncated
+from tests.helpers import tiny_llama, truncated
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_config):
-    from transformers import LlamaForCausalLM
-
-    config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2})
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(config).eval()
+    model = tiny_llama(tiny_llama_config, seed=1, initializer_range=0.2)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model

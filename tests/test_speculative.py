@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from draftnas.speculative import _accept, crop_cache, greedy_generate, speculative_generate
-from tests.helpers import truncated
+from tests.helpers import tiny_llama, truncated
 
 # chi-square critical values at significance 0.001 (df -> value), so a correct rule fails 1 run in 1000
 CHI2_CRIT_001 = {3: 16.27, 7: 24.32, 15: 37.70}
@@ -28,11 +28,7 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def pair(tiny_llama_config):
-    from transformers import LlamaForCausalLM
-
-    config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2})
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(config).eval()
+    target = tiny_llama(tiny_llama_config, initializer_range=0.2)
     return target, truncated(target, 2)
 
 

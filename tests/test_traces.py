@@ -18,16 +18,12 @@ from draftnas.traces import (
     load_traces,
     tokenizer_fingerprint,
 )
-from tests.helpers import TinyTokenizer
+from tests.helpers import TinyTokenizer, tiny_llama
 
 
 @pytest.fixture(scope="module")
 def tiny_target(tiny_llama_config):
-    from transformers import LlamaForCausalLM
-
-    config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2})
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
+    model = tiny_llama(tiny_llama_config, initializer_range=0.2)
     model.generation_config.eos_token_id = 5
     return LoadedModel(model, TinyTokenizer(), ModelSource(spec="tiny", kind="folder", location="/tiny"),
                        None, 0.0, True)

@@ -18,22 +18,9 @@ from draftnas.vocab import (
     select_subset,
     special_token_ids,
 )
+from tests.helpers import tiny_llama
 
 V = 128
-
-
-def _tiny_llama(config, seed=0, **changes):
-    """A model on its own copy of the session's config (with `changes`): pruning or a reduced head
-    rewrites a model's config in place, which must not reach the fixture other tests build from."""
-    import copy
-
-    from transformers import LlamaForCausalLM
-
-    own = copy.deepcopy(config)
-    for key, value in changes.items():
-        setattr(own, key, value)
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(own).eval()
 
 
 def test_ids_round_trip_and_out_of_subset_is_minus_one():
@@ -77,7 +64,7 @@ def test_special_tokens_include_eos_and_template_tokens():
 
 
 def test_save_load_and_head_slicing(tmp_path, tiny_llama_config):
-    model = _tiny_llama(tiny_llama_config)
+    model = tiny_llama(tiny_llama_config)
     full_logits = model(torch.tensor([[1, 2, 3]])).logits[0, -1]
     s = VocabSubset(ids=tuple(range(0, V, 4)), vocab_size=V, source="x")
     apply_vocab_subset(model, s)
@@ -127,8 +114,8 @@ def test_estimator_counts_out_of_subset_tokens_as_rejections():
 def test_reduced_head_drafter_is_lossless_in_the_loop(tiny_llama_config):
     from draftnas.speculative import greedy_generate, speculative_generate
 
-    target = _tiny_llama(tiny_llama_config, seed=0)
-    drafter = _tiny_llama(tiny_llama_config, seed=0)
+    target = tiny_llama(tiny_llama_config, seed=0)
+    drafter = tiny_llama(tiny_llama_config, seed=0)
     prompt = [3, 17, 42, 5]
     ref = greedy_generate(target, prompt, max_new_tokens=24)
     # a subset that holds some of the target's tokens and misses others
@@ -151,7 +138,7 @@ def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
     # untied heads: tied random models just repeat their input token, so a drafter would agree
     # with the target before any healing (this test relied on an earlier test untying the shared
     # config, which only held when the files ran in one order)
-    target = _tiny_llama(tiny_llama_config, seed=0, tie_word_embeddings=False)
+    target = tiny_llama(tiny_llama_config, seed=0, tie_word_embeddings=False)
     records = []
     for i in range(6):
         prompt = [i + 1, 2 * i + 3]
@@ -166,7 +153,7 @@ def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
                          prompt_set="x", prompt_set_hash="h", n_prompts=6, temperatures=(0.0,), seed=0,
                          top_k=2, max_new_tokens=16, eos_token_ids=())
     traces = Traces(meta, records)
-    drafter = _tiny_llama(tiny_llama_config, seed=1, tie_word_embeddings=False)
+    drafter = tiny_llama(tiny_llama_config, seed=1, tie_word_embeddings=False)
     drafter.model.layers = drafter.model.layers[:1]
     drafter.config.num_hidden_layers = 1
     cont_ids = [r.continuation_ids.tolist() for r in records]
@@ -182,7 +169,7 @@ def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
 def _exported_reduced(tmp_path, tiny_llama_config):
     from draftnas.export import ExportInfo, export_drafter
 
-    model = _tiny_llama(tiny_llama_config)
+    model = tiny_llama(tiny_llama_config)
     s = VocabSubset(ids=tuple(range(0, V, 2)), vocab_size=V)
     apply_vocab_subset(model, s)
     with torch.no_grad():
@@ -263,7 +250,7 @@ def test_draftnas_loads_its_own_reduced_head_class_and_refuses_an_altered_folder
 def test_the_exported_reduced_head_is_a_lossless_assistant_in_transformers(tmp_path, tiny_llama_config):
     from transformers import AutoModelForCausalLM
 
-    target = _tiny_llama(tiny_llama_config)
+    target = tiny_llama(tiny_llama_config)
     target.generation_config.pad_token_id = 0
     _, _, out = _exported_reduced(tmp_path, tiny_llama_config)
     drafter = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
@@ -381,8 +368,7 @@ def test_bench_runs_a_reduced_head_folder_in_its_own_loop(tmp_path, tiny_llama_c
     from tests.helpers import truncated
     from tests.test_bench import TinyTokenizer
 
-    config = tiny_llama_config.__class__(**{**tiny_llama_config.to_dict(), "initializer_range": 0.2})
-    target = _tiny_llama(config)
+    target = tiny_llama(tiny_llama_config, initializer_range=0.2)
     target.generation_config.eos_token_id = None
     target.generation_config.pad_token_id = 0
     drafter = truncated(target, 2)
