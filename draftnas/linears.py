@@ -16,8 +16,9 @@ pays for the cheap verify as well (44.4 and 46.5 ms there, same outputs;
     from draftnas.linears import route_linears
     route_linears(target); route_linears(drafter)
 
-On CUDA, or for layers with other than 2-D weights, nothing is changed. Routing is undone
-with `.detach()` and redone with `.attach()`; `with routing:` routes for a block.
+Layers on CUDA (or any device but the CPU) and `nn.Linear` subclasses with their own forward
+are left as they are. Routing is undone with `.detach()` and redone with `.attach()`;
+`with routing:` routes for a block.
 """
 
 from __future__ import annotations
