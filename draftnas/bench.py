@@ -448,12 +448,13 @@ def _summary(rows: Sequence[BenchPrompt]) -> dict[str, Any]:
                    hf_lossless=None if rows[0].hf_lossless is None
                    else all(bool(r.hf_lossless) for r in rows))
     if rows[0].hf_routed_s is not None:
-        routed_tps = sum(r.hf_routed_tokens or 0 for r in rows) / sum(r.hf_routed_s or 0.0 for r in rows)
+        routed_tokens = sum(r.hf_routed_tokens or 0 for r in rows)
+        routed_tps = routed_tokens / sum(r.hf_routed_s or 0.0 for r in rows)
         routed_target_tps = (sum(r.hf_routed_target_tokens or 0 for r in rows)
                              / sum(r.hf_routed_target_s or 0.0 for r in rows))
         out.update(hf_routed_target_tokens_per_s=routed_target_tps, hf_routed_tokens_per_s=routed_tps,
                    hf_routed_speedup=routed_tps / routed_target_tps,
-                   hf_routed_tokens_per_step=sum(r.hf_routed_tokens or 0 for r in rows)
+                   hf_routed_tokens_per_step=routed_tokens
                    / max(sum(r.hf_routed_steps or 0 for r in rows), 1),
                    hf_routed_lossless=None if rows[0].hf_routed_lossless is None
                    else all(bool(r.hf_routed_lossless) for r in rows))
