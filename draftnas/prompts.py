@@ -169,6 +169,20 @@ def uses_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def user_turn_opening(tokenizer: Any, words: str) -> list[int]:
+    """Token ids of the chat template up to and including `words` at the start of a user turn, with
+    the turn left open: what a chat model continues to write a user message of its own."""
+    if not uses_chat_template(tokenizer):
+        raise InvalidInputError("the target has no chat template, so it cannot write user turns of its own")
+    marker = "\u2063draftnas\u2063"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=False,
+                                         tokenize=False)
+    if not isinstance(text, str) or marker not in text:
+        raise InvalidInputError("the target's chat template does not place the user's text verbatim")
+    ids = tokenizer(text[:text.index(marker)] + words, add_special_tokens=False)["input_ids"]
+    return [int(i) for i in ids]
+
+
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """Token ids of a prompt as the model expects it: through the chat template when there is one.
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from draftnas.distill import HealData, HealOptions, HealSequence
@@ -135,6 +137,22 @@ def test_heal_topk_teacher(tiny_llama_config):
     assert result.top1_after > result.top1_before
 
 
+def test_a_live_target_with_teacher_topk_is_never_run_while_training(tiny_llama_config):
+    """teacher_topk: the target's top-k kept with the data is the teacher; the target is not called."""
+    from draftnas.distill import heal
+
+    target, drafter = _models(tiny_llama_config)
+    data, plain = _data(target, top_k=8, memorize=True), _data(target)
+    calls = []
+    target.register_forward_hook(lambda *_: calls.append(1))
+    options = HealOptions(steps=40, batch_size=4, lr=1e-2, eval_every=0, train="all", teacher_topk=8)
+    result = heal(drafter, target, options, data=data)
+    assert not calls and result.teacher == "target top-8"
+    assert result.top1_after > result.top1_before
+    with pytest.raises(InvalidInputError, match="carries the target's top-k"):
+        heal(drafter, target, options, data=plain)
+
+
 def test_interrupted_heal_resumes_to_the_same_weights(tiny_llama_config, tmp_path):
     import torch
 
@@ -213,3 +231,34 @@ def test_smollm2_first2_heals_on_live_target(smollm2):
     data = generate_heal_data(smollm2.model, smollm2.tokenizer, options)
     result = heal(drafter, smollm2.model, options, tokenizer=smollm2.tokenizer, data=data)
     assert result.n_heldout_sequences == 2 and result.top1_after > result.top1_before
+
+
+def test_written_prompts_need_a_chat_template():
+    from draftnas.prompts import user_turn_opening
+
+    with pytest.raises(InvalidInputError, match="no chat template"):
+        user_turn_opening(object(), "Explain the")
+
+
+@pytest.mark.real_model
+def test_the_target_writes_training_prompts_that_open_like_the_set(smollm2):
+    """Written prompts open with a training prompt's first words, are answered by the target and join
+    the training sequences only: the held-out sequences are the same as without them."""
+    from draftnas.distill import WRITTEN_OPENING_WORDS, generate_heal_data, written_prompts
+    from draftnas.prompts import load_prompts, user_turn_opening
+
+    tok = smollm2.tokenizer
+    opening = user_turn_opening(tok, "Explain the")
+    assert tok.decode(opening).endswith("user\nExplain the")
+    openings = [p.text for p in load_prompts("chat", per_domain=3)]
+    texts = written_prompts(smollm2.model, tok, openings, 6, seed=1)
+    assert texts and len(set(texts)) == len(texts)
+    heads = {" ".join(o.split()[:WRITTEN_OPENING_WORDS]) for o in openings}
+    assert all(any(t.startswith(h) and len(t) > len(h) for h in heads) for t in texts)
+    assert not set(texts) & set(openings)
+
+    options = HealOptions(prompts="chat", prompts_per_domain=6, max_new_tokens=6, heldout_every=3)
+    plain = generate_heal_data(smollm2.model, tok, options)
+    more = generate_heal_data(smollm2.model, tok, replace(options, written_prompts=6))
+    assert [s.input_ids for s in more.heldout] == [s.input_ids for s in plain.heldout]
+    assert more.train[:len(plain.train)] == plain.train and len(more.train) > len(plain.train)

@@ -290,14 +290,16 @@ def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never
 
 def test_an_export_from_a_study_heals_on_its_workload_prompt_set():
     from draftnas.distill import HealOptions
-    from draftnas.export import workload_heal_options
+    from draftnas.export import EXPORT_TEACHER_TOPK, EXPORT_WRITTEN_PROMPTS, workload_heal_options
 
     info = _info()  # the SmolLM2 space: chat workload
     chat = workload_heal_options(info)
     assert (chat.prompts, chat.prompts_per_domain) == ("chat", 40)
     every = dataclasses.replace(info, space=dataclasses.replace(
         info.space, workload=dataclasses.replace(info.space.workload, prompt_set="all")))
-    assert workload_heal_options(every) == workload_heal_options(None) == HealOptions()
+    assert workload_heal_options(every) == workload_heal_options(None) == HealOptions(
+        written_prompts=EXPORT_WRITTEN_PROMPTS, teacher_topk=EXPORT_TEACHER_TOPK)
+    assert (chat.written_prompts, chat.teacher_topk) == (EXPORT_WRITTEN_PROMPTS, EXPORT_TEACHER_TOPK) != (0, 0)
 
 
 def test_export_from_plan_file_with_healing(tiny_base, tmp_path):

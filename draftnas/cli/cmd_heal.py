@@ -30,6 +30,14 @@ def heal(
     prompts: str = typer.Option("all", "--prompts", help="Prompt set for self-distillation data (live)."),
     per_domain: int = typer.Option(10, "--per-domain", help="Prompts per domain for live data."),
     max_new_tokens: int = typer.Option(96, "--max-new-tokens", help="Target continuation length (live)."),
+    written_prompts: int = typer.Option(
+        0, "--written-prompts",
+        help="Live: this many more training prompts the target writes itself, each opening with the first "
+             "words of a training prompt (chat models; export uses 128)."),
+    teacher_topk: int = typer.Option(
+        0, "--teacher-topk",
+        help="Live: keep the target's top-k while making the data and train on it, with no target forward "
+             "per step (export uses 64); 0 runs the target at every step."),
     train: str = typer.Option("layers", "--train", help="layers (kept layers + final norm) or all."),
     checkpoint: Path | None = typer.Option(None, "--checkpoint",
                                            help="Folder for resumable state (rerun to resume)."),
@@ -44,7 +52,7 @@ def heal(
 
     options = HealOptions(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
                           prompts=prompts, prompts_per_domain=per_domain, max_new_tokens=max_new_tokens,
-                          train=train, seed=seed,
+                          written_prompts=written_prompts, teacher_topk=teacher_topk, train=train, seed=seed,
                           max_seconds=max_minutes * 60 if max_minutes is not None else None)
     request = HealRequest(plan_file=str(plan) if plan else None, base=base,
                           drafter=str(drafter) if drafter else None, target=target,
