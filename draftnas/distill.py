@@ -8,9 +8,13 @@ Two teachers:
   leftover mass as one extra bucket. No target forward, so a step costs about
   half as much.
 
+A live target with `teacher_topk` keeps its top-k while it makes the data and is
+then taught from those, like traces: no target forward per step.
+
 The training text is self-distillation data: the target's own continuations of
 the prompt set (pretrain-and-finetune on target outputs is what makes a drafter
-accepted, per the second seed paper). Live mode generates them once (cached in
+accepted, per the second seed paper), and optionally of prompts the target
+writes itself (`written_prompts`). Live mode generates them once (cached in
 the checkpoint folder); trace mode uses the traces' continuations.
 
 Only the kept decoder layers and the final norm train by default (embedding and
@@ -147,6 +151,7 @@ class HealResult(Record):
     options: HealOptions = field(default_factory=HealOptions)
     kept: bool = True  # False: healing lowered held-out top-1, so the export kept the unhealed weights
     trained_prompts: tuple[str, ...] = ()  # `prompt_key` of every prompt the drafter was trained on
+    n_written_sequences: int = 0  # of n_train_sequences, those whose prompt the target wrote itself
 
 
 def prompt_key(prompt_ids: Sequence[int]) -> str:
@@ -184,6 +189,7 @@ class HealData:
     heldout: list[HealSequence]
     source: str  # "live" | "traces"
     build_s: float = 0.0
+    n_written: int = 0  # training sequences whose prompt the target wrote itself (at the end of train)
 
     def fingerprint(self) -> str:
         payload = json.dumps([[s.input_ids, s.prompt_len] for s in self.train + self.heldout])
@@ -258,12 +264,14 @@ def generate_heal_data(target: Any, tokenizer: Any, options: HealOptions,
                                 done=len(prompts))
         answers = _answer(target, tokenizer, [encode_prompt(tokenizer, t) for t in texts], options,
                           seed_offset=len(prompts), report=report, done=len(prompts) + written)
-        train += [seq for seq in answers if seq is not None]
+        kept = [seq for seq in answers if seq is not None]
+        train += kept
         if progress:
             progress(total, total)
     if not train or not heldout:
         raise InvalidInputError(f"prompt set {options.prompts!r} gave too few continuations to heal on")
-    return HealData(train, heldout, "live", build_s=time.perf_counter() - started)
+    return HealData(train, heldout, "live", build_s=time.perf_counter() - started,
+                    n_written=len(kept) if written else 0)
 
 
 #: How the target writes prompts of its own: each user turn opens with the first words of a prompt
@@ -763,7 +771,8 @@ def _result(drafter: Any, data: HealData, options: HealOptions, params: list, ru
         top1_after=after.top1_agreement, tokens_per_step_before=before.tokens_per_step,
         tokens_per_step_after=after.tokens_per_step, gamma=options.gamma,
         top1_rise_per_minute=(after.top1_agreement - before.top1_agreement) / minutes if minutes else 0.0,
-        n_train_sequences=len(data.train), n_heldout_sequences=len(data.heldout),
+        n_train_sequences=len(data.train), n_written_sequences=data.n_written,
+        n_heldout_sequences=len(data.heldout),
         n_heldout_positions=positions, trained_tokens=run.trained_tokens,
         trainable_parameters=sum(p.numel() for _, p in params),
         readings=tuple(run.readings), options=options,

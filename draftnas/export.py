@@ -290,13 +290,24 @@ def _plan_section(plan: PruningPlan | None) -> list[str]:
     ]
 
 
+def _trained_on(h: HealResult) -> str:
+    """What the drafter was healed on, in words."""
+    if h.teacher == "traces":
+        return f"{h.n_train_sequences} trace records"
+    text = f"{h.n_train_sequences} of the target's continuations of prompt set {h.options.prompts}"
+    if h.n_written_sequences:
+        text += (f" ({h.n_written_sequences} of them of prompts the target wrote itself, opening like "
+                 "the set's training prompts)")
+    return text
+
+
 def _figures_section(info: ExportInfo) -> list[str]:
     lines = ["## Figures", ""]
     if info.heal is not None:
         h = info.heal
         lines += [
             f"Healing: {h.steps} steps of distillation toward the target ({h.teacher} teacher), "
-            f"{h.train_s / 60:.1f} min on the export machine.",
+            f"{h.train_s / 60:.1f} min on the export machine, on {_trained_on(h)}.",
             "",
             "| measured on held-out prompts | before healing | after healing |",
             "|---|---|---|",

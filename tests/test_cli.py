@@ -93,4 +93,9 @@ def test_help_reads_as_sentences(command):
     assert "<bool>" not in text  # flags are flags
     assert not re.search(r" \.(\s|$)", text) and "Usage:" in text  # no "Trial number ." left
     if command == "export":
+        from draftnas.export import DEFAULT_EXPORT_HEAL_STEPS, EXPORT_TEACHER_TOPK, EXPORT_WRITTEN_PROMPTS
+
         assert "(default: the best)" in text and "--heal-steps" in text
+        flat = " ".join(text.replace("│", " ").split())
+        assert (f"Default: {DEFAULT_EXPORT_HEAL_STEPS} (toward the target's top-{EXPORT_TEACHER_TOPK}, "
+                f"on the workload's prompts and {EXPORT_WRITTEN_PROMPTS} more") in flat

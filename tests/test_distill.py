@@ -261,4 +261,5 @@ def test_the_target_writes_training_prompts_that_open_like_the_set(smollm2):
     plain = generate_heal_data(smollm2.model, tok, options)
     more = generate_heal_data(smollm2.model, tok, replace(options, written_prompts=6))
     assert [s.input_ids for s in more.heldout] == [s.input_ids for s in plain.heldout]
-    assert more.train[:len(plain.train)] == plain.train and len(more.train) > len(plain.train)
+    assert more.train[:len(plain.train)] == plain.train
+    assert more.n_written == len(more.train) - len(plain.train) > 0 and plain.n_written == 0

@@ -299,7 +299,8 @@ def test_an_export_from_a_study_heals_on_its_workload_prompt_set():
         info.space, workload=dataclasses.replace(info.space.workload, prompt_set="all")))
     assert workload_heal_options(every) == workload_heal_options(None) == HealOptions(
         written_prompts=EXPORT_WRITTEN_PROMPTS, teacher_topk=EXPORT_TEACHER_TOPK)
-    assert (chat.written_prompts, chat.teacher_topk) == (EXPORT_WRITTEN_PROMPTS, EXPORT_TEACHER_TOPK) != (0, 0)
+    assert (chat.written_prompts, chat.teacher_topk) == (EXPORT_WRITTEN_PROMPTS, EXPORT_TEACHER_TOPK)
+    assert EXPORT_WRITTEN_PROMPTS > 0 and EXPORT_TEACHER_TOPK > 0
 
 
 def test_export_from_plan_file_with_healing(tiny_base, tmp_path):
@@ -325,6 +326,8 @@ def test_export_from_plan_file_with_healing(tiny_base, tmp_path):
         heal=dataclasses.replace(heal, exclude_prompts=(second,))))
     assert without.heal is not None  # that prompt is in neither part of the data: 3 prompts left
     assert (without.heal.n_train_sequences, without.heal.n_heldout_sequences) == (1, 2)
+    card = (tmp_path / "healed" / "README.md").read_text()
+    assert "on 2 of the target's continuations of prompt set chat." in card
 
 
 def test_cli_refuses_busy_folder_in_one_line(tmp_path):
