@@ -279,7 +279,7 @@ def generate_heal_data(target: Any, tokenizer: Any, options: HealOptions,
 WRITTEN_OPENING_WORDS = 3
 WRITTEN_MAX_TOKENS = 64
 #: Sequences decoded together while making data: on the 2-core AMD EPYC host, 32 rows make 1.3x the
-#: tokens per second of 16 (168-170 against 99-128 tok/s, SmolLM2-135M, 48 new tokens).
+#: tokens per second of 16 (170 against 128 tok/s, SmolLM2-135M, 48 new tokens, 2 threads).
 DATA_BATCH = 32
 
 
