@@ -650,11 +650,15 @@ def workload_heal_options(info: StudyInfo | None, scored: Any = None) -> HealOpt
     default mixed set (10 per domain) for a plan file or a workload of every set; never the
     prompts of `scored`, the traces its acceptance will be estimated on. Training also gets
     EXPORT_WRITTEN_PROMPTS prompts the target writes itself, opening like the training prompts, and
-    the teacher is the target's top-EXPORT_TEACHER_TOPK kept while the data is made."""
+    the teacher is the target's top-EXPORT_TEACHER_TOPK kept while the data is made. The learning
+    rate is the study space's (`heal.learning_rate`), the one its trials were healed with."""
     exclude = tuple(r.info.prompt_id for r in scored.records) if scored is not None else ()
     options = HealOptions(exclude_prompts=exclude, written_prompts=EXPORT_WRITTEN_PROMPTS,
                           teacher_topk=EXPORT_TEACHER_TOPK)
-    if info is None or info.space.workload.prompt_set == "all":
+    if info is None:
+        return options
+    options = replace(options, lr=info.space.heal.learning_rate)
+    if info.space.workload.prompt_set == "all":
         return options
     return replace(options, prompts=info.space.workload.prompt_set, prompts_per_domain=40)
 

@@ -295,10 +295,13 @@ def test_an_export_from_a_study_heals_on_its_workload_prompt_set():
     info = _info()  # the SmolLM2 space: chat workload
     chat = workload_heal_options(info)
     assert (chat.prompts, chat.prompts_per_domain) == ("chat", 40)
+    assert chat.lr == info.space.heal.learning_rate
     every = dataclasses.replace(info, space=dataclasses.replace(
-        info.space, workload=dataclasses.replace(info.space.workload, prompt_set="all")))
-    assert workload_heal_options(every) == workload_heal_options(None) == HealOptions(
-        written_prompts=EXPORT_WRITTEN_PROMPTS, teacher_topk=EXPORT_TEACHER_TOPK)
+        info.space, workload=dataclasses.replace(info.space.workload, prompt_set="all"),
+        heal=dataclasses.replace(info.space.heal, learning_rate=3e-4)))
+    assert workload_heal_options(None) == HealOptions(written_prompts=EXPORT_WRITTEN_PROMPTS,
+                                                      teacher_topk=EXPORT_TEACHER_TOPK)
+    assert workload_heal_options(every) == dataclasses.replace(workload_heal_options(None), lr=3e-4)
     assert (chat.written_prompts, chat.teacher_topk) == (EXPORT_WRITTEN_PROMPTS, EXPORT_TEACHER_TOPK)
     assert EXPORT_WRITTEN_PROMPTS > 0 and EXPORT_TEACHER_TOPK > 0
 
