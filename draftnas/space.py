@@ -447,11 +447,12 @@ def load_search_space(spec: str | Path) -> SearchSpace:
 
 
 def default_space_for(target: str) -> SearchSpace:
-    """The shipped space whose `target` is `target` (first by name)."""
-    for path in shipped_spaces().values():
-        space = load_search_space(path)
-        if space.target.lower() == target.lower():
-            return space
+    """The shipped space whose `target` is `target`: the one named after it when there is one
+    (gemma-3-270m beside gemma-3-270m-shallow), else the first by name."""
+    matches = [space for space in map(load_search_space, shipped_spaces().values())
+               if space.target.lower() == target.lower()]
+    if matches:
+        return min(matches, key=lambda sp: (sp.name.lower() != target.lower(), sp.name))
     names = ", ".join(shipped_spaces()) or "none"
     raise SearchSpaceError(f"no shipped search space targets {target!r}; pass --space FILE "
                            f"(shipped: {names})")

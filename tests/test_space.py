@@ -32,6 +32,10 @@ def test_shipped_spaces_load_and_have_the_documented_shape():
 
 def test_default_space_is_found_by_target():
     assert default_space_for("llama-65b").name == "llama-65b-from-llama-7b"
+    assert default_space_for("gemma-3-270m").name == "gemma-3-270m"  # not gemma-3-270m-shallow
+    shallow = load_search_space("gemma-3-270m-shallow")
+    assert (shallow.target, shallow.depth.max, shallow.heal.learning_rate) == ("gemma-3-270m", 6, 3e-4)
+    assert shallow.heal.steps > 0 == load_search_space("gemma-3-270m").heal.steps
     with pytest.raises(SearchSpaceError, match="no shipped search space targets 'opt-125m'"):
         default_space_for("opt-125m")
 
