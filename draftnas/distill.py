@@ -258,6 +258,7 @@ def generate_heal_data(target: Any, tokenizer: Any, options: HealOptions,
     for i, seq in enumerate(answered):
         if seq is not None:
             (heldout if held_out(i, options.heldout_every) else train).append(seq)
+    n_written = 0
     if written:
         openings = [p.text for i, p in enumerate(prompts) if not held_out(i, options.heldout_every)]
         texts = written_prompts(target, tokenizer, openings, written, seed=options.seed, report=report,
@@ -266,12 +267,12 @@ def generate_heal_data(target: Any, tokenizer: Any, options: HealOptions,
                           seed_offset=len(prompts), report=report, done=len(prompts) + written)
         kept = [seq for seq in answers if seq is not None]
         train += kept
+        n_written = len(kept)
         if progress:
             progress(total, total)
     if not train or not heldout:
         raise InvalidInputError(f"prompt set {options.prompts!r} gave too few continuations to heal on")
-    return HealData(train, heldout, "live", build_s=time.perf_counter() - started,
-                    n_written=len(kept) if written else 0)
+    return HealData(train, heldout, "live", build_s=time.perf_counter() - started, n_written=n_written)
 
 
 #: How the target writes prompts of its own: each user turn opens with the first words of a prompt
@@ -291,28 +292,22 @@ def written_prompts(target: Any, tokenizer: Any, openings: Sequence[str], n: int
     request without reusing any text of it. Messages the target does not close within
     WRITTEN_MAX_TOKENS tokens, and repeats, are dropped (so fewer than `n` may come back)."""
     from draftnas.prompts import user_turn_opening
-    from draftnas.traces import decode_batch, eos_token_ids
 
     if not openings:
         raise InvalidInputError("writing prompts needs at least one prompt of the set to open them")
-    eos = eos_token_ids(target, tokenizer)
+    heads = [" ".join(openings[i % len(openings)].split()[:WRITTEN_OPENING_WORDS]) for i in range(n)]
+    decoded = _decode_all(target, tokenizer, [user_turn_opening(tokenizer, h) for h in heads],
+                          temperature=1.0, max_new_tokens=WRITTEN_MAX_TOKENS, top_k=1, seed=seed + 7_919,
+                          offset=0, report=report, done=done)
     texts: list[str] = []
     seen: set[str] = set()
-    for start in range(0, n, DATA_BATCH):
-        rows = range(start, min(start + DATA_BATCH, n))
-        heads = [" ".join(openings[i % len(openings)].split()[:WRITTEN_OPENING_WORDS]) for i in rows]
-        decoded = decode_batch(target, [user_turn_opening(tokenizer, h) for h in heads], temperature=1.0,
-                               max_new_tokens=WRITTEN_MAX_TOKENS, top_k=1, eos_ids=eos,
-                               generators=_generators(seed + 7_919, start, len(rows)))
-        for head, d in zip(heads, decoded, strict=True):
-            if not d.ended_with_eos:
-                continue
-            text = (head + tokenizer.decode(d.continuation[:-1], skip_special_tokens=True)).strip()
-            if len(text.split()) > WRITTEN_OPENING_WORDS and text not in seen:
-                seen.add(text)
-                texts.append(text)
-        if report:
-            report(done + rows.stop)
+    for head, d in zip(heads, decoded, strict=True):
+        if not d.ended_with_eos:
+            continue
+        text = (head + tokenizer.decode(d.continuation[:-1], skip_special_tokens=True)).strip()
+        if len(text.split()) > WRITTEN_OPENING_WORDS and text not in seen:
+            seen.add(text)
+            texts.append(text)
     log.info("the target wrote %d usable prompts of %d asked", len(texts), n)
     return texts
 
@@ -320,24 +315,35 @@ def written_prompts(target: Any, tokenizer: Any, openings: Sequence[str], n: int
 def _answer(target: Any, tokenizer: Any, encoded: Sequence[list[int]], options: HealOptions, *,
             seed_offset: int, report: Callable[[int], None] | None, done: int) -> list[HealSequence | None]:
     """The target's continuation of each encoded prompt, in order (None where it wrote nothing)."""
+    decoded = _decode_all(target, tokenizer, encoded, temperature=options.data_temperature,
+                          max_new_tokens=options.max_new_tokens, top_k=max(1, options.teacher_topk),
+                          seed=options.seed, offset=seed_offset, report=report, done=done)
+    out: list[HealSequence | None] = []
+    for ids, d in zip(encoded, decoded, strict=True):
+        if not d.continuation:
+            out.append(None)
+            continue
+        seq = HealSequence(list(ids) + d.continuation, len(ids), d.topk_ids[:, 0].tolist())
+        if options.teacher_topk:
+            seq.topk_ids, seq.topk_probs, seq.leftover = d.topk_ids, d.topk_probs, d.leftover
+        out.append(_truncate(seq, options.max_seq_len))
+    return out
+
+
+def _decode_all(target: Any, tokenizer: Any, encoded: Sequence[list[int]], *, temperature: float,
+                max_new_tokens: int, top_k: int, seed: int, offset: int,
+                report: Callable[[int], None] | None, done: int) -> list[Any]:
+    """`traces.decode_batch` over `encoded`, DATA_BATCH rows at a time, row i sampled with its own
+    generator (seed, offset + i); `report(done + rows decoded)` after each batch."""
     from draftnas.traces import decode_batch, eos_token_ids
 
     eos = eos_token_ids(target, tokenizer)
-    out: list[HealSequence | None] = []
+    out: list[Any] = []
     for start in range(0, len(encoded), DATA_BATCH):
         chunk = encoded[start:start + DATA_BATCH]
-        decoded = decode_batch(target, chunk, temperature=options.data_temperature,
-                               max_new_tokens=options.max_new_tokens, top_k=max(1, options.teacher_topk),
-                               eos_ids=eos,
-                               generators=_generators(options.seed, seed_offset + start, len(chunk)))
-        for ids, d in zip(chunk, decoded, strict=True):
-            if not d.continuation:
-                out.append(None)
-                continue
-            seq = HealSequence(list(ids) + d.continuation, len(ids), d.topk_ids[:, 0].tolist())
-            if options.teacher_topk:
-                seq.topk_ids, seq.topk_probs, seq.leftover = d.topk_ids, d.topk_probs, d.leftover
-            out.append(_truncate(seq, options.max_seq_len))
+        out += decode_batch(target, chunk, temperature=temperature, max_new_tokens=max_new_tokens,
+                            top_k=top_k, eos_ids=eos,
+                            generators=_generators(seed, offset + start, len(chunk)))
         if report:
             report(done + start + len(chunk))
     return out
