@@ -16,13 +16,18 @@ pays for the cheap verify as well (44.4 and 46.5 ms there, same outputs;
     from draftnas.linears import route_linears
     route_linears(target); route_linears(drafter)
 
-Layers on CUDA (or any device but the CPU) and `nn.Linear` subclasses with their own forward
-are left as they are. Routing is undone with `.detach()` and redone with `.attach()`;
+A row count is timed on its second product with a weight (F.linear until then): the steps of a
+decode repeat, a prompt's prefill mostly does not, and one timing costs tens of passes over the
+weights (3-5 s a row count for Gemma-3-270M on that host). `route_linears(model).prepare(range(1,
+gamma + 2))` times the step sizes up front instead. Layers on CUDA
+(or any device but the CPU) and `nn.Linear` subclasses with their own forward are left as
+they are. Routing is undone with `.detach()` and redone with `.attach()`;
 `with routing:` routes for a block.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +44,7 @@ class LinearRouting:
     """The linear layers of one model and the chooser their products go through while attached."""
 
     layers: list[nn.Linear]
-    chooser: MatmulChooser = field(default_factory=lambda: MatmulChooser(enabled=True))
+    chooser: MatmulChooser = field(default_factory=lambda: MatmulChooser(enabled=True, time_after=2))
     attached: bool = False
 
     def attach(self) -> LinearRouting:
@@ -67,6 +72,12 @@ class LinearRouting:
                 delattr(layer, _MARK)
         self.attached = False
 
+    def prepare(self, rows: Iterable[int]) -> LinearRouting:
+        """Time the products for these row counts now rather than on their first use (see
+        `MatmulChooser.prepare`): for example the verify's γ+1 and the lengths of short prompts."""
+        self.chooser.prepare(rows)
+        return self
+
     def chosen(self) -> dict[tuple[int, int, int], str]:
         """(rows, out, in) -> the product chosen so far ("linear", "weight-once", "transposed")."""
         names = ("linear", "weight-once", "transposed")
@@ -82,11 +93,11 @@ class LinearRouting:
 def route_linears(model: nn.Module, *, attach: bool = True) -> LinearRouting:
     """Route `model`'s CPU `nn.Linear` layers through the fastest small-batch product here.
 
-    Products of more than 16 rows (a prompt's prefill) keep `F.linear`; each new (rows, shape)
-    is timed once over every weight of that shape, on the first call. For inference: weights
-    are not expected to change once routed. Layers already routed by another routing, layers
-    on another device and subclasses with their own forward are left as they are. The
-    returned routing is attached unless `attach=False`.
+    Products of more than 16 rows (a prompt's prefill) keep `F.linear`; each (rows, shape) is
+    timed once over every weight of that shape, on its second product (`prepare` times now).
+    For inference: weights are not expected to change once routed. Layers already routed by
+    another routing, layers on another device and subclasses with their own forward are left
+    as they are. The returned routing is attached unless `attach=False`.
     """
     seen: set[int] = set()
     layers: list[nn.Linear] = []

@@ -153,6 +153,27 @@ def test_both_matmul_forms_give_the_same_product_and_the_choice_is_kept() -> Non
     assert (40, 300, 40) not in timed.form
 
 
+def test_prepare_times_every_registered_shape_up_front_and_later_products_time_nothing() -> None:
+    a, b, c = torch.randn(300, 40), torch.randn(300, 40), torch.randn(40, 300)
+    chooser = MatmulChooser(enabled=True)
+    for w in (a, b, c):
+        chooser.register(w)
+    chooser.prepare([2, 1, 2, 0, 17])  # 0 and 17 (above the weight-once limit) are never timed
+    assert set(chooser.form) == {(n, *shape) for n in (1, 2) for shape in ((300, 40), (40, 300))}
+    spent = chooser.timing_s
+    assert spent > 0
+    for rows in (1, 2):
+        x = torch.randn(rows, 40)
+        torch.testing.assert_close(chooser(x, b), torch.nn.functional.linear(x, b), rtol=1e-5, atol=1e-5)
+    assert chooser.timing_s == spent  # chosen beforehand: no timing inside these products
+    chooser(torch.randn(3, 40), a)  # a new row count is timed on its first product, as before
+    assert (3, 300, 40) in chooser.form and chooser.timing_s > spent
+    off = MatmulChooser(enabled=False)
+    off.register(a)
+    off.prepare([1, 2])
+    assert off.form == {} and off.timing_s == 0.0
+
+
 def test_a_shorter_prefix_of_layers_equals_a_model_of_that_depth() -> None:
     hf = _hf_model(ARCH)
     full = StaticDecoder(ARCH, dtype=torch.float32, device="cpu").load_hf_weights(hf.state_dict())

@@ -61,6 +61,20 @@ def test_prefill_keeps_f_linear_and_routing_is_a_context(tiny):
     assert route_linears(tiny, attach=False).layers == routing.layers  # nothing left marked
 
 
+def test_a_row_count_is_timed_on_its_second_product_or_when_prepared(tiny):
+    routing = route_linears(tiny)
+    try:
+        with torch.inference_mode():
+            tiny(torch.arange(7).unsqueeze(0))  # a prefill of 7 rows, met once: F.linear, nothing timed
+            assert routing.chosen() == {} and routing.chooser.timing_s == 0.0
+            tiny(torch.arange(7).unsqueeze(0))  # met again: timed
+        assert (7, 64, 32) in routing.chosen() and routing.chooser.timing_s > 0
+        routing.prepare([2])
+        assert {(2, 64, 32), (2, 32, 32), (2, 32, 64)} <= set(routing.chosen())
+    finally:
+        routing.detach()
+
+
 def test_assisted_generation_with_both_models_routed_is_lossless(tiny):
     drafter = truncated(tiny, 2)
     ids = torch.tensor([[5, 6, 7, 8]])
