@@ -6,7 +6,10 @@ and the rest, with the linear layers plain and routed (draftnas.linears.route_li
 Greedy, on prompts of the set the drafter folder was not healed on (as `draftnas bench` picks
 them). Per arm: tokens/s of the target alone and of `generate(assistant_model=drafter)`, the
 mean time of one target and one drafter forward, the tokens each is fed per call, and the time
-per step outside both forwards. Prints JSON (also to --out).
+per step outside both forwards. The routed arm also times one cached forward of the target over 1
+and γ+1 tokens after the first prompt, in transformers and in draftnas's own decoder
+(`decoder.StaticDecoder`, as `draftnas bench --engine static` runs it), to tell transformers'
+per-forward cost from the products'. Prints JSON (also to --out).
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from typing import Any
 def main() -> None:
     import torch
 
-    from draftnas.bench import unseen_prompts
+    from draftnas.bench import _forward_ms, unseen_prompts
+    from draftnas.decoder import StaticDecoder
     from draftnas.linears import route_linears
-    from draftnas.machine import cpu_model_name, load_average
+    from draftnas.machine import cpu_model_name, load_average, median_ms
     from draftnas.prompts import load_prompts
     from draftnas.sources import load_model
 
@@ -90,14 +94,43 @@ def main() -> None:
             "tokens_per_step": round(tokens / n_steps, 3),
         }
 
+    def forwards_alone(prompt: list[int], rows: set[int]) -> dict[str, dict[str, float]]:
+        """Median ms of one cached forward of the target over n new tokens after `prompt`:
+        transformers (as routed now) and draftnas's static decoder over a preallocated cache."""
+        decoder = StaticDecoder.from_hf(target.model, max_positions=len(prompt) + 64)
+        decoder.matmul.prepare(rows)
+        cache = decoder.new_cache(1, len(prompt) + 64)
+        with torch.inference_mode():
+            decoder(torch.tensor([prompt]), torch.arange(len(prompt)), cache, slots=len(prompt))
+
+            def static(n: int) -> float:
+                feed, at = torch.tensor([prompt[-n:]]), torch.arange(len(prompt), len(prompt) + n)
+                return median_ms(lambda: decoder(feed, at, cache, keep=n, slots=len(prompt) + n), 15)
+
+            ns = (1, args.gamma + 1)
+            return {"transformers": {str(n): round(_forward_ms(target.model, prompt, n, 15), 2) for n in ns},
+                    "static_decoder": {str(n): round(static(n), 2) for n in ns}}
+
     result: dict[str, Any] = {"host": cpu_model_name(), "threads": torch.get_num_threads(),
                               "load_average": load_average(), "target": args.target, "draft": args.draft,
                               "gamma": args.gamma, "prompts": [p.id for p in prompts],
                               "max_new_tokens": args.max_new_tokens}
+    # every row count the runs meet, timed before them (as `draftnas bench` does): steps of 1 to
+    # γ+1 tokens, the prefills, transformers' first verify of the prompt and γ drafts
+    rows = set(range(1, args.gamma + 2)) | {len(ids) + k for ids in encoded for k in (-1, 0, args.gamma)}
     for arm in ("plain", "routed"):
-        routings = (route_linears(target.model), route_linears(drafter.model)) if arm == "routed" else ()
-        run(True)  # warm-up (and, routed, the product choice for every row count met)
+        routings = ([route_linears(m).prepare(rows) for m in (target.model, drafter.model)]
+                    if arm == "routed" else [])
+        prepared = [round(r.chooser.timing_s, 2) for r in routings]
+        run(True)  # warm-up
+        timing = sum(r.chooser.timing_s for r in routings)
         result[arm] = {"target_alone": run(False), "assisted": run(True)}
+        if routings:  # seconds spent timing the row counts beforehand, target and drafter
+            result[arm]["choice_timing_s_before"] = {"rows": sorted(rows), "target": prepared[0],
+                                                     "drafter": prepared[1]}
+        result[arm]["choice_timing_s_in_runs"] = round(sum(r.chooser.timing_s for r in routings) - timing, 3)
+        if arm == "routed":
+            result[arm]["forward_alone_ms"] = forwards_alone(encoded[0], rows)
         for routing in routings:
             routing.detach()
         result[arm]["speedup"] = round(result[arm]["assisted"]["tokens_per_s"]
