@@ -38,11 +38,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftnas.errors import InvalidInputError
+from draftnas.latency import MAX_WEIGHT_ONCE_ROWS
 from draftnas.record import Record
 from draftnas.registry import Architecture
 
 FAMILIES = ("llama", "gemma3")
-MAX_WEIGHT_ONCE_ROWS = 16  # above this, F.linear's blocking already reads W about once
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ layer, N rows of the LM head, h hidden size, r the ridge point in FLOPs/byte):
          + head_mb    * max(N*h*b, 2*N*h*T / r) / 1e6         (final norm + LM head of N rows)
          + head_gflop * 2*N*h*T / 1e9
          + gemm_tile_gflop * L * 2*P*min(T, m) / 1e9 + head_tile_gflop * 2*N*h*min(T, m) / 1e9
+         + [T > 16] * (gemm_over_mb * L * P*b + head_over_mb * N*h*b) / 1e6
 
 This is the roofline of Williams et al. (2009), "Roofline: an insightful visual
 performance model", with max(bytes / bandwidth, FLOPs / peak) per operator; with
@@ -24,7 +25,12 @@ r = peak / bandwidth, overhead terms from a stated per-kernel cost) it is exactl
 that roofline plus launch overhead. The two "tile" terms model skinny matrix
 products: a GEMM of T < m rows runs its microkernel tiles (m rows high) partly
 empty, so its first rows cost more per FLOP than the rest (on this 2-core CPU,
-m = 8 cut the held-out error of the previous form roughly in half). For a measured
+m = 8 cut the held-out error of the previous form roughly in half). The two "over"
+terms price the change of kernel at 16 rows: draftnas's static decoder on CPU multiplies
+products of up to `MAX_WEIGHT_ONCE_ROWS` rows in the form that timed fastest (weight-once
+on the AMD EPYC host) and larger ones with `F.linear`, whose blocking there reads the weights
+at a different cost (on that host they cut the held-out error of a static-mode profile from
+6.4% to 4.2%; profiles fitted before them read them as 0). For a measured
 device the coefficients are fitted by non-negative least squares on relative error
 (each row divided by its measured time), and `r` and `m` by a grid search on the
 training shapes only.
@@ -56,11 +62,17 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 KINDS = ("measured", "spec-sheet")
 
+#: Products of up to this many rows take the small-batch forms of `decoder.MatmulChooser` on CPU;
+#: above it, F.linear (whose blocking already reads each weight about once).
+MAX_WEIGHT_ONCE_ROWS = 16
 #: Coefficient names, in feature-column order (see the module docstring).
 MODEL_TERMS: tuple[str, ...] = (
     "call", "layer", "token", "layer_token", "gemm_mb", "gemm_gflop",
     "kv_mb", "head_mb", "head_gflop", "gemm_tile_gflop", "head_tile_gflop",
+    "gemm_over_mb", "head_over_mb",
 )
+#: Terms added after profiles were first shipped: a profile without them reads them as 0.
+LATER_TERMS: tuple[str, ...] = ("gemm_over_mb", "head_over_mb")
 #: Extra column only head-only micro-benchmarks have (their own call overhead); never predicted.
 HEAD_CALL = "head_call"
 FIT_TERMS: tuple[str, ...] = (*MODEL_TERMS, HEAD_CALL)
@@ -217,6 +229,7 @@ def _terms(arch: Architecture, batch_size: int, new_tokens: int, context_tokens:
     attn_flops = 4.0 * tokens * (context_tokens + new_tokens) * arch.q_dim
     head_params = float(head_rows * arch.hidden_size)
     head_flops = 2.0 * head_params * tokens
+    over = 1.0 if tokens > MAX_WEIGHT_ONCE_ROWS else 0.0
     return (
         1.0,
         float(layers),
@@ -229,6 +242,8 @@ def _terms(arch: Architecture, batch_size: int, new_tokens: int, context_tokens:
         head_flops / 1e9,
         layers * 2.0 * layer_params * skinny / 1e9,
         2.0 * head_params * skinny / 1e9,
+        over * layers * layer_params * dtype_bytes / 1e6,
+        over * head_params * dtype_bytes / 1e6,
     )
 
 
@@ -237,8 +252,9 @@ def _head_terms(hidden_size: int, head_rows: int, tokens: int, dtype_bytes: int,
     head_params = float(head_rows * hidden_size)
     head_flops = 2.0 * head_params * tokens
     zeros = (0.0,) * MODEL_TERMS.index("head_mb")
+    over = 1.0 if tokens > MAX_WEIGHT_ONCE_ROWS else 0.0
     return (*zeros, max(head_params * dtype_bytes, head_flops / ridge) / 1e6, head_flops / 1e9,
-            0.0, 2.0 * head_params * min(tokens, tile) / 1e9)
+            0.0, 2.0 * head_params * min(tokens, tile) / 1e9, 0.0, over * head_params * dtype_bytes / 1e6)
 
 
 def feature_row(m: Measurement, shapes: dict[str, Architecture], dtype_bytes: int,
@@ -337,7 +353,8 @@ class LatencyModel:
     """
 
     def __init__(self, coefficients: dict[str, float], dtype: str, *, name: str = "") -> None:
-        missing = [t for t in (*MODEL_TERMS, *HYPERPARAMETERS) if t not in coefficients]
+        missing = [t for t in (*MODEL_TERMS, *HYPERPARAMETERS) if t not in coefficients
+                   and t not in LATER_TERMS]
         if missing:
             raise ProfileError(f"latency model {name or '?'}: coefficients miss {', '.join(missing)}")
         self.name = name
@@ -345,7 +362,7 @@ class LatencyModel:
         self._dtype_bytes = dtype_bytes(dtype)
         self._ridge = float(coefficients[RIDGE])
         self._tile = float(coefficients[TILE])
-        self._coef = tuple(float(coefficients[t]) for t in MODEL_TERMS)
+        self._coef = tuple(float(coefficients.get(t, 0.0)) for t in MODEL_TERMS)
 
     @classmethod
     def from_profile(cls, profile: LatencyProfile) -> LatencyModel:
@@ -371,7 +388,8 @@ class LatencyModel:
         c = self._coef
         return (c[0] * terms[0] + c[1] * terms[1] + c[2] * terms[2] + c[3] * terms[3]
                 + c[4] * terms[4] + c[5] * terms[5] + c[6] * terms[6] + c[7] * terms[7]
-                + c[8] * terms[8] + c[9] * terms[9] + c[10] * terms[10])
+                + c[8] * terms[8] + c[9] * terms[9] + c[10] * terms[10] + c[11] * terms[11]
+                + c[12] * terms[12])
 
     def breakdown_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
                      context_tokens: int = 128, head_vocab_size: int | None = None) -> dict[str, float]:
@@ -426,7 +444,7 @@ def _schema_problems(data: Any) -> list[str]:
     if data["dtype"] not in DTYPE_BYTES:
         problems.append(f"dtype {data['dtype']!r} is not one of {', '.join(DTYPE_BYTES)}")
     coefs = data["coefficients"]
-    missing = [t for t in (*MODEL_TERMS, *HYPERPARAMETERS) if t not in coefs]
+    missing = [t for t in (*MODEL_TERMS, *HYPERPARAMETERS) if t not in coefs and t not in LATER_TERMS]
     if missing:
         problems.append(f"coefficients miss {', '.join(missing)}")
     bad = [k for k, v in coefs.items() if not isinstance(v, int | float) or not math.isfinite(v) or v < 0]
@@ -482,7 +500,8 @@ def profiles_dir() -> Path:
 
 #: Names accepted by `default_profile`, mapped to the shipped file.
 SHIPPED_PROFILES: dict[str, str] = {
-    "cpu": "cpu-2core-fp32.json",
+    "cpu": "cpu-2core-fp32.json",  # Intel Xeon, 2 threads, transformers' eager forward
+    "cpu-amd-static": "cpu-amd-2core-fp32-static.json",  # AMD EPYC (Zen 2), 2 threads, draftnas's decoder
     "a100-80gb": "a100-80gb-spec.json",
     "h100-sxm": "h100-sxm-spec.json",
     "rtx-3090": "rtx-3090-spec.json",

@@ -33,7 +33,8 @@ from draftnas.registry import Architecture, get_architecture
 
 TRUE = {"call": 0.9, "layer": 0.3, "token": 0.02, "layer_token": 0.004, "gemm_mb": 0.05,
         "gemm_gflop": 12.0, "kv_mb": 0.08, "head_mb": 0.04, "head_gflop": 9.0,
-        "gemm_tile_gflop": 30.0, "head_tile_gflop": 20.0, HEAD_CALL: 0.05, RIDGE: RIDGE_GRID[12],
+        "gemm_tile_gflop": 30.0, "head_tile_gflop": 20.0, "gemm_over_mb": 0.01, "head_over_mb": 0.03,
+        HEAD_CALL: 0.05, RIDGE: RIDGE_GRID[12],
         TILE: 8.0}
 CONDITIONS = [(1, 1, 128), (1, 5, 128), (1, 9, 512), (4, 1, 256), (16, 3, 128), (64, 1, 128)]
 
@@ -121,6 +122,22 @@ def test_shipped_cpu_profile_predicts_monotone_and_sane():
     assert 1.0 < by_depth[-1] < 500.0  # a 135M decode step on a CPU: milliseconds, not seconds
 
 
+def test_the_later_terms_price_only_products_past_16_rows_and_old_profiles_read_them_as_zero():
+    arch = get_architecture("smollm2-135m")
+    later = {"gemm_over_mb", "head_over_mb"}
+    old = LatencyModel.from_profile(_profile({k: v for k, v in TRUE.items() if k not in later}))
+    zero = LatencyModel.from_profile(_profile({**TRUE, "gemm_over_mb": 0.0, "head_over_mb": 0.0}))
+    new = LatencyModel.from_profile(_profile(TRUE))
+    for n in (1, 5, 16, 17, 40):
+        assert old.predict_ms(arch, new_tokens=n) == zero.predict_ms(arch, new_tokens=n)
+    assert new.predict_ms(arch, new_tokens=16) == zero.predict_ms(arch, new_tokens=16)
+    extra = (TRUE["gemm_over_mb"] * 4 * arch.num_hidden_layers * arch.layer_parameters()  # fp32: 4 bytes
+             + TRUE["head_over_mb"] * 4 * arch.vocab_size * arch.hidden_size) / 1e6
+    assert new.predict_ms(arch, new_tokens=17) - zero.predict_ms(arch, new_tokens=17) == pytest.approx(extra)
+    batched = {"batch_size": 4, "new_tokens": 5}  # 20 rows
+    assert new.predict_ms(arch, **batched) > zero.predict_ms(arch, **batched)
+
+
 def test_head_vocab_size_is_the_lm_head_rows():
     model = LatencyModel.from_profile(_profile(TRUE))
     arch = get_architecture("smollm2-135m")
@@ -147,8 +164,16 @@ def test_spec_sheet_is_a_roofline():
 def test_shipped_profiles_load(key):
     prof = default_profile(key)
     assert prof.schema_version == 1
-    assert prof.kind == ("measured" if key == "cpu" else "spec-sheet")
+    assert prof.kind == ("measured" if key.startswith("cpu") else "spec-sheet")
     LatencyModel.from_profile(prof).predict_ms(get_architecture("llama-7b"))
+
+
+def test_the_shipped_static_cpu_profile_refits_to_its_recorded_error_within_the_goal():
+    prof = default_profile("cpu-amd-static")
+    assert prof.mode == "static" and prof.heldout_mape is not None and prof.heldout_mape <= 5.0
+    fit = fit_latency_model(prof.measurements, prof.shapes, prof.dtype)  # the model code as it is now
+    assert fit.heldout_mape == pytest.approx(prof.heldout_mape, rel=1e-9)
+    assert fit.coefficients == pytest.approx(prof.coefficients, rel=1e-9)
 
 
 def test_shipped_cpu_profile_has_heldout_error_and_extrapolation():
