@@ -579,10 +579,25 @@ def has_weights(spec: str) -> bool:
         return False
 
 
-def resolve_profile(spec: str | None, space: SearchSpace,
-                    dtype: str | None = None) -> tuple[str, LatencyProfile]:
+def host_cpu_profile(engine: str = "static") -> str:
+    """The shipped CPU profile to start from here: one measured on this CPU model with this many
+    threads, in the mode that prices `engine` if there is one, else any measured here, else
+    "cpu" (the Intel Xeon profile; `host_mismatch` then says so)."""
+    from draftnas.latency import SHIPPED_PROFILES, default_profile
+    from draftnas.profile import host_mismatch
+
+    mode = "static" if engine == "static" else "eager"
+    here = [(default_profile(k).mode != mode, k) for k in SHIPPED_PROFILES
+            if k.startswith("cpu") and host_mismatch(default_profile(k)) is None]
+    return min(here)[1] if here else "cpu"
+
+
+def resolve_profile(spec: str | None, space: SearchSpace, dtype: str | None = None,
+                    engine: str = "static") -> tuple[str, LatencyProfile]:
     """A label naming the profile (file, device, kind) and the profile. `dtype`: a shipped spec-sheet
-    profile is re-derived for it; a measured profile must have been measured in it."""
+    profile is re-derived for it; a measured profile must have been measured in it. The name
+    "cpu" (the spaces' default) is the shipped CPU profile measured on this host, when one is
+    (`host_cpu_profile`, for the loop `engine`)."""
     from draftnas.latency import (
         SHIPPED_PROFILES,
         SPEC_SHEETS,
@@ -592,6 +607,8 @@ def resolve_profile(spec: str | None, space: SearchSpace,
     )
 
     name = spec or space.profile or "cpu"
+    if name == "cpu":
+        name = host_cpu_profile(engine)
     path = Path(name).expanduser()
     profile = load_profile(path) if path.suffix == ".json" or path.is_file() else default_profile(name)
     if dtype is not None and dtype != profile.dtype:
@@ -670,7 +687,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     from draftnas.latency import LatencyModel, TargetTimedModel
     from draftnas.profile import host_mismatch
 
-    profile, latency_profile = resolve_profile(request.profile, space, request.dtype)
+    profile, latency_profile = resolve_profile(request.profile, space, request.dtype, request.engine)
     predictor: LatencyPredictor = LatencyModel.from_profile(latency_profile)
     profile_note = host_mismatch(latency_profile)
     timed = [t for t in latency_profile.targets.values() if t.target == target_arch.name]

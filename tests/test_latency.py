@@ -339,3 +339,24 @@ def test_the_loops_work_per_drafted_token_is_its_own_drafting_time_less_the_draf
     rt = _Runtime(ProfileOptions(device="cpu", threads=1).validate())
     _, draft, step = decoding_overheads(rt, tiny, 8, {n: verify_ms for n in (1, 2, 3, 4)}, draft_ms)
     assert draft == pytest.approx(per_draft) and step == pytest.approx(per_step)
+
+
+@pytest.mark.parametrize(("cpu", "cores", "engine", "expected"), [
+    ("AMD EPYC", 2, "static", "cpu-amd-static"),  # measured on this CPU model, in the engine's mode
+    ("AMD EPYC", 2, "hf", "cpu-amd-static"),  # this host's profile before another host's
+    ("Intel(R) Xeon(R) Processor", 2, "static", "cpu"),
+    ("AMD EPYC", 8, "static", "cpu"),  # another thread count: not this machine's figures
+    ("Some Other CPU", 2, "static", "cpu"),
+])
+def test_the_default_cpu_profile_is_the_one_measured_on_this_host(monkeypatch, cpu, cores, engine, expected):
+    import draftnas.profile as profile_module
+    from draftnas.search import host_cpu_profile, resolve_profile
+    from draftnas.space import default_space_for
+
+    monkeypatch.setattr(profile_module, "cpu_model_name", lambda: cpu)
+    monkeypatch.setattr(profile_module, "cpu_count", lambda: cores)
+    assert host_cpu_profile(engine) == expected
+    label, prof = resolve_profile(None, default_space_for("smollm2-135m"), engine=engine)
+    assert label.startswith(expected + " (") and prof == default_profile(expected)
+    named, _ = resolve_profile("cpu-amd-static", default_space_for("smollm2-135m"))  # a name is kept
+    assert named.startswith("cpu-amd-static (")

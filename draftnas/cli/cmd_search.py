@@ -230,7 +230,8 @@ def search(
     space: str | None = typer.Option(None, "--space", help="Search space YAML or shipped name "
                                      "(default: the shipped space for --target)."),
     profile: str | None = typer.Option(None, "--profile", help="Latency profile JSON or shipped name "
-                                       "(default: the space's)."),
+                                       "(default: the space's; its 'cpu' is the shipped CPU profile "
+                                       "measured on this CPU model when there is one)."),
     traces: str | None = typer.Option(None, "--traces", help="Target traces (draftnas trace); default: "
                                       "built once into the run folder when the target has weights."),
     trials: int = typer.Option(20, "--trials", "-n", help="Finished trials the study should hold."),
