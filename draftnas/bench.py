@@ -32,6 +32,7 @@ between modules.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import statistics
@@ -232,14 +233,30 @@ class _Bench:
         self.engines: tuple[Any, Any] | None = None
         self.routed = options.hf_assisted and options.hf_routed and options.device == "cpu"
         self.routings: dict[str, Any] = {}  # "target" / "draft" -> LinearRouting, made on first use
+        self.routed_models: dict[str, Any] = {}  # "target" / "draft" -> the copy the routed pair runs
+
+    def _routed_model(self, which: str) -> Any:
+        """The target or drafter the routed pair runs: a copy of the model, so its weights lie in
+        this process's memory, as `route_linears` leaves a user's model by default, while the
+        plain pair keeps them as loaded (a view of the safetensors file)."""
+        if which not in self.routed_models:
+            model = self.target.model if which == "target" else self.draft.model
+            full = which == "draft" and self.full_head is not None  # transformers needs the full head
+            if full:
+                model.set_output_embeddings(self.full_head)
+            try:
+                self.routed_models[which] = copy.deepcopy(model)
+            finally:
+                if full:
+                    model.set_output_embeddings(self.reduced_head)
+        return self.routed_models[which]
 
     def _routing(self, which: str) -> Any:
-        """The (detached) routing of the target's or the drafter's linear layers, as they are now."""
+        """The (detached) routing of the routed pair's target's or drafter's linear layers."""
         from draftnas.linears import route_linears
 
-        if which not in self.routings:
-            model = self.target.model if which == "target" else self.draft.model
-            self.routings[which] = route_linears(model, attach=False)
+        if which not in self.routings:  # the copy is this process's memory already
+            self.routings[which] = route_linears(self._routed_model(which), attach=False, own_weights=False)
         return self.routings[which]
 
     def build_engines(self, max_tokens: int) -> None:
@@ -292,7 +309,9 @@ class _Bench:
                 self.full_head, self.reduced_head = full, draft.model.get_output_embeddings()
         return subset
 
-    def _generate(self, ids: list[int], seed: int, max_new_tokens: int, **extra: Any) -> _Run:
+    def _generate(self, ids: list[int], seed: int, max_new_tokens: int, target: Any = None,
+                  **extra: Any) -> _Run:
+        """transformers' `generate` of `target` (default: the target as loaded)."""
         import torch
 
         inputs = torch.tensor([ids])
@@ -302,7 +321,8 @@ class _Bench:
         _synchronize(self.options.device)
         started = time.perf_counter()
         with torch.inference_mode():
-            out = self.target.model.generate(inputs, attention_mask=torch.ones_like(inputs), **kwargs)
+            out = (target or self.target.model).generate(inputs, attention_mask=torch.ones_like(inputs),
+                                                         **kwargs)
         return _Run(tokens=out[0, len(ids):].tolist(), elapsed_s=time.perf_counter() - started)
 
     def run_target(self, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
@@ -322,24 +342,29 @@ class _Bench:
         return _Run(tokens=run.tokens, elapsed_s=run.elapsed_s)
 
     def run_hf_target(self, ids: list[int], seed: int, max_new_tokens: int, routed: bool = False) -> _Run:
-        with self._routing("target") if routed else contextlib.nullcontext():
+        if not routed:
             return self._generate(ids, seed, max_new_tokens)
+        with self._routing("target"):
+            return self._generate(ids, seed, max_new_tokens, target=self._routed_model("target"))
 
     def run_hf(self, ids: list[int], seed: int, max_new_tokens: int, routed: bool = False) -> _Run:
+        target = self._routed_model("target") if routed else self.target.model
+        draft = self._routed_model("draft") if routed else self.draft.model
         calls = [0]
-        hook = self.target.model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        if self.full_head is not None:  # transformers needs the full-vocabulary head
-            self.draft.model.set_output_embeddings(self.full_head)
+        hook = target.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        swap = not routed and self.full_head is not None  # transformers needs the full-vocabulary head
+        if swap:
+            draft.set_output_embeddings(self.full_head)
         try:
             with contextlib.ExitStack() as routings:
                 if routed:
                     routings.enter_context(self._routing("target"))
                     routings.enter_context(self._routing("draft"))
-                run = self._generate(ids, seed, max_new_tokens, assistant_model=self.draft.model)
+                run = self._generate(ids, seed, max_new_tokens, target=target, assistant_model=draft)
         finally:
             hook.remove()
-            if self.reduced_head is not None:
-                self.draft.model.set_output_embeddings(self.reduced_head)
+            if swap:
+                draft.set_output_embeddings(self.reduced_head)
         run.steps = calls[0]
         return run
 

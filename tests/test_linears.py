@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from draftnas.decoder import LINEAR, TRANSPOSED, WEIGHT_ONCE
-from draftnas.linears import route_linears
+from draftnas.linears import copy_weights, route_linears
 from tests.helpers import tiny_llama, truncated
 
 
@@ -113,3 +113,28 @@ def test_layers_that_are_not_plain_linears_or_are_routed_already_are_left_alone(
     routed = model(x)
     first.detach()
     torch.testing.assert_close(routed, model(x), rtol=0, atol=0)
+
+
+def test_routing_copies_each_weight_once_into_own_memory_and_keeps_ties(tiny_llama_config):
+    tiny = tiny_llama(tiny_llama_config, seed=2, initializer_range=0.2)  # its own: this test ties it
+    tiny.lm_head.weight = tiny.model.embed_tokens.weight  # tied through one Parameter
+    ids = torch.tensor([[3, 14, 15, 92, 65]])
+    with torch.inference_mode():
+        plain = tiny(ids).logits
+    q = tiny.model.layers[0].self_attn.q_proj.weight
+    before = {"head": tiny.lm_head.weight.data_ptr(), "q": q.data_ptr()}
+    kept = route_linears(tiny, own_weights=False)
+    assert q.data_ptr() == before["q"]  # asked not to: the weights stay where they were
+    kept.detach()
+    routing = route_linears(tiny)
+    try:
+        assert q.data_ptr() != before["q"] and tiny.lm_head.weight.data_ptr() != before["head"]
+        assert tiny.lm_head.weight is tiny.model.embed_tokens.weight  # still one Parameter
+        with torch.inference_mode():
+            torch.testing.assert_close(tiny(ids).logits, plain, rtol=1e-5, atol=1e-5)
+    finally:
+        routing.detach()
+    a, b = nn.Linear(8, 8), nn.Linear(8, 8)
+    b.weight = nn.Parameter(a.weight.data)  # two Parameters over one storage share one copy
+    copy_weights([a.weight, b.weight])
+    assert a.weight.data_ptr() == b.weight.data_ptr()

@@ -1,0 +1,82 @@
+"""Routed transformers forwards over weights as `from_pretrained` leaves them (views of the
+safetensors file, mapped privately) and over copies in the process's own memory
+(`draftnas.linears.route_linears(..., own_weights=True)`, the default).
+
+    python benchmarks/weight_memory.py --target gemma-3-270m
+
+Each arm runs in its own fresh process, the two alternating `--rounds` times, so neither
+inherits the other's memory. In each: load the target, route its linear layers (timing the
+row counts first), read a 64-token context, then the median ms of a cached forward of 1 and
+of γ+1 new tokens (`--repeats` each, the first 3 left out). Prints JSON (also to --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def arm(target: str, own: bool, gamma: int, repeats: int) -> dict[str, float]:
+    import torch
+    from transformers import DynamicCache
+
+    from draftnas.linears import route_linears
+    from draftnas.sources import load_model
+
+    model = load_model(target).model
+    route_linears(model, own_weights=own).prepare(range(1, gamma + 2))
+    cache = DynamicCache()
+    out: dict[str, float] = {}
+    with torch.inference_mode():
+        model(input_ids=torch.arange(100, 164)[None], past_key_values=cache, use_cache=True)
+        for n in (1, gamma + 1):
+            feed, times = torch.arange(200, 200 + n)[None], []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                model(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=n)
+                times.append(time.perf_counter() - started)
+                cache.crop(-n)
+            out[str(n)] = round(1e3 * statistics.median(times[3:]), 2)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="gemma-3-270m")
+    parser.add_argument("--gamma", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--arm", choices=("file", "own"), help=argparse.SUPPRESS)  # one child process
+    args = parser.parse_args()
+    if args.arm:
+        print(json.dumps(arm(args.target, args.arm == "own", args.gamma, args.repeats)))
+        return
+
+    import torch
+
+    from draftnas.machine import cpu_model_name, load_average
+
+    result: dict[str, Any] = {"host": cpu_model_name(), "threads": torch.get_num_threads(),
+                              "load_average": load_average(), "target": args.target, "gamma": args.gamma,
+                              "context_tokens": 64, "repeats": args.repeats, "file": [], "own": []}
+    for _ in range(args.rounds):
+        for name in ("file", "own"):
+            child = subprocess.run(
+                [sys.executable, __file__, "--arm", name, "--target", args.target, "--gamma", str(args.gamma),
+                 "--repeats", str(args.repeats)], check=True, capture_output=True, text=True)
+            result[name].append(json.loads(child.stdout.strip().splitlines()[-1]))
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
