@@ -15,7 +15,6 @@ per-forward cost from the products'. Prints JSON (also to --out).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ def main() -> None:
     from draftnas.bench import _forward_ms, unseen_prompts
     from draftnas.decoder import StaticDecoder
     from draftnas.linears import route_linears
-    from draftnas.machine import cpu_model_name, load_average, median_ms
+    from draftnas.machine import host_fields, median_ms, print_figures
     from draftnas.prompts import load_prompts
     from draftnas.sources import load_model
 
@@ -111,8 +110,7 @@ def main() -> None:
             return {"transformers": {str(n): round(_forward_ms(target.model, prompt, n, 15), 2) for n in ns},
                     "static_decoder": {str(n): round(static(n), 2) for n in ns}}
 
-    result: dict[str, Any] = {"host": cpu_model_name(), "threads": torch.get_num_threads(),
-                              "load_average": load_average(), "target": args.target, "draft": args.draft,
+    result: dict[str, Any] = {**host_fields(), "target": args.target, "draft": args.draft,
                               "gamma": args.gamma, "prompts": [p.id for p in prompts],
                               "max_new_tokens": args.max_new_tokens}
     # every row count the runs meet, timed before them (as `draftnas bench` does): steps of 1 to
@@ -135,10 +133,7 @@ def main() -> None:
             routing.detach()
         result[arm]["speedup"] = round(result[arm]["assisted"]["tokens_per_s"]
                                        / result[arm]["target_alone"]["tokens_per_s"], 3)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    print_figures(result, args.out)
 
 
 if __name__ == "__main__":

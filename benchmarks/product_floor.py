@@ -17,7 +17,6 @@ Prints one JSON object: host, threads, load, bandwidth, bound, and ms per form a
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     from draftnas.decoder import StaticDecoder
-    from draftnas.machine import cpu_model_name, load_average
+    from draftnas.machine import host_fields, print_figures
     from draftnas.profile import measure_read_bandwidth_gb_s
     from draftnas.registry import get_architecture
 
@@ -59,15 +58,11 @@ def main() -> None:
                     times.append(time.perf_counter() - started)
                 ms[name][rows] = round(statistics.median(times[2:]) * 1e3, 2)
     bound_ms = nbytes / (bandwidth * 1e9) * 1e3
-    result = {"host": cpu_model_name(), "threads": torch.get_num_threads(), "load_average": load_average(),
-              "target": args.target, "weight_mb": round(nbytes / 1e6, 1),
+    result = {**host_fields(), "target": args.target, "weight_mb": round(nbytes / 1e6, 1),
               "read_bandwidth_gb_s": round(bandwidth, 1), "bound_ms": round(bound_ms, 2), "products_ms": ms,
               "fastest_over_bound": {rows: round(min(ms[f][rows] for f in forms) / bound_ms, 2)
                                      for rows in ms["F.linear(x, W)"]}}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    print_figures(result, args.json)
 
 
 if __name__ == "__main__":

@@ -59,12 +59,9 @@ def main() -> None:
         print(json.dumps(arm(args.target, args.arm == "own", args.gamma, args.repeats)))
         return
 
-    import torch
+    from draftnas.machine import host_fields, print_figures
 
-    from draftnas.machine import cpu_model_name, load_average
-
-    result: dict[str, Any] = {"host": cpu_model_name(), "threads": torch.get_num_threads(),
-                              "load_average": load_average(), "target": args.target, "gamma": args.gamma,
+    result: dict[str, Any] = {**host_fields(), "target": args.target, "gamma": args.gamma,
                               "context_tokens": 64, "repeats": args.repeats, "file": [], "own": []}
     for _ in range(args.rounds):
         for name in ("file", "own"):
@@ -72,10 +69,7 @@ def main() -> None:
                 [sys.executable, __file__, "--arm", name, "--target", args.target, "--gamma", str(args.gamma),
                  "--repeats", str(args.repeats)], check=True, capture_output=True, text=True)
             result[name].append(json.loads(child.stdout.strip().splitlines()[-1]))
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    print_figures(result, args.out)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,23 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def host_fields() -> dict[str, Any]:
+    """The host a benchmark's figures came from: CPU model, torch threads, load average now."""
+    import torch
+
+    return {"host": cpu_model_name(), "threads": torch.get_num_threads(), "load_average": load_average()}
+
+
+def print_figures(result: dict[str, Any], out: Path | None = None) -> None:
+    """A benchmark's figures as JSON on stdout, and into `out` when given."""
+    import json
+
+    text = json.dumps(result, indent=1)
+    print(text)
+    if out is not None:
+        out.write_text(text + "\n")
+
+
 def machine_info() -> MachineInfo:
     import torch
 
