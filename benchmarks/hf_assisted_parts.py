@@ -24,7 +24,7 @@ from typing import Any
 def main() -> None:
     import torch
 
-    from draftnas.bench import _forward_ms, unseen_prompts
+    from draftnas.bench import cached_forward_ms, product_rows, unseen_prompts
     from draftnas.decoder import StaticDecoder
     from draftnas.linears import route_linears
     from draftnas.machine import host_fields, median_ms, print_figures
@@ -107,15 +107,14 @@ def main() -> None:
                 return median_ms(lambda: decoder(feed, at, cache, keep=n, slots=len(prompt) + n), 15)
 
             ns = (1, args.gamma + 1)
-            return {"transformers": {str(n): round(_forward_ms(target.model, prompt, n, 15), 2) for n in ns},
+            return {"transformers": {str(n): round(cached_forward_ms(target.model, prompt, n, 15), 2)
+                                     for n in ns},
                     "static_decoder": {str(n): round(static(n), 2) for n in ns}}
 
     result: dict[str, Any] = {**host_fields(), "target": args.target, "draft": args.draft,
                               "gamma": args.gamma, "prompts": [p.id for p in prompts],
                               "max_new_tokens": args.max_new_tokens}
-    # every row count the runs meet, timed before them (as `draftnas bench` does): steps of 1 to
-    # γ+1 tokens, the prefills, transformers' first verify of the prompt and γ drafts
-    rows = set(range(1, args.gamma + 2)) | {len(ids) + k for ids in encoded for k in (-1, 0, args.gamma)}
+    rows = product_rows(encoded, args.gamma)  # timed before the runs, as `draftnas bench` does
     for arm in ("plain", "routed"):
         routings = ([route_linears(m).prepare(rows) for m in (target.model, drafter.model)]
                     if arm == "routed" else [])

@@ -207,6 +207,13 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def product_rows(encoded: Sequence[list[int]], gamma: int) -> set[int]:
+    """The row counts speculative decoding of these prompts multiplies by: steps of 1 to γ+1
+    tokens; each prompt's prefill (n), a drafter's in the loop (n - 1, its last token left to the
+    first step) and transformers' first verify of the prompt and γ drafts at once (n + γ)."""
+    return set(range(1, gamma + 2)) | {len(ids) + k for ids in encoded for k in (-1, 0, gamma)}
+
+
 class _Bench:
     """Live models and settings shared by the three decoders."""
 
@@ -277,13 +284,10 @@ class _Bench:
         return [c for c in out if c.enabled]
 
     def prepare(self, encoded: Sequence[list[int]]) -> None:
-        """Time every product the runs will meet before any run is timed: steps of 1 to γ+1
-        tokens and the prefill of each prompt of up to 16 tokens (a drafter's prefill in the loop
-        leaves the last token to its first step; transformers' target reads the prompt and the
-        first γ drafts at once). One timing costs many passes over the weights; met first inside
-        a timed run, it would be charged to that run."""
-        g = self.options.gamma
-        rows = set(range(1, g + 2)) | {len(ids) + k for ids in encoded for k in (-1, 0, g)}
+        """Time every product the runs will meet (`product_rows`) before any run is timed. One
+        timing costs many passes over the weights; met first inside a timed run, it would be
+        charged to that run."""
+        rows = product_rows(encoded, self.options.gamma)
         for chooser in self.choosers():
             chooser.prepare(rows)
 
@@ -622,7 +626,7 @@ def _predict(bench: _Bench, prompts: Sequence[Prompt], encoded: Sequence[list[in
             "estimator_s": est.elapsed_s}
 
 
-def _forward_ms(model: Any, prompt: list[int], new_tokens: int, repeats: int) -> float:
+def cached_forward_ms(model: Any, prompt: list[int], new_tokens: int, repeats: int) -> float:
     """One cached forward over `new_tokens` tokens after `prompt` (cache cropped back each call)."""
     import torch
     from transformers import DynamicCache
@@ -656,9 +660,9 @@ def measure_terms(target: Any, drafter: Any, prompt_ids: Sequence[int], context_
     context = (ids * (context_tokens // max(len(ids), 1) + 1))[:context_tokens]
     prompt = (ids * (prompt_tokens // max(len(ids), 1) + 1))[:prompt_tokens]
     return MeasuredTerms(
-        context_tokens=context_tokens, draft_ms=_forward_ms(drafter, context, 1, repeats),
-        target_ms=_forward_ms(target, context, 1, repeats),
-        verify_ms={str(g): _forward_ms(target, context, g + 1, repeats) for g in sorted(set(gammas))},
+        context_tokens=context_tokens, draft_ms=cached_forward_ms(drafter, context, 1, repeats),
+        target_ms=cached_forward_ms(target, context, 1, repeats),
+        verify_ms={str(g): cached_forward_ms(target, context, g + 1, repeats) for g in sorted(set(gammas))},
         prefill_target_ms=_prefill_ms(target, prompt, repeats),
         prefill_draft_ms=_prefill_ms(drafter, prompt, repeats),
         prompt_tokens=prompt_tokens, repeats=repeats)

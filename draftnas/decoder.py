@@ -148,7 +148,7 @@ class MatmulChooser:
     def prepare(self, rows: Iterable[int]) -> None:
         """Time now, for every registered shape, each row count in `rows` (up to the weight-once
         limit) not chosen yet: the first product of a new row count otherwise pays for its timing
-        (about 1.5 s for Gemma-3-270M's weights on the AMD EPYC host), which lands in whatever
+        (3-5 s for Gemma-3-270M's weights on the AMD EPYC host), which lands in whatever
         forward meets that count first — a prompt's prefill of up to 16 tokens, for one."""
         if not self.enabled:
             return

@@ -81,6 +81,9 @@ RIDGE_GRID: tuple[float, ...] = tuple(float(x) for x in np.geomspace(0.25, 2048.
 TILE = "tile_rows"
 TILE_GRID: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
 HYPERPARAMETERS = (RIDGE, TILE)
+#: Coefficients every profile must have (LATER_TERMS may be missing: read as 0).
+REQUIRED_COEFFICIENTS: tuple[str, ...] = tuple(t for t in (*MODEL_TERMS, *HYPERPARAMETERS)
+                                               if t not in LATER_TERMS)
 
 
 @dataclass(frozen=True)
@@ -353,8 +356,7 @@ class LatencyModel:
     """
 
     def __init__(self, coefficients: dict[str, float], dtype: str, *, name: str = "") -> None:
-        missing = [t for t in (*MODEL_TERMS, *HYPERPARAMETERS) if t not in coefficients
-                   and t not in LATER_TERMS]
+        missing = [t for t in REQUIRED_COEFFICIENTS if t not in coefficients]
         if missing:
             raise ProfileError(f"latency model {name or '?'}: coefficients miss {', '.join(missing)}")
         self.name = name
@@ -444,7 +446,7 @@ def _schema_problems(data: Any) -> list[str]:
     if data["dtype"] not in DTYPE_BYTES:
         problems.append(f"dtype {data['dtype']!r} is not one of {', '.join(DTYPE_BYTES)}")
     coefs = data["coefficients"]
-    missing = [t for t in (*MODEL_TERMS, *HYPERPARAMETERS) if t not in coefs and t not in LATER_TERMS]
+    missing = [t for t in REQUIRED_COEFFICIENTS if t not in coefs]
     if missing:
         problems.append(f"coefficients miss {', '.join(missing)}")
     bad = [k for k, v in coefs.items() if not isinstance(v, int | float) or not math.isfinite(v) or v < 0]

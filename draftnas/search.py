@@ -587,8 +587,8 @@ def host_cpu_profile(engine: str = "static") -> str:
     from draftnas.profile import host_mismatch
 
     mode = "static" if engine == "static" else "eager"
-    here = [(default_profile(k).mode != mode, k) for k in SHIPPED_PROFILES
-            if k.startswith("cpu") and host_mismatch(default_profile(k)) is None]
+    cpu = {k: default_profile(k) for k in SHIPPED_PROFILES if k.startswith("cpu")}
+    here = [(p.mode != mode, k) for k, p in cpu.items() if host_mismatch(p) is None]
     return min(here)[1] if here else "cpu"
 
 
