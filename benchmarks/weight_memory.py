@@ -6,44 +6,32 @@ safetensors file, mapped privately) and over copies in the process's own memory
 
 Each arm runs in its own fresh process, the two alternating `--rounds` times, so neither
 inherits the other's memory. In each: load the target, route its linear layers (timing the
-row counts first), read a 64-token context, then the median ms of a cached forward of 1 and
-of γ+1 new tokens (`--repeats` each, the first 3 left out). Prints JSON (also to --out).
+row counts first), then the median ms of a cached forward of 1 and of γ+1 new tokens after a
+64-token context (`bench.cached_forward_ms`, `--repeats` each after a warm-up). Prints JSON
+(also to --out).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+CONTEXT_TOKENS = 64
+
 
 def arm(target: str, own: bool, gamma: int, repeats: int) -> dict[str, float]:
-    import torch
-    from transformers import DynamicCache
-
+    from draftnas.bench import cached_forward_ms
     from draftnas.linears import route_linears
     from draftnas.sources import load_model
 
     model = load_model(target).model
     route_linears(model, own_weights=own).prepare(range(1, gamma + 2))
-    cache = DynamicCache()
-    out: dict[str, float] = {}
-    with torch.inference_mode():
-        model(input_ids=torch.arange(100, 164)[None], past_key_values=cache, use_cache=True)
-        for n in (1, gamma + 1):
-            feed, times = torch.arange(200, 200 + n)[None], []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                model(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=n)
-                times.append(time.perf_counter() - started)
-                cache.crop(-n)
-            out[str(n)] = round(1e3 * statistics.median(times[3:]), 2)
-    return out
+    context = list(range(100, 100 + CONTEXT_TOKENS))
+    return {str(n): round(cached_forward_ms(model, context, n, repeats), 2) for n in (1, gamma + 1)}
 
 
 def main() -> None:
@@ -62,7 +50,8 @@ def main() -> None:
     from draftnas.machine import host_fields, print_figures
 
     result: dict[str, Any] = {**host_fields(), "target": args.target, "gamma": args.gamma,
-                              "context_tokens": 64, "repeats": args.repeats, "file": [], "own": []}
+                              "context_tokens": CONTEXT_TOKENS, "repeats": args.repeats,
+                              "file": [], "own": []}
     for _ in range(args.rounds):
         for name in ("file", "own"):
             child = subprocess.run(

@@ -122,11 +122,11 @@ def copy_weights(weights: Sequence[torch.Tensor]) -> None:
     storage share one copy).
 
     `from_pretrained` leaves weights as views of the safetensors file, mapped privately. On the
-    AMD EPYC host the products that stream them ran slower than over a copy: Gemma-3-270M's
-    routed 2-token forward in transformers took 65.9-66.2 ms as loaded and 64.1-64.7 ms over
-    copies, its 1-token forward 58.4-60.0 and 57.6-58.7 ms, in three alternating pairs of fresh
-    processes (`python benchmarks/weight_memory.py --target gemma-3-270m`); SmolLM2-135M's
-    2-token forward 46.1-46.7 and 45.1-45.7 ms. The copy costs one pass over
+    AMD EPYC host the 2-token products that stream them ran slower than over a copy: Gemma-3-270M's
+    routed 2-token forward in transformers took 65.9-66.7 ms as loaded and 63.6-65.0 ms over
+    copies, SmolLM2-135M's 45.4-46.0 and 44.0-45.4 ms, in three alternating pairs of fresh
+    processes (`python benchmarks/weight_memory.py --target T`); their 1-token forwards came
+    out about even. The copy costs one pass over
     the weights and, while it runs, one weight's size more memory.
     """
     copies: dict[tuple[int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
