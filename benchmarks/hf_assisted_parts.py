@@ -9,7 +9,10 @@ mean time of one target and one drafter forward, the tokens each is fed per call
 per step outside both forwards. The routed arm also times one cached forward of the target over 1
 and γ+1 tokens after the first prompt, in transformers and in draftnas's own decoder
 (`decoder.StaticDecoder`, as `draftnas bench --engine static` runs it), to tell transformers'
-per-forward cost from the products'. Prints JSON (also to --out).
+per-forward cost from the products'. A reduced-head drafter answers assisted generation's
+candidate calls with its own greedy loop (draftnas/hf_head.py); each arm also runs it with
+`fast_assistant = False`, the candidates through transformers' generate, to show what that
+loop saves. Prints JSON (also to --out).
 """
 
 from __future__ import annotations
@@ -122,6 +125,10 @@ def main() -> None:
         run(True)  # warm-up
         timing = sum(r.chooser.timing_s for r in routings)
         result[arm] = {"target_alone": run(False), "assisted": run(True)}
+        if hasattr(drafter.model, "fast_assistant"):  # a reduced head: candidates through generate too
+            drafter.model.fast_assistant = False
+            result[arm]["assisted_candidates_through_generate"] = run(True)
+            drafter.model.fast_assistant = True
         if routings:  # seconds spent timing the row counts beforehand, target and drafter
             result[arm]["choice_timing_s_before"] = {"rows": sorted(rows), "target": prepared[0],
                                                      "drafter": prepared[1]}
@@ -130,8 +137,11 @@ def main() -> None:
             result[arm]["forward_alone_ms"] = forwards_alone(encoded[0], rows)
         for routing in routings:
             routing.detach()
-        result[arm]["speedup"] = round(result[arm]["assisted"]["tokens_per_s"]
-                                       / result[arm]["target_alone"]["tokens_per_s"], 3)
+        for key, name in (("speedup", "assisted"), ("speedup_candidates_through_generate",
+                                                      "assisted_candidates_through_generate")):
+            if name in result[arm]:
+                result[arm][key] = round(result[arm][name]["tokens_per_s"]
+                                         / result[arm]["target_alone"]["tokens_per_s"], 3)
     print_figures(result, args.out)
 
 

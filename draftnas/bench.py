@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from draftnas.errors import InvalidInputError
 from draftnas.fidelity import Measured, MeasuredTerms
-from draftnas.machine import median_ms
+from draftnas.machine import cpu_model_name, load_average, median_ms
 from draftnas.prompts import Prompt, encode_prompt
 from draftnas.record import Record
 
@@ -187,6 +187,8 @@ class BenchResult(Record):
     # seconds the CPU product choosers spent timing inside the timed runs (0 unless a shape was
     # met there first: the bench times every step size and short prompt length beforehand)
     choice_timing_s: float = 0.0
+    host: str = ""  # CPU model (machine.cpu_model_name), and load averages before the run
+    load_average_before: str = ""
 
 
 @dataclass
@@ -538,7 +540,7 @@ def run_bench(
         from draftnas.errors import DeviceError
 
         raise DeviceError("--device cuda asked for, but torch sees no CUDA device here; use --device cpu")
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), load_average()
     load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
     t_model = load_model(target, **load) if isinstance(target, str) else target
     d_model = load_model(draft, **load) if isinstance(draft, str) else draft
@@ -578,6 +580,7 @@ def run_bench(
         threads=torch.get_num_threads(), prompts=tuple(rows), versions=package_versions(),
         draft_vocab_size=bench.subset.size if bench.subset is not None else None,
         engine=options.resolved_engine(), left_out=left_out, choice_timing_s=round(choice_timing, 3),
+        host=cpu_model_name(), load_average_before=load_before,
         wall_s=round(time.perf_counter() - started, 2), **summary,
     )
 

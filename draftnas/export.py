@@ -468,7 +468,10 @@ def _vocab_section(subset: Any, info: ExportInfo, parameters: int = 0,
         f"{subset.size:,}-row head and the kept ids. `{HEAD_MODULE_FILE}` (named in `config.json`'s "
         "`auto_map`) "
         "multiplies by those rows only and returns logits over the whole vocabulary, -inf outside the "
-        "kept ids, so `assistant_model=` stays lossless and pays for the small head. Load it with "
+        "kept ids, so `assistant_model=` stays lossless and pays for the small head. When assisted "
+        "generation decodes greedily, the class also answers its per-step call for candidates with a "
+        "short greedy loop of its own instead of transformers' full `generate` (same tokens; "
+        "`drafter.fast_assistant = False` turns it off). Load it with "
         "`trust_remote_code=True`; that file imports only torch and transformers.",
         f"- **`{FULL_HEAD_DIR}/`** ({full} parameters): the same drafter with a plain "
         "full-vocabulary, untied LM head (kept rows = the reduced head, the other rows = the input "

@@ -58,6 +58,7 @@ def test_static_engine_bench_is_lossless_and_times_transformers_beside_it(tiny_p
     assert result.divergence_margins == () and all(r.first_divergence is None for r in result.prompts)
     assert result.hf_target_tokens_per_s and all(r.hf_target_s for r in result.prompts)
     assert result.choice_timing_s == 0.0  # every product shape the timed runs met was timed beforehand
+    assert result.host and result.load_average_before  # the host the figures came from, named
     assert result.hf_lossless is True  # HF assisted judged against transformers' own target run
     assert result.predicted_tokens_per_step == pytest.approx(result.tokens_per_step, rel=1e-9)
     hf_engine = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16, hf_assisted=False))

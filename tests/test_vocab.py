@@ -166,10 +166,10 @@ def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
     assert result.top1_after >= result.top1_before
 
 
-def _exported_reduced(tmp_path, tiny_llama_config):
+def _exported_reduced(tmp_path, tiny_llama_config, model=None):
     from draftnas.export import ExportInfo, export_drafter
 
-    model = tiny_llama(tiny_llama_config)
+    model = tiny_llama(tiny_llama_config) if model is None else model
     s = VocabSubset(ids=tuple(range(0, V, 2)), vocab_size=V)
     apply_vocab_subset(model, s)
     with torch.no_grad():
@@ -264,6 +264,108 @@ def test_the_exported_reduced_head_is_a_lossless_assistant_in_transformers(tmp_p
     # of bare **kwargs, generate fed it the whole sequence at every call
     assert fed[0] == ids.shape[1] and len(fed) > 2
     assert max(fed[1:]) <= drafter.generation_config.num_assistant_tokens + 1
+
+
+def _candidates_both_ways(target, drafter, ids, monkeypatch, **generate):
+    """Assisted greedy generation with the drafter's own candidate loop and with transformers'
+    generate: (outputs, candidates per step, scores per step, calls the own loop answered) each."""
+    from transformers.generation.candidate_generator import AssistedCandidateGenerator
+
+    original = AssistedCandidateGenerator._generate_candidates
+    steps: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+
+    def record(self, args):
+        candidates, logits = original(self, args)
+        steps[-1].append((candidates.clone(), logits.clone()))
+        return candidates, logits
+
+    monkeypatch.setattr(AssistedCandidateGenerator, "_generate_candidates", record)
+    own = type(drafter)._propose
+    answered = [0]
+
+    def counted(*a, **kw):
+        answered[0] += 1
+        return own(drafter, *a, **kw)
+
+    monkeypatch.setattr(drafter, "_propose", counted)
+    outs = []
+    for fast in (True, False):
+        drafter.fast_assistant = fast
+        steps.append([])
+        outs.append(target.generate(ids, do_sample=False, assistant_model=drafter, **generate))
+    return outs, steps, answered[0]
+
+
+@pytest.mark.parametrize("gamma,threshold,stop_early", [(3, 0.0, False), (3, 0.3, False), (1, 0.0, False),
+                                                        (3, 0.0, True)])
+def test_the_reduced_head_answers_assisted_generation_with_the_candidates_generate_gives(
+        tmp_path, tiny_llama_config, monkeypatch, gamma, threshold, stop_early):
+    from transformers import AutoModelForCausalLM
+
+    # a target whose greedy tokens mix even and odd ids; the drafter is the same model with the
+    # even ids kept: its candidates are accepted, then rejected, then accepted again
+    target = tiny_llama(tiny_llama_config, seed=1, initializer_range=0.2)
+    target.generation_config.pad_token_id = 0
+    _, _, out = _exported_reduced(tmp_path, tiny_llama_config,
+                                  model=tiny_llama(tiny_llama_config, seed=1, initializer_range=0.2))
+    drafter = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    drafter.generation_config.num_assistant_tokens = gamma
+    drafter.generation_config.assistant_confidence_threshold = threshold
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    plain = target.generate(ids, max_new_tokens=16, do_sample=False)
+    if stop_early:  # an end-of-sequence token the drafter can draft (a kept id), met mid-way
+        eos = next(t for t in plain[0, ids.shape[1] + 3:].tolist() if t % 2 == 0)
+        target.generation_config.eos_token_id = eos
+        plain = target.generate(ids, max_new_tokens=16, do_sample=False)
+        assert plain.shape[1] < ids.shape[1] + 16
+    (fast, stock), (ours, theirs), answered = _candidates_both_ways(target, drafter, ids, monkeypatch,
+                                                                     max_new_tokens=16)
+    assert torch.equal(fast, plain) and torch.equal(stock, plain)
+    assert answered == len(ours) == len(theirs) > 2  # every step answered by the own loop, then none
+    new = plain[0, ids.shape[1]:].tolist()  # the drafter drafts even ids only: some accepted, some not
+    assert any(t % 2 == 0 for t in new) and any(t % 2 for t in new)
+    for (a, a_logits), (b, b_logits) in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+        assert torch.allclose(a_logits, b_logits)
+
+
+def test_a_gemma3_reduced_head_answers_assisted_generation_as_generate_would(
+        tmp_path, tiny_gemma, monkeypatch):
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from draftnas.prune import PlanOptions, apply_plan, plan_pruning
+
+    drafter = apply_plan(tiny_gemma, plan_pruning(tiny_gemma, PlanOptions(layers=(0, 2))))
+    _, _, out = _exported_reduced(tmp_path, None, model=drafter)
+    drafter = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    drafter.generation_config.num_assistant_tokens = 2
+    target = copy.deepcopy(tiny_gemma)
+    target.generation_config.pad_token_id = 0
+    ids = torch.tensor([[5, 9, 2, 77, 31, 8, 64, 12, 3, 99]])  # past the sliding window while decoding
+    plain = target.generate(ids, max_new_tokens=12, do_sample=False)
+    (fast, stock), (ours, theirs), answered = _candidates_both_ways(target, drafter, ids, monkeypatch,
+                                                                     max_new_tokens=12)
+    assert torch.equal(fast, plain) and torch.equal(stock, plain)
+    assert answered == len(ours) == len(theirs) > 2
+    for (a, a_logits), (b, b_logits) in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b) and torch.allclose(a_logits, b_logits)
+
+
+def test_other_generate_calls_on_a_reduced_head_go_to_transformers(tmp_path, tiny_llama_config, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    target = tiny_llama(tiny_llama_config)
+    target.generation_config.pad_token_id = 0
+    _, _, out = _exported_reduced(tmp_path, tiny_llama_config)
+    drafter = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    monkeypatch.setattr(drafter, "_propose", lambda **kw: pytest.fail("not an assisted greedy call"))
+    alone = drafter.generate(ids, max_new_tokens=4, do_sample=False)  # the drafter on its own
+    assert alone.shape[1] == ids.shape[1] + 4
+    torch.manual_seed(0)  # sampled assisted generation keeps transformers' path
+    target.generate(ids, max_new_tokens=4, do_sample=True, assistant_model=drafter)
 
 
 # --------------------------------------------------------------------------- Gemma-3

@@ -122,6 +122,8 @@ def bench(
         ("drafter ms per drafted token", f"{_fmt(result.draft_ms_per_token)}  (head: "
          + (f"{result.draft_vocab_size:,} of the vocabulary's ids, draft_vocab.json)"
             if result.draft_vocab_size else "full vocabulary)")),
+        *([("host", f"{result.host}, load average before {result.load_average_before}")]
+          if result.host else []),
     ]
     for k, v in rows:
         table.add_row(k, v)
