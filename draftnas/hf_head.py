@@ -131,7 +131,9 @@ class _ReducedHeadMixin:
             out = self(input_ids=sequences[:, done:], position_ids=positions,  # type: ignore[operator]
                        past_key_values=cache, use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)
-            chosen = logits_processor(sequences, logits) if logits_processor else logits
+            chosen = logits
+            for processor in logits_processor or ():  # a plain list when the candidate generator filtered it
+                chosen = processor(sequences, chosen)
             token = chosen.argmax(-1)
             scores.append(chosen)
             sequences = torch.cat([sequences, token[:, None]], dim=-1)

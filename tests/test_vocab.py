@@ -296,10 +296,11 @@ def _candidates_both_ways(target, drafter, ids, monkeypatch, **generate):
     return outs, steps, answered[0]
 
 
-@pytest.mark.parametrize("gamma,threshold,stop_early", [(3, 0.0, False), (3, 0.3, False), (1, 0.0, False),
-                                                        (3, 0.0, True)])
+@pytest.mark.parametrize("gamma,threshold,stop_early,penalty", [
+    (3, 0.0, False, 1.0), (3, 0.3, False, 1.0), (1, 0.0, False, 1.0), (3, 0.0, True, 1.0),
+    (3, 0.0, False, 1.3)])
 def test_the_reduced_head_answers_assisted_generation_with_the_candidates_generate_gives(
-        tmp_path, tiny_llama_config, monkeypatch, gamma, threshold, stop_early):
+        tmp_path, tiny_llama_config, monkeypatch, gamma, threshold, stop_early, penalty):
     from transformers import AutoModelForCausalLM
 
     # a target whose greedy tokens mix even and odd ids; the drafter is the same model with the
@@ -312,6 +313,7 @@ def test_the_reduced_head_answers_assisted_generation_with_the_candidates_genera
     drafter.generation_config.num_assistant_tokens = gamma
     drafter.generation_config.assistant_confidence_threshold = threshold
     ids = torch.tensor([[3, 1, 4, 1, 5]])
+    target.generation_config.repetition_penalty = penalty  # a logits processor the drafter applies too
     plain = target.generate(ids, max_new_tokens=16, do_sample=False)
     if stop_early:  # an end-of-sequence token the drafter can draft (a kept id), met mid-way
         eos = next(t for t in plain[0, ids.shape[1] + 3:].tolist() if t % 2 == 0)
