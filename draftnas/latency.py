@@ -230,8 +230,8 @@ def _terms(arch: Architecture, batch_size: int, new_tokens: int, context_tokens:
     kv_bytes = 2.0 * batch_size * (context_tokens + new_tokens) * arch.kv_dim * dtype_bytes
     # QK^T and AV: 2 matmuls of [new, ctx+new] x head_dim per query head, 2 FLOPs per MAC
     attn_flops = 4.0 * tokens * (context_tokens + new_tokens) * arch.q_dim
-    head_params = float(head_rows * arch.hidden_size)
-    head_flops = 2.0 * head_params * tokens
+    head_mb, head_gflop, head_skinny, head_over = _head_parts(arch.hidden_size, head_rows, tokens,
+                                                             dtype_bytes, ridge, tile)
     over = 1.0 if tokens > MAX_WEIGHT_ONCE_ROWS else 0.0
     return (
         1.0,
@@ -241,23 +241,32 @@ def _terms(arch: Architecture, batch_size: int, new_tokens: int, context_tokens:
         layers * max(layer_params * dtype_bytes, gemm_flops / ridge) / 1e6,
         layers * gemm_flops / 1e9,
         layers * max(kv_bytes, attn_flops / ridge) / 1e6,
-        max(head_params * dtype_bytes, head_flops / ridge) / 1e6,
-        head_flops / 1e9,
+        head_mb,
+        head_gflop,
         layers * 2.0 * layer_params * skinny / 1e9,
-        2.0 * head_params * skinny / 1e9,
+        head_skinny,
         over * layers * layer_params * dtype_bytes / 1e6,
-        over * head_params * dtype_bytes / 1e6,
+        head_over,
     )
+
+
+def _head_parts(hidden_size: int, head_rows: int, tokens: int, dtype_bytes: int,
+                ridge: float, tile: float) -> tuple[float, float, float, float]:
+    """The LM head's terms: head_mb, head_gflop, head_tile_gflop, head_over_mb."""
+    head_params = float(head_rows * hidden_size)
+    head_flops = 2.0 * head_params * tokens
+    over = 1.0 if tokens > MAX_WEIGHT_ONCE_ROWS else 0.0
+    return (max(head_params * dtype_bytes, head_flops / ridge) / 1e6, head_flops / 1e9,
+            2.0 * head_params * min(tokens, tile) / 1e9, over * head_params * dtype_bytes / 1e6)
 
 
 def _head_terms(hidden_size: int, head_rows: int, tokens: int, dtype_bytes: int,
                 ridge: float, tile: float) -> tuple[float, ...]:
-    head_params = float(head_rows * hidden_size)
-    head_flops = 2.0 * head_params * tokens
+    """Feature values of the LM head alone, in MODEL_TERMS order (the stack's terms 0)."""
+    head_mb, head_gflop, head_skinny, head_over = _head_parts(hidden_size, head_rows, tokens,
+                                                             dtype_bytes, ridge, tile)
     zeros = (0.0,) * MODEL_TERMS.index("head_mb")
-    over = 1.0 if tokens > MAX_WEIGHT_ONCE_ROWS else 0.0
-    return (*zeros, max(head_params * dtype_bytes, head_flops / ridge) / 1e6, head_flops / 1e9,
-            0.0, 2.0 * head_params * min(tokens, tile) / 1e9, 0.0, over * head_params * dtype_bytes / 1e6)
+    return (*zeros, head_mb, head_gflop, 0.0, head_skinny, 0.0, head_over)
 
 
 def feature_row(m: Measurement, shapes: dict[str, Architecture], dtype_bytes: int,
