@@ -130,8 +130,7 @@ class _ReducedHeadMixin:
             positions = torch.arange(done, sequences.shape[1], device=sequences.device).unsqueeze(0)
             out = self(input_ids=sequences[:, done:], position_ids=positions,  # type: ignore[operator]
                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1].to(dtype=torch.float32, copy=True)
-            chosen = logits
+            chosen = out.logits[:, -1].to(dtype=torch.float32, copy=True)
             for processor in logits_processor or ():  # a plain list when the candidate generator filtered it
                 chosen = processor(sequences, chosen)
             token = chosen.argmax(-1)

@@ -232,7 +232,6 @@ def _terms(arch: Architecture, batch_size: int, new_tokens: int, context_tokens:
     attn_flops = 4.0 * tokens * (context_tokens + new_tokens) * arch.q_dim
     head_mb, head_gflop, head_skinny, head_over = _head_parts(arch.hidden_size, head_rows, tokens,
                                                              dtype_bytes, ridge, tile)
-    over = 1.0 if tokens > MAX_WEIGHT_ONCE_ROWS else 0.0
     return (
         1.0,
         float(layers),
@@ -245,9 +244,14 @@ def _terms(arch: Architecture, batch_size: int, new_tokens: int, context_tokens:
         head_gflop,
         layers * 2.0 * layer_params * skinny / 1e9,
         head_skinny,
-        over * layers * layer_params * dtype_bytes / 1e6,
+        _past_weight_once(tokens) * layers * layer_params * dtype_bytes / 1e6,
         head_over,
     )
+
+
+def _past_weight_once(tokens: int) -> float:
+    """1.0 when a product of `tokens` rows is past the small-batch forms (the "over" terms), else 0."""
+    return 1.0 if tokens > MAX_WEIGHT_ONCE_ROWS else 0.0
 
 
 def _head_parts(hidden_size: int, head_rows: int, tokens: int, dtype_bytes: int,
@@ -255,9 +259,9 @@ def _head_parts(hidden_size: int, head_rows: int, tokens: int, dtype_bytes: int,
     """The LM head's terms: head_mb, head_gflop, head_tile_gflop, head_over_mb."""
     head_params = float(head_rows * hidden_size)
     head_flops = 2.0 * head_params * tokens
-    over = 1.0 if tokens > MAX_WEIGHT_ONCE_ROWS else 0.0
     return (max(head_params * dtype_bytes, head_flops / ridge) / 1e6, head_flops / 1e9,
-            2.0 * head_params * min(tokens, tile) / 1e9, over * head_params * dtype_bytes / 1e6)
+            2.0 * head_params * min(tokens, tile) / 1e9,
+            _past_weight_once(tokens) * head_params * dtype_bytes / 1e6)
 
 
 def _head_terms(hidden_size: int, head_rows: int, tokens: int, dtype_bytes: int,
