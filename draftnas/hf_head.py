@@ -28,6 +28,8 @@ Shapes: B batch, T tokens, N kept rows, V the full vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Any
 
 import torch
@@ -37,9 +39,15 @@ from transformers.generation import GenerateDecoderOnlyOutput
 CLASS_BY_BASE = {"LlamaForCausalLM": "DraftnasLlamaReducedHead",
                  "Gemma3ForCausalLM": "DraftnasGemma3ReducedHead"}
 
+#: the name transformers gives a model's cache argument: `cache` from 5.24, `past_key_values` before
+CACHE_ARG = ("cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters
+             else "past_key_values")
+#: the field of generate's output that holds the cache (renamed with the argument)
+_OUTPUT_CACHE = ("cache" if "cache" in {f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)}
+                 else "past_key_values")
 #: the arguments of the call assisted generation makes on its assistant (decoder-only pair)
 _ASSISTANT_CALL = frozenset({"input_ids", "generation_config", "logits_processor", "min_new_tokens",
-                             "max_new_tokens", "attention_mask", "past_key_values", "position_ids",
+                             "max_new_tokens", "attention_mask", "past_key_values", "cache", "position_ids",
                              "logits_to_keep", "use_cache"})
 
 
@@ -48,7 +56,8 @@ def _greedy_assistant_call(kwargs: dict[str, Any]) -> bool:
     sequence, with nothing the short loop of `_ReducedHeadMixin._propose` leaves out."""
     config: Any = kwargs.get("generation_config")
     ids = kwargs.get("input_ids")
-    cache, mask = kwargs.get("past_key_values"), kwargs.get("attention_mask")
+    cache = kwargs["cache"] if kwargs.get("cache") is not None else kwargs.get("past_key_values")
+    mask = kwargs.get("attention_mask")
     if not (set(kwargs) <= _ASSISTANT_CALL and getattr(config, "is_assistant", False)
             and isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[0] == 1):
         return False
@@ -82,15 +91,18 @@ class _ReducedHeadMixin:
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Any = None,
                 inputs_embeds: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0, **kwargs: Any) -> Any:
+                use_cache: bool | None = None, logits_to_keep: int | torch.Tensor = 0, cache: Any = None,
+                **kwargs: Any) -> Any:
         """The base class's forward, full-vocabulary logits out. The parameters are spelled out
         because transformers' `generate` reads this signature: behind a bare `**kwargs` it gets
         no `logits_to_keep`, and assisted generation fed the drafter the whole sequence at every
-        step (11.5 ms a call for a 1-layer SmolLM2 drafter, against 2.0 ms for one new token)."""
+        step (11.5 ms a call for a 1-layer SmolLM2 drafter, against 2.0 ms for one new token).
+        The cache comes as `cache` (transformers 5.24 on) or `past_key_values` (before) and goes on
+        under the name the installed transformers reads."""
+        kwargs[CACHE_ARG] = cache if cache is not None else past_key_values
         out = super().forward(  # type: ignore[misc]
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-            logits_to_keep=logits_to_keep, **kwargs)
+            inputs_embeds=inputs_embeds, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
         out.logits = self._full_logits(out.logits)
         if labels is not None:
             out.loss = self.loss_function(out.logits, labels, vocab_size=self.config.vocab_size)  # type: ignore[attr-defined]
@@ -108,7 +120,8 @@ class _ReducedHeadMixin:
 
     @torch.no_grad()
     def _propose(self, input_ids: torch.Tensor, generation_config: Any, max_new_tokens: int,
-                 logits_processor: Any = None, past_key_values: Any = None, **_: Any) -> Any:
+                 logits_processor: Any = None, past_key_values: Any = None, cache: Any = None,
+                 **_: Any) -> Any:
         """Up to `max_new_tokens` greedy tokens after `input_ids`, as transformers' greedy
         `generate` picks them: the last position's logits in fp32 through `logits_processor`,
         argmax; stop after an end-of-sequence token, or before the limit when the token's
@@ -119,7 +132,8 @@ class _ReducedHeadMixin:
         if eos is None and config.eos_token_id is not None:
             eos = torch.tensor(config.eos_token_id, device=input_ids.device).view(-1)
         threshold = float(getattr(config, "assistant_confidence_threshold", None) or 0.0)
-        cache = past_key_values
+        if cache is None:
+            cache = past_key_values
         if cache is None:  # as generate makes an assistant's: rolled back by cropping, so sliding
             cache = DynamicCache(config=self.config.get_text_config(decoder=True))  # layers keep their past
             if hasattr(cache, "activate_past_recording"):  # transformers versions that trim them
@@ -129,7 +143,7 @@ class _ReducedHeadMixin:
             done = cache.get_seq_length()
             positions = torch.arange(done, sequences.shape[1], device=sequences.device).unsqueeze(0)
             out = self(input_ids=sequences[:, done:], position_ids=positions,  # type: ignore[operator]
-                       past_key_values=cache, use_cache=True, logits_to_keep=1)
+                       use_cache=True, logits_to_keep=1, **{CACHE_ARG: cache})
             chosen = out.logits[:, -1].to(dtype=torch.float32, copy=True)
             for processor in logits_processor or ():  # a plain list when the candidate generator filtered it
                 chosen = processor(sequences, chosen)
@@ -141,7 +155,7 @@ class _ReducedHeadMixin:
             if threshold and step + 1 < max_new_tokens and float(chosen.softmax(-1)[0, token[0]]) < threshold:
                 break
         return GenerateDecoderOnlyOutput(sequences=sequences, scores=tuple(scores),  # type: ignore[arg-type]
-                                         past_key_values=cache)
+                                         **{_OUTPUT_CACHE: cache})
 
 
 class DraftnasLlamaReducedHead(_ReducedHeadMixin, LlamaForCausalLM):

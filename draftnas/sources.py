@@ -275,6 +275,9 @@ EARLIER_HEAD_COPIES = {
     "ad994c8a7f6162e47cdca8cacb99f2b7df81940fbeb87b1f4f38571fbc37a3e2":
         "assisted generation asks the drafter for its candidates through transformers' full generate "
         "at every step (2.6% fewer assisted tokens/s, Gemma-3-270M on a 2-core AMD EPYC)",
+    "20289f3b9a09622a03ebf190d366a09ec1ee6ab5fdca1df87b1d866de5980769":
+        "from transformers 5.24 on, which passes an assistant its cache as `cache`, it answers only the "
+        "first candidate call of a sequence with its own loop and leaves the rest to transformers' generate",
 }
 
 
