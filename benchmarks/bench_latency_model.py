@@ -20,8 +20,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200_000)
     args = parser.parse_args()
 
-    from draftnas.latency import LatencyModel, default_profile, load_profile
-    from draftnas.registry import get_architecture
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.files import default_profile, load_profile
+    from draftnas.latency.model import LatencyModel
 
     prof = load_profile(args.profile) if args.profile.endswith(".json") else default_profile(args.profile)
     model = LatencyModel.from_profile(prof)

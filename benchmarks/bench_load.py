@@ -19,7 +19,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="draftnas-cache-") as cache:
         os.environ["DRAFTNAS_CACHE"] = cache
-        from draftnas.sources import load_model
+        from draftnas.models.sources import load_model
 
         times = []
         for attempt in ("first (GGUF -> safetensors cache)", "second (from cache)"):

@@ -23,10 +23,12 @@ from pathlib import Path
 def main() -> None:
     import torch
 
-    from draftnas.distill import HealOptions, generate_heal_data, heal
-    from draftnas.machine import cpu_model_name, load_average
-    from draftnas.prune import apply_plan, load_plan
-    from draftnas.sources import load_model
+    from draftnas.core.machine import cpu_model_name, load_average
+    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal_data import generate_heal_data
+    from draftnas.drafter.records import HealOptions, load_plan
+    from draftnas.drafter.surgery import apply_plan
+    from draftnas.models.sources import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m")

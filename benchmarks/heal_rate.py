@@ -31,10 +31,14 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from draftnas.distill import HealData, HealOptions, generate_heal_data, heal
-    from draftnas.export import ExportInfo, export_drafter
-    from draftnas.prune import PlanOptions, apply_plan, plan_pruning
-    from draftnas.sources import load_model
+    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal_data import HealData, generate_heal_data
+    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.records import HealOptions, PlanOptions
+    from draftnas.drafter.surgery import apply_plan
+    from draftnas.export.folder import export_drafter
+    from draftnas.export.records import ExportInfo
+    from draftnas.models.sources import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -23,16 +23,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from draftnas.export.folder import load_drafter
+
 
 def main() -> None:
     import torch
 
-    from draftnas.bench import cached_forward_ms, product_rows, unseen_prompts
-    from draftnas.decoder import StaticDecoder
-    from draftnas.linears import route_linears
-    from draftnas.machine import host_fields, median_ms, print_figures
-    from draftnas.prompts import load_prompts
-    from draftnas.sources import load_model
+    from draftnas.bench.arms import product_rows
+    from draftnas.bench.run import unseen_prompts
+    from draftnas.bench.terms import cached_forward_ms
+    from draftnas.core.machine import host_fields, median_ms, print_figures
+    from draftnas.core.prompts import load_prompts
+    from draftnas.models.decoder import StaticDecoder
+    from draftnas.models.linears import route_linears
+    from draftnas.models.sources import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m")
@@ -44,7 +48,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    target, drafter = load_model(args.target), load_model(args.draft)
+    target, drafter = load_model(args.target), load_drafter(args.draft)
     prompts, encoded, _ = unseen_prompts(load_prompts(args.prompts), target.tokenizer, drafter,
                                          args.per_domain)
     config = drafter.model.generation_config

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from draftnas.export.folder import load_drafter
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -85,12 +87,13 @@ def step_times(model: Any, engine: Any, device: str, repeats: int,
 
 
 def _drafter(target: Any, layers: int, folder: str | None, load: dict[str, str]) -> Any:
-    from draftnas.prune import PruningPlan, apply_plan, base_architecture
-    from draftnas.sources import load_model
-    from draftnas.vocab import maybe_apply_saved_subset
+    from draftnas.drafter.plan import base_architecture
+    from draftnas.drafter.records import PruningPlan
+    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.vocab import maybe_apply_saved_subset
 
     if folder:
-        loaded = load_model(folder, **load)
+        loaded = load_drafter(folder, **load)
         maybe_apply_saved_subset(loaded.model, folder)
         return loaded.model
     base = base_architecture(target)
@@ -103,12 +106,13 @@ def _drafter(target: Any, layers: int, folder: str | None, load: dict[str, str])
 def main() -> None:
     import torch
 
-    from draftnas.decoder import StaticDecoder
-    from draftnas.profile import measure_read_bandwidth_gb_s
-    from draftnas.prompts import encode_prompt, load_prompts
-    from draftnas.sources import load_model
-    from draftnas.speculative import StaticEngine, greedy_decode, speculative_generate
-    from draftnas.traces import eos_token_ids
+    from draftnas.acceptance.traces import eos_token_ids
+    from draftnas.core.prompts import encode_prompt, load_prompts
+    from draftnas.latency.measure import measure_read_bandwidth_gb_s
+    from draftnas.models.decoder import StaticDecoder
+    from draftnas.models.engines import StaticEngine
+    from draftnas.models.sources import load_model
+    from draftnas.models.speculative import greedy_decode, speculative_generate
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="smollm2-135m")
@@ -195,7 +199,7 @@ def _host(device: str) -> str:
 
     if device == "cuda":
         return str(torch.cuda.get_device_name())
-    from draftnas.machine import cpu_model_name
+    from draftnas.core.machine import cpu_model_name
 
     return f"{cpu_model_name()}, load average {os.getloadavg()[0]:.2f}"
 

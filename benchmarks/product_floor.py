@@ -26,10 +26,10 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from draftnas.decoder import StaticDecoder
-    from draftnas.machine import host_fields, print_figures
-    from draftnas.profile import measure_read_bandwidth_gb_s
-    from draftnas.registry import get_architecture
+    from draftnas.core.machine import host_fields, print_figures
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.measure import measure_read_bandwidth_gb_s
+    from draftnas.models.decoder import StaticDecoder
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m")

@@ -23,11 +23,14 @@ DRAFTERS = (("L18-v16k", 18, 16384), ("L12-v16k", 12, 16384), ("L12-full", 12, N
 def main() -> None:
     import torch
 
-    from draftnas.export import ExportInfo, export_drafter
-    from draftnas.prune import PlanOptions, apply_plan, plan_pruning
-    from draftnas.sources import load_model
-    from draftnas.traces import load_traces
-    from draftnas.vocab import apply_vocab_subset, subset_from_traces
+    from draftnas.acceptance.traces import load_traces
+    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.records import PlanOptions
+    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.vocab import apply_vocab_subset, subset_from_traces
+    from draftnas.export.folder import export_drafter
+    from draftnas.export.records import ExportInfo
+    from draftnas.models.sources import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="gemma-3-270m")

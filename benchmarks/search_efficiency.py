@@ -47,8 +47,8 @@ class ShapedPrior:
         return min(0.95, 0.5 + 0.25 * share ** 0.3)
 
     def evaluate(self, candidate: Any) -> Any:
-        from draftnas.evaluate import Evaluation
-        from draftnas.scoring import assumed_acceptance
+        from draftnas.search.evaluate import Evaluation
+        from draftnas.search.scoring import assumed_acceptance
 
         return Evaluation(candidate, assumed_acceptance(self.alpha(candidate.arch)))
 
@@ -56,8 +56,10 @@ class ShapedPrior:
 def enumerate_space(space: Any, base: Any, target: Any, predictor: Any, profile: str,
                     evaluator: Any) -> tuple[float, str, int, float]:
     """Exhaustive optimum: (tokens/s, candidate name, points scored, points per second)."""
-    from draftnas.candidate import CandidateChoice, InfeasibleCandidateError, build_candidate
-    from draftnas.scoring import predict_workload, read_latency, target_latency
+    from draftnas.core.errors import InfeasibleCandidateError
+    from draftnas.search.candidate import build_candidate
+    from draftnas.search.records import CandidateChoice
+    from draftnas.search.scoring import predict_workload, read_latency, target_latency
 
     w = space.width
     tl = target_latency(predictor, target, space.workload, space.gamma)
@@ -105,11 +107,13 @@ def main() -> None:
 
     import optuna
 
-    from draftnas.evaluate import PriorEvaluator
-    from draftnas.registry import get_architecture
-    from draftnas.search import SearchOptions, StudySettings, resolve_profile, run_search
-    from draftnas.space import load_search_space
-    from draftnas.study import load_study
+    from draftnas.core.registry import get_architecture
+    from draftnas.search.evaluate import PriorEvaluator
+    from draftnas.search.loop import SearchOptions, run_search
+    from draftnas.search.records import StudySettings
+    from draftnas.search.resolve import resolve_profile
+    from draftnas.search.space_file import load_search_space
+    from draftnas.search.storage import load_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_search_space(args.space)

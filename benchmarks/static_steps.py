@@ -19,9 +19,9 @@ import time
 def main() -> None:
     import torch
 
-    from draftnas.decoder import StaticDecoder
-    from draftnas.machine import cpu_model_name, load_average
-    from draftnas.registry import get_architecture
+    from draftnas.core.machine import cpu_model_name, load_average
+    from draftnas.core.registry import get_architecture
+    from draftnas.models.decoder import StaticDecoder
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="gemma-3-270m")

@@ -74,11 +74,13 @@ def main() -> None:
 
     import torch
 
-    from draftnas.acceptance import estimate_acceptance
-    from draftnas.prompts import load_prompts
-    from draftnas.sources import load_model
-    from draftnas.speculative import speculative_generate
-    from draftnas.traces import TraceOptions, build_traces, load_traces
+    from draftnas.acceptance.estimate import estimate_acceptance
+    from draftnas.acceptance.records import TraceOptions
+    from draftnas.acceptance.traces import load_traces
+    from draftnas.acceptance.tracing import build_traces
+    from draftnas.core.prompts import load_prompts
+    from draftnas.models.sources import load_model
+    from draftnas.models.speculative import speculative_generate
 
     if args.threads:
         torch.set_num_threads(args.threads)

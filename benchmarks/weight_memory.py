@@ -24,9 +24,9 @@ CONTEXT_TOKENS = 64
 
 
 def arm(target: str, own: bool, gamma: int, repeats: int) -> dict[str, float]:
-    from draftnas.bench import cached_forward_ms
-    from draftnas.linears import route_linears
-    from draftnas.sources import load_model
+    from draftnas.bench.terms import cached_forward_ms
+    from draftnas.models.linears import route_linears
+    from draftnas.models.sources import load_model
 
     model = load_model(target).model
     route_linears(model, own_weights=own).prepare(range(1, gamma + 2))
@@ -47,7 +47,7 @@ def main() -> None:
         print(json.dumps(arm(args.target, args.arm == "own", args.gamma, args.repeats)))
         return
 
-    from draftnas.machine import host_fields, print_figures
+    from draftnas.core.machine import host_fields, print_figures
 
     result: dict[str, Any] = {**host_fields(), "target": args.target, "gamma": args.gamma,
                               "context_tokens": CONTEXT_TOKENS, "repeats": args.repeats,

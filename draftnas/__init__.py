@@ -4,6 +4,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from draftnas.errors import DraftnasError
+from draftnas.core.errors import DraftnasError
 
 __all__ = ["DraftnasError", "__version__"]

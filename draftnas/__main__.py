@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 from draftnas.cli import main
 
 main()

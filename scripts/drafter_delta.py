@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftnas.prune import PruningPlan, apply_plan
-from draftnas.sources import load_model
-from draftnas.vocab import VOCAB_FILE, load_vocab_subset
+from draftnas.drafter.records import VOCAB_FILE, PruningPlan, load_vocab_subset
+from draftnas.drafter.surgery import apply_plan
+from draftnas.models.sources import load_model
 
 
 def _plan(folder: Path) -> PruningPlan:

@@ -46,7 +46,7 @@ tests)
     run tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_decoder.py tests/test_speculative.py \
         tests/test_profile.py -k "cuda or captured" ;;
 target65b)
-    base="$OUT/h100-bf16-cuda-graph.json"; [ -f "$base" ] || base=profiles/h100-bf16-cuda-graph.json
+    base="$OUT/h100-bf16-cuda-graph.json"; [ -f "$base" ] || base=draftnas/data/profiles/h100-bf16-cuda-graph.json
     run target65b 420 "$PY" -m draftnas profile --device cuda --dtype bf16 --mode cuda-graph --from "$base" \
         --target llama-65b --layers 2,4 --tp 4 --batch-sizes 1,8,32 --max-gamma 8 --context 512 \
         --out "$OUT/h100-bf16-cuda-graph-llama65b-tp4.json"

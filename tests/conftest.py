@@ -26,6 +26,6 @@ def tiny_llama_config():
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded SmolLM2-135M-Instruct (converted once into the user cache)."""
-    from draftnas.sources import load_model
+    from draftnas.models.sources import load_model
 
     return load_model("smollm2-135m")

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from draftnas.acceptance import estimate_acceptance, expected_steps, greedy_steps
-from draftnas.errors import InvalidInputError, TraceError
-from draftnas.traces import TraceMetadata, TraceRecord, TraceRecordInfo, Traces
+from draftnas.acceptance.estimate import estimate_acceptance, expected_steps, greedy_steps
+from draftnas.acceptance.records import TraceMetadata, TraceRecordInfo
+from draftnas.acceptance.traces import TraceRecord, Traces
+from draftnas.core.errors import InvalidInputError, TraceError
 
 V = 16
 

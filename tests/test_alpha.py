@@ -10,7 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from draftnas.alpha import (
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.registry import get_architecture
+from draftnas.search.alpha import (
     FEATURES,
     PAIRS_SCHEMA,
     AlphaPair,
@@ -21,13 +23,12 @@ from draftnas.alpha import (
     read_pairs,
     save_alpha_model,
 )
-from draftnas.candidate import CandidateChoice, build_candidate
-from draftnas.errors import InvalidInputError
-from draftnas.evaluate import ModelEvaluator
-from draftnas.pairs import design
-from draftnas.registry import get_architecture
-from draftnas.search import SearchRequest, StudySettings, reference_candidate, search
-from draftnas.space import default_space_for
+from draftnas.search.candidate import build_candidate, reference_candidate
+from draftnas.search.evaluate import ModelEvaluator
+from draftnas.search.pairs import design
+from draftnas.search.records import CandidateChoice, StudySettings
+from draftnas.search.resolve import SearchRequest, search
+from draftnas.search.space_file import default_space_for
 
 SMOL = get_architecture("smollm2-135m")
 L7 = get_architecture("llama-7b")
@@ -190,10 +191,10 @@ def test_cli_refuses_a_model_file_with_the_wrong_schema(tmp_path):
 
 
 def test_a_drafter_unlike_every_measured_pair_is_refused_not_extrapolated():
-    from draftnas.candidate import InfeasibleCandidateError
+    from draftnas.core.errors import InfeasibleCandidateError
 
     model = fit_alpha_model(_pairs("a", 30, 0))  # kv and query ratios 0.67..1, full hidden size
-    from draftnas.candidate import Candidate
+    from draftnas.search.records import Candidate
 
     narrow = Candidate(name="n", base="llama-7b", arch=L7.with_shape(num_hidden_layers=2, hidden_size=2048),
                        choice=CandidateChoice(depth=2, hidden_ratio=0.5))

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftnas.bench import BenchOptions, BenchResult, run_bench
-from draftnas.errors import InvalidInputError
-from draftnas.prompts import Prompt
-from draftnas.sources import LoadedModel, ModelSource
+from draftnas.bench.records import BenchOptions, BenchResult
+from draftnas.bench.run import run_bench
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.prompts import Prompt
+from draftnas.models.records import ModelSource
+from draftnas.models.sources import LoadedModel
 from tests import helpers
 from tests.helpers import tiny_llama, truncated
 
@@ -66,7 +68,7 @@ def test_static_engine_bench_is_lossless_and_times_transformers_beside_it(tiny_p
 
 
 def test_first_divergence_and_its_margin_are_reported():
-    from draftnas.bench import _first_divergence
+    from draftnas.bench.run import _first_divergence
 
     assert _first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert _first_divergence([1, 5, 3], [1, 2, 3]) == 1
@@ -123,9 +125,9 @@ def test_prompts_the_drafter_was_healed_on_are_left_out_before_the_per_domain_ch
     import dataclasses
     import json
 
-    from draftnas.bench import unseen_prompts
-    from draftnas.distill import prompt_key
-    from draftnas.prompts import encode_prompt
+    from draftnas.bench.run import unseen_prompts
+    from draftnas.core.prompts import encode_prompt
+    from draftnas.drafter.records import prompt_key
 
     tok = TinyTokenizer()
     prompts = PROMPTS + (Prompt(id="d", domain="x", text="accept"),)

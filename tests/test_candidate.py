@@ -6,16 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from draftnas.candidate import (
-    Candidate,
-    CandidateChoice,
-    InfeasibleCandidateError,
-    build_candidate,
-    drafter_shape,
-)
-from draftnas.prune import PruningPlan
-from draftnas.registry import get_architecture
-from draftnas.space import load_search_space
+from draftnas.core.errors import InfeasibleCandidateError
+from draftnas.core.registry import get_architecture
+from draftnas.drafter.records import PruningPlan
+from draftnas.search.candidate import build_candidate, drafter_shape
+from draftnas.search.records import Candidate, CandidateChoice
+from draftnas.search.space_file import load_search_space
 
 SMOL = get_architecture("smollm2-135m")  # 9 q heads, 3 KV heads (groups of 3), MLP 1536
 LLAMA7 = get_architecture("llama-7b")  # 32 heads, multi-head (32 KV heads), MLP 11008
@@ -76,13 +72,14 @@ def test_from_params_fills_single_valued_knobs_and_round_trips():
 
 
 def test_a_drafter_has_one_name_in_the_search_and_in_its_export():
-    from draftnas.export import ExportInfo, drafter_name
+    from draftnas.export.folder import drafter_name
+    from draftnas.export.records import ExportInfo
 
     space = load_search_space("smollm2-135m")
     choice = CandidateChoice(depth=1, layer_selection="block_influence", vocab_size=4096)
     cand = build_candidate(space, SMOL, "smollm2-135m", choice, target=SMOL)
     assert cand.name == "L1bi-h9kv3-i1536-v4096"  # was L1bi-h9kv3-m1-v4096 here, -i1536 at export
-    from draftnas.vocab import VocabSubset
+    from draftnas.drafter.records import VocabSubset
 
     plan = PruningPlan(base="smollm2-135m", base_num_layers=30, layers=(0,),
                        layer_selection="block_influence", num_attention_heads=9, num_key_value_heads=3,

@@ -59,7 +59,7 @@ def test_targets_json_lists_llama_65b():
 
 
 def test_cli_import_does_not_load_torch():
-    code = "import sys, draftnas.cli, draftnas.throughput; print('torch' in sys.modules)"
+    code = "import sys, draftnas.cli, draftnas.core.throughput; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False"
 
@@ -93,7 +93,11 @@ def test_help_reads_as_sentences(command):
     assert "<bool>" not in text  # flags are flags
     assert not re.search(r" \.(\s|$)", text) and "Usage:" in text  # no "Trial number ." left
     if command == "export":
-        from draftnas.export import DEFAULT_EXPORT_HEAL_STEPS, EXPORT_TEACHER_TOPK, EXPORT_WRITTEN_PROMPTS
+        from draftnas.export.records import (
+            DEFAULT_EXPORT_HEAL_STEPS,
+            EXPORT_TEACHER_TOPK,
+            EXPORT_WRITTEN_PROMPTS,
+        )
 
         assert "(default: the best)" in text and "--heal-steps" in text
         flat = " ".join(text.replace("│", " ").split())

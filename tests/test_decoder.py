@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftnas.decoder import MatmulChooser, StaticDecoder, StaticStep, activation_bytes
-from draftnas.errors import InvalidInputError
-from draftnas.registry import Architecture
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.registry import Architecture
+from draftnas.models.decoder import StaticDecoder, StaticStep, activation_bytes
+from draftnas.models.matmul import MatmulChooser
 
 ARCH = Architecture(name="tiny", family="llama", num_hidden_layers=3, hidden_size=64, intermediate_size=96,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=101,
@@ -105,7 +106,8 @@ def test_gemma3_step_matches_transformers_with_sliding_window_and_softcap() -> N
 
 
 def test_from_hf_keeps_a_reduced_draft_head() -> None:
-    from draftnas.vocab import VocabSubset, apply_vocab_subset
+    from draftnas.drafter.records import VocabSubset
+    from draftnas.drafter.vocab import apply_vocab_subset
 
     hf = _hf_model(ARCH)
     full_logits = hf(input_ids=torch.tensor([[1, 2, 3]])).logits
@@ -119,7 +121,7 @@ def test_from_hf_keeps_a_reduced_draft_head() -> None:
 
 
 def test_both_matmul_forms_give_the_same_product_and_the_choice_is_kept() -> None:
-    from draftnas.decoder import LINEAR, TRANSPOSED, WEIGHT_ONCE
+    from draftnas.models.matmul import LINEAR, TRANSPOSED, WEIGHT_ONCE
 
     w, x = torch.randn(300, 40), torch.randn(2, 3, 40)
     expected = torch.nn.functional.linear(x, w)

@@ -6,15 +6,16 @@ from dataclasses import replace
 
 import pytest
 
-from draftnas.distill import HealData, HealOptions, HealSequence
-from draftnas.errors import InvalidInputError
+from draftnas.core.errors import InvalidInputError
+from draftnas.drafter.heal_data import HealData, HealSequence
+from draftnas.drafter.records import HealOptions
 
 
 def test_greedy_replay_healing_uses_is_hand_computed():
     """Healing's readings replay continuations with acceptance.greedy_steps (one replay)."""
     import numpy as np
 
-    from draftnas.acceptance import greedy_steps
+    from draftnas.acceptance.estimate import greedy_steps
 
     def steps(matches: list[bool], gamma: int) -> int:
         return int(greedy_steps([np.asarray(matches, dtype=float)], gamma, len(matches))[0])
@@ -30,7 +31,7 @@ def test_greedy_replay_healing_uses_is_hand_computed():
 def test_kl_losses_match_definitions():
     import torch
 
-    from draftnas.distill import kl_to_logits, kl_to_topk
+    from draftnas.drafter.losses import kl_to_logits, kl_to_topk
 
     torch.manual_seed(0)
     d, t = torch.randn(5, 11), torch.randn(5, 11)
@@ -64,7 +65,8 @@ def _models(config):
     import torch
     from transformers import LlamaForCausalLM
 
-    from draftnas.prune import PruningPlan, apply_plan
+    from draftnas.drafter.records import PruningPlan
+    from draftnas.drafter.surgery import apply_plan
 
     config = copy.deepcopy(config)
     config.initializer_range = 0.2  # a target whose layers matter (0.02 makes every layer ~identity)
@@ -96,7 +98,7 @@ def _data(target, n_train=12, n_held=4, prompt_len=4, seq_len=16, top_k=None, me
 
 
 def test_heal_live_teacher_raises_agreement(tiny_llama_config):
-    from draftnas.distill import heal
+    from draftnas.drafter.heal import heal
 
     target, drafter = _models(tiny_llama_config)
     data = _data(target, memorize=True)
@@ -113,7 +115,7 @@ def test_heal_live_teacher_raises_agreement(tiny_llama_config):
 def test_heal_trains_only_layers_by_default(tiny_llama_config):
     import torch
 
-    from draftnas.distill import heal
+    from draftnas.drafter.heal import heal
 
     target, drafter = _models(tiny_llama_config)
     embed = drafter.get_input_embeddings().weight.clone()
@@ -126,7 +128,7 @@ def test_heal_trains_only_layers_by_default(tiny_llama_config):
 
 
 def test_heal_topk_teacher(tiny_llama_config):
-    from draftnas.distill import heal
+    from draftnas.drafter.heal import heal
 
     target, drafter = _models(tiny_llama_config)
     data = _data(target, top_k=8, memorize=True)
@@ -139,7 +141,7 @@ def test_heal_topk_teacher(tiny_llama_config):
 
 def test_a_live_target_with_teacher_topk_is_never_run_while_training(tiny_llama_config):
     """teacher_topk: the target's top-k kept with the data is the teacher; the target is not called."""
-    from draftnas.distill import heal
+    from draftnas.drafter.heal import heal
 
     target, drafter = _models(tiny_llama_config)
     data, plain = _data(target, top_k=8, memorize=True), _data(target)
@@ -156,7 +158,7 @@ def test_a_live_target_with_teacher_topk_is_never_run_while_training(tiny_llama_
 def test_interrupted_heal_resumes_to_the_same_weights(tiny_llama_config, tmp_path):
     import torch
 
-    from draftnas.distill import heal
+    from draftnas.drafter.heal import heal
 
     target, _ = _models(tiny_llama_config)
     data = _data(target, 6, 2)
@@ -183,7 +185,7 @@ def test_interrupted_heal_resumes_to_the_same_weights(tiny_llama_config, tmp_pat
 
 
 def test_checkpoint_of_other_options_refused(tiny_llama_config, tmp_path):
-    from draftnas.distill import heal
+    from draftnas.drafter.heal import heal
 
     target, drafter = _models(tiny_llama_config)
     data = _data(target, 4, 2)
@@ -197,7 +199,7 @@ def test_checkpoint_of_other_options_refused(tiny_llama_config, tmp_path):
 def test_data_from_traces_splits_and_keeps_topk():
     import torch
 
-    from draftnas.distill import data_from_traces
+    from draftnas.drafter.heal_data import data_from_traces
 
     class Info:
         def __init__(self, n):
@@ -220,8 +222,10 @@ def test_data_from_traces_splits_and_keeps_topk():
 @pytest.mark.real_model
 def test_smollm2_first2_heals_on_live_target(smollm2):
     """Real weights, a few steps on two short self-distilled continuations: agreement rises."""
-    from draftnas.distill import generate_heal_data, heal
-    from draftnas.prune import PruningPlan, apply_plan
+    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal_data import generate_heal_data
+    from draftnas.drafter.records import PruningPlan
+    from draftnas.drafter.surgery import apply_plan
 
     plan = PruningPlan(base="smollm2-135m", base_num_layers=30, layers=(0, 1), layer_selection="first",
                        num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
@@ -234,7 +238,7 @@ def test_smollm2_first2_heals_on_live_target(smollm2):
 
 
 def test_written_prompts_need_a_chat_template():
-    from draftnas.prompts import user_turn_opening
+    from draftnas.core.prompts import user_turn_opening
 
     with pytest.raises(InvalidInputError, match="no chat template"):
         user_turn_opening(object(), "Explain the")
@@ -244,8 +248,8 @@ def test_written_prompts_need_a_chat_template():
 def test_the_target_writes_training_prompts_that_open_like_the_set(smollm2):
     """Written prompts open with a training prompt's first words, are answered by the target and join
     the training sequences only: the held-out sequences are the same as without them."""
-    from draftnas.distill import WRITTEN_OPENING_WORDS, generate_heal_data, written_prompts
-    from draftnas.prompts import load_prompts, user_turn_opening
+    from draftnas.core.prompts import load_prompts, user_turn_opening
+    from draftnas.drafter.heal_data import WRITTEN_OPENING_WORDS, generate_heal_data, written_prompts
 
     tok = smollm2.tokenizer
     opening = user_turn_opening(tok, "Explain the")

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from draftnas.e2e import Budget, E2EOptions, budget_preset, run_e2e
-from draftnas.errors import InvalidInputError
-from draftnas.fidelity import Measured, MeasuredTerms, Prediction, decompose, mape, spearman
+from draftnas.bench.fidelity import decompose, mape, spearman
+from draftnas.bench.records import Measured, MeasuredTerms, Prediction
+from draftnas.core.errors import InvalidInputError
+from draftnas.e2e.records import Budget, E2EOptions, budget_preset
+from draftnas.e2e.run import run_e2e
+from draftnas.export.folder import load_drafter
 
 TINY_BUDGET = Budget(name="tiny", trace_per_domain=3, trace_new_tokens=10, trials=2, depth_max=2,
                      search_heal_steps=1, search_heal_seconds=5.0, heal_steps=2, heal_batch_size=2,
@@ -125,15 +128,15 @@ def test_pipeline_writes_records_and_a_consistent_table(tiny_run):
 def test_winner_keeps_the_searched_draft_head_and_baselines_the_full_one(tiny_run):
     """The space allows only a 48-row draft head: the winner is healed, exported, timed and priced
     with it; the baselines (what one builds without a search) keep the base's full head."""
-    from draftnas.sources import load_model
-    from draftnas.vocab import load_vocab_subset, maybe_apply_saved_subset
+    from draftnas.drafter.records import load_vocab_subset
+    from draftnas.drafter.vocab import maybe_apply_saved_subset
 
     _, result, _ = tiny_run
     winner = result.row("winner")
     assert winner.name.endswith("-v48") and "head 48" in winner.shape
     subset = load_vocab_subset(winner.folder)
     assert subset.size == 48 and subset.vocab_size == 128
-    loaded = load_model(winner.folder)
+    loaded = load_drafter(winner.folder)
     maybe_apply_saved_subset(loaded.model, loaded.folder)
     assert loaded.model.get_output_embeddings().weight.shape[0] == 48
     first = result.row("first-k")
@@ -152,7 +155,7 @@ def test_winner_keeps_the_searched_draft_head_and_baselines_the_full_one(tiny_ru
 def test_the_winner_plan_healed_on_one_domain_is_built_scored_and_benched(tiny_run):
     """Self-distillation for a domain: the winner's plan healed on the translation heal traces alone,
     scored on the same held-out traces (all domains) and benched at the fixed gamma."""
-    from draftnas.traces import load_traces, split_traces
+    from draftnas.acceptance.traces import load_traces, split_traces
 
     options, result, seen = tiny_run
     winner, tuned = result.row("winner"), result.tuned
@@ -180,7 +183,7 @@ def test_the_winner_plan_healed_on_one_domain_is_built_scored_and_benched(tiny_r
 
 
 def test_a_bad_tuned_domain_is_refused_before_any_work():
-    from draftnas.e2e import check_tuned_domain, split_prompts
+    from draftnas.e2e.stages import check_tuned_domain, split_prompts
 
     traced, _ = split_prompts(budget_preset("quick"))
     check_tuned_domain(E2EOptions(budget=budget_preset("quick")), traced)  # the default budget fits

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from draftnas.errors import ExportError, InvalidInputError
-from draftnas.export import ExportInfo
-from draftnas.prune import PruningPlan
+from draftnas.core.errors import ExportError, InvalidInputError
+from draftnas.drafter.records import PruningPlan
+from draftnas.export.records import ExportInfo
 
 
 def _plan(base: str = "tiny") -> PruningPlan:
@@ -40,8 +40,8 @@ def tiny_base(tiny_llama_config, tmp_path):
 
 
 def _export(tiny_base, out, **info):
-    from draftnas.export import export_drafter
-    from draftnas.prune import apply_plan
+    from draftnas.drafter.surgery import apply_plan
+    from draftnas.export.folder import export_drafter
 
     _, model, tokenizer = tiny_base
     drafter = apply_plan(model, _plan())
@@ -78,7 +78,7 @@ def test_export_writes_a_loadable_folder(tiny_base, tmp_path):
 
 
 def test_the_card_shows_every_figure_whole_however_large_the_records(tiny_base, tmp_path):
-    from draftnas.scoring import WorkloadPrediction
+    from draftnas.search.records import WorkloadPrediction
 
     one = WorkloadPrediction.from_dict(_prediction(1.0 / 3))
     big = dataclasses.replace(one, per_batch=one.per_batch * 30, batch_weights=(1.0 / 60,) * 60)
@@ -98,7 +98,7 @@ def test_non_empty_folder_refused_without_force(tiny_base, tmp_path):
     with pytest.raises(ExportError, match="not empty; pass --force"):
         _export(tiny_base, out)
     assert (out / "keep.txt").read_text() == "mine"
-    from draftnas.export import export_drafter
+    from draftnas.export.folder import export_drafter
 
     _, model, tokenizer = tiny_base
     export_drafter(model, tokenizer, out, ExportInfo(base="tiny", target="tiny"), force=True)
@@ -107,7 +107,7 @@ def test_non_empty_folder_refused_without_force(tiny_base, tmp_path):
 
 
 def test_failed_export_leaves_nothing_behind(tiny_base, tmp_path, monkeypatch):
-    import draftnas.export as export
+    import draftnas.export.folder as export
 
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
@@ -119,7 +119,7 @@ def test_failed_export_leaves_nothing_behind(tiny_base, tmp_path, monkeypatch):
 
 
 def test_push_to_hub_offline_says_so(tmp_path, monkeypatch):
-    from draftnas.export import push_to_hub
+    from draftnas.export.hub import push_to_hub
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ExportError, match="unreachable.*offline.*saved at"):
@@ -132,8 +132,8 @@ def test_push_to_hub_offline_says_so(tmp_path, monkeypatch):
 def _prediction(tokens_per_s: float) -> dict:
     """A stored prediction as the search writes it: best gamma 5 at batch 1 (70% of tokens),
     gamma 2 at batch 8."""
-    from draftnas.scoring import WorkloadPrediction
-    from draftnas.throughput import ThroughputEstimate
+    from draftnas.core.throughput import ThroughputEstimate
+    from draftnas.search.records import WorkloadPrediction
 
     def at(batch: int, gamma: int) -> ThroughputEstimate:
         return ThroughputEstimate(batch_size=batch, gamma=gamma, acceptance_rate=0.5, tokens_per_step=2.0,
@@ -147,9 +147,15 @@ def _prediction(tokens_per_s: float) -> dict:
 
 def _trial(number: int, tokens_per_s: float, base: str = "tiny", with_plan: bool = True):
     """A completed trial's records as the search stores them: the tiny plan, priced at `tokens_per_s`."""
-    from draftnas.candidate import Candidate, CandidateChoice
-    from draftnas.registry import get_architecture
-    from draftnas.scoring import LatencyReading, RankedTrial, WorkloadPrediction, assumed_acceptance
+    from draftnas.core.registry import get_architecture
+    from draftnas.search.records import (
+        Candidate,
+        CandidateChoice,
+        LatencyReading,
+        RankedTrial,
+        WorkloadPrediction,
+    )
+    from draftnas.search.scoring import assumed_acceptance
 
     arch = get_architecture("smollm2-135m").with_shape(num_hidden_layers=2)
     candidate = Candidate(name=f"c{number}", base=base, arch=arch, choice=CandidateChoice(depth=2),
@@ -163,9 +169,9 @@ def _trial(number: int, tokens_per_s: float, base: str = "tiny", with_plan: bool
 
 def _info(base="tiny", traces=None):
     """What the fake studies were made for: acceptance assumed, or (`traces`) measured on those."""
-    from draftnas.registry import get_architecture
-    from draftnas.space import load_search_space
-    from draftnas.study import StudyInfo
+    from draftnas.core.registry import get_architecture
+    from draftnas.search.records import StudyInfo
+    from draftnas.search.space_file import load_search_space
 
     smol = get_architecture("smollm2-135m")
     space = load_search_space("smollm2-135m")  # its workload at the trials' batch sizes (1 and 8)
@@ -194,7 +200,7 @@ def _study(storage: str, *, directions=("maximize",), with_plan=True, base="tiny
 
 
 def test_load_trial_best_and_numbered(tmp_path):
-    from draftnas.study import load_trial
+    from draftnas.search.storage import load_trial
 
     storage = f"sqlite:///{tmp_path / 's.db'}"
     _study(storage)
@@ -209,7 +215,8 @@ def test_load_trial_best_and_numbered(tmp_path):
 
 
 def test_a_trial_without_a_plan_is_refused(tiny_base, tmp_path):
-    from draftnas.export import ExportRequest, export_from_request
+    from draftnas.export.records import ExportRequest
+    from draftnas.export.request import export_from_request
 
     bare = f"sqlite:///{tmp_path / 'b.db'}"
     _study(bare, with_plan=False)
@@ -221,7 +228,8 @@ def test_a_trial_without_a_plan_is_refused(tiny_base, tmp_path):
 def test_export_from_study_end_to_end(tiny_base, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from draftnas.export import ExportRequest, export_from_request
+    from draftnas.export.records import ExportRequest
+    from draftnas.export.request import export_from_request
 
     folder, _, _ = tiny_base
     storage = f"sqlite:///{tmp_path / 's.db'}"
@@ -238,8 +246,9 @@ def test_export_from_study_end_to_end(tiny_base, tmp_path):
 
 
 def test_exported_gamma_is_the_best_for_the_drafter_as_exported_else_the_searched_one():
-    from draftnas.export import ExportRequest, _gamma
-    from draftnas.scoring import WorkloadPrediction
+    from draftnas.export.records import ExportRequest
+    from draftnas.export.request import _gamma
+    from draftnas.search.records import WorkloadPrediction
 
     request = ExportRequest(out_dir="x", study="s")
     trial = _trial(0, 1.0)
@@ -258,11 +267,13 @@ def test_exported_gamma_is_the_best_for_the_drafter_as_exported_else_the_searche
 
 
 def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never_saw(tiny_base, tmp_path):
-    from draftnas.distill import HealOptions
-    from draftnas.export import ExportRequest, export_from_request
-    from draftnas.prompts import load_prompts
-    from draftnas.sources import load_model
-    from draftnas.traces import TraceOptions, build_traces, held_out
+    from draftnas.acceptance.records import TraceOptions, held_out
+    from draftnas.acceptance.tracing import build_traces
+    from draftnas.core.prompts import load_prompts
+    from draftnas.drafter.records import HealOptions
+    from draftnas.export.records import ExportRequest
+    from draftnas.export.request import export_from_request
+    from draftnas.models.sources import load_model
 
     folder, _, _ = tiny_base
     traces = build_traces(load_model(str(folder)), list(load_prompts("chat", per_domain=6)),
@@ -289,8 +300,9 @@ def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never
 
 
 def test_an_export_from_a_study_heals_on_its_workload_prompt_set():
-    from draftnas.distill import HealOptions
-    from draftnas.export import EXPORT_TEACHER_TOPK, EXPORT_WRITTEN_PROMPTS, workload_heal_options
+    from draftnas.drafter.records import HealOptions
+    from draftnas.export.records import EXPORT_TEACHER_TOPK, EXPORT_WRITTEN_PROMPTS
+    from draftnas.export.request import workload_heal_options
 
     info = _info()  # the SmolLM2 space: chat workload
     chat = workload_heal_options(info)
@@ -308,9 +320,10 @@ def test_an_export_from_a_study_heals_on_its_workload_prompt_set():
 
 def test_export_from_plan_file_with_healing(tiny_base, tmp_path):
     """--plan + --base + --heal-steps: heals toward the (live) base on self-distilled text."""
-    from draftnas.distill import HealOptions
-    from draftnas.export import ExportRequest, export_from_request
-    from draftnas.prompts import load_prompts
+    from draftnas.core.prompts import load_prompts
+    from draftnas.drafter.records import HealOptions
+    from draftnas.export.records import ExportRequest
+    from draftnas.export.request import export_from_request
 
     folder, _, _ = tiny_base
     plan_file = _plan(str(folder)).save(tmp_path / "plan.json")
@@ -354,8 +367,8 @@ def test_exported_smollm2_drafter_is_a_lossless_assistant(smollm2, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from draftnas.export import export_drafter
-    from draftnas.prune import apply_plan
+    from draftnas.drafter.surgery import apply_plan
+    from draftnas.export.folder import export_drafter
 
     plan = PruningPlan(base="smollm2-135m", base_num_layers=30, layers=(0, 1), layer_selection="first",
                        num_attention_heads=6, num_key_value_heads=2, intermediate_size=768)
@@ -391,8 +404,9 @@ def test_the_cli_heals_by_default_with_the_stated_budget_unless_the_space_heals_
     import inspect
 
     from draftnas.cli.cmd_export import export
-    from draftnas.export import DEFAULT_EXPORT_HEAL_STEPS, default_heal_steps
-    from draftnas.space import load_search_space as load_space
+    from draftnas.export.records import DEFAULT_EXPORT_HEAL_STEPS
+    from draftnas.export.request import default_heal_steps
+    from draftnas.search.space_file import load_search_space as load_space
 
     assert inspect.signature(export).parameters["heal_steps"].default.default is None  # resolved per source
     assert default_heal_steps(None)[0] == DEFAULT_EXPORT_HEAL_STEPS > 0  # a plan file
@@ -405,7 +419,8 @@ def test_the_cli_heals_by_default_with_the_stated_budget_unless_the_space_heals_
                                            ({"gamma": 40}, "got 40"),
                                            ({"heal_steps": -1}, "heal steps must be >= 0")])
 def test_bad_export_values_are_refused_before_anything_is_written(tmp_path, kwargs, needle):
-    from draftnas.export import ExportRequest, export_from_request
+    from draftnas.export.records import ExportRequest
+    from draftnas.export.request import export_from_request
 
     out = tmp_path / "never"
     with pytest.raises(InvalidInputError, match=needle):

@@ -9,27 +9,22 @@ import random
 
 import pytest
 
-from draftnas.errors import InvalidInputError, ProfileError
-from draftnas.latency import (
+from draftnas.core.errors import InvalidInputError, ProfileError
+from draftnas.core.registry import Architecture, get_architecture
+from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile, save_profile
+from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
+from draftnas.latency.model import (
     FIT_TERMS,
     HEAD_CALL,
     RIDGE,
     RIDGE_GRID,
-    SHIPPED_PROFILES,
-    SPEC_SHEETS,
     TILE,
     LatencyModel,
-    LatencyProfile,
-    Measurement,
-    default_profile,
     feature_row,
     fit_latency_model,
     heldout_errors,
-    load_profile,
-    save_profile,
-    spec_sheet_profile,
 )
-from draftnas.registry import Architecture, get_architecture
+from draftnas.latency.records import LatencyProfile, Measurement
 
 TRUE = {"call": 0.9, "layer": 0.3, "token": 0.02, "layer_token": 0.004, "gemm_mb": 0.05,
         "gemm_gflop": 12.0, "kv_mb": 0.08, "head_mb": 0.04, "head_gflop": 9.0,
@@ -232,8 +227,9 @@ class _LinearModel:
 
 
 def test_calibration_replaces_the_target_and_rescales_everything_else_by_depth():
-    from draftnas.latency import CalibratedModel, HostCalibration
-    from draftnas.registry import get_architecture
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.corrected import CalibratedModel
+    from draftnas.latency.records import HostCalibration
 
     target = get_architecture("smollm2-135m")  # 30 layers: the model says 61 ms
     # this machine: 2x the model at every depth, and verify is not monotonic (3 tokens > 5 tokens)
@@ -251,8 +247,9 @@ def test_calibration_replaces_the_target_and_rescales_everything_else_by_depth()
 
 
 def test_a_reduced_head_is_priced_by_the_time_it_saved_here():
-    from draftnas.latency import CalibratedModel, HostCalibration
-    from draftnas.registry import get_architecture
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.corrected import CalibratedModel
+    from draftnas.latency.records import HostCalibration
 
     target = get_architecture("smollm2-135m")  # vocabulary 49,152
     cal = HostCalibration(target="smollm2-135m", device_name="here", threads=2, context_tokens=128,
@@ -280,9 +277,10 @@ def test_a_reduced_head_is_priced_by_the_time_it_saved_here():
 
 
 def test_a_tiny_calibration_runs_here_and_feeds_the_model():
-    from draftnas.latency import CalibratedModel, HostCalibration
-    from draftnas.profile import ProfileOptions, calibrate_host
-    from draftnas.registry import Architecture
+    from draftnas.core.registry import Architecture
+    from draftnas.latency.calibrate import calibrate_host
+    from draftnas.latency.corrected import CalibratedModel
+    from draftnas.latency.records import HostCalibration, ProfileOptions
 
     tiny = Architecture(name="tiny", family="llama", num_hidden_layers=4, hidden_size=64,
                         intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -299,8 +297,9 @@ def test_a_tiny_calibration_runs_here_and_feeds_the_model():
 
 
 def test_work_outside_the_forward_is_added_where_the_loop_pays_it():
-    from draftnas.latency import CalibratedModel, HostCalibration
-    from draftnas.registry import get_architecture
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.corrected import CalibratedModel
+    from draftnas.latency.records import HostCalibration
 
     target = get_architecture("smollm2-135m")
     cal = HostCalibration(target="smollm2-135m", device_name="here", threads=2, context_tokens=128,
@@ -317,10 +316,12 @@ def test_work_outside_the_forward_is_added_where_the_loop_pays_it():
 def test_the_loops_work_per_drafted_token_is_its_own_drafting_time_less_the_draft_step(monkeypatch):
     """Per drafted token: the loop's measured drafting time between a short and a long run (the
     drafter's prefill cancels), less the timed draft step; per step: what is left, fitted."""
-    import draftnas.speculative as spec
-    from draftnas.profile import ProfileOptions, _Runtime, decoding_overheads
-    from draftnas.registry import Architecture
-    from draftnas.speculative import SpeculativeOutput
+    import draftnas.latency.calibrate as spec
+    from draftnas.core.registry import Architecture
+    from draftnas.latency.calibrate import decoding_overheads
+    from draftnas.latency.records import ProfileOptions
+    from draftnas.latency.runtime import Runtime
+    from draftnas.models.speculative import SpeculativeOutput
 
     tiny = Architecture(name="tiny", family="llama", num_hidden_layers=2, hidden_size=32,
                         intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
@@ -336,7 +337,7 @@ def test_the_loops_work_per_drafted_token_is_its_own_drafting_time_less_the_draf
                                  elapsed_s=elapsed / 1e3, draft_s=draft / 1e3)
 
     monkeypatch.setattr(spec, "speculative_generate", fake)
-    rt = _Runtime(ProfileOptions(device="cpu", threads=1).validate())
+    rt = Runtime(ProfileOptions(device="cpu", threads=1).validate())
     _, draft, step = decoding_overheads(rt, tiny, 8, {n: verify_ms for n in (1, 2, 3, 4)}, draft_ms)
     assert draft == pytest.approx(per_draft) and step == pytest.approx(per_step)
 
@@ -349,9 +350,9 @@ def test_the_loops_work_per_drafted_token_is_its_own_drafting_time_less_the_draf
     ("Some Other CPU", 2, "static", "cpu"),
 ])
 def test_the_default_cpu_profile_is_the_one_measured_on_this_host(monkeypatch, cpu, cores, engine, expected):
-    import draftnas.profile as profile_module
-    from draftnas.search import host_cpu_profile, resolve_profile
-    from draftnas.space import default_space_for
+    import draftnas.latency.calibrate as profile_module
+    from draftnas.search.resolve import host_cpu_profile, resolve_profile
+    from draftnas.search.space_file import default_space_for
 
     monkeypatch.setattr(profile_module, "cpu_model_name", lambda: cpu)
     monkeypatch.setattr(profile_module, "cpu_count", lambda: cores)

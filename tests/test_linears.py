@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from draftnas.decoder import LINEAR, TRANSPOSED, WEIGHT_ONCE
-from draftnas.linears import copy_weights, route_linears
+from draftnas.models.linears import copy_weights, route_linears
+from draftnas.models.matmul import LINEAR, TRANSPOSED, WEIGHT_ONCE
 from tests.helpers import tiny_llama, truncated
 
 

@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-from draftnas.errors import InvalidInputError
-from draftnas.latency import H100_SXM_NODE, LatencyModel, spec_sheet_profile
-from draftnas.placement import (
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.placement import (
     Interconnect,
     ShardedLatency,
     kv_bytes_per_sequence,
@@ -19,8 +18,11 @@ from draftnas.placement import (
     valid_degrees,
     weight_bytes,
 )
-from draftnas.registry import get_architecture
-from draftnas.scoring import (
+from draftnas.core.registry import get_architecture
+from draftnas.core.throughput import break_even_acceptance
+from draftnas.latency.hardware import H100_SXM_NODE, spec_sheet_profile
+from draftnas.latency.model import LatencyModel
+from draftnas.search.scoring import (
     assumed_acceptance,
     batch_economics,
     break_even_alpha,
@@ -28,8 +30,7 @@ from draftnas.scoring import (
     read_latency,
     target_latency,
 )
-from draftnas.space import GammaRange, Workload
-from draftnas.throughput import break_even_acceptance
+from draftnas.search.space import GammaRange, Workload
 
 L65 = get_architecture("llama-65b")
 L7 = get_architecture("llama-7b")

@@ -8,18 +8,14 @@ import sys
 
 import pytest
 
-from draftnas.errors import InvalidInputError
-from draftnas.latency import LatencyModel, load_profile, save_profile
-from draftnas.profile import (
-    ProfileOptions,
-    ProfilePlan,
-    depth_width_report,
-    extrapolate_from_layers,
-    measure_profile,
-    plan_profile,
-    save_report_png,
-)
-from draftnas.registry import Architecture
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.registry import Architecture
+from draftnas.latency.files import load_profile, save_profile
+from draftnas.latency.grid import plan_profile
+from draftnas.latency.measure import extrapolate_from_layers, measure_profile
+from draftnas.latency.model import LatencyModel
+from draftnas.latency.records import ProfileOptions, ProfilePlan
+from draftnas.report.profile import depth_width_report, save_report_png
 
 
 def _cuda() -> bool:
@@ -88,11 +84,11 @@ def test_report_png(tiny_profile, tmp_path):
 def test_cache_context_stays_fixed_between_repeats():
     import torch
 
-    from draftnas.profile import _EagerStep, _Runtime
+    from draftnas.latency.runtime import EagerStep, Runtime
 
-    rt = _Runtime(ProfileOptions(threads=1))
+    rt = Runtime(ProfileOptions(threads=1))
     arch = _tiny("t", 2, 32)
-    step = _EagerStep(rt, rt.build(arch), arch, (2, 3, 20), layers=2)  # transformers' eager mode
+    step = EagerStep(rt, rt.build(arch), arch, (2, 3, 20), layers=2)  # transformers' eager mode
     with torch.inference_mode():
         for _ in range(3):
             step()
@@ -143,7 +139,7 @@ def test_cli_report_from_shipped_profile(tmp_path):
     from typer.testing import CliRunner
 
     from draftnas.cli import app
-    from draftnas.latency import default_profile
+    from draftnas.latency.files import default_profile
 
     src = save_profile(default_profile("cpu"), tmp_path / "cpu.json")
     result = CliRunner().invoke(app, ["profile", "--from", str(src), "--report", "--json",
@@ -170,17 +166,17 @@ def test_static_mode_on_cpu_times_the_decoder_step():
 
 
 def _job(name: str, held: int, transient: int):
-    from draftnas.profile import _Job
+    from draftnas.latency.timing import Job
 
-    return _Job("model", _tiny(name, 1, 32), 1, (1, 1, 8), 512, "train", lambda m, p: None, held, transient)
+    return Job("model", _tiny(name, 1, 32), 1, (1, 1, 8), 512, "train", lambda m, p: None, held, transient)
 
 
 def test_plan_chunks_splits_a_model_s_jobs_and_skips_what_cannot_fit_alone():
-    from draftnas.profile import _Group, plan_chunks
+    from draftnas.latency.timing import Group, plan_chunks
 
-    big = _Group(lambda: None, weight_bytes=50,
+    big = Group(lambda: None, weight_bytes=50,
                  jobs=[_job("a", 20, 10), _job("a", 20, 10), _job("a", 200, 0)])
-    small = _Group(lambda: None, weight_bytes=10, jobs=[_job("b", 5, 40)])
+    small = Group(lambda: None, weight_bytes=10, jobs=[_job("b", 5, 40)])
     chunks, skipped = plan_chunks([big, small], budget_bytes=100)
     # a: 50 weights + 20 + 20 held + 10 transient = 100 fits; its third job needs 250 alone
     assert [[len(jobs) for _, jobs in c.parts] for c in chunks] == [[2], [1]]
@@ -210,7 +206,8 @@ def test_a_run_under_a_small_memory_budget_skips_and_records_instead_of_failing(
 
 
 def test_a_chunk_that_runs_out_of_memory_is_halved_and_a_job_failing_alone_is_skipped():
-    from draftnas.profile import _Group, _Job, _run_round_robin, _Runtime
+    from draftnas.latency.runtime import Runtime
+    from draftnas.latency.timing import Group, Job, run_round_robin
 
     class Step:
         def __call__(self):
@@ -226,19 +223,19 @@ def test_a_chunk_that_runs_out_of_memory_is_halved_and_a_job_failing_alone_is_sk
         raise RuntimeError("CUDA out of memory. Tried to allocate 1.00 GiB")
 
     def job(name, make):
-        return _Job("model", _tiny(name, 1, 32), 1, (1, 1, 8), 512, "train", make, 10, 1)
+        return Job("model", _tiny(name, 1, 32), 1, (1, 1, 8), 512, "train", make, 10, 1)
 
     jobs = [job("a", make_ok), job("b", make_oom), job("c", make_ok), job("d", make_ok)]
-    rt = _Runtime(ProfileOptions(threads=1, repeats=3, warmup=1, memory_budget_bytes=1 << 20))
+    rt = Runtime(ProfileOptions(threads=1, repeats=3, warmup=1, memory_budget_bytes=1 << 20))
     ticks = []
-    skipped = _run_round_robin(rt, [_Group(lambda: None, 0, jobs)], lambda: ticks.append(1))
+    skipped = run_round_robin(rt, [Group(lambda: None, 0, jobs)], lambda: ticks.append(1))
     assert [s.shape for s in skipped] == ["b"] and "out of memory" in skipped[0].reason
     assert [len(j.times_ms) for j in jobs] == [3, 0, 3, 3]
     def make_broken(model, pool):
         raise RuntimeError("not memory: a shape bug")
 
     with pytest.raises(RuntimeError, match="not memory"):  # other errors are not swallowed
-        _run_round_robin(rt, [_Group(lambda: None, 0, [job("e", make_broken)])], lambda: None)
+        run_round_robin(rt, [Group(lambda: None, 0, [job("e", make_broken)])], lambda: None)
 
 
 def test_a_memory_budget_must_be_positive():
@@ -256,7 +253,8 @@ def test_tiny_cuda_measurement(mode):
 
 
 def test_report_counts_the_tile_term_as_a_per_parameter_cost_at_one_token():
-    from draftnas.latency import FIT_TERMS, LatencyProfile
+    from draftnas.latency.model import FIT_TERMS
+    from draftnas.latency.records import LatencyProfile
 
     coefficients = dict.fromkeys(FIT_TERMS, 0.0)
     coefficients.update(layer=0.1, gemm_mb=0.5, gemm_tile_gflop=0.3, ridge_flops_per_byte=2.0, tile_rows=1.0)
@@ -271,9 +269,9 @@ def test_report_counts_the_tile_term_as_a_per_parameter_cost_at_one_token():
 def test_a_profile_from_another_cpu_or_a_spec_sheet_is_named_as_such():
     import dataclasses
 
-    from draftnas.latency import default_profile
-    from draftnas.machine import cpu_count, cpu_model_name
-    from draftnas.profile import host_mismatch
+    from draftnas.core.machine import cpu_count, cpu_model_name
+    from draftnas.latency.calibrate import host_mismatch
+    from draftnas.latency.files import default_profile
 
     shipped = default_profile("cpu")
     here = dataclasses.replace(shipped, device_name=f"{cpu_model_name()} ({cpu_count()} cores, "
@@ -291,11 +289,14 @@ def test_a_profile_from_another_cpu_or_a_spec_sheet_is_named_as_such():
 def test_profile_target_extrapolates_k_layers_checks_the_method_and_the_search_uses_it(tmp_path):
     import dataclasses
 
-    from draftnas.latency import LatencyModel, TargetTimedModel, default_profile, load_profile, save_profile
-    from draftnas.profile import measure_target
-    from draftnas.registry import get_architecture
-    from draftnas.search import SearchRequest, StudySettings, plan_search
-    from draftnas.space import default_space_for
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.corrected import TargetTimedModel
+    from draftnas.latency.files import default_profile, load_profile, save_profile
+    from draftnas.latency.measure import measure_target
+    from draftnas.latency.model import LatencyModel
+    from draftnas.search.records import StudySettings
+    from draftnas.search.resolve import SearchRequest, plan_search
+    from draftnas.search.space_file import default_space_for
 
     smol = get_architecture("smollm2-135m")
     small = smol.with_shape(num_hidden_layers=6)

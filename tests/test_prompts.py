@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from draftnas.errors import InvalidInputError
-from draftnas.prompts import (
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.prompts import (
     DOMAINS,
     TRANSLATION_LANGUAGES,
     Prompt,

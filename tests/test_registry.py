@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from draftnas.errors import UnknownTargetError
-from draftnas.registry import Architecture, get_architecture, load_registry
+from draftnas.core.errors import UnknownTargetError
+from draftnas.core.registry import Architecture, get_architecture, load_registry
 
 
 def test_llama_65b_shape_and_params():
@@ -58,7 +58,7 @@ def test_parameters_with_a_reduced_draft_head():
     base swaps its full head for them."""
     from dataclasses import replace
 
-    from draftnas.registry import get_architecture
+    from draftnas.core.registry import get_architecture
 
     smol = get_architecture("smollm2-135m")
     assert smol.tie_word_embeddings

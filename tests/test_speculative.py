@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftnas.speculative import _accept, crop_cache, greedy_generate, speculative_generate
+from draftnas.models.engines import crop_cache
+from draftnas.models.speculative import _accept, greedy_generate, speculative_generate
 from tests.helpers import tiny_llama, truncated
 
 # chi-square critical values at significance 0.001 (df -> value), so a correct rule fails 1 run in 1000
@@ -135,8 +136,8 @@ def test_speculative_sampling_matches_the_targets_joint_distribution():
 
 
 def _static(model, slots: int = 64, capture: bool = False):
-    from draftnas.decoder import StaticDecoder
-    from draftnas.speculative import StaticEngine
+    from draftnas.models.decoder import StaticDecoder
+    from draftnas.models.engines import StaticEngine
 
     return StaticEngine(StaticDecoder.from_hf(model), slots, capture=capture)
 
@@ -154,7 +155,8 @@ def test_the_static_engine_loop_equals_the_target_greedy_and_the_hf_loop(pair, g
 
 
 def test_the_static_engine_keeps_a_reduced_draft_head_lossless(pair):
-    from draftnas.vocab import VocabSubset, apply_vocab_subset
+    from draftnas.drafter.records import VocabSubset
+    from draftnas.drafter.vocab import apply_vocab_subset
     from tests.helpers import truncated
 
     target, drafter = pair
@@ -179,8 +181,8 @@ def test_sampling_through_static_engines_matches_the_hf_loop_draw_for_draw(pair)
 
 
 def test_greedy_decode_reports_margins_and_a_too_long_sequence_is_refused(pair):
-    from draftnas.errors import InvalidInputError
-    from draftnas.speculative import greedy_decode
+    from draftnas.core.errors import InvalidInputError
+    from draftnas.models.speculative import greedy_decode
 
     target, _ = pair
     out = greedy_decode(target, PROMPTS[0], max_new_tokens=10)

@@ -1,37 +1,64 @@
-"""The package's shape: imports flow one way, modules stay readable, and a plan alone replays its drafter."""
+"""The package's shape: one package per pipeline stage, imports only from a stage to an earlier one,
+no import cycle, modules a reader can hold in mind, torch-free records, and a plan alone replays its
+drafter.
+
+Run alone (`python tests/test_structure.py`) it prints the stage graph: each stage, its modules and the
+earlier stages it imports.
+"""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "draftnas"
-MAX_LINES = 500
+#: The pipeline's stages in order (docs/architecture.md draws the same): a module may import its own
+#: stage and earlier ones, never a later one.
+STAGES = ("core", "models", "latency", "acceptance", "drafter", "search", "export", "bench", "report",
+          "e2e", "cli")
+MAX_LINES = 400
+#: Modules that must import without torch (and without optuna): every stage's records, and the pure
+#: arithmetic the search and the analysis run thousands of times a second.
+LIGHT = sorted({f"draftnas.{s}.records" for s in STAGES if (PACKAGE / s / "records.py").is_file()}
+               | {"draftnas.core.throughput", "draftnas.core.placement", "draftnas.core.registry",
+                  "draftnas.core.prompts", "draftnas.latency.model", "draftnas.latency.corrected",
+                  "draftnas.drafter.importance", "draftnas.search.space_file", "draftnas.search.candidate",
+                  "draftnas.search.scoring", "draftnas.search.alpha", "draftnas.export.card",
+                  "draftnas.bench.fidelity", "draftnas.e2e.render"})
 
 
 def _modules() -> dict[str, Path]:
-    return {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts): p for p in PACKAGE.rglob("*.py")}
+    return {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in PACKAGE.rglob("*.py")}
 
 
-def _runtime_imports(path: Path, known: set[str]) -> set[str]:
-    """draftnas modules `path` imports when it runs (in functions too), not under TYPE_CHECKING."""
-    tree = ast.parse(path.read_text())
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped |= {id(n) for n in ast.walk(node)}
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """draftnas modules `path` imports anywhere: at the top, inside functions, under TYPE_CHECKING."""
     out: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("draftnas"):
-            names = [f"{node.module}.{a.name}" for a in node.names]
-            out |= {n for n in names if n in known} or {node.module}
+            names = {f"{node.module}.{a.name}" for a in node.names}
+            out |= (names & known) or {node.module}
         elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("draftnas")}
-    return {m for m in out if m in known}
+    return out & known
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {m: {n for n in _imports(p, known) if n != m and not m.startswith(n + ".")}
+            for m, p in modules.items()}
+
+
+def _stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in STAGES else None
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -56,25 +83,65 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def stage_graph() -> str:
+    """Each stage, its modules and the earlier stages it imports, in pipeline order."""
+    graph = _graph()
+    uses: dict[str, set[str]] = defaultdict(set)
+    members: dict[str, list[str]] = defaultdict(list)
+    for m, deps in graph.items():
+        s = _stage(m)
+        if s is None:
+            continue
+        members[s].append(m.split(".")[-1])
+        uses[s] |= {t for t in map(_stage, deps) if t and t != s}
+    lines = []
+    for s in STAGES:
+        used = [t for t in STAGES if t in uses[s]]
+        lines.append(f"{s:<11} <- {', '.join(used) or '-':<60} [{', '.join(sorted(members[s]))}]")
+    return "\n".join(lines)
+
+
+def test_every_module_lives_in_a_stage_package():
+    loose = [m for m in _modules() if _stage(m) is None and m not in ("draftnas", "draftnas.__main__")]
+    assert not loose, f"modules outside the stage packages {STAGES}: {loose}"
+
+
+def test_imports_go_from_a_stage_to_an_earlier_one_only():
+    print("\n" + stage_graph())
+    backward = [f"{m} -> {n}" for m, deps in sorted(_graph().items()) for n in sorted(deps)
+                if _stage(m) and _stage(n) and STAGES.index(_stage(n)) > STAGES.index(_stage(m))]  # type: ignore[arg-type]
+    assert not backward, "imports from an earlier stage to a later one: " + "; ".join(backward)
+
+
 def test_no_import_cycle_among_draftnas_modules():
-    modules = _modules()
-    known = set(modules) - {"draftnas"}
-    graph = {m: _runtime_imports(p, known) - {m, "draftnas"} for m, p in modules.items() if m != "draftnas"}
-    # a subpackage importing its own package's face (draftnas.cli -> draftnas.cli.app) is not a loop
-    graph = {m: {n for n in deps if not m.startswith(n + ".")} for m, deps in graph.items()}
+    graph = _graph()
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
 
 
-def test_the_cycle_finder_finds_a_cycle():
+def test_the_cycle_finder_and_the_stage_rule_catch_what_they_should():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+    assert _stage("draftnas.search.loop") == "search" and _stage("draftnas") is None
 
 
-def test_a_long_module_says_why_in_its_docstring():
-    long = {m: len(p.read_text().splitlines()) for m, p in _modules().items()}
-    unexplained = [f"{m} ({n} lines)" for m, n in sorted(long.items()) if n > MAX_LINES
-                   and "Size:" not in (ast.get_docstring(ast.parse(_modules()[m].read_text())) or "")]
-    assert not unexplained, f"over {MAX_LINES} lines with no 'Size:' reason in the docstring: {unexplained}"
+def test_no_module_is_longer_than_a_reader_holds_in_mind():
+    long = {m: n for m, p in _modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+@pytest.mark.parametrize("module", LIGHT)
+def test_records_and_pure_modules_import_with_torch_blocked(module):
+    """A finder that refuses torch and optuna: any import of them, however indirect, fails."""
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('torch', 'optuna', 'transformers'):\n"
+            "            raise ImportError('blocked: ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            f"import {module}\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_a_plan_alone_replays_an_exported_drafter_bit_for_bit_head_included(tiny_llama_config, tmp_path):
@@ -84,9 +151,10 @@ def test_a_plan_alone_replays_an_exported_drafter_bit_for_bit_head_included(tiny
     from safetensors.torch import load_file
     from transformers import LlamaForCausalLM
 
-    from draftnas.export import ExportInfo, export_drafter
-    from draftnas.prune import PruningPlan, apply_plan, load_plan
-    from draftnas.vocab import VocabSubset
+    from draftnas.drafter.records import PruningPlan, VocabSubset, load_plan
+    from draftnas.drafter.surgery import apply_plan
+    from draftnas.export.folder import export_drafter
+    from draftnas.export.records import ExportInfo
 
     torch.manual_seed(0)
     base = LlamaForCausalLM(tiny_llama_config).eval()
@@ -109,12 +177,7 @@ def test_a_plan_alone_replays_an_exported_drafter_bit_for_bit_head_included(tiny
     assert other.get_output_embeddings().weight.shape[0] == size  # the head is the plan's
 
 
-@pytest.mark.parametrize("module", ["draftnas.scoring", "draftnas.candidate", "draftnas.throughput",
-                                    "draftnas.fidelity", "draftnas.placement", "draftnas.alpha"])
-def test_pure_modules_import_without_torch_or_optuna(module):
-    import subprocess
-    import sys
 
-    code = f"import sys, {module}; bad = [m for m in ('torch', 'optuna') if m in sys.modules]; print(bad)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+
+if __name__ == "__main__":
+    print(stage_graph())

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from draftnas.errors import InvalidInputError
-from draftnas.throughput import (
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.throughput import (
     acceptance_rate_from_tokens_per_step,
     best_gamma,
     break_even_acceptance,

@@ -7,17 +7,13 @@ import json
 import pytest
 import torch
 
-from draftnas.errors import InvalidInputError, TraceError
-from draftnas.prompts import Prompt
-from draftnas.sources import LoadedModel, ModelSource
-from draftnas.traces import (
-    TraceOptions,
-    build_traces,
-    check_compatible,
-    decode_batch,
-    load_traces,
-    tokenizer_fingerprint,
-)
+from draftnas.acceptance.records import TraceOptions
+from draftnas.acceptance.traces import check_compatible, load_traces, tokenizer_fingerprint
+from draftnas.acceptance.tracing import build_traces, decode_batch
+from draftnas.core.errors import InvalidInputError, TraceError
+from draftnas.core.prompts import Prompt
+from draftnas.models.records import ModelSource
+from draftnas.models.sources import LoadedModel
 from tests.helpers import TinyTokenizer, tiny_llama
 
 
@@ -76,7 +72,7 @@ def test_sampled_traces_are_seeded(tiny_target, tmp_path):
 
 
 def test_interrupted_run_resumes_from_finished_shards(tiny_target, tmp_path, monkeypatch):
-    import draftnas.traces as traces_mod
+    import draftnas.acceptance.tracing as traces_mod
 
     options = TraceOptions(max_new_tokens=8, top_k=4, batch_size=2, shard_size=2)
     out = tmp_path / "r.safetensors"

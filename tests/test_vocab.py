@@ -7,17 +7,19 @@ import json
 import pytest
 import torch
 
-from draftnas.errors import InvalidInputError
-from draftnas.vocab import (
-    VocabSubset,
+from draftnas.core.errors import InvalidInputError
+from draftnas.drafter.records import VocabSubset, load_vocab_subset
+from draftnas.drafter.vocab import (
     apply_vocab_subset,
     expand_head,
-    load_vocab_subset,
+    head_row_table,
+    kept_ids,
     maybe_apply_saved_subset,
     model_subset,
     select_subset,
     special_token_ids,
 )
+from draftnas.export.folder import load_drafter
 from tests.helpers import tiny_llama
 
 V = 128
@@ -28,7 +30,7 @@ def test_ids_round_trip_and_out_of_subset_is_minus_one():
     assert s.size == 4
     assert s.to_full(s.to_head([2, 5, 9, 100])) == [2, 5, 9, 100]
     assert s.to_head([3, 9]) == [-1, 2]
-    f2h, h2f = s.full_to_head(), s.head_to_full()
+    f2h, h2f = head_row_table(s), kept_ids(s)
     assert torch.equal(h2f[f2h[h2f]], h2f)
     assert int((f2h >= 0).sum()) == 4 and int(f2h[7]) == -1
     assert len(s.fingerprint) == 16 and s.fingerprint != VocabSubset(ids=(2, 5, 9), vocab_size=V).fingerprint
@@ -71,7 +73,7 @@ def test_save_load_and_head_slicing(tmp_path, tiny_llama_config):
     assert model.get_output_embeddings().weight.shape[0] == s.size
     assert model.get_input_embeddings().weight.shape[0] == V  # reads any target token
     reduced = model(torch.tensor([[1, 2, 3]])).logits[0, -1]
-    assert torch.allclose(reduced, full_logits[s.head_to_full()], atol=1e-5)
+    assert torch.allclose(reduced, full_logits[kept_ids(s)], atol=1e-5)
     s.save(tmp_path)
     assert load_vocab_subset(tmp_path) == s
     assert json.loads((tmp_path / "draft_vocab.json").read_text())["size"] == s.size
@@ -82,15 +84,15 @@ def test_save_load_and_head_slicing(tmp_path, tiny_llama_config):
 
 
 def test_sampled_q_over_a_subset_is_a_distribution():
-    from draftnas.speculative import _Drafter, _probs
+    from draftnas.models.speculative import _Drafter, _probs
 
     s = VocabSubset(ids=(1, 4, 9, 30), vocab_size=V)
     drafter = _Drafter.__new__(_Drafter)
-    drafter.vocab_size, drafter.subset = V, s.head_to_full()
+    drafter.vocab_size, drafter.subset = V, kept_ids(s)
     q = drafter.full_probs(_probs(torch.tensor([0.3, -1.0, 2.0, 0.0]), 0.7))
     assert q.shape == (V,) and float(q.sum()) == pytest.approx(1.0)
     outside = torch.ones(V, dtype=torch.bool)
-    outside[s.head_to_full()] = False
+    outside[kept_ids(s)] = False
     assert float(q[outside].sum()) == 0.0
     # the acceptance probability sum_x min(p, q) is a probability, and a target token outside the
     # subset is never drafted: its p mass can only be reached through the residual
@@ -102,7 +104,7 @@ def test_sampled_q_over_a_subset_is_a_distribution():
 
 
 def test_estimator_counts_out_of_subset_tokens_as_rejections():
-    from draftnas.acceptance import estimate_acceptance
+    from draftnas.acceptance.estimate import estimate_acceptance
     from tests.test_acceptance import AGREE, StubDrafter, bigram, make_traces
 
     full = estimate_acceptance(StubDrafter(bigram), make_traces([AGREE]), max_gamma=1)
@@ -112,7 +114,7 @@ def test_estimator_counts_out_of_subset_tokens_as_rejections():
 
 
 def test_reduced_head_drafter_is_lossless_in_the_loop(tiny_llama_config):
-    from draftnas.speculative import greedy_generate, speculative_generate
+    from draftnas.models.speculative import greedy_generate, speculative_generate
 
     target = tiny_llama(tiny_llama_config, seed=0)
     drafter = tiny_llama(tiny_llama_config, seed=0)
@@ -131,9 +133,11 @@ def test_reduced_head_drafter_is_lossless_in_the_loop(tiny_llama_config):
 
 
 def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
-    from draftnas.distill import HealOptions, heal
-    from draftnas.speculative import greedy_generate
-    from draftnas.traces import TraceMetadata, TraceRecord, TraceRecordInfo, Traces
+    from draftnas.acceptance.records import TraceMetadata, TraceRecordInfo
+    from draftnas.acceptance.traces import TraceRecord, Traces
+    from draftnas.drafter.heal import heal
+    from draftnas.drafter.records import HealOptions
+    from draftnas.models.speculative import greedy_generate
 
     # untied heads: tied random models just repeat their input token, so a drafter would agree
     # with the target before any healing (this test relied on an earlier test untying the shared
@@ -167,7 +171,8 @@ def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
 
 
 def _exported_reduced(tmp_path, tiny_llama_config, model=None):
-    from draftnas.export import ExportInfo, export_drafter
+    from draftnas.export.folder import export_drafter
+    from draftnas.export.records import ExportInfo
 
     model = tiny_llama(tiny_llama_config) if model is None else model
     s = VocabSubset(ids=tuple(range(0, V, 2)), vocab_size=V)
@@ -184,7 +189,7 @@ def test_export_of_a_reduced_head_keeps_it_reduced_and_writes_a_plain_full_head_
 
     from transformers import AutoModelForCausalLM
 
-    from draftnas.export import FULL_HEAD_DIR, HEAD_MODULE_FILE
+    from draftnas.export.folder import FULL_HEAD_DIR, HEAD_MODULE_FILE
 
     model, s, out = _exported_reduced(tmp_path, tiny_llama_config)
     ids = torch.tensor([[4, 8, 15]])
@@ -198,14 +203,14 @@ def test_export_of_a_reduced_head_keeps_it_reduced_and_writes_a_plain_full_head_
     reduced = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
     assert reduced.get_output_embeddings().weight.shape[0] == s.size
     logits = reduced(ids).logits[0, -1]
-    assert logits.shape[-1] == V and torch.allclose(logits[s.head_to_full()], want, atol=1e-5)
+    assert logits.shape[-1] == V and torch.allclose(logits[kept_ids(s)], want, atol=1e-5)
     dropped = torch.ones(V, dtype=torch.bool)
-    dropped[s.head_to_full()] = False
+    dropped[kept_ids(s)] = False
     assert torch.isneginf(logits[dropped]).all()
     # the full-head variant loads with no remote code
     full = AutoModelForCausalLM.from_pretrained(out / FULL_HEAD_DIR).eval()
     assert full.get_output_embeddings().weight.shape[0] == V
-    assert torch.allclose(full(ids).logits[0, -1][s.head_to_full()], want, atol=1e-5)
+    assert torch.allclose(full(ids).logits[0, -1][kept_ids(s)], want, atol=1e-5)
     meta = json.loads((out / "draftnas.json").read_text())
     assert meta["parameters"] < meta["full_head_parameters"]
     card = (out / "README.md").read_text()
@@ -217,34 +222,33 @@ def test_draftnas_loads_its_own_reduced_head_class_and_refuses_an_altered_folder
     import hashlib
     import logging
 
-    from draftnas.errors import ModelSourceError
-    from draftnas.export import HEAD_MODULE_FILE
-    from draftnas.hf_head import DraftnasLlamaReducedHead
-    from draftnas.sources import EARLIER_HEAD_COPIES, load_model
+    from draftnas.core.errors import ModelSourceError
+    from draftnas.export.folder import EARLIER_HEAD_COPIES, HEAD_MODULE_FILE
+    from draftnas.models.hf_head import DraftnasLlamaReducedHead
     from tests.helpers import TinyTokenizer
 
     model, s, out = _exported_reduced(tmp_path, tiny_llama_config)
     with pytest.MonkeyPatch.context() as mp:  # the tiny folder has no tokenizer files
         mp.setattr("transformers.AutoTokenizer.from_pretrained", lambda *a, **k: TinyTokenizer())
-        loaded = load_model(str(out)).model
+        loaded = load_drafter(str(out)).model
         assert type(loaded) is DraftnasLlamaReducedHead and model_subset(loaded) == s
         shipped = out / HEAD_MODULE_FILE
         shipped.write_text(shipped.read_text() + "\nimport os  # a change\n")
         with pytest.raises(ModelSourceError, match="not the file this draftnas ships"):
-            load_model(str(out))
+            load_drafter(str(out))
         # a copy an earlier draftnas shipped still loads, with draftnas's own class and a warning
         digest = hashlib.sha256(shipped.read_bytes()).hexdigest()
         mp.setitem(EARLIER_HEAD_COPIES, digest, "it differs")
         with caplog.at_level(logging.WARNING, logger="draftnas.sources"):
-            assert type(load_model(str(out)).model) is DraftnasLlamaReducedHead
+            assert type(load_drafter(str(out)).model) is DraftnasLlamaReducedHead
         assert "earlier draftnas copy" in caplog.text and "it differs" in caplog.text
         shipped.unlink()
         with pytest.raises(ModelSourceError, match="is missing"):
-            load_model(str(out))
+            load_drafter(str(out))
         _, _, again = _exported_reduced(tmp_path / "b", tiny_llama_config)
         VocabSubset(ids=tuple(range(1, V, 2)), vocab_size=V).save(again)  # same size, other ids
         with pytest.raises(ModelSourceError, match="does not match the model's head"):
-            load_model(str(again))
+            load_drafter(str(again))
 
 
 def test_the_exported_reduced_head_is_a_lossless_assistant_in_transformers(tmp_path, tiny_llama_config):
@@ -337,7 +341,9 @@ def test_a_gemma3_reduced_head_answers_assisted_generation_as_generate_would(
 
     from transformers import AutoModelForCausalLM
 
-    from draftnas.prune import PlanOptions, apply_plan, plan_pruning
+    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.records import PlanOptions
+    from draftnas.drafter.surgery import apply_plan
 
     drafter = apply_plan(tiny_gemma, plan_pruning(tiny_gemma, PlanOptions(layers=(0, 2))))
     _, _, out = _exported_reduced(tmp_path, None, model=drafter)
@@ -397,7 +403,9 @@ def tiny_gemma():
 def test_gemma3_depth_and_width_pruning_reloads(tmp_path, tiny_gemma):
     from transformers import AutoModelForCausalLM
 
-    from draftnas.prune import PlanOptions, apply_plan, plan_pruning
+    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.records import PlanOptions
+    from draftnas.drafter.surgery import apply_plan
 
     calib = torch.randint(0, V, (2, 24))
     options = PlanOptions(layers=(0, 2, 4), num_attention_heads=2, intermediate_size=32)
@@ -418,8 +426,10 @@ def test_gemma3_depth_and_width_pruning_reloads(tmp_path, tiny_gemma):
 
 
 def test_gemma3_reduced_head_drafter_is_lossless(tiny_gemma):
-    from draftnas.prune import PlanOptions, apply_plan, plan_pruning
-    from draftnas.speculative import greedy_generate, speculative_generate
+    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.records import PlanOptions
+    from draftnas.drafter.surgery import apply_plan
+    from draftnas.models.speculative import greedy_generate, speculative_generate
 
     drafter = apply_plan(tiny_gemma, plan_pruning(tiny_gemma, PlanOptions(layers=(0, 1, 2, 3, 4, 5))))
     prompt = [5, 9, 2, 77, 31, 8, 64, 12, 3, 99]  # past the sliding window while decoding
@@ -434,11 +444,12 @@ def test_gemma3_reduced_head_drafter_is_lossless(tiny_gemma):
 
 
 def test_vocab_size_is_a_search_dimension():
-    from draftnas.candidate import CandidateChoice, build_candidate
-    from draftnas.errors import SearchSpaceError
-    from draftnas.registry import get_architecture
-    from draftnas.search import distributions
-    from draftnas.space import load_search_space, parse_search_space
+    from draftnas.core.errors import SearchSpaceError
+    from draftnas.core.registry import get_architecture
+    from draftnas.search.candidate import build_candidate
+    from draftnas.search.loop import distributions
+    from draftnas.search.records import CandidateChoice
+    from draftnas.search.space_file import load_search_space, parse_search_space
 
     space = load_search_space("gemma-3-270m")
     assert space.vocab_sizes[0] == 0 and 4096 in space.vocab_sizes
@@ -458,10 +469,12 @@ def test_vocab_size_is_a_search_dimension():
 
 
 def test_latency_reading_charges_the_reduced_head():
-    from draftnas.latency import LatencyModel, default_profile
-    from draftnas.registry import get_architecture
-    from draftnas.scoring import TargetLatency, read_latency
-    from draftnas.space import load_search_space
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.files import default_profile
+    from draftnas.latency.model import LatencyModel
+    from draftnas.search.records import TargetLatency
+    from draftnas.search.scoring import read_latency
+    from draftnas.search.space_file import load_search_space
 
     space = load_search_space("gemma-3-270m")
     model = LatencyModel.from_profile(default_profile("cpu"))
@@ -473,9 +486,11 @@ def test_latency_reading_charges_the_reduced_head():
 
 
 def test_bench_runs_a_reduced_head_folder_in_its_own_loop(tmp_path, tiny_llama_config):
-    from draftnas.bench import BenchOptions, run_bench
-    from draftnas.prompts import Prompt
-    from draftnas.sources import LoadedModel, ModelSource
+    from draftnas.bench.records import BenchOptions
+    from draftnas.bench.run import run_bench
+    from draftnas.core.prompts import Prompt
+    from draftnas.models.records import ModelSource
+    from draftnas.models.sources import LoadedModel
     from tests.helpers import truncated
     from tests.test_bench import TinyTokenizer
 
@@ -498,10 +513,13 @@ def test_bench_runs_a_reduced_head_folder_in_its_own_loop(tmp_path, tiny_llama_c
 
 
 def test_gemma3_reduced_head_heals_from_traces(tiny_gemma):
-    from draftnas.distill import HealOptions, heal
-    from draftnas.prune import PlanOptions, apply_plan, plan_pruning
-    from draftnas.speculative import greedy_generate
-    from draftnas.traces import TraceMetadata, TraceRecord, TraceRecordInfo, Traces
+    from draftnas.acceptance.records import TraceMetadata, TraceRecordInfo
+    from draftnas.acceptance.traces import TraceRecord, Traces
+    from draftnas.drafter.heal import heal
+    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.records import HealOptions, PlanOptions
+    from draftnas.drafter.surgery import apply_plan
+    from draftnas.models.speculative import greedy_generate
 
     records = []
     for i in range(4):

@@ -10,7 +10,7 @@ import importlib
 import sys
 
 from draftnas.cli.app import app, err_console
-from draftnas.errors import DraftnasError
+from draftnas.core.errors import DraftnasError
 
 # Registration order is the order of `draftnas --help`: the pipeline's order.
 _COMMAND_MODULES = ("cmd_basic", "cmd_profile", "cmd_trace", "cmd_search", "cmd_report",

@@ -82,7 +82,7 @@ def progress_bars(quiet: bool) -> Iterator[Callable[[str], Callable[[int, int], 
 
 def parse_ints(flag: str, text: str, example: str = "") -> list[int]:
     """'0,30,150' -> [0, 30, 150]; one line naming the flag when an item is not a whole number."""
-    from draftnas.errors import InvalidInputError
+    from draftnas.core.errors import InvalidInputError
 
     try:
         return [int(t) for t in text.split(",") if t.strip()]

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from draftnas.cli.app import app, console, parse_ints, print_json, progress_bars
-from draftnas.errors import InvalidInputError
+from draftnas.core.errors import InvalidInputError
 
 alpha_app = typer.Typer(
     help="Acceptance as a function of the drafter: measure pairs on an embedded family, fit a model "
@@ -35,8 +35,8 @@ def measure(
     """Cut a designed set of drafters from BASE, heal each (none, and the space's budget) and measure
     its acceptance per domain on held-out traces of BASE (seconds per unhealed drafter on a 2-core CPU,
     minutes per healed one)."""
-    from draftnas.pairs import measure_pairs
-    from draftnas.space import load_search_space
+    from draftnas.search.pairs import measure_pairs
+    from draftnas.search.space_file import load_search_space
 
     budgets = None if heal_steps is None else parse_ints("--heal-steps", heal_steps, "0,30,150")
     with progress_bars(json_out) as on:
@@ -67,7 +67,7 @@ def fit(
 ) -> None:
     """Fit logit(alpha) on drafter features (ridge), with its leave-one-out error and, given several
     families, its error on a family left out entirely."""
-    from draftnas.alpha import FEATURES, fit_alpha_model, read_pairs, save_alpha_model
+    from draftnas.search.alpha import FEATURES, fit_alpha_model, read_pairs, save_alpha_model
 
     rows = [p for path in pairs for p in read_pairs(path)]
     if out.exists() and not out.is_file():

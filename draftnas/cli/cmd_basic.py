@@ -14,8 +14,8 @@ def targets(
     family: str | None = typer.Option(None, help="Only this family (llama, qwen2, gemma3, opt)."),
 ) -> None:
     """List the registered architectures (usable as --target / --base for latency work)."""
-    from draftnas.registry import load_registry
-    from draftnas.sources import EMBEDDED
+    from draftnas.core.registry import load_registry
+    from draftnas.models.records import EMBEDDED
 
     archs = [a for a in load_registry().values() if family is None or a.family == family]
     if json_out:
@@ -51,7 +51,7 @@ def predict(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Predict speculative-decoding throughput from acceptance rate and latencies."""
-    from draftnas.throughput import best_gamma, predict_throughput
+    from draftnas.core.throughput import best_gamma, predict_throughput
 
     if gamma is None:
         est = best_gamma(acceptance_rate=acceptance, draft_ms=draft_ms, target_ms=target_ms,
@@ -83,7 +83,7 @@ def inspect(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show a target's shape and where its weights come from (converts a GGUF once)."""
-    from draftnas.sources import inspect_model
+    from draftnas.models.sources import inspect_model
 
     info = inspect_model(spec)
     if json_out:

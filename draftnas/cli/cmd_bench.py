@@ -48,7 +48,7 @@ def bench(
         False, "--no-hf-routed",
         help="Skip the second transformers pair (CPU only): the target alone and assisted generation with "
              "both models' linear layers routed through the product that timed fastest here "
-             "(draftnas.linears.route_linears)."),
+             "(draftnas.models.linears.route_linears)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     dtype: str = typer.Option("fp32", "--dtype",
                               help="fp32, bf16 or fp16 (in fp32 outputs must match exactly)."),
@@ -62,8 +62,9 @@ def bench(
                                          help="Also write the result as JSON to this file."),
 ) -> None:
     """Decode with the target alone, draftnas's speculative loop and HF assisted generation; compare."""
-    from draftnas.bench import BenchOptions, run_bench
-    from draftnas.prompts import load_prompts
+    from draftnas.bench.records import BenchOptions
+    from draftnas.bench.run import run_bench
+    from draftnas.core.prompts import load_prompts
 
     prompt_list = load_prompts(prompts)
     options = BenchOptions(gamma=gamma, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,

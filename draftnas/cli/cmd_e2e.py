@@ -12,11 +12,11 @@ from rich.table import Table
 from draftnas.cli.app import app, console, err_console, print_json
 
 if TYPE_CHECKING:  # pragma: no cover
-    from draftnas.e2e import E2EResult
+    from draftnas.e2e.records import E2EResult
 
 
 def results_table(result: E2EResult) -> Table:
-    from draftnas.report import E2E_COLUMNS, e2e_table
+    from draftnas.e2e.render import E2E_COLUMNS, e2e_table
 
     m = result.machine
     table = Table(title=f"draftnas e2e on {result.options.target}: measured vs predicted (greedy, batch 1, "
@@ -51,7 +51,8 @@ def e2e(
                                          help="Also write the result as JSON to this file."),
 ) -> None:
     """Run the whole pipeline, then bench the winner against first-k, deep-narrow, even and the target."""
-    from draftnas.e2e import E2EOptions, budget_preset, run_e2e
+    from draftnas.e2e.records import E2EOptions, budget_preset
+    from draftnas.e2e.run import run_e2e
 
     overrides: dict[str, Any] = {} if repeats is None else {"repeats": repeats}
     options = E2EOptions(target=target, out_dir=out, budget=budget_preset(budget, **overrides), seed=seed,

@@ -11,7 +11,7 @@ from draftnas.cli.app import app, console, fmt_params, print_json, progress_bars
 from draftnas.cli.cmd_heal import render_heal
 
 if TYPE_CHECKING:  # pragma: no cover
-    from draftnas.export import ExportResult
+    from draftnas.export.records import ExportResult
 
 
 @app.command()
@@ -45,7 +45,8 @@ def export(
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Export a drafter (from a study trial or a plan) as a Hugging Face folder."""
-    from draftnas.export import ExportRequest, export_from_request
+    from draftnas.export.records import ExportRequest
+    from draftnas.export.request import export_from_request
 
     request = ExportRequest(out_dir=str(out), study=study, storage=storage, trial=trial,
                             plan_file=str(plan) if plan else None, base=base, target=target,
@@ -62,7 +63,7 @@ def export(
 
 def render_export(result: ExportResult) -> None:
     """What an export did: healing, where the folder is, its gamma, and its prediction as exported."""
-    from draftnas.export import rescored_lines
+    from draftnas.export.card import rescored_lines
 
     if result.heal is not None:
         render_heal(result.heal)

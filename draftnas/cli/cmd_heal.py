@@ -11,7 +11,7 @@ from rich.table import Table
 from draftnas.cli.app import app, console, fmt_params, print_json, progress_bars
 
 if TYPE_CHECKING:
-    from draftnas.distill import HealResult
+    from draftnas.drafter.records import HealResult
 
 
 @app.command()
@@ -47,8 +47,9 @@ def heal(
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Heal a pruned drafter by distillation toward its target (top-1 agreement before/after)."""
-    from draftnas.distill import HealOptions
-    from draftnas.export import HealRequest, heal_from_request
+    from draftnas.drafter.records import HealOptions
+    from draftnas.export.heal import heal_from_request
+    from draftnas.export.records import HealRequest
 
     options = HealOptions(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
                           prompts=prompts, prompts_per_domain=per_domain, max_new_tokens=max_new_tokens,

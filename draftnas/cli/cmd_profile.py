@@ -23,7 +23,7 @@ from rich.table import Table
 from draftnas.cli.app import app, console, err_console, fmt_params, parse_ints, print_json
 
 if TYPE_CHECKING:
-    from draftnas.latency import LatencyProfile
+    from draftnas.latency.records import LatencyProfile
 
 
 @app.command()
@@ -66,8 +66,9 @@ def profile(
     context: int = typer.Option(128, "--context", help="With --target: context tokens before each step."),
 ) -> None:
     """Time decoder shapes (draft and verify steps) on this device and fit its latency model."""
-    from draftnas.latency import load_profile, save_profile
-    from draftnas.profile import ProfileOptions, measure_profile
+    from draftnas.latency.files import load_profile, save_profile
+    from draftnas.latency.measure import measure_profile
+    from draftnas.latency.records import ProfileOptions
 
     if target is not None:
         path, prof = _profile_target(target, from_file, out, device, dtype, mode, repeats, threads, layers,
@@ -103,10 +104,11 @@ def profile(
 def _profile_target(target: str, from_file: Path | None, out: Path | None, device: str, dtype: str | None,
                     mode: str, repeats: int | None, threads: int | None, layers: str, tp: int,
                     batch_sizes: str, max_gamma: int, context: int) -> tuple[Path, LatencyProfile]:
-    from draftnas.errors import InvalidInputError
-    from draftnas.latency import default_profile, load_profile, save_profile
-    from draftnas.profile import ProfileOptions, measure_target
-    from draftnas.search import resolve_architecture
+    from draftnas.core.errors import InvalidInputError
+    from draftnas.latency.files import default_profile, load_profile, save_profile
+    from draftnas.latency.measure import measure_target
+    from draftnas.latency.records import ProfileOptions
+    from draftnas.search.resolve import resolve_architecture
 
     arch = resolve_architecture(target)
     base = load_profile(from_file) if from_file is not None else default_profile(device)
@@ -164,7 +166,7 @@ def _progress_bar() -> Iterator[tuple[Progress, TaskID]]:
 
 
 def _render_summary(prof: LatencyProfile, path: Path) -> None:
-    from draftnas.latency import heldout_errors
+    from draftnas.latency.model import heldout_errors
 
     table = Table(show_header=False, title=f"Latency profile -> {path}")
 
@@ -195,7 +197,7 @@ def _render_summary(prof: LatencyProfile, path: Path) -> None:
 
 
 def _report(prof: LatencyProfile, png: Path, quiet: bool) -> Path:
-    from draftnas.profile import depth_width_report, save_report_png
+    from draftnas.report.profile import depth_width_report, save_report_png
 
     rep = depth_width_report(prof)
     save_report_png(rep, png)

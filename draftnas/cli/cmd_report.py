@@ -18,7 +18,7 @@ def report(
     json_out: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
     """Write a study's ranking, Pareto front, speedup-vs-γ and latency-vs-depth plots."""
-    from draftnas.report import write_report
+    from draftnas.report.study import write_report
 
     files = write_report(study, storage, out, run_dir=run_dir, top=top)
     if json_out:

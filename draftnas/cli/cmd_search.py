@@ -13,11 +13,10 @@ from rich.table import Table
 
 from draftnas.cli.app import app, console, err_console, fmt_params, print_json, progress_bars
 from draftnas.cli.cmd_export import render_export
-from draftnas.errors import InvalidInputError
+from draftnas.core.errors import InvalidInputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from draftnas.scoring import RankedTrial
-    from draftnas.search import SearchResult
+    from draftnas.search.records import RankedTrial, SearchResult
 
 
 def ranked_table(result: SearchResult, top: int = 15) -> Table:
@@ -127,7 +126,7 @@ def summary_lines(result: SearchResult) -> list[str]:
 
 def _no_winner(result: SearchResult) -> str:
     """Why nothing beats plain decoding here: the acceptance-1 ceiling, from the step latencies."""
-    from draftnas.search import acceptance_ceiling
+    from draftnas.search.results import acceptance_ceiling
 
     ceiling = acceptance_ceiling(result)
     assert ceiling is not None
@@ -179,8 +178,8 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
         + (f" --prompts {w.prompt_set} --per-domain 8" if w.prompt_set != "all" else ""),
         f"  in transformers: target.generate(..., assistant_model={load})",
         "  on CPU, route both models' small products first (a multi-token verify can cost far more than a "
-        "decode with the default kernel): from draftnas.linears import route_linears; route_linears(target); "
-        "route_linears(drafter)",
+        "decode with the default kernel): from draftnas.models.linears import route_linears; "
+        "route_linears(target); route_linears(drafter)",
     ]
 
 
@@ -188,7 +187,9 @@ def export_best(result: SearchResult, root: Path, json_out: bool) -> tuple[str, 
     """`--export`: the best trial exported as `draftnas export` would (its default healing) into
     root/<name> and priced again at its acceptance as exported -> (folder, gamma, the export's
     record). A folder that already holds that trial is kept (its `draftnas.json` is the record)."""
-    from draftnas.export import ExportRequest, export_from_request, exported_record, study_source
+    from draftnas.export.folder import exported_record
+    from draftnas.export.records import ExportRequest
+    from draftnas.export.request import export_from_request, study_source
 
     b = result.best
     if b is None or not exportable(result):
@@ -282,8 +283,9 @@ def search(
                                          help="Also write the result as JSON to this file."),
 ) -> None:
     """Search drafter depth/width for a target; rank by predicted speculative tokens/s."""
-    from draftnas.search import SearchRequest, StudySettings
-    from draftnas.search import search as run
+    from draftnas.search.records import StudySettings
+    from draftnas.search.resolve import SearchRequest
+    from draftnas.search.resolve import search as run
 
     prior, model = parse_acceptance_prior(acceptance_prior)
     settings = StudySettings(n_trials=trials, timeout_s=timeout, storage=storage, study_name=study,
@@ -349,7 +351,7 @@ def _render(result: SearchResult, top: int) -> None:
     for line in summary_lines(result):
         console.print(line, highlight=False, soft_wrap=True)
     if any(r.economics is not None for r in result.ranked):
-        from draftnas.report import save_batch_plot
+        from draftnas.report.study import save_batch_plot
 
         path = save_batch_plot(result, Path(result.run_dir) / "speedup-vs-batch.png")
         console.print(f"plot: predicted speedup against batch size, top drafters and references: {path}")

@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from draftnas.cli.app import app, console, err_console, print_json
-from draftnas.errors import InvalidInputError
+from draftnas.core.errors import InvalidInputError
 
 
 def parse_temperatures(text: str) -> tuple[float, ...]:
@@ -39,8 +39,10 @@ def trace(
     json_out: bool = typer.Option(False, "--json", help="Print the trace metadata as JSON."),
 ) -> None:
     """Run the target over a prompt set and store its continuations + top-k probabilities (resumable)."""
-    from draftnas.prompts import load_prompts
-    from draftnas.traces import TraceOptions, build_traces, load_traces
+    from draftnas.acceptance.records import TraceOptions
+    from draftnas.acceptance.traces import load_traces
+    from draftnas.acceptance.tracing import build_traces
+    from draftnas.core.prompts import load_prompts
 
     prompt_list = load_prompts(prompts, per_domain=per_domain)
     options = TraceOptions(max_new_tokens=max_new_tokens, temperatures=parse_temperatures(temperature),

@@ -1,0 +1,142 @@
+"""What the acceptance stage hands on: trace metadata, acceptance estimates, and the one
+held-out split rule every stage uses. No torch.
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.records import Record
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TraceOptions(Record):
+    """How traces are generated.
+
+    batch_size: prompts decoded together (left padded); 1 decodes each prompt alone.
+    shard_size: records per checkpoint shard (what an interruption can lose at most).
+    """
+
+    max_new_tokens: int = 128
+    temperatures: tuple[float, ...] = (0.0,)
+    top_k: int = 20
+    seed: int = 0
+    batch_size: int = 8
+    shard_size: int = 8
+
+    def validate(self) -> None:
+        problems = []
+        if not 1 <= self.max_new_tokens <= 8192:
+            problems.append(f"max_new_tokens must be in [1, 8192], got {self.max_new_tokens}")
+        if not self.temperatures:
+            problems.append("temperatures must name at least one value (0 = greedy)")
+        bad = [t for t in self.temperatures if not 0.0 <= t <= 10.0]
+        if bad:
+            problems.append(f"temperatures must be in [0, 10], got {bad}")
+        if len(set(self.temperatures)) != len(self.temperatures):
+            problems.append(f"temperatures repeat a value: {list(self.temperatures)}")
+        if not 1 <= self.top_k <= 1024:
+            problems.append(f"top_k must be in [1, 1024], got {self.top_k}")
+        if not 1 <= self.batch_size <= 256:
+            problems.append(f"batch_size must be in [1, 256], got {self.batch_size}")
+        if not 1 <= self.shard_size <= 100_000:
+            problems.append(f"shard_size must be in [1, 100000], got {self.shard_size}")
+        if problems:
+            raise InvalidInputError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class TraceMetadata(Record):
+    """Identity of a trace file: which target, tokenizer, prompts and options produced it."""
+
+    schema_version: int
+    target: str
+    target_kind: str
+    model_type: str
+    num_hidden_layers: int
+    vocab_size: int
+    tokenizer_fingerprint: str
+    chat_template: bool
+    prompt_set: str
+    prompt_set_hash: str
+    n_prompts: int
+    temperatures: tuple[float, ...]
+    seed: int
+    top_k: int
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...]
+    n_records: int = 0
+    n_tokens: int = 0
+    wall_s: float = 0.0
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TraceRecordInfo(Record):
+    """Per record (one prompt at one temperature) bookkeeping."""
+
+    prompt_id: str
+    domain: str
+    language: str
+    temperature: float
+    prompt_len: int
+    continuation_len: int
+    ended_with_eos: bool
+#: every n-th trace record is held out for acceptance estimates (search, e2e, export's readings)
+HELD_OUT_EVERY = 3
+
+
+def held_out(index: int, every: int = HELD_OUT_EVERY) -> bool:
+    """Whether item `index` of a sequence of records or prompts is held out: every `every`-th,
+    counting from the first. The one split rule: the search's acceptance estimate, e2e's
+    baselines and healing's own held-out readings (with their `heldout_every`) all use it."""
+    return index % every == 0
+
+
+@dataclass(frozen=True)
+class DomainAcceptance(Record):
+    """Acceptance figures for one domain (or for all records)."""
+
+    n_prompts: int
+    n_positions: int
+    top1_agreement: float
+    acceptance_rate: float
+    tokens_per_step: dict[str, float]
+    ci_low: dict[str, float]
+    ci_high: dict[str, float]
+
+
+@dataclass(frozen=True)
+class AcceptanceEstimate(Record):
+    """Expected tokens per speculative step for gamma = 1..max_gamma (keys are str(gamma)).
+
+    acceptance_rate: mean per-position acceptance probability (greedy: top-1 agreement
+    with the target's token; sampling: the lower bound sum over top-k of min(p, q)).
+    acceptance_rate_upper / tokens_per_step_upper: the same with the truncation bound
+    added (equal to the point values under greedy). ci_low / ci_high: bootstrap
+    percentile interval over prompts at `confidence`.
+    """
+
+    temperature: float
+    max_gamma: int
+    n_prompts: int
+    n_positions: int
+    top1_agreement: float
+    acceptance_rate: float
+    acceptance_rate_upper: float
+    tokens_per_step: dict[str, float]
+    tokens_per_step_upper: dict[str, float]
+    ci_low: dict[str, float]
+    ci_high: dict[str, float]
+    per_domain: dict[str, DomainAcceptance] = field(default_factory=dict)
+    confidence: float = 0.95
+    n_bootstrap: int = 1000
+    vocab_subset_size: int | None = None
+    elapsed_s: float = 0.0
+
+    def expected_tokens(self, gamma: int) -> float:
+        return self.tokens_per_step[str(gamma)]

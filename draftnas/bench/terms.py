@@ -1,0 +1,87 @@
+"""Each latency the analytical model uses, timed alone on live models, and the aggregation of
+repeated bench runs that e2e compares with the prediction.
+"""
+
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from draftnas.bench.records import BenchResult, Measured, MeasuredTerms
+from draftnas.core.machine import median_ms
+from draftnas.models.engines import crop_cache
+
+
+def cached_forward_ms(model: Any, prompt: list[int], new_tokens: int, repeats: int) -> float:
+    """One cached forward over `new_tokens` tokens after `prompt` (cache cropped back each call)."""
+
+
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        feed = torch.tensor([prompt[-new_tokens:] if len(prompt) >= new_tokens else [0] * new_tokens])
+
+        def step() -> None:
+            model(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=new_tokens)
+            crop_cache(cache, len(prompt))
+
+        return median_ms(step, repeats)
+
+
+def _prefill_ms(model: Any, prompt: list[int], repeats: int) -> float:
+
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        return median_ms(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1), max(3, repeats // 3))
+
+
+def measure_terms(target: Any, drafter: Any, prompt_ids: Sequence[int], context_tokens: int,
+                  gammas: Sequence[int], repeats: int, prompt_tokens: int) -> MeasuredTerms:
+    """Each latency the analytical model uses, timed alone at `context_tokens` of KV cache."""
+    ids = list(prompt_ids)
+    context = (ids * (context_tokens // max(len(ids), 1) + 1))[:context_tokens]
+    prompt = (ids * (prompt_tokens // max(len(ids), 1) + 1))[:prompt_tokens]
+    return MeasuredTerms(
+        context_tokens=context_tokens, draft_ms=cached_forward_ms(drafter, context, 1, repeats),
+        target_ms=cached_forward_ms(target, context, 1, repeats),
+        verify_ms={str(g): cached_forward_ms(target, context, g + 1, repeats) for g in sorted(set(gammas))},
+        prefill_target_ms=_prefill_ms(target, prompt, repeats),
+        prefill_draft_ms=_prefill_ms(drafter, prompt, repeats),
+        prompt_tokens=prompt_tokens, repeats=repeats)
+
+
+def summarize_bench(runs: Sequence[BenchResult], terms: MeasuredTerms) -> Measured:
+    """Medians over repeats; per-step and per-token times with the measured prefill taken out."""
+    rows = [p for r in runs for p in r.prompts]
+    steps = max(sum(p.steps for p in rows), 1)
+    prefill_spec = (terms.prefill_target_ms + terms.prefill_draft_ms) * len(rows)
+    step_ms = (sum(p.draftnas_s for p in rows) * 1000.0 - prefill_spec) / steps
+    target_token_ms = ((sum(p.target_s for p in rows) * 1000.0 - terms.prefill_target_ms * len(rows))
+                       / max(sum(p.new_tokens for p in rows), 1))
+    speedups = [r.draftnas_speedup for r in runs]
+    estimate = next((r.predicted_tokens_per_step for r in runs if r.predicted_tokens_per_step is not None),
+                    None)
+    return Measured(
+        gamma=runs[0].gamma, target_tokens_per_s=statistics.median(r.target_tokens_per_s for r in runs),
+        tokens_per_s=statistics.median(r.draftnas_tokens_per_s for r in runs),
+        speedup=statistics.median(speedups), speedup_spread=(min(speedups), max(speedups)),
+        tokens_per_step=statistics.median(r.tokens_per_step for r in runs),
+        mean_accepted_per_step=statistics.median(r.mean_accepted_per_step for r in runs),
+        bench_estimate_tokens_per_step=estimate,
+        lossless=None if runs[0].lossless is None else all(bool(r.lossless) for r in runs),
+        repeats=len(runs), step_ms=step_ms, target_token_ms=target_token_ms,
+        drafted_per_step=sum(p.drafted for p in rows) / steps)
+
+
+def per_domain_measured(runs: Sequence[BenchResult]) -> dict[str, dict[str, float]]:
+    by: dict[str, list[Any]] = {}
+    for p in (p for r in runs for p in r.prompts):
+        by.setdefault(p.domain, []).append(p)
+    return {d: {"tokens_per_step": sum(p.draftnas_tokens for p in ps) / max(sum(p.steps for p in ps), 1),
+                "acceptance_rate": sum(p.accepted for p in ps) / max(sum(p.drafted for p in ps), 1),
+                "prompts": float(len({p.prompt_id for p in ps}))} for d, ps in sorted(by.items())}

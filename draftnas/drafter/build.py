@@ -1,0 +1,126 @@
+"""Building a drafter: the one way a plan becomes a model.
+
+`plan_drafter` measures importance on the base's weights (`prune.plan_pruning`) and, for a
+reduced draft head, chooses its rows from the target's traces; the kept ids go into the
+plan, so the plan alone (with the base) replays the drafter. `build_drafter` applies a plan
+(`prune.apply_plan`: layers, widths, head), heals it toward a teacher
+(`distill.heal`), and estimates its acceptance on held-out traces
+(`acceptance.estimate_acceptance`). The search's evaluator, `draftnas export`, `draftnas
+heal` and e2e all build drafters here; `heal_options` is the one place a budget becomes
+`HealOptions`.
+"""
+
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from draftnas.acceptance.estimate import estimate_acceptance
+from draftnas.acceptance.traces import Traces as TracesClass
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.records import Progress
+from draftnas.drafter.heal import heal as run_heal
+from draftnas.drafter.heal_data import HealData
+from draftnas.drafter.plan import plan_pruning
+from draftnas.drafter.records import (
+    BuiltDrafter,
+    HealOptions,
+    HealReading,
+    HealResult,
+    PlanOptions,
+    PruningPlan,
+    prompt_key,
+)
+from draftnas.drafter.surgery import apply_plan
+from draftnas.drafter.vocab import subset_from_traces
+
+if TYPE_CHECKING:
+    from draftnas.acceptance.traces import Traces
+    from draftnas.models.sources import LoadedModel
+
+
+log = logging.getLogger(__name__)
+
+
+def heal_options(*, steps: int, batch_size: int, lr: float, seq_len: int, seed: int, n_records: int,
+                 max_seconds: float | None = None, gamma: int = 4) -> HealOptions | None:
+    """A search or e2e healing budget as `HealOptions` (None for 0 steps: no healing).
+
+    Trace teachers are small (a few dozen records): healing's own held-out readings take every
+    `min(4, n_records)`-th record (at least every 2nd) so some records are left to train on."""
+    if steps <= 0:
+        return None
+    return HealOptions(steps=steps, batch_size=batch_size, lr=lr, eval_every=0, max_seq_len=seq_len,
+                       max_seconds=max_seconds, seed=seed, heldout_every=max(2, min(4, n_records)),
+                       gamma=gamma)
+
+
+def plan_drafter(base: LoadedModel, options: PlanOptions, *, head_rows: int = 0,
+                 vocab_traces: Traces | None = None, source: str = "") -> PruningPlan:
+    """The plan for `options` measured on `base`, with a reduced head of `head_rows` rows (the
+    target's most frequent tokens in `vocab_traces`, plus special tokens) when `head_rows` > 0."""
+
+    plan = plan_pruning(base.model, options, tokenizer=base.tokenizer)
+    return choose_head(plan, head_rows, vocab_traces, base.tokenizer, source=source)
+
+
+def choose_head(plan: PruningPlan, head_rows: int, traces: Traces | None, tokenizer: Any = None, *,
+                source: str = "") -> PruningPlan:
+    """`plan` with a reduced draft head of `head_rows` rows: the target's most frequent tokens in
+    `traces` plus special tokens (`vocab.subset_from_traces`); the base's head for 0 rows."""
+    if not head_rows:
+        return replace(plan, vocab=None)
+    if traces is None:
+        raise InvalidInputError(f"a {head_rows}-row draft head is chosen from the target's traces; "
+                                "none were given")
+
+    return replace(plan, vocab=subset_from_traces(traces, head_rows, tokenizer, source=source))
+
+
+def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | None = None,
+                  teacher: Any = None, data: HealData | None = None, held: Traces | None = None,
+                  max_gamma: int = 8, temperature: float = 0.0, checkpoint_dir: str | Path | None = None,
+                  progress: Progress | None = None, data_progress: Progress | None = None,
+                  on_reading: Callable[[HealReading], None] | None = None) -> BuiltDrafter:
+    """apply the plan to `base` -> heal toward `teacher` (traces or a live model; skipped when
+    `heal` is None) -> estimate acceptance on `held` traces (skipped when None).
+
+    `data`: heal data already built from the same teacher (the search reuses it across trials).
+    Deterministic for a given plan, base, teacher and options: the plan carries every index,
+    the reduced head's ids included.
+    """
+
+    drafter = apply_plan(base.model, plan)
+    result = None
+    if heal is not None:
+        if teacher is None:
+            raise InvalidInputError("healing needs a teacher: the target's traces or the target model")
+
+        result = run_heal(drafter, teacher, heal, tokenizer=base.tokenizer, data=data,
+                          checkpoint_dir=checkpoint_dir, progress=progress, data_progress=data_progress,
+                          on_reading=on_reading)
+    drafter.eval()
+    estimate = None
+    if held is not None and result is not None:
+        held = unseen_records(held, result)
+    if held is not None and held.records:
+
+        estimate = estimate_acceptance(drafter, held, max_gamma=max_gamma, temperature=temperature)
+    parameters = sum(p.numel() for p in {id(p): p for p in drafter.parameters()}.values())
+    return BuiltDrafter(plan=plan, heal=result, estimate=estimate, parameters=parameters, model=drafter)
+
+
+def unseen_records(traces: Traces, heal: HealResult) -> Traces:
+    """`traces` without the records whose prompt `heal` trained on: a drafter is never scored on the
+    text it was distilled on, whichever teacher's data that text came from."""
+
+    trained = set(heal.trained_prompts)
+    kept = [r for r in traces.records if prompt_key(r.prompt_ids.tolist()) not in trained]
+    if len(kept) < len(traces.records):
+        log.info("acceptance estimate: %d of %d trace records left out (healing trained on their prompts)",
+                 len(traces.records) - len(kept), len(traces.records))
+    return TracesClass(metadata=traces.metadata, records=kept)

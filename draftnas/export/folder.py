@@ -1,0 +1,247 @@
+"""The exported folder's format, written and read in one place.
+
+The folder holds `config.json` (written by transformers from the model, whose config
+`apply_plan` set from the tensor shapes), `model.safetensors`, the tokenizer files,
+`generation_config.json` (assisted-generation settings for the drafter), a model card
+`README.md` and `draftnas.json` (candidate, plan, profile, estimates, seed, versions). A reduced
+draft head is saved as `models.hf_head`'s class (its copy shipped as
+`modeling_draftnas_head.py`) with `draft_vocab.json`, and a plain full-head variant beside it.
+
+It is written into a temporary folder next to the destination and renamed into place at the
+end, so a crash never leaves a half-written drafter; a non-empty destination is refused unless
+`force`. `load_drafter` reads any drafter folder back, the reduced head included.
+"""
+
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftnas.core.errors import ExportError, ModelSourceError
+from draftnas.core.provenance import package_versions
+from draftnas.core.registry import Architecture
+from draftnas.drafter.records import VOCAB_FILE, load_vocab_subset
+from draftnas.drafter.vocab import apply_vocab_subset, expand_head, kept_ids, model_subset
+from draftnas.export.card import model_card
+from draftnas.export.records import FULL_HEAD_DIR, HEAD_MODULE_FILE, SCHEMA_VERSION, ExportInfo, drafter_name
+from draftnas.models import hf_head
+from draftnas.models.records import HEAD_MODULE
+from draftnas.models.sources import LoadedModel, auto_class_name, load_model, names_draftnas_head
+
+log = logging.getLogger(__name__)
+
+
+def check_destination(out_dir: str | Path, force: bool) -> Path:
+    """The destination, refused (ExportError) when it is a file or a non-empty folder without force."""
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is not a folder; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ExportError(f"{out} is not empty; pass --force to replace it, or choose another --out")
+    return out
+
+
+def export_drafter(model: Any, tokenizer: Any, out_dir: str | Path, info: ExportInfo,
+                   force: bool = False) -> Path:
+    """Write `model` + `tokenizer` as a loadable HF folder at `out_dir` (atomically). Returns it."""
+    out = check_destination(out_dir, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        _write_folder(model, tokenizer, tmp, info)
+        _replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.info("exported drafter to %s", out)
+    return out
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Rename `tmp` to `out`; an existing `out` is moved aside first and removed after."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{time.time_ns()}")
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) -> None:
+
+    _set_generation_config(model, info.gamma)
+    subset = model_subset(model)
+    full_parameters = None
+    if subset is not None:  # the reduced head as it is, and a plain full-head variant beside it
+        _save_reduced_head(model, subset, folder)
+        full_parameters = _save_full_head(model, subset, tokenizer, folder / FULL_HEAD_DIR)
+        subset.save(folder)
+    else:
+        model.save_pretrained(folder, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    arch = Architecture.from_hf_config(model.config, name=drafter_name(info))
+    parameters = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "created_unix_s": int(time.time()),
+        "architecture": arch.to_dict(),
+        "parameters": parameters,
+        **info.to_dict(),
+        "versions": package_versions(("draftnas", "torch", "transformers", "optuna", "safetensors")),
+    }
+    if full_parameters is not None:
+        meta["full_head_parameters"] = full_parameters
+    (folder / "draftnas.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    (folder / "README.md").write_text(model_card(info, arch.to_dict(), parameters, subset, full_parameters))
+
+
+def reduced_head_class(model_or_config: Any) -> Any:
+    """The draftnas.models.hf_head class for a LLaMA or Gemma-3 drafter (by its transformers class or
+    config); an ExportError for other families."""
+
+    config = getattr(model_or_config, "config", model_or_config)
+    base = {"llama": "LlamaForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}.get(config.model_type)
+    if base is None:
+        raise ExportError(f"a reduced draft head is exported for LLaMA and Gemma-3 drafters, "
+                          f"not {config.model_type!r}")
+    return getattr(hf_head, hf_head.CLASS_BY_BASE[base])
+
+
+def _save_reduced_head(model: Any, subset: Any, folder: Path) -> None:
+    """`model` (head already reduced) as a draftnas.models.hf_head class: N-row head, the kept ids as the
+    `draft_vocab_ids` buffer, `auto_map` naming the shipped copy of draftnas/hf_head.py."""
+
+
+
+    cls = reduced_head_class(model)
+    config = copy.deepcopy(model.config)
+    config.draft_vocab_size = subset.size
+    config.tie_word_embeddings = False
+    config.auto_map = {"AutoModelForCausalLM": f"{HEAD_MODULE}.{cls.__name__}"}
+    weight = model.get_output_embeddings().weight
+    with torch.device("meta"):
+        reduced = cls(config)
+    state = {**model.state_dict(), "draft_vocab_ids": kept_ids(subset).to(weight.device)}
+    reduced.load_state_dict(state, strict=True, assign=True)
+    reduced.generation_config = model.generation_config
+    reduced.save_pretrained(folder, safe_serialization=True)
+    shutil.copyfile(hf_head.__file__, folder / HEAD_MODULE_FILE)
+
+
+def _save_full_head(model: Any, subset: Any, tokenizer: Any, folder: Path) -> int:
+    """A plain transformers folder with the head expanded to the whole vocabulary (kept rows from
+    the reduced head, the others from the input embedding); returns its parameter count."""
+
+    reduced = model.get_output_embeddings()
+    expand_head(model, subset)
+    try:
+        model.save_pretrained(folder, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+        return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    finally:
+        model.set_output_embeddings(reduced)
+
+
+def _set_generation_config(model: Any, gamma: int) -> None:
+    """Assisted-generation settings read from the drafter's generation_config by transformers:
+    a constant `gamma` draft tokens per step and no confidence cut-off, which is what the
+    search's estimates assume."""
+    gen = getattr(model, "generation_config", None)
+    if gen is None:
+        return
+    gen.num_assistant_tokens = int(gamma)
+    gen.num_assistant_tokens_schedule = "constant"
+    gen.assistant_confidence_threshold = 0.0
+
+
+
+
+def exported_record(folder: str | Path) -> dict[str, Any] | None:
+    """A draftnas folder's `draftnas.json` (None when the folder holds none or it is unreadable)."""
+    path = Path(folder) / "draftnas.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+#: sha256 of copies of draftnas/hf_head.py that earlier draftnas versions wrote into folders ->
+#: what plain transformers gets from that copy. They define the same classes over the same
+#: weights, so draftnas (which builds the class from its own package) still loads such a folder.
+EARLIER_HEAD_COPIES = {
+    "ac674263583e45e68437c335d1cc812905bc9d6de43e74a1d685976ec6aec259":
+        "its forward hides its parameters behind **kwargs, so transformers' generate feeds the drafter "
+        "the whole sequence at every assisted step",
+    "ad994c8a7f6162e47cdca8cacb99f2b7df81940fbeb87b1f4f38571fbc37a3e2":
+        "assisted generation asks the drafter for its candidates through transformers' full generate "
+        "at every step (2.6% fewer assisted tokens/s, Gemma-3-270M on a 2-core AMD EPYC)",
+    "20289f3b9a09622a03ebf190d366a09ec1ee6ab5fdca1df87b1d866de5980769":
+        "from transformers 5.24 on, which passes an assistant its cache as `cache`, it answers only the "
+        "first candidate call of a sequence with its own loop and leaves the rest to transformers' generate",
+}
+
+
+def reduced_head_class_of(folder: Path) -> Any:
+    """The draftnas.models.hf_head class a draftnas reduced-head folder names, or None for other folders.
+
+    draftnas never runs code shipped in a folder: the folder's copy must be this package's
+    draftnas/models/hf_head.py byte for byte (or a known earlier copy, with a warning), and the class
+    is built from the package.
+    """
+    auto = auto_class_name(folder)
+    if not names_draftnas_head(folder):
+        return None
+    shipped = folder / HEAD_MODULE_FILE
+    fallback = "re-export it with this draftnas, or load its full-head/ variant"
+    if not shipped.is_file():
+        raise ModelSourceError(f"{folder} is a draftnas reduced-head drafter but {shipped.name} is missing; "
+                               + fallback)
+    copy = shipped.read_bytes()
+    earlier = EARLIER_HEAD_COPIES.get(hashlib.sha256(copy).hexdigest())
+    if earlier is not None:
+        log.warning("%s is an earlier draftnas copy: draftnas loads the folder with its own class, but in "
+                    "plain transformers %s; re-export the drafter to ship the present copy", shipped, earlier)
+    elif copy != Path(hf_head.__file__).read_bytes():
+        raise ModelSourceError(f"{shipped} is not the file this draftnas ships (altered, or from another "
+                               f"version), and draftnas runs no code from a folder; {fallback}")
+    cls = getattr(hf_head, auto.split(".", 1)[1], None)
+    if cls is None:
+        raise ModelSourceError(f"{folder}/config.json names {auto}, which this draftnas does not define; "
+                               + fallback)
+    return cls
+
+
+def _check_reduced_head(model: Any, folder: Path) -> None:
+    """A reduced-head model's kept ids must be its draft_vocab.json's; records the subset."""
+
+    if not (folder / VOCAB_FILE).is_file():
+        raise ModelSourceError(f"{folder} has a reduced LM head but no {VOCAB_FILE}")
+    subset = load_vocab_subset(folder)
+    ids = model.draft_vocab_ids.tolist()
+    if list(subset.ids) != ids or subset.vocab_size != model.config.vocab_size:
+        raise ModelSourceError(f"{folder}/{VOCAB_FILE} ({subset.size} ids of {subset.vocab_size}) does not "
+                               f"match the model's head ({len(ids)} rows of {model.config.vocab_size})")
+    apply_vocab_subset(model, subset)
+
+
+def load_drafter(spec: str, *, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+    """A drafter from any spec (`models.sources.load_model`), a draftnas reduced-head folder included:
+    that one is built with draftnas's own class and its kept ids checked against draft_vocab.json."""
+    path = Path(spec).expanduser()
+    cls = reduced_head_class_of(path) if path.is_dir() else None
+    loaded = load_model(spec, dtype=dtype, device=device, model_class=cls)
+    if cls is not None:
+        _check_reduced_head(loaded.model, path)
+    return loaded

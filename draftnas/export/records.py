@@ -1,0 +1,131 @@
+"""What the export stage is asked and hands on: the folder's provenance (`ExportInfo`), the
+export and heal requests, and their results. No torch.
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftnas.acceptance.records import AcceptanceEstimate
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.records import Record
+from draftnas.drafter.records import HealOptions, HealResult, PruningPlan
+from draftnas.models.records import HEAD_MODULE
+from draftnas.search.records import RankedTrial, WorkloadPrediction
+
+DEFAULT_GAMMA = 4
+MIN_GAMMA, MAX_GAMMA = 1, 32  # the range `draftnas bench` accepts
+#: `draftnas export`'s healing unless --heal-steps says otherwise: 400 steps toward the target's
+#: top-64 kept while its data was made (no target forward per step), on the workload's prompts and 128
+#: more the target writes itself. On the 2-core AMD EPYC host this took SmolLM2-135M's 1-layer drafter
+#: to held-out top-1 0.252 in about 1 min of training, where 80 steps toward the live target on the
+#: workload's prompts alone reached 0.196 in 1.5 min (README, "Healing at export").
+DEFAULT_EXPORT_HEAL_STEPS = 400
+EXPORT_WRITTEN_PROMPTS = 128
+EXPORT_TEACHER_TOPK = 64
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ExportInfo(Record):
+    """What the exported folder records about where the drafter came from.
+
+    base: the spec pruned; target: the model it drafts for; gamma: draft tokens per
+    step the card and generation_config recommend. trial: the search's records for this
+    drafter (candidate, latency, acceptance, throughput), as stored in its Optuna trial, and
+    profile the latency profile they were priced with; measured: figures measured at export
+    (e.g. top-1 after healing). acceptance / prediction: when the plan came from a study that
+    measured acceptance, this folder's drafter (healed as exported) estimated on the trace records
+    the search scored acceptance on (kept out of the export's healing data; any record whose
+    prompt it trained on anyway is left out), and the trial's latency priced at that acceptance
+    (best gamma included): the search's own figure, for the drafter as exported.
+    """
+
+    base: str
+    target: str
+    plan: PruningPlan | None = None
+    trial: RankedTrial | None = None
+    profile: str | None = None
+    heal: HealResult | None = None
+    measured: dict[str, Any] | None = None
+    source: str = ""
+    seed: int = 0
+    gamma: int = 4
+    acceptance: AcceptanceEstimate | None = None  # this folder's drafter on the study's scored traces
+    prediction: WorkloadPrediction | None = None  # the trial's latency at that acceptance
+
+
+@dataclass(frozen=True)
+class ExportRequest(Record):
+    """What `draftnas export` was asked: a study trial or a plan file, and where to write."""
+
+    out_dir: str
+    study: str | None = None
+    storage: str | None = None
+    trial: int | None = None
+    plan_file: str | None = None
+    base: str | None = None
+    target: str | None = None
+    traces: str | None = None
+    heal_steps: int | None = 0  # None: the stated default (`default_heal_steps`)
+    heal: HealOptions | None = None
+    gamma: int | None = None
+    force: bool = False
+    push_to_hub: str | None = None
+    seed: int = 0
+
+    def validate(self) -> ExportRequest:
+        """Every out-of-range field at once, as one InvalidInputError (nothing is written)."""
+        problems = []
+        if self.gamma is not None and not MIN_GAMMA <= self.gamma <= MAX_GAMMA:
+            problems.append(f"gamma must be in [{MIN_GAMMA}, {MAX_GAMMA}], got {self.gamma}")
+        if self.heal_steps is not None and self.heal_steps < 0:
+            problems.append(f"heal steps must be >= 0, got {self.heal_steps}")
+        if problems:
+            raise InvalidInputError("; ".join(problems))
+        return self
+
+
+@dataclass(frozen=True)
+class ExportResult(Record):
+    out_dir: str
+    plan: PruningPlan
+    parameters: int
+    heal: HealResult | None = None
+    hub_url: str | None = None
+    source: str = ""
+    name: str = ""  # the drafter's name (search table, card, draftnas.json)
+    gamma: int = DEFAULT_GAMMA
+    acceptance: AcceptanceEstimate | None = None
+    prediction: WorkloadPrediction | None = None
+    searched_tokens_per_step: float | None = None  # the search's reading at `gamma`, for comparison
+
+
+@dataclass(frozen=True)
+class HealRequest(Record):
+    """What `draftnas heal` was asked: a drafter (plan + base, or a folder) and a teacher."""
+
+    plan_file: str | None = None
+    base: str | None = None
+    drafter: str | None = None
+    target: str | None = None
+    traces: str | None = None
+    options: HealOptions = field(default_factory=HealOptions)
+    checkpoint_dir: str | None = None
+    out_dir: str | None = None
+    force: bool = False
+
+
+HEAD_MODULE_FILE = f"{HEAD_MODULE}.py"  # draftnas/hf_head.py, copied into reduced-head folders
+
+
+FULL_HEAD_DIR = "full-head"
+
+
+def drafter_name(info: ExportInfo) -> str:
+    """The drafter's name: its base and `PruningPlan.label` (with the reduced head's rows), the
+    name the search's table gives the same drafter."""
+    label = info.plan.label() if info.plan else "drafter"
+    return f"{info.base}-{label}"

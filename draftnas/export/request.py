@@ -1,0 +1,220 @@
+"""`draftnas export`: a study trial or a plan file -> the drafter built from the base, healed,
+re-priced on the study's scored traces, written as a folder (and pushed).
+"""
+
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from draftnas.acceptance.records import AcceptanceEstimate
+from draftnas.core.errors import ExportError
+from draftnas.core.records import Progress
+from draftnas.drafter.records import HealOptions, PruningPlan, load_plan
+from draftnas.export.card import searched_tokens
+from draftnas.export.folder import check_destination, export_drafter
+from draftnas.export.hub import push_to_hub
+from draftnas.export.records import (
+    DEFAULT_EXPORT_HEAL_STEPS,
+    DEFAULT_GAMMA,
+    EXPORT_TEACHER_TOPK,
+    EXPORT_WRITTEN_PROMPTS,
+    MIN_GAMMA,
+    ExportInfo,
+    ExportRequest,
+    ExportResult,
+    drafter_name,
+)
+from draftnas.search.records import RankedTrial, StudyInfo, WorkloadPrediction
+from draftnas.search.scoring import measured_acceptance, predict_workload
+from draftnas.search.storage import load_trial
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where an export's plan came from: a study trial (with what the study was made for) or a file."""
+
+    plan: PruningPlan
+    label: str
+    trial: RankedTrial | None = None
+    info: StudyInfo | None = None
+
+
+def _resolve_plan(request: ExportRequest) -> _Source:
+    if (request.study is None) == (request.plan_file is None):
+        raise ExportError("pass either --study NAME --storage URL [--trial N] or --plan FILE --base BASE")
+    if request.plan_file is not None:
+        return _Source(plan=load_plan(request.plan_file), label=f"plan {request.plan_file}")
+
+    study = str(request.study)
+    storage = request.storage
+    if not storage:  # `draftnas search`'s default: runs/<study>/study.db
+        default = Path("runs") / study / "study.db"
+        if not default.is_file():
+            raise ExportError(
+                f"--study {request.study} without --storage looks for {default}, which does not "
+                "exist; pass --storage URL (sqlite:///F, postgresql://..., journal:F)")
+        storage = f"sqlite:///{default.resolve()}"
+    info, trial = load_trial(study, storage, request.trial)
+    plan = trial.candidate.plan
+    if plan is None:
+        raise ExportError(f"trial {trial.number} of study {request.study!r} holds no pruning plan "
+                          "(latency-only candidates cannot be exported)")
+    if trial.candidate.head_vocab_size and plan.vocab is None:
+        raise ExportError(f"trial {trial.number} was stored by a draftnas whose plans did not carry the "
+                          "reduced head's token ids; re-run `draftnas search` to export it")
+    return _Source(plan=plan, label=study_source(study, trial.number), trial=trial, info=info)
+
+
+def _gamma(request: ExportRequest, trial: RankedTrial | None, prediction: WorkloadPrediction | None) -> int:
+    """--gamma, else the best gamma at the workload's main batch size for the drafter as exported
+    (`prediction`), else the search's, else 4; never 0 (a folder is for speculating).
+
+    (This once looked for top-level keys the stored prediction does not have, so every
+    exported drafter said gamma 4 whatever the search found.)
+    """
+    if request.gamma is not None:
+        return request.gamma
+    for source in (prediction, trial.throughput if trial is not None else None):
+        if source is not None and source.primary().gamma >= MIN_GAMMA:
+            return source.primary().gamma
+    return DEFAULT_GAMMA
+
+
+def study_source(study: str, trial: int) -> str:
+    """How an export from a study trial names its source (ExportInfo.source, draftnas.json)."""
+    return f"study {study} trial {trial}"
+
+
+
+
+def study_traces(info: StudyInfo | None) -> Any:
+    """The trace records a study scored acceptance on (its held-out split, at the workload's
+    temperature), or None: an assumed-acceptance study, a study stored before draftnas recorded
+    its traces, or a moved file."""
+    if info is None or info.acceptance_assumed or not info.traces:
+        return None
+    if not Path(info.traces).is_file():
+        log.warning("the study's traces %s are gone; the export is not re-scored", info.traces)
+        return None
+    from draftnas.acceptance.traces import load_traces, split_traces
+
+    scored, _ = split_traces(load_traces(info.traces).select(temperature=info.space.workload.temperature))
+    return scored
+
+
+def rescore(trial: RankedTrial, info: StudyInfo, estimate: AcceptanceEstimate) -> WorkloadPrediction:
+    """The trial's latency (as the search priced it) at the exported drafter's measured acceptance."""
+    reading = measured_acceptance(estimate)
+    return predict_workload(trial.latency, reading, info.space.workload, info.space.gamma)
+
+
+def workload_heal_options(info: StudyInfo | None, scored: Any = None) -> HealOptions:
+    """Healing data for an export: the target's continuations of the study's workload prompt set
+    (self-distillation on the text the drafter will serve; up to 40 prompts per domain), or of the
+    default mixed set (10 per domain) for a plan file or a workload of every set; never the
+    prompts of `scored`, the traces its acceptance will be estimated on. Training also gets
+    EXPORT_WRITTEN_PROMPTS prompts the target writes itself, opening like the training prompts, and
+    the teacher is the target's top-EXPORT_TEACHER_TOPK kept while the data is made. The learning
+    rate is the study space's (`heal.learning_rate`), the one its trials were healed with."""
+    exclude = tuple(r.info.prompt_id for r in scored.records) if scored is not None else ()
+    options = HealOptions(exclude_prompts=exclude, written_prompts=EXPORT_WRITTEN_PROMPTS,
+                          teacher_topk=EXPORT_TEACHER_TOPK)
+    if info is None:
+        return options
+    options = replace(options, lr=info.space.heal.learning_rate)
+    if info.space.workload.prompt_set == "all":
+        return options
+    return replace(options, prompts=info.space.workload.prompt_set, prompts_per_domain=40)
+
+
+def default_heal_steps(source_space: Any) -> tuple[int, str]:
+    """Heal steps when --heal-steps is not given, with why: none when the study's space heals none
+    (its authors found short healing lowers that family's acceptance: the shipped Gemma-3 space),
+    else DEFAULT_EXPORT_HEAL_STEPS."""
+    if source_space is not None and source_space.heal.steps == 0:
+        return 0, f"the search space {source_space.name} heals no drafter (heal.steps: 0)"
+    return DEFAULT_EXPORT_HEAL_STEPS, "the stated default"
+
+
+def export_from_request(request: ExportRequest, *, progress: Progress | None = None,
+                        data_progress: Progress | None = None) -> ExportResult:
+    """Resolve the plan, build the drafter from the base (healed unless 0 steps), export, push
+    (optional)."""
+    from draftnas.drafter.build import build_drafter
+    from draftnas.models.sources import load_model
+
+    request.validate()
+    check_destination(request.out_dir, request.force)  # fail before minutes of work
+    source = _resolve_plan(request)
+    plan, trial = source.plan, source.trial
+    base = request.base or plan.base
+    if not base:
+        raise ExportError("the plan names no base model; pass --base")
+    target = request.target or (source.info.target if source.info else None) or base
+    loaded = load_model(base)
+    steps = request.heal_steps
+    if steps is None:
+        steps, why = default_heal_steps(source.info.space if source.info else None)
+        log.info("healing %d steps: %s (--heal-steps N to choose)", steps, why)
+    held = study_traces(source.info) if trial is not None else None
+    options = None
+    if steps > 0:
+        options = replace(request.heal or workload_heal_options(source.info, held), steps=steps,
+                          seed=request.seed)
+    checkpoint = Path(request.out_dir + ".heal-checkpoint")
+    scoring: dict[str, Any] = {}
+    if held is not None and source.info is not None:
+        scoring = {"held": held, "max_gamma": max(source.info.space.gamma.max, 1),
+                   "temperature": source.info.space.workload.temperature}
+    built = build_drafter(plan, loaded, heal=options,
+                          teacher=teacher_for(request.traces, target, base, loaded) if options else None,
+                          checkpoint_dir=checkpoint, progress=progress, data_progress=data_progress,
+                          **scoring)
+    heal_result = built.heal
+    if heal_result is not None and heal_result.top1_after < heal_result.top1_before:
+        # healing made it worse on held-out text: export the pruned weights, and say so in the card
+        log.warning("healing lowered held-out top-1 agreement (%.3f -> %.3f): exporting the unhealed "
+                    "drafter", heal_result.top1_before, heal_result.top1_after)
+        built = build_drafter(plan, loaded, **scoring)
+        heal_result = replace(heal_result, kept=False)
+    prediction = None
+    if built.estimate is not None and trial is not None and source.info is not None:
+        prediction = rescore(trial, source.info, built.estimate)
+    measured = None
+    if heal_result is not None:
+        measured = ({"top1_agreement_after_healing": heal_result.top1_after} if heal_result.kept
+                    else {"top1_agreement": heal_result.top1_before})
+    info = ExportInfo(
+        base=base, target=target, plan=plan, trial=trial,
+        profile=source.info.profile if source.info else None,
+        heal=heal_result, source=source.label, seed=request.seed, gamma=_gamma(request, trial, prediction),
+        measured=measured, acceptance=built.estimate, prediction=prediction,
+    )
+    out = export_drafter(built.model, loaded.tokenizer, request.out_dir, info, force=request.force)
+    if heal_result is not None:
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    hub_url = push_to_hub(out, request.push_to_hub) if request.push_to_hub else None
+    return ExportResult(out_dir=str(out), plan=plan, parameters=built.parameters, heal=heal_result,
+                        hub_url=hub_url, source=source.label, name=drafter_name(info), gamma=info.gamma,
+                        acceptance=built.estimate, prediction=prediction,
+                        searched_tokens_per_step=searched_tokens(trial, info.gamma))
+
+
+def teacher_for(traces: str | None, target: str, base: str, loaded: Any) -> Any:
+    """Traces when given, else the live target (the already `loaded` base when they are the same)."""
+    if traces:
+        from draftnas.acceptance.traces import load_traces
+
+        return load_traces(traces).select(temperature=0.0)
+    if loaded is not None and target in (base, loaded.source.spec):
+        return loaded.model
+    from draftnas.models.sources import load_model
+
+    return load_model(target).model

@@ -1,0 +1,159 @@
+"""Calibrating a host: the target's decode and verify steps, drafter-sized prefixes and the
+work outside the forward, timed on the machine a search runs on (seconds, not a profile's minutes).
+"""
+
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from draftnas.core.errors import DeviceError
+from draftnas.core.machine import cpu_count, cpu_model_name
+from draftnas.core.records import Progress
+from draftnas.core.registry import Architecture
+from draftnas.latency.records import STATIC_MODES, HostCalibration, LatencyProfile, ProfileOptions
+from draftnas.latency.runtime import Runtime, model_bytes
+from draftnas.latency.timing import Group, calls_per_job, model_job, run_round_robin, ticker
+from draftnas.models.engines import StaticEngine
+from draftnas.models.speculative import greedy_decode, speculative_generate
+
+
+def host_mismatch(profile: LatencyProfile) -> str | None:
+    """One line when `profile` was not measured on this CPU (model or thread count), or is a
+    spec sheet; None when it was, or when it is a GPU profile (judged where it is used).
+
+    CPU hosts of one machine kind differ 2x in decode time (an Intel Xeon and an AMD EPYC
+    host, both "2-core"), so a shipped profile is a prior, never this machine's figures.
+    """
+    if profile.kind == "spec-sheet":
+        return f"the latency profile is a spec-sheet roofline for {profile.device_name}, not a measurement"
+    if profile.device != "cpu":
+        return None
+    here, cores = cpu_model_name(), cpu_count()
+    same_model = profile.device_name.startswith(here)
+    same_threads = profile.threads in (None, cores)
+    if same_model and same_threads:
+        return None
+    return (f"the latency profile was measured on {profile.device_name}; this machine is {here} with "
+            f"{cores} cores, so its predictions may be far off here (measure this one: draftnas profile "
+            "--device cpu --out my-cpu.json, then --profile my-cpu.json)")
+
+
+def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Sequence[int],
+                   prefix_layers: Sequence[int] = (1, 2), context_tokens: int = 128,
+                   progress: Progress | None = None, overheads: bool = True,
+                   prompt_tokens: int = 0, head_rows: Sequence[int] = ()) -> HostCalibration:
+    """Time `target` (random weights) on this machine: every count in `new_tokens` at full depth,
+    and one new token through its first k layers for k in `prefix_layers` — seconds, not the
+    minutes of a profile. Timed the way `options.mode` runs steps (eager: transformers' forward,
+    what `--engine hf` runs; static: draftnas's decoder, what `--engine static` runs).
+    With `overheads`, short real decoding runs also measure the work outside the forward
+    (`decoding_overheads`). `prompt_tokens` > 0: the prefill of a prompt that long is timed too.
+    `head_rows`: reduced draft heads; one new token of the full-depth target with each, so the
+    time a smaller head saves is measured (`HostCalibration.head_saving_ms`).
+    """
+    started = time.perf_counter()
+    rt = Runtime(options.validate())
+    full = target.num_hidden_layers
+    prefixes = tuple(k for k in sorted(set(prefix_layers) | ({1} if overheads else set())) if k < full)
+    counts = tuple(sorted(set(new_tokens) | {1} | ({2, 3, 4} if overheads else set())))
+    jobs = [model_job(rt, target, full, (1, n, context_tokens), "calibration") for n in counts]
+    jobs += [model_job(rt, target, k, (1, 1, context_tokens), "calibration") for k in prefixes]
+    if prompt_tokens > 0:
+        jobs.append(model_job(rt, target, full, (1, prompt_tokens, 0), "calibration"))
+    groups = [Group(functools.partial(rt.build, target), model_bytes(rt, target), jobs)]
+    rows = sorted({r for r in head_rows if 0 < r < target.vocab_size})
+    for r in rows:  # the target's body under an r-row head: full depth and (when timed) its first layer
+        shape = target.with_shape(vocab_size=r)
+        depths = (full, 1) if 1 in prefixes else (full,)
+        jobs_r = [model_job(rt, shape, k, (1, 1, context_tokens), "calibration") for k in depths]
+        groups.append(Group(functools.partial(rt.build, shape), model_bytes(rt, shape), jobs_r))
+    n_jobs = sum(len(g.jobs) for g in groups)
+    skipped = run_round_robin(rt, groups, ticker(progress, n_jobs * calls_per_job(options)))
+    if skipped:
+        raise DeviceError(f"calibrating {target.name} here: {skipped[0].reason}")
+    reduced = {r: g.jobs[0].measurement().median_ms for r, g in zip(rows, groups[1:], strict=True)}
+    reduced_first = {r: g.jobs[1].measurement().median_ms for r, g in zip(rows, groups[1:], strict=True)
+                     if len(g.jobs) > 1}
+    medians = {(j.layers, j.cond[1]): j.measurement().median_ms for j in jobs if j.cond[2] == context_tokens}
+    prefill = {j.cond[1]: j.measurement().median_ms for j in jobs if j.cond[2] == 0}
+    target_ms = {n: medians[(full, n)] for n in counts}
+    prefix_ms = {k: medians[(k, 1)] for k in prefixes}
+    extra = (0.0, 0.0, 0.0)
+    if overheads and 1 in prefix_ms:
+        extra = decoding_overheads(rt, target, context_tokens, target_ms, prefix_ms[1])
+    return HostCalibration(
+        target=target.name, device_name=rt.device_name(), threads=rt.torch.get_num_threads(),
+        context_tokens=context_tokens, target_ms=target_ms, prefix_ms=prefix_ms, mode=options.mode,
+        wall_s=round(time.perf_counter() - started, 1), generate_overhead_ms=extra[0],
+        draft_overhead_ms=extra[1], verify_overhead_ms=extra[2], prefill_ms=prefill,
+        head_saving_ms={r: max(0.0, target_ms[1] - ms) for r, ms in reduced.items()},
+        head_saving_prefix_ms={r: max(0.0, prefix_ms[1] - ms) for r, ms in reduced_first.items()})
+
+
+def decoding_overheads(rt: Runtime, target: Architecture, context_tokens: int, target_ms: dict[int, float],
+                       draft_ms: float) -> tuple[float, float, float]:
+    """Work outside the forward, in ms: plain decoding per token, draftnas's loop per drafted
+    token and per verify step — the part of real decoding runs that the timed steps do not explain.
+
+    Random-weight target and its 1-layer prefix as drafter, in the engine `rt`'s mode times:
+    transformers' `generate` and the loop over transformers models (eager), or greedy decoding
+    and the loop over draftnas's decoder with static caches (static modes). Plain decoding:
+    time per token between a 2- and a 14-token run (prefill cancels), less the decode step.
+    Loop, per drafted token: the loop's own drafting time (`SpeculativeOutput.draft_s`) between
+    a 4- and a 16-token run at gamma 1 and 3 (the drafter's prefill cancels), per drafted token,
+    less `draft_ms`. Measured directly, not fitted: fitted from whole runs with the other terms,
+    it swung from 0 to 2.1 ms between calibrations on the AMD EPYC host, where the direct
+    reading varied by 0.24 ms over three repeats in one process. Per verify step: each run's
+    time less its forward steps and that drafting work, fitted by least squares as constant
+    (prefill) + per step. Negative values count as 0.
+    """
+
+    torch = rt.torch
+    model, drafter = rt.build(target), rt.build(target.with_shape(num_hidden_layers=1))
+    prompt = rt.randint(target.vocab_size, (context_tokens,)).tolist()
+    ids = torch.tensor([prompt], device=rt.device)
+    if rt.options.mode in STATIC_MODES:
+        slots = context_tokens + 32
+        capture = rt.options.mode == "cuda-graph"
+        model, drafter = (StaticEngine(m, slots, capture=capture) for m in (model, drafter))
+
+    def generate_s(n: int) -> float:
+        started = time.perf_counter()
+        if isinstance(model, StaticEngine):
+            greedy_decode(model, prompt, max_new_tokens=n)
+        else:
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0, eos_token_id=None)
+        return time.perf_counter() - started
+
+    def verify_ms(n: int) -> float:
+        known = sorted(target_ms)
+        return target_ms.get(n, target_ms[min(known, key=lambda k: abs(k - n))])
+
+    runs = []
+    with torch.inference_mode():
+        generate_s(2)
+        # the fastest of 3 runs each: on a shared host one slow run gave 18 ms of "overhead" per token
+        short, long = min(generate_s(2) for _ in range(3)), min(generate_s(14) for _ in range(3))
+        generate = max(0.0, (long - short) * 1e3 / 12 - target_ms[1])
+        for gamma in (1, 3):  # warm-up: every step size once (the static decoder picks its kernels then)
+            speculative_generate(model, drafter, prompt, gamma=gamma, max_new_tokens=16)
+        for gamma in (1, 3):
+            pair = [min((speculative_generate(model, drafter, prompt, gamma=gamma, max_new_tokens=n)
+                         for _ in range(2)), key=lambda o: o.elapsed_s) for n in (4, 16)]  # the faster of two
+            runs.append(pair)
+    drafted = sum(sum(long.drafted) - sum(short.drafted) for short, long in runs)
+    drafting_ms = sum((long.draft_s - short.draft_s) * 1e3 for short, long in runs)
+    per_draft = max(0.0, drafting_ms / drafted - draft_ms) if drafted > 0 else 0.0
+    rows, residuals = [], []
+    for out in (o for pair in runs for o in pair):
+        forward = sum(d * (draft_ms + per_draft) + verify_ms(d + 1) for d in out.drafted)
+        rows.append([1.0, float(out.steps)])
+        residuals.append(out.elapsed_s * 1e3 - forward)
+    _, per_step = np.linalg.lstsq(np.array(rows), np.array(residuals), rcond=None)[0]
+    return generate, per_draft, max(0.0, float(per_step))

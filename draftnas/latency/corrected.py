@@ -1,0 +1,160 @@
+"""Latency models corrected by measurements: a big target's extrapolated timings
+(`TargetTimedModel`) and this machine's calibration (`CalibratedModel`). Both answer `predict_ms`
+with `LatencyModel`'s signature, so the search uses them unchanged.
+"""
+
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from draftnas.core.errors import ProfileError
+from draftnas.core.registry import Architecture
+from draftnas.latency.records import HostCalibration, TargetTiming
+
+
+class TargetTimedModel:
+    """A latency model that answers a timed target's shape (`TargetTiming`) with its extrapolated
+    full-depth latencies: exact at the timed (batch, new tokens) at the timed context; another
+    batch, count or context scales the model's prediction by measured / predicted at the nearest
+    timed point. Every other shape: the model itself. `predict_ms` has `LatencyModel`'s signature.
+    """
+
+    def __init__(self, model: Any, timings: Iterable[TargetTiming]) -> None:
+        self.model, self.timings = model, tuple(timings)
+
+    def predict_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
+                   context_tokens: int = 128, head_vocab_size: int | None = None) -> float:
+        rows = head_vocab_size or arch.vocab_size
+        timing = next((t for t in self.timings if t.matches(arch, rows)), None)
+        if timing is not None:
+            key = f"{batch_size}x{new_tokens}"
+            if key in timing.ms and context_tokens == timing.context_tokens:
+                return timing.ms[key]
+            b = min(timing.batch_sizes, key=lambda x: abs(x - batch_size))
+            n = min(timing.new_tokens, key=lambda x: abs(x - new_tokens))
+            said = self.model.predict_ms(arch, batch_size=b, new_tokens=n,
+                                         context_tokens=timing.context_tokens,
+                                         head_vocab_size=head_vocab_size)
+            ratio = timing.ms[f"{b}x{n}"] / said if said > 0 else 1.0
+            return ratio * self.model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
+                                                 context_tokens=context_tokens,
+                                                 head_vocab_size=head_vocab_size)
+        return float(self.model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
+                                           context_tokens=context_tokens, head_vocab_size=head_vocab_size))
+
+
+class CalibratedModel:
+    """A latency model corrected by what this machine measured (`HostCalibration`).
+
+    - The target itself at batch 1 and the calibrated context: the measured time of that many
+      new tokens (interpolated between measured counts, exact at them).
+    - Anything else: the model's prediction times measured / predicted for the target's own
+      stack at the same depth, from a straight line through the measured prefixes and the full
+      target (depth is what the correction follows: per-layer and per-call costs are what
+      differ most between hosts). Other batch sizes and contexts scale the same way.
+    - A reduced draft head at one new token (batch 1): the full-head prediction so corrected,
+      less the time the smaller head saved when measured (linear in the row count between
+      measured sizes): under the target's full depth (`head_saving_ms`) and under its first
+      layer (`head_saving_prefix_ms`), linear in depth between the two. The profile's head
+      term came from another engine's kernels; on the AMD EPYC host the static engine's head
+      product over 262,144 rows runs 1.6x faster than F.linear's. And the saving depends on
+      depth: SmolLM2-135M's 4,096-row head saved 2.7 ms under 30 layers but 4.2 ms under one,
+      where the small stack's weights partly stay in cache between steps.
+    - Plus the measured work outside the forward: one new token of the target is plain
+      decoding (`generate_overhead_ms`), more are a verify step of the loop
+      (`verify_overhead_ms`), one new token of anything else is a draft step
+      (`draft_overhead_ms`).
+
+    `predict_ms` has `LatencyModel`'s signature, so the search uses it unchanged.
+    """
+
+    def __init__(self, model: Any, calibration: HostCalibration, target: Architecture) -> None:
+        if not calibration.target_ms or not calibration.prefix_ms:
+            raise ProfileError("a host calibration needs target and prefix timings")
+        self.model, self.calibration, self.target = model, calibration, target
+        ctx = calibration.context_tokens
+        points = [(k, ms, model.predict_ms(target.with_shape(num_hidden_layers=k), context_tokens=ctx))
+                  for k, ms in sorted(calibration.prefix_ms.items())]
+        if 1 in calibration.target_ms:
+            points.append((target.num_hidden_layers, calibration.target_ms[1],
+                           model.predict_ms(target, context_tokens=ctx)))
+        ks = np.array([p[0] for p in points], dtype=float)
+        measured = np.array([p[1] for p in points])
+        predicted = np.array([p[2] for p in points])
+        # ratio(k) = (a + b k) / (a' + b' k): lines through measured and predicted times by depth
+        self._measured_line = np.polyfit(ks, measured, 1) if len(ks) > 1 else np.array([0.0, measured[0]])
+        self._predicted_line = np.polyfit(ks, predicted, 1) if len(ks) > 1 else np.array([0.0, predicted[0]])
+
+    def ratio(self, layers: int) -> float:
+        """Measured over predicted time of the target's stack cut to `layers` layers."""
+        measured = float(np.polyval(self._measured_line, layers))
+        predicted = float(np.polyval(self._predicted_line, layers))
+        return measured / predicted if predicted > 0 and measured > 0 else 1.0
+
+    def _target_ms(self, new_tokens: int) -> float | None:
+        counts, ms = zip(*sorted(self.calibration.target_ms.items()), strict=True)
+        if not counts[0] <= new_tokens <= counts[-1]:
+            return None
+        return float(np.interp(new_tokens, counts, ms))  # exact at measured counts, linear between
+
+    def predict_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
+                   context_tokens: int = 128, head_vocab_size: int | None = None) -> float:
+        same = (arch.with_shape(name="") == self.target.with_shape(name="") and head_vocab_size in
+                (None, self.target.vocab_size))
+        c = self.calibration
+        if same and batch_size == 1 and context_tokens == 0 and new_tokens in c.prefill_ms:
+            return c.prefill_ms[new_tokens]
+        overhead = (c.generate_overhead_ms if new_tokens == 1 else c.verify_overhead_ms) if same \
+            else (c.draft_overhead_ms if new_tokens == 1 else c.verify_overhead_ms)
+        if same and batch_size == 1 and context_tokens == c.context_tokens:
+            measured = self._target_ms(new_tokens)
+            if measured is not None:
+                return measured + overhead
+        rows = arch.vocab_size if head_vocab_size is None else head_vocab_size
+        saving = self.head_saving_ms(rows, arch.num_hidden_layers) if batch_size == 1 and new_tokens == 1 \
+            else None
+        if saving is not None:
+            full = (self.model.predict_ms(arch, context_tokens=context_tokens)
+                    * self.ratio(arch.num_hidden_layers))
+            return max(full - saving, 0.05 * full) + overhead
+        predicted = self.model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
+                                          context_tokens=context_tokens, head_vocab_size=head_vocab_size)
+        return predicted * self.ratio(arch.num_hidden_layers) + overhead
+
+    def head_saving_ms(self, rows: int, layers: int | None = None) -> float | None:
+        """Decode time a `rows`-row head saves against the full one under `layers` layers (default:
+        the target's depth), from the measured sizes (None when none was measured or `rows` is the
+        full vocabulary): linear in depth between the first-layer and the full-depth savings."""
+        c = self.calibration
+        vocab, full = self.target.vocab_size, self.target.num_hidden_layers
+        if not c.head_saving_ms or rows >= vocab:
+            return None
+
+        def at(measured: dict[int, float]) -> float:
+            sizes, saved = zip(*sorted({**measured, vocab: 0.0}.items()), strict=True)
+            return float(np.interp(rows, sizes, saved))  # below the smallest size measured: its saving
+
+        deep = at(c.head_saving_ms)
+        if not c.head_saving_prefix_ms or layers is None or full <= 1:
+            return deep
+        return float(np.interp(layers, [1, full], [at(c.head_saving_prefix_ms), deep]))
+
+    def summary(self) -> str:
+        """One line: what was measured here against what the profile said."""
+        c = self.calibration
+        said = self.model.predict_ms(self.target, context_tokens=c.context_tokens)
+        verify = max(c.target_ms)
+        said_verify = self.model.predict_ms(self.target, new_tokens=verify, context_tokens=c.context_tokens)
+        k = min(c.prefix_ms)
+        said_k = self.model.predict_ms(self.target.with_shape(num_hidden_layers=k),
+                                       context_tokens=c.context_tokens)
+        return (f"calibrated on this machine ({c.device_name}, {c.threads} threads, {c.wall_s:.0f} s): "
+                f"target decode {c.target_ms.get(1, float('nan')):.1f} ms (profile: {said:.1f}), verify of "
+                f"{verify} tokens {c.target_ms[verify]:.1f} ms (profile: {said_verify:.1f}), its first {k} "
+                f"layer(s) {c.prefix_ms[k]:.1f} ms (profile: {said_k:.1f}); outside the forward: "
+                f"{c.generate_overhead_ms:.1f} ms per generated token, {c.draft_overhead_ms:.1f} per drafted "
+                f"token, {c.verify_overhead_ms:.1f} per verify step")

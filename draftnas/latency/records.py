@@ -1,0 +1,264 @@
+"""What the latency stage hands on: profiles (timings and the fitted model's coefficients),
+target timings, host calibrations, and what `draftnas profile` is asked. No torch, no numpy.
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.placement import Hardware
+from draftnas.core.records import Record
+from draftnas.core.registry import Architecture
+
+SCHEMA_VERSION = 1
+KINDS = ("measured", "spec-sheet")
+
+
+@dataclass(frozen=True)
+class Measurement(Record):
+    """One timed configuration: median and quartiles of `repeats` timed calls, in ms.
+
+    kind "model": a full forward of `shape` (embedding, layers, final norm, LM head of
+    `head_rows` = vocab rows) over `new_tokens` new tokens per sequence with a KV cache
+    of `context_tokens`. kind "head": final norm + LM head of `head_rows` rows only, on
+    [batch_size, new_tokens, hidden] activations. `split` is "train", "heldout" or
+    "extrapolation" (timings used only to check the k-layer extrapolation).
+    """
+
+    kind: str
+    shape: str
+    batch_size: int
+    new_tokens: int
+    context_tokens: int
+    head_rows: int
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    repeats: int
+    split: str = "train"
+
+
+@dataclass(frozen=True)
+class SkippedConfig(Record):
+    """A configuration the profiler did not time because its memory peak would not fit.
+
+    `needed_bytes`: weights + KV cache as allocated + held outputs + the largest transient
+    of one forward; `budget_bytes`: the memory the run allowed itself on this device.
+    """
+
+    kind: str
+    shape: str
+    batch_size: int
+    new_tokens: int
+    context_tokens: int
+    needed_bytes: int
+    budget_bytes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ExtrapolationPoint(Record):
+    batch_size: int
+    new_tokens: int
+    context_tokens: int
+    full_ms: float
+    extrapolated_ms: float
+    error_pct: float  # (extrapolated - full) / full * 100
+
+
+@dataclass(frozen=True)
+class ExtrapolationCheck(Record):
+    """Error of "time k layers, extrapolate fixed + L * per-layer" on a model that fits.
+
+    Two stacks of `timed_layers` (k1 < k2) layers give per_layer = (t2 - t1) / (k2 - k1)
+    and fixed = t1 - k1 * per_layer; the estimate for L layers is fixed + L * per_layer.
+    """
+
+    shape: str
+    full_layers: int
+    timed_layers: tuple[int, ...]
+    points: tuple[ExtrapolationPoint, ...]
+    mean_abs_error_pct: float
+    max_abs_error_pct: float
+
+
+@dataclass(frozen=True)
+class TargetTiming(Record):
+    """A target's full-depth step latencies, extrapolated from stacks of its first k layers timed
+    on the profile's device (`draftnas profile --target T --layers k1,k2`).
+
+    `arch` is the shape that was timed: the target itself, or one tensor-parallel rank's share
+    of it (`gpus` > 1). `ms["BxN"]` is batch B reading N new tokens (N = 1 decode, gamma + 1
+    verify) after `context_tokens`. `check`: the method's error on a stack that fits.
+    """
+
+    target: str
+    arch: Architecture
+    gpus: int
+    timed_layers: tuple[int, ...]
+    context_tokens: int
+    batch_sizes: tuple[int, ...]
+    new_tokens: tuple[int, ...]
+    ms: dict[str, float]
+    check: ExtrapolationCheck | None = None
+    device_name: str = ""
+    mode: str = "eager"
+    wall_s: float = 0.0
+
+    def matches(self, arch: Architecture, head_rows: int) -> bool:
+        """Whether a prediction for `arch` with `head_rows` LM-head rows is this timed shape."""
+        a, t = arch, self.arch
+        return (head_rows == t.vocab_size and a.num_hidden_layers == t.num_hidden_layers
+                and a.hidden_size == t.hidden_size and a.intermediate_size == t.intermediate_size
+                and a.num_attention_heads == t.num_attention_heads
+                and a.num_key_value_heads == t.num_key_value_heads and a.head_dim == t.head_dim)
+
+
+@dataclass(frozen=True)
+class LatencyProfile(Record):
+    """A device's latency profile (schema-versioned JSON under `profiles/`)."""
+
+    schema_version: int
+    kind: str  # "measured" | "spec-sheet"
+    device: str  # "cpu" | "cuda"
+    device_name: str
+    dtype: str  # fp32 | fp16 | bf16
+    versions: dict[str, str]
+    measurements: tuple[Measurement, ...]
+    coefficients: dict[str, float]
+    heldout_mape: float | None
+    train_mape: float | None = None
+    mode: str = "eager"  # "eager" (transformers) | "static" | "cuda-graph" (draftnas.models.decoder)
+    threads: int | None = None
+    shapes: tuple[Architecture, ...] = ()
+    heldout_shapes: tuple[str, ...] = ()
+    extrapolation: ExtrapolationCheck | None = None
+    created: str = ""
+    wall_s: float | None = None
+    command: str = ""
+    notes: str = ""
+    spec: dict[str, float] = field(default_factory=dict)
+    series: dict[str, tuple[str, ...]] = field(default_factory=dict)  # "depth"/"width" -> shape names
+    skipped: tuple[SkippedConfig, ...] = ()
+    hardware: Hardware | None = None  # GPU memory, dtypes and interconnect (placement, parallelism)
+    targets: dict[str, TargetTiming] = field(default_factory=dict)  # "name" or "name/tpN" -> timing
+
+
+@dataclass(frozen=True)
+class FitResult(Record):
+    """Coefficients (ms per feature unit, plus the ridge point) and their errors in %."""
+
+    coefficients: dict[str, float]
+    train_mape: float
+    heldout_mape: float | None
+    n_train: int
+    n_heldout: int
+
+
+@dataclass(frozen=True)
+class HostCalibration(Record):
+    """Steps of one target shape timed on the machine a search runs on (batch 1, one context).
+
+    `target_ms[n]`: the whole target reading n new tokens (n = 1 decode, n = gamma + 1 verify);
+    `prefix_ms[k]`: its first k layers (embedding, k layers, final norm, LM head) decoding one
+    token, for a few small k: drafter-sized stacks of the same kernels.
+    """
+
+    target: str
+    device_name: str
+    threads: int
+    context_tokens: int
+    target_ms: dict[int, float]
+    prefix_ms: dict[int, float]
+    mode: str = "eager"
+    wall_s: float = 0.0
+    # per-call work outside the forward, from real decoding runs: transformers' generate per
+    # token (the target alone), draftnas's loop per drafted token and per verify step
+    generate_overhead_ms: float = 0.0
+    draft_overhead_ms: float = 0.0
+    verify_overhead_ms: float = 0.0
+    prefill_ms: dict[int, float] = field(default_factory=dict)  # prompt tokens -> the target's prefill
+    # head rows -> decode time the target's full depth saves with that reduced head (measured)
+    head_saving_ms: dict[int, float] = field(default_factory=dict)
+    # head rows -> the same saving for its first layer alone (a 1-layer drafter's stack)
+    head_saving_prefix_ms: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SpecSheet(Record):
+    """A GPU's data-sheet figures and the overheads assumed on top of them."""
+
+    name: str
+    memory_bandwidth_gb_s: float
+    peak_tflops: float  # dense fp16/bf16 tensor-core, fp32 accumulate
+    kernel_overhead_us: float = 4.0
+    kernels_per_layer: int = 12
+    call_overhead_us: float = 50.0
+    source: str = ""
+    hardware: Hardware | None = None
+Condition = tuple[int, int, int]  # (batch_size, new_tokens, context_tokens)
+DEVICES = ("cpu", "cuda")
+MODES = ("eager", "static", "cuda-graph")
+STATIC_MODES = ("static", "cuda-graph")
+DTYPES_BY_DEVICE = {"cpu": ("fp32", "bf16"), "cuda": ("fp16", "bf16")}
+DRAFT_CONDITION: Condition = (1, 1, 128)
+
+
+@dataclass(frozen=True)
+class ProfileOptions(Record):
+    """What to measure. `quick` is a reduced grid that takes a few minutes on a 2-core CPU."""
+
+    device: str = "cpu"
+    dtype: str | None = None  # None: fp32 on CPU, fp16 on CUDA
+    mode: str = "eager"  # "eager" | "cuda-graph" (CUDA only)
+    quick: bool = False
+    warmup: int | None = None  # None: 1 quick, 2 full (per configuration, after building)
+    repeats: int | None = None  # None: 7 quick, 15 full
+    seed: int = 0
+    extrapolation_check: bool = True
+    threads: int | None = None  # None: torch's default for this machine
+    memory_budget_bytes: int | None = None  # None: free device memory (or RAM) less a margin
+
+    def resolved_dtype(self) -> str:
+        return self.dtype or DTYPES_BY_DEVICE.get(self.device, ("fp32",))[0]
+
+    def resolved_repeats(self) -> int:
+        return self.repeats if self.repeats is not None else (7 if self.quick else 15)
+
+    def resolved_warmup(self) -> int:
+        return self.warmup if self.warmup is not None else (1 if self.quick else 2)
+
+    def validate(self) -> ProfileOptions:
+        problems = []
+        if self.device not in DEVICES:
+            problems.append(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        elif self.resolved_dtype() not in DTYPES_BY_DEVICE[self.device]:
+            problems.append(f"dtype on {self.device} must be one of "
+                            f"{', '.join(DTYPES_BY_DEVICE[self.device])}, got {self.dtype!r}")
+        if self.mode not in MODES:
+            problems.append(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        elif self.mode == "cuda-graph" and self.device != "cuda":
+            problems.append("mode cuda-graph needs --device cuda")
+        if self.resolved_warmup() < 0 or self.resolved_repeats() < 3:
+            problems.append("warmup must be >= 0 and repeats >= 3")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
+            problems.append(f"memory budget must be > 0 bytes, got {self.memory_budget_bytes}")
+        if problems:
+            raise InvalidInputError("; ".join(problems))
+        return self
+
+
+@dataclass(frozen=True)
+class ProfilePlan(Record):
+    """The shapes and conditions one profiling run times (pure data; see `plan_profile`)."""
+
+    shapes: tuple[Architecture, ...]
+    heldout: tuple[str, ...]
+    conditions: tuple[tuple[int, int, int], ...]
+    head_points: tuple[tuple[str, int, int], ...]  # (shape whose hidden size, head rows, tokens)
+    extrapolation_shape: Architecture | None
+    extrapolation_layers: tuple[int, ...]
+    extrapolation_conditions: tuple[tuple[int, int, int], ...]
+    series: dict[str, tuple[str, ...]] = field(default_factory=dict)

@@ -1,0 +1,100 @@
+"""Engines: a model that reads tokens at a given start position and returns logits.
+
+- `HFEngine`: a transformers model over a DynamicCache; rejected tokens are rolled
+  back with ``DynamicCache.crop`` (which takes a negative count of tokens to drop).
+- `StaticEngine`: `models.decoder.StaticDecoder` over a KV cache allocated once;
+  rollback is moving the position (the next step overwrites the stale slots, which
+  are masked out until then). On CUDA each step size (the 1-2 token draft step, the
+  gamma + 1 token verify) is captured once as a CUDA graph and replayed, the way
+  serving engines run them; the prompt's prefill runs eagerly.
+"""
+
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from draftnas.core.errors import InvalidInputError
+from draftnas.models.decoder import StaticStep
+
+
+class HFEngine:
+    """A transformers causal LM with a DynamicCache (rolled back by cropping)."""
+
+    def __init__(self, model: Any) -> None:
+
+        self.model, self.cache = model, DynamicCache()
+        self.device = next(model.parameters()).device
+
+    def reset(self) -> None:
+
+        self.cache = DynamicCache()
+
+    def forward(self, tokens: list[int], start: int, keep: int) -> torch.Tensor:
+        """Read `tokens` at positions start.. (dropping cached positions >= start): logits [keep, V]."""
+
+        crop_cache(self.cache, start)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        return self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+                          logits_to_keep=keep).logits[0]
+
+
+class StaticEngine:
+    """A `StaticDecoder` over one KV cache of `max_tokens` slots; CUDA graphs per step size.
+
+    `capture`: replay steps of up to `max_graph_tokens` tokens from CUDA graphs (one per
+    size, captured on first use). A captured step's warm-up and capture compute the same
+    tokens at the same positions as its first real call, so they leave the cache as that
+    call would.
+    """
+
+    def __init__(self, decoder: Any, max_tokens: int, *, capture: bool = False,
+                 max_graph_tokens: int = 16) -> None:
+        self.decoder, self.capture, self.max_graph_tokens = decoder, capture, max_graph_tokens
+        self.cache = decoder.new_cache(1, max_tokens)
+        self.device = decoder.device
+        self.steps: dict[int, Any] = {}
+
+    def reset(self) -> None:
+        """Nothing to clear: a new sequence writes from position 0 and masks what lies past it."""
+
+    def forward(self, tokens: list[int], start: int, keep: int) -> torch.Tensor:
+        """Read `tokens` at positions start..start+T-1 (overwriting those slots): logits [keep, V]."""
+
+
+        t = len(tokens)
+        if start + t > self.cache.slots:
+            raise InvalidInputError(f"sequence of {start + t} tokens is longer than the engine's cache "
+                                    f"({self.cache.slots} slots)")
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + t, device=self.device)
+        if not (self.capture and t <= self.max_graph_tokens):
+            return self.decoder(ids, positions, self.cache, keep=keep, slots=start + t)[0]
+        step = self.steps.get(t)
+        if step is None:
+            step = self.steps[t] = StaticStep(self.decoder, self.cache, ids, positions, capture=True)
+        else:
+            step.input_ids.copy_(ids)
+            step.positions.copy_(positions)
+        return step()[0, -keep:]
+
+
+def as_engine(model: Any) -> Any:
+    """An engine as is; a transformers model wrapped in an `HFEngine`."""
+    return model if isinstance(model, HFEngine | StaticEngine) else HFEngine(model)
+
+
+def crop_cache(cache: Any, length: int) -> None:
+    """Drop cached positions past `length` (crop takes a negative count in transformers 5)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def engine_vocab_size(engine: Any) -> int:
+    if isinstance(engine, StaticEngine):
+        return int(engine.decoder.arch.vocab_size)
+    return int(engine.model.get_input_embeddings().weight.shape[0])

@@ -1,0 +1,139 @@
+"""Cheaper small-batch products for plain transformers models on CPU.
+
+Speculative decoding lives on verifying γ+1 tokens for about the price of decoding one. On
+some CPU hosts the default kernel breaks that: on the 2-core AMD EPYC (Zen 2) host, inside
+transformers' assisted generation, SmolLM2-135M in fp32 took 49.8 ms a decode and 80.8 ms a
+2-token verify, because `F.linear` with a few rows takes a path that reads the weights more
+than once. draftnas's own decoder picks, per shape, the product that timed fastest here
+(`decoder.MatmulChooser`). `route_linears` gives the same choice to the `nn.Linear` layers of
+any model, so that a user's own
+
+    target.generate(..., assistant_model=drafter)
+
+pays for the cheap verify as well (44.4 and 46.5 ms there, same outputs;
+`benchmarks/hf_assisted_parts.py`).
+
+    from draftnas.linears import route_linears
+    route_linears(target); route_linears(drafter)
+
+A row count is timed on its second product with a weight (F.linear until then): the steps of a
+decode repeat, a prompt's prefill mostly does not, and one timing costs tens of passes over the
+weights (3-5 s a row count for Gemma-3-270M on that host). `route_linears(model).prepare(range(1,
+gamma + 2))` times the step sizes up front instead. Layers on CUDA
+(or any device but the CPU) and `nn.Linear` subclasses with their own forward are left as
+they are. Routing is undone with `.detach()` and redone with `.attach()`;
+`with routing:` routes for a block.
+"""
+
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from draftnas.models.matmul import MatmulChooser
+
+_MARK = "_draftnas_routed"  # on a routed layer: id() of the routing that routed it
+
+
+@dataclass
+class LinearRouting:
+    """The linear layers of one model and the chooser their products go through while attached."""
+
+    layers: list[nn.Linear]
+    chooser: MatmulChooser = field(default_factory=lambda: MatmulChooser(enabled=True, time_after=2))
+    attached: bool = False
+
+    def attach(self) -> LinearRouting:
+        """Route every layer's forward through the chooser; a layer another routing holds (a
+        module two models share) stays with that one."""
+        for layer in self.layers:
+            if getattr(layer, _MARK, None) is not None:
+                continue
+
+            def forward(x: torch.Tensor, layer: nn.Linear = layer) -> torch.Tensor:
+                out = self.chooser(x, layer.weight)
+                return out if layer.bias is None else out + layer.bias
+
+            layer.forward = forward  # type: ignore[method-assign,assignment]
+            setattr(layer, _MARK, id(self))
+        self.attached = True
+        return self
+
+    def detach(self) -> None:
+        """Give every layer this routing routed its own forward back (the chooser keeps what it
+        timed)."""
+        for layer in self.layers:
+            if getattr(layer, _MARK, None) == id(self):
+                del layer.forward
+                delattr(layer, _MARK)
+        self.attached = False
+
+    def prepare(self, rows: Iterable[int]) -> LinearRouting:
+        """Time the products for these row counts now rather than on their first use (see
+        `MatmulChooser.prepare`): for example the verify's γ+1 and the lengths of short prompts."""
+        self.chooser.prepare(rows)
+        return self
+
+    def chosen(self) -> dict[tuple[int, int, int], str]:
+        """(rows, out, in) -> the product chosen so far ("linear", "weight-once", "transposed")."""
+        names = ("linear", "weight-once", "transposed")
+        return {key: names[form] for key, form in sorted(self.chooser.form.items())}
+
+    def __enter__(self) -> LinearRouting:
+        return self.attach()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.detach()
+
+
+def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = True) -> LinearRouting:
+    """Route `model`'s CPU `nn.Linear` layers through the fastest small-batch product here.
+
+    Products of more than 16 rows (a prompt's prefill) keep `F.linear`; each (rows, shape) is
+    timed once over every weight of that shape, on its second product (`prepare` times now).
+    For inference: weights are not expected to change once routed. Layers already routed by
+    another routing, layers on another device and subclasses with their own forward are left
+    as they are. The returned routing is attached unless `attach=False`.
+
+    `own_weights`: first copy each routed weight into memory this process allocated
+    (`copy_weights`: faster to stream than the file mapping `from_pretrained` leaves).
+    """
+    layers: list[nn.Linear] = []
+    for module in model.modules():
+        if (isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
+                and module.weight.device.type == "cpu" and getattr(module, _MARK, None) is None):
+            layers.append(module)
+    weights = list({id(layer.weight): layer.weight for layer in layers}.values())  # tied ones once
+    if own_weights:
+        copy_weights(weights)
+    routing = LinearRouting(layers)
+    for weight in weights:
+        routing.chooser.register(weight)
+    return routing.attach() if attach else routing
+
+
+def copy_weights(weights: Sequence[torch.Tensor]) -> None:
+    """Give each weight a copy of its values in memory this process allocated, in place (the
+    Parameter objects stay, so ties through a shared Parameter hold; weights that share one
+    storage share one copy).
+
+    `from_pretrained` leaves weights as views of the safetensors file, mapped privately. On the
+    AMD EPYC host the 2-token products that stream them ran slower than over a copy: Gemma-3-270M's
+    routed 2-token forward in transformers took 65.9-66.7 ms as loaded and 63.6-65.0 ms over
+    copies, SmolLM2-135M's 45.4-46.0 and 44.0-45.4 ms, in three alternating pairs of fresh
+    processes (`python benchmarks/weight_memory.py --target T`); their 1-token forwards came
+    out about even. The copy costs one pass over
+    the weights and, while it runs, one weight's size more memory.
+    """
+    copies: dict[tuple[int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+    with torch.no_grad():
+        for weight in weights:
+            key = (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()))
+            if key not in copies:
+                copies[key] = weight.detach().clone()
+            weight.data = copies[key]

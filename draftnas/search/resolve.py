@@ -1,0 +1,307 @@
+"""Resolving what `draftnas search` was asked: the shapes, the space, the latency profile (and
+its calibration on this machine), the placement on GPUs, and how acceptance is measured or assumed.
+"""
+
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from draftnas.acceptance.records import TraceOptions
+from draftnas.acceptance.tracing import build_traces
+from draftnas.core.errors import DraftnasError, InvalidInputError
+from draftnas.core.placement import Placement, place
+from draftnas.core.prompts import load_prompts
+from draftnas.core.registry import Architecture, get_architecture, load_registry
+from draftnas.latency.calibrate import calibrate_host, host_mismatch
+from draftnas.latency.corrected import CalibratedModel, TargetTimedModel
+from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
+from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
+from draftnas.latency.model import LatencyModel
+from draftnas.latency.records import ProfileOptions
+from draftnas.models.records import ENGINES
+from draftnas.models.sources import resolve_source
+from draftnas.search.alpha import load_alpha_model
+from draftnas.search.candidate import reference_candidate
+from draftnas.search.evaluate import Evaluator, ModelEvaluator, PriorEvaluator, WeightsEvaluator
+from draftnas.search.loop import SAMPLERS, SearchOptions, run_search
+from draftnas.search.records import LatencyPredictor, SearchResult, StudySettings
+from draftnas.search.space import SearchSpace
+from draftnas.search.space_file import default_space_for, load_search_space
+
+if TYPE_CHECKING:
+    from draftnas.latency.records import LatencyProfile
+
+
+log = logging.getLogger(__name__)
+
+
+
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """What `draftnas search` was asked (CLI flags, before anything is resolved)."""
+
+    target: str
+    base: str | None = None
+    base_shape: str | None = None
+    space: str | SearchSpace | None = None  # a YAML file or shipped name, or a space itself
+    profile: str | None = None
+    traces: str | None = None
+    study: StudySettings = StudySettings()
+    acceptance_prior: float | None = None
+    calibrate: bool = True  # time the target on this machine before ranking (measured CPU profiles)
+    acceptance_model: str | None = None  # an alpha(drafter) model file (`draftnas alpha fit`)
+    acceptance_anchor: float | None = None  # with a model: the alpha of the space's first reference drafter
+    gpus: int | None = None  # target tensor-parallel degree (GPU profiles); None: the smallest that fits
+    draft_tp: str = "1"  # "1": drafter on one GPU; "same": sharded like the target
+    dtype: str | None = None  # weights' dtype (spec-sheet profiles are re-derived for it)
+    memory_margin: float = 0.1  # share of each GPU's memory kept free
+    engine: str = "static"  # the loop the calibration times: "static" (draftnas's decoder) or "hf"
+
+
+def fingerprint_text(data: Any) -> str:
+    """Short stable hash of JSON-able data (for cache file names)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def resolve_architecture(spec: str) -> Architecture:
+    """A registry name's shape, or a Hugging Face folder's config (read without loading weights)."""
+
+    if spec.lower() in load_registry():
+        return get_architecture(spec)
+    config = Path(spec).expanduser() / "config.json"
+    if config.is_file():
+        from types import SimpleNamespace
+
+        data = json.loads(config.read_text())
+        text = data.get("text_config") or data
+        ns = SimpleNamespace(**{**text, "model_type": data.get("model_type", "llama"),
+                                "tie_word_embeddings": data.get("tie_word_embeddings", False)})
+        return Architecture.from_hf_config(ns, name=Path(spec).name)
+    return get_architecture(spec)  # raises with close-name suggestions
+
+
+def has_weights(spec: str) -> bool:
+    """Whether `spec` names weights loadable here (embedded, folder, .gguf), without loading."""
+
+    try:
+        return resolve_source(spec).kind in ("embedded", "folder", "gguf")
+    except DraftnasError:
+        return False
+
+
+def host_cpu_profile(engine: str = "static") -> str:
+    """The shipped CPU profile to start from here: one measured on this CPU model with this many
+    threads, in the mode that prices `engine` if there is one, else any measured here, else
+    "cpu" (the Intel Xeon profile; `host_mismatch` then says so)."""
+
+    mode = "static" if engine == "static" else "eager"
+    cpu = {k: default_profile(k) for k in SHIPPED_PROFILES if k.startswith("cpu")}
+    here = [(p.mode != mode, k) for k, p in cpu.items() if host_mismatch(p) is None]
+    return min(here)[1] if here else "cpu"
+
+
+def resolve_profile(spec: str | None, space: SearchSpace, dtype: str | None = None,
+                    engine: str = "static") -> tuple[str, LatencyProfile]:
+    """A label naming the profile (file, device, kind) and the profile. `dtype`: a shipped spec-sheet
+    profile is re-derived for it; a measured profile must have been measured in it. The name
+    "cpu" (the spaces' default) is the shipped CPU profile measured on this host, when one is
+    (`host_cpu_profile`, for the loop `engine`)."""
+
+    name = spec or space.profile or "cpu"
+    if name == "cpu":
+        name = host_cpu_profile(engine)
+    path = Path(name).expanduser()
+    profile = load_profile(path) if path.suffix == ".json" or path.is_file() else default_profile(name)
+    if dtype is not None and dtype != profile.dtype:
+        if profile.kind == "spec-sheet" and name.lower() in SPEC_SHEETS and name.lower() in SHIPPED_PROFILES:
+            profile = spec_sheet_profile(name.lower(), dtype)
+        else:
+            raise InvalidInputError(f"--dtype {dtype}: the profile {name} was measured in {profile.dtype}; "
+                                    f"measure one in {dtype} (`draftnas profile --dtype {dtype}`)")
+    return f"{name} ({profile.device_name}, {profile.kind}, {profile.dtype})", profile
+
+
+def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: SearchSpace,
+                         progress: Callable[[int, int], None] | None = None,
+                         engine: str = "static") -> tuple[LatencyPredictor, str]:
+    """The profile's model corrected by timing `target`'s decode, its verify at every gamma + 1
+    the space considers, drafter-sized prefixes of it, the time the space's reduced heads save and
+    the work outside the forward on this machine, in the loop `engine` that bench then runs
+    (`calibrate_host`, about 1 min for SmolLM2-135M on 2 cores in the static engine), with the
+    one-line summary of what was measured against what the profile said."""
+
+    g = space.gamma
+    counts = [n + 1 for n in range(max(1, g.min), g.max + 1)]
+    mode = "static" if engine == "static" else "eager"
+    options = ProfileOptions(device="cpu", dtype=profile.dtype, mode=mode, repeats=5, warmup=1)
+    heads = [v for v in space.vocab_sizes if v > 0]
+    calibration = calibrate_host(options, target, counts, context_tokens=space.workload.context_tokens,
+                                 progress=progress, prompt_tokens=space.workload.prompt_tokens,
+                                 head_rows=heads)
+    model = CalibratedModel(LatencyModel.from_profile(profile), calibration, target)
+    return model, model.summary()
+
+
+def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
+                   progress: Callable[[int, int], None] | None = None) -> Path:
+    """Traces of the target over the space's prompt set, built once and cached in the run folder."""
+
+    w, t = space.workload, space.traces
+    prompts = [p for p in load_prompts(w.prompt_set) if w.domain is None or p.domain == w.domain]
+    prompts = prompts[:t.prompts]
+    key = fingerprint_text([request.target, w.prompt_set, w.domain, t.prompts, t.max_new_tokens,
+                            w.temperature])
+    out = Path(request.study.run_dir).expanduser() / study_name / f"traces-{key}.safetensors"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    options = TraceOptions(max_new_tokens=t.max_new_tokens, temperatures=(w.temperature,),
+                           batch_size=min(len(prompts), 16))
+    log.info("building traces of %s over %d %s prompts into %s", request.target, len(prompts),
+             w.prompt_set, out)
+    return build_traces(request.target, prompts, options, out, prompt_set=w.prompt_set, progress=progress)
+
+
+def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], None] | None = None,
+                calibration_progress: Callable[[int, int], None] | None = None
+                ) -> tuple[SearchOptions, LatencyPredictor, Evaluator]:
+    """Resolve the request: shapes, space, profile, and measured or assumed acceptance."""
+
+    if isinstance(request.space, SearchSpace):
+        space = request.space
+    else:
+        space = load_search_space(request.space) if request.space else default_space_for(request.target)
+    target_arch = resolve_architecture(request.target)
+    base = request.base_shape or request.base or space.base
+    base_arch = resolve_architecture(base)
+    problems = space.problems_for_base(base_arch)
+    if base_arch.vocab_size != target_arch.vocab_size:
+        problems.append(f"base {base} reads {base_arch.vocab_size} token ids but target {request.target} "
+                        f"{target_arch.vocab_size}; a drafter must share the target's tokenizer")
+    if problems:
+        raise InvalidInputError("; ".join(problems))
+
+    profile, latency_profile = resolve_profile(request.profile, space, request.dtype, request.engine)
+    predictor: LatencyPredictor = LatencyModel.from_profile(latency_profile)
+    profile_note = host_mismatch(latency_profile)
+    timed = [t for t in latency_profile.targets.values() if t.target == target_arch.name]
+    if timed:
+        predictor = TargetTimedModel(predictor, timed)
+        checks = [f"{t.check.mean_abs_error_pct:.1f}% mean error on {t.check.shape}"
+                  for t in timed if t.check]
+        layers = "/".join(map(str, timed[0].timed_layers))
+        note = (f"{target_arch.name} priced from its first {layers} layers "
+                f"timed on {timed[0].device_name} and extrapolated to full depth "
+                f"({', '.join(checks) or 'method not checked here'})")
+        profile_note = f"{profile_note}; {note}" if profile_note else note
+    if request.study.n_trials < 1:
+        raise InvalidInputError(f"--trials must be >= 1, got {request.study.n_trials}")
+    if request.study.sampler not in SAMPLERS:
+        raise InvalidInputError(f"--sampler {request.study.sampler!r} is not known "
+                                f"(allowed: {', '.join(SAMPLERS)})")
+    placement = _placement(request, latency_profile, target_arch, space)
+    if request.engine not in ENGINES:
+        raise InvalidInputError(f"--engine {request.engine!r} is not known (allowed: {', '.join(ENGINES)})")
+    engine = None
+    if request.calibrate and latency_profile.device == "cpu" and latency_profile.kind == "measured":
+        engine = request.engine
+        predictor, profile_note = calibrated_predictor(latency_profile, target_arch, space,
+                                                       calibration_progress, engine=engine)
+    evaluator: Evaluator
+    model_label = None
+    if request.acceptance_model is not None:
+        if request.acceptance_prior is not None:
+            raise InvalidInputError("--acceptance-prior takes either a number or a model file, not both")
+        evaluator, model_label = _model_evaluator(request, space, base, base_arch)
+    elif request.acceptance_anchor is not None:
+        raise InvalidInputError("--acceptance-anchor needs an acceptance model "
+                                "(--acceptance-prior MODEL.json)")
+    options = SearchOptions(
+        target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
+        profile=profile, study=request.study, acceptance_prior=request.acceptance_prior,
+        profile_note=profile_note, placement=placement, acceptance_model=model_label, engine=engine)
+    if request.acceptance_model is not None:
+        return options, predictor, evaluator
+    if request.acceptance_prior is not None:
+        return options, predictor, PriorEvaluator(request.acceptance_prior)
+    return options, predictor, _measuring_evaluator(request, options, trace_progress)
+
+
+def _placement(request: SearchRequest, profile: LatencyProfile, target: Architecture,
+               space: SearchSpace) -> Placement | None:
+    """Where the target runs: GPU profiles that carry their hardware; None on a CPU profile."""
+
+    if profile.hardware is None or profile.device != "cuda":
+        if request.gpus not in (None, 1):
+            raise InvalidInputError(f"--gpus applies to GPU profiles with hardware figures; the profile "
+                                    f"{profile.device_name} ({profile.device}) has none")
+        return None
+    w = space.workload
+    return place(target, profile.hardware, profile.dtype, batch_sizes=w.batch_sizes,
+                 context_tokens=w.context_tokens, max_gamma=space.gamma.max, gpus=request.gpus,
+                 draft_tp=request.draft_tp, margin=request.memory_margin)
+
+
+def _model_evaluator(request: SearchRequest, space: SearchSpace, base: str,
+                     base_arch: Architecture) -> tuple[Evaluator, str]:
+    """The alpha(drafter) model's evaluator and its label; healing as the space's budget, or (a
+    latency-only space heals nothing) the largest budget the model was fitted on."""
+
+    assert request.acceptance_model is not None
+    path = Path(request.acceptance_model).expanduser()
+    model = load_alpha_model(path)
+    heal = space.heal.steps or round(math.expm1(model.ranges["log1p_heal_steps"][1]))
+    anchor = None
+    label = model.label() + f" ({path.name} {fingerprint_text(path.read_text())}, at {heal} heal steps)"
+    if request.acceptance_anchor is not None:
+        if not 0.0 < request.acceptance_anchor < 1.0:
+            raise InvalidInputError(f"--acceptance-anchor must be in (0, 1), "
+                                    f"got {request.acceptance_anchor:g}")
+        if not space.references:
+            raise InvalidInputError("--acceptance-anchor sets the alpha of the space's first reference "
+                                    "drafter; "
+                                    f"search space {space.name!r} lists none (`references:`)")
+        anchor = (reference_candidate(space.references[0], base, base_arch), request.acceptance_anchor)
+        label += f"; level ASSUMED: alpha {request.acceptance_anchor:g} for {space.references[0]}"
+    return ModelEvaluator(model, base_arch, heal, space.workload.domain, anchor), label
+
+
+def _measuring_evaluator(request: SearchRequest, options: SearchOptions,
+                         trace_progress: Callable[[int, int], None] | None) -> Evaluator:
+    space = options.space
+    if space.latency_only:
+        raise InvalidInputError(f"search space {space.name!r} is latency-only (it prunes the hidden "
+                                "size); pass --acceptance-prior A (e.g. 0.7) to search it with an assumed "
+                                "acceptance")
+    missing = []
+    if request.base_shape or not has_weights(options.base):
+        missing.append(f"base weights (--base FOLDER; {options.base!r} has none here)")
+    if request.traces is None and not has_weights(request.target):
+        missing.append(f"target traces (--traces FILE from `draftnas trace`; {request.target!r} has no "
+                       "weights here to build them)")
+    if missing:
+        raise InvalidInputError("measuring acceptance needs " + " and ".join(missing) + "; or pass "
+                                "--acceptance-prior A to search on latency with an assumed acceptance")
+    name = options.study_name
+    traces = Path(request.traces) if request.traces else default_traces(request, space, name, trace_progress)
+    if not traces.is_file():
+        raise InvalidInputError(f"--traces {traces} is not a file")
+    return WeightsEvaluator(options.base, options.base_arch, traces, space, seed=request.study.seed or 0)
+
+
+def search(request: SearchRequest, *, progress: Callable[[int, int], None] | None = None,
+           trace_progress: Callable[[int, int], None] | None = None,
+           calibration_progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    """`draftnas search`: resolve the request, then run (or resume, or join) the study."""
+    options, predictor, evaluator = plan_search(request, trace_progress, calibration_progress)
+    return run_search(options, predictor, evaluator, progress=progress)
