@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,11 +44,16 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def torch_threads() -> int:
+    """The threads torch computes with in this process (the cores this process may use when torch is
+    not loaded yet: this module stays importable without it)."""
+    torch = sys.modules.get("torch")
+    return int(torch.get_num_threads()) if torch is not None else cpu_count()
+
+
 def host_fields() -> dict[str, Any]:
     """The host a benchmark's figures came from: CPU model, torch threads, load average now."""
-    import torch
-
-    return {"host": cpu_model_name(), "threads": torch.get_num_threads(), "load_average": load_average()}
+    return {"host": cpu_model_name(), "threads": torch_threads(), "load_average": load_average()}
 
 
 def print_figures(result: dict[str, Any], out: Path | None = None) -> None:
@@ -61,11 +67,8 @@ def print_figures(result: dict[str, Any], out: Path | None = None) -> None:
 
 
 def machine_info() -> MachineInfo:
-    import torch
-
-
     return MachineInfo(cpu_model=cpu_model_name(), logical_cores=os.cpu_count() or 1,
-                       torch_threads=torch.get_num_threads(), platform=platform.platform(),
+                       torch_threads=torch_threads(), platform=platform.platform(),
                        load_average_before=load_average(), versions=package_versions())
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from draftnas.core.errors import PlanError
+from draftnas.core.prompts import load_prompts
 from draftnas.core.registry import Architecture
 from draftnas.drafter.importance import importance, layer_selection, select_channels, select_heads
 from draftnas.drafter.records import PlanOptions, PruningPlan
@@ -39,10 +40,6 @@ FALLBACK_TEXTS: tuple[str, ...] = (
 
 def calibration_texts() -> list[str]:
     """The shipped prompt set (`draftnas.core.prompts.load_prompts("all")`) when present, else a fallback."""
-    try:
-        from draftnas.core.prompts import load_prompts
-    except ImportError:
-        return list(FALLBACK_TEXTS)
     try:
         texts = [p.text for p in load_prompts("all")]
     except Exception as exc:  # noqa: BLE001 - a broken prompt set must not break pruning

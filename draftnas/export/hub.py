@@ -7,12 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftnas.core.errors import ExportError
+from draftnas.models.sources import hub_reachable
 
 
 def push_to_hub(folder: str | Path, repo: str, *, private: bool = False) -> str:
     """Upload an exported folder to the hub; ExportError (one line) when the machine is offline."""
-    from draftnas.models.sources import hub_reachable
-
     if not hub_reachable():
         raise ExportError(f"cannot push to {repo}: the model hub is unreachable from this machine "
                           f"(offline or HF_HUB_OFFLINE set); the drafter is saved at {folder}, upload it "

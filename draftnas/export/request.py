@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from draftnas.acceptance.records import AcceptanceEstimate
+from draftnas.acceptance.traces import load_traces, split_traces
 from draftnas.core.errors import ExportError
 from draftnas.core.records import Progress
+from draftnas.drafter.build import build_drafter
 from draftnas.drafter.records import HealOptions, PruningPlan, load_plan
 from draftnas.export.card import searched_tokens
 from draftnas.export.folder import check_destination, export_drafter
@@ -29,6 +31,7 @@ from draftnas.export.records import (
     ExportResult,
     drafter_name,
 )
+from draftnas.models.sources import load_model
 from draftnas.search.records import RankedTrial, StudyInfo, WorkloadPrediction
 from draftnas.search.scoring import measured_acceptance, predict_workload
 from draftnas.search.storage import load_trial
@@ -103,8 +106,6 @@ def study_traces(info: StudyInfo | None) -> Any:
     if not Path(info.traces).is_file():
         log.warning("the study's traces %s are gone; the export is not re-scored", info.traces)
         return None
-    from draftnas.acceptance.traces import load_traces, split_traces
-
     scored, _ = split_traces(load_traces(info.traces).select(temperature=info.space.workload.temperature))
     return scored
 
@@ -147,9 +148,6 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
                         data_progress: Progress | None = None) -> ExportResult:
     """Resolve the plan, build the drafter from the base (healed unless 0 steps), export, push
     (optional)."""
-    from draftnas.drafter.build import build_drafter
-    from draftnas.models.sources import load_model
-
     request.validate()
     check_destination(request.out_dir, request.force)  # fail before minutes of work
     source = _resolve_plan(request)
@@ -215,6 +213,4 @@ def teacher_for(traces: str | None, target: str, base: str, loaded: Any) -> Any:
         return load_traces(traces).select(temperature=0.0)
     if loaded is not None and target in (base, loaded.source.spec):
         return loaded.model
-    from draftnas.models.sources import load_model
-
     return load_model(target).model
