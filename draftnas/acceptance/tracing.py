@@ -23,6 +23,7 @@ from draftnas.acceptance.traces import TraceRecord, load_traces, make_metadata, 
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.prompts import Prompt, encode_prompt
 from draftnas.core.records import Progress
+from draftnas.models.hf_head import CACHE_ARG
 from draftnas.models.sources import load_model
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def decode_batch(
     lengths = torch.zeros(batch, dtype=torch.long)
     with torch.inference_mode():
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
         for _ in range(max_new_tokens):
             probs = _next_token_probs(out.logits[:, -1, :], temperature)  # [B, V]
             if temperature > 0:
@@ -103,7 +104,7 @@ def decode_batch(
             attention = torch.cat([attention, torch.ones(batch, 1, dtype=torch.long)], dim=1)
             positions = positions[:, -1:] + 1
             out = model(input_ids=nxt[:, None], attention_mask=attention, position_ids=positions,
-                        past_key_values=cache, use_cache=True)
+                        **{CACHE_ARG: cache}, use_cache=True)
     all_tokens = torch.stack(tokens, 1)  # [B, T]
     all_ids, all_probs = torch.stack(top_ids, 1), torch.stack(top_probs, 1)  # [B, T, K]
     results = []

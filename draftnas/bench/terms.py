@@ -15,6 +15,7 @@ from transformers import DynamicCache
 from draftnas.bench.records import BenchResult, Measured, MeasuredTerms
 from draftnas.core.machine import median_ms
 from draftnas.models.engines import crop_cache
+from draftnas.models.hf_head import CACHE_ARG
 
 
 def cached_forward_ms(model: Any, prompt: list[int], new_tokens: int, repeats: int) -> float:
@@ -23,11 +24,11 @@ def cached_forward_ms(model: Any, prompt: list[int], new_tokens: int, repeats: i
 
     cache = DynamicCache()
     with torch.inference_mode():
-        model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=torch.tensor([prompt]), **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
         feed = torch.tensor([prompt[-new_tokens:] if len(prompt) >= new_tokens else [0] * new_tokens])
 
         def step() -> None:
-            model(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=new_tokens)
+            model(input_ids=feed, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=new_tokens)
             crop_cache(cache, len(prompt))
 
         return median_ms(step, repeats)

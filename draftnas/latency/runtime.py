@@ -19,6 +19,7 @@ from draftnas.core.machine import cpu_count, cpu_model_name
 from draftnas.core.registry import Architecture
 from draftnas.latency.records import STATIC_MODES, Condition, ProfileOptions
 from draftnas.models.decoder import StaticStep
+from draftnas.models.hf_head import CACHE_ARG
 from draftnas.models.matmul import MatmulChooser
 
 CUDA_MARGIN_BYTES = 1 << 30  # the CUDA context, allocator rounding and cuBLAS workspaces
@@ -132,7 +133,7 @@ class EagerStep:
 
     def __call__(self) -> None:
         self.model.config.num_hidden_layers = self.layers  # LlamaModel runs layers[:n]
-        self.model(input_ids=self.input_ids, past_key_values=self.cache, use_cache=True)
+        self.model(input_ids=self.input_ids, **{CACHE_ARG: self.cache}, use_cache=True)
 
     def reset(self) -> None:
         self.cache.crop(-self.new_tokens)  # back to `context` tokens

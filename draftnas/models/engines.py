@@ -19,6 +19,7 @@ from transformers import DynamicCache
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.models.decoder import StaticStep
+from draftnas.models.hf_head import CACHE_ARG
 
 
 class HFEngine:
@@ -38,7 +39,7 @@ class HFEngine:
 
         crop_cache(self.cache, start)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        return self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+        return self.model(input_ids=ids, **{CACHE_ARG: self.cache}, use_cache=True,
                           logits_to_keep=keep).logits[0]
 
 
