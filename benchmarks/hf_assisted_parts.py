@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
 
     target, drafter = load_model(args.target), load_drafter(args.draft)
-    prompts, encoded, _ = unseen_prompts(load_prompts(args.prompts), target.tokenizer, drafter,
+    prompts, encoded, _ = unseen_prompts(load_prompts(args.prompts), target.tokenizer, [drafter],
                                          args.per_domain)
     config = drafter.model.generation_config
     config.num_assistant_tokens, config.num_assistant_tokens_schedule = args.gamma, "constant"

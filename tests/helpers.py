@@ -48,3 +48,18 @@ class TinyTokenizer:
 
     def __call__(self, text):
         return {"input_ids": [ord(c) % 128 for c in text]}
+
+
+class PaddedTinyTokenizer(TinyTokenizer):
+    """`TinyTokenizer` with a pad id (transformers' generate needs one to batch or stop)."""
+
+    pad_token_id = 0
+
+
+def loaded(model, spec, tokenizer=None, folder=None):
+    """A `LoadedModel` around an in-memory model (no files), with a padded tiny tokenizer by default."""
+    from draftnas.models.records import ModelSource
+    from draftnas.models.sources import LoadedModel
+
+    source = ModelSource(spec=spec, kind="folder", location=spec)
+    return LoadedModel(model, tokenizer or PaddedTinyTokenizer(), source, folder, 0.0, True)

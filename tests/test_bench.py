@@ -11,17 +11,9 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.prompts import Prompt
 from draftnas.models.records import ModelSource
 from draftnas.models.sources import LoadedModel
-from tests import helpers
+from tests.helpers import PaddedTinyTokenizer as TinyTokenizer
+from tests.helpers import loaded as _loaded
 from tests.helpers import tiny_llama, truncated
-
-
-class TinyTokenizer(helpers.TinyTokenizer):
-    pad_token_id = 0
-
-
-def _loaded(model, spec, tokenizer=None):
-    source = ModelSource(spec=spec, kind="folder", location=spec)
-    return LoadedModel(model, tokenizer or TinyTokenizer(), source, None, 0.0, True)
 
 
 @pytest.fixture(scope="module")
@@ -40,31 +32,51 @@ PROMPTS = (Prompt(id="a", domain="x", text="speculate "), Prompt(id="b", domain=
 def test_greedy_bench_is_lossless_and_the_estimate_is_exact(tiny_pair):
     target, draft = tiny_pair
     result = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16))
-    assert result.lossless is True and result.hf_lossless is True
-    assert all(r.lossless for r in result.prompts) and len(result.prompts) == 3
-    assert result.predicted_tokens_per_step == pytest.approx(result.tokens_per_step, rel=1e-9)
+    assert [a.name for a in result.arms] == ["target", "draftnas", "hf", "hf_routed_target", "hf_routed"]
+    own, hf, routed = result.arm("draftnas"), result.arm("hf"), result.arm("hf_routed")
+    assert own.lossless is True and hf.lossless is True and routed.lossless is True
+    assert own.baseline == "target" and hf.baseline == "target" and routed.baseline == "hf_routed_target"
+    assert all(p.run("draftnas").lossless for p in result.prompts) and len(result.prompts) == 3
+    assert own.predicted_tokens_per_step == pytest.approx(own.tokens_per_step, rel=1e-9)
     assert 1.0 <= result.tokens_per_step <= 4.0
-    assert result.mean_accepted_per_step == pytest.approx(result.tokens_per_step - 1.0)
-    assert result.target_tokens_per_s > 0 and result.draftnas_tokens_per_s > 0
-    assert result.hf_assisted_tokens_per_s and result.hf_tokens_per_step
-    assert result.hf_routed_lossless is True and all(r.hf_routed_lossless for r in result.prompts)
-    assert result.hf_routed_tokens_per_s and result.hf_routed_target_tokens_per_s and result.hf_routed_speedup
-    assert not any("forward" in vars(m) for m in target.model.modules())  # the routed pair runs a copy
+    assert own.mean_accepted_per_step == pytest.approx(result.tokens_per_step - 1.0)
+    assert own.speedup == pytest.approx(own.tokens_per_s / result.arm("target").tokens_per_s)
+    assert hf.tokens_per_s > 0 and hf.tokens_per_step and routed.speedup
+    assert result.arm("target").speedup is None and result.arm("target").drafter is None
+    assert not any("forward" in vars(m) for m in target.model.modules())  # the routed arms run a copy
     assert BenchResult.from_dict(result.to_dict()) == result
+
+
+def test_a_reference_drafter_gets_the_same_arms_in_the_same_run(tiny_pair):
+    target, draft = tiny_pair
+    other = _loaded(truncated(target.model, 1), "tiny-reference")
+    result = run_bench(target, draft, PROMPTS[:2], BenchOptions(gamma=2, max_new_tokens=8, hf_routed=False),
+                       reference=other)
+    assert result.drafters == {"draftnas": "tiny-draft", "reference": "tiny-reference"}
+    assert [a.name for a in result.arms] == ["target", "draftnas", "reference", "hf", "reference_hf"]
+    ref = result.arm("reference")
+    assert ref.lossless is True and ref.drafter == "tiny-reference" and ref.baseline == "target"
+    assert ref.predicted_tokens_per_step == pytest.approx(ref.tokens_per_step, rel=1e-9)
+    # the two drafters differ, so their acceptance does: each arm ran its own drafter
+    assert ref.tokens_per_step != result.arm("draftnas").tokens_per_step
+    assert all({r.arm for r in p.runs} == {a.name for a in result.arms} for p in result.prompts)
 
 
 def test_static_engine_bench_is_lossless_and_times_transformers_beside_it(tiny_pair):
     target, draft = tiny_pair
     result = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16, engine="static"))
-    assert result.engine == "static" and result.lossless is True and result.exact_match_rate == 1.0
-    assert result.divergence_margins == () and all(r.first_divergence is None for r in result.prompts)
-    assert result.hf_target_tokens_per_s and all(r.hf_target_s for r in result.prompts)
+    own = result.arm("draftnas")
+    assert result.engine == "static" and own.engine == "static" and own.lossless is True
+    assert own.exact_match_rate == 1.0 and own.divergence_margins == ()
+    assert all(p.run("draftnas").first_divergence is None for p in result.prompts)
+    assert result.arm("hf_target").tokens_per_s > 0 and result.arm("hf").baseline == "hf_target"
     assert result.choice_timing_s == 0.0  # every product shape the timed runs met was timed beforehand
     assert result.host and result.load_average_before  # the host the figures came from, named
-    assert result.hf_lossless is True  # HF assisted judged against transformers' own target run
-    assert result.predicted_tokens_per_step == pytest.approx(result.tokens_per_step, rel=1e-9)
+    assert result.arm("hf").lossless is True  # HF assisted judged against transformers' own target run
+    assert own.predicted_tokens_per_step == pytest.approx(own.tokens_per_step, rel=1e-9)
     hf_engine = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16, hf_assisted=False))
-    assert [r.steps for r in hf_engine.prompts] == [r.steps for r in result.prompts]  # the same loop
+    assert [p.run("draftnas").steps for p in hf_engine.prompts] == [
+        p.run("draftnas").steps for p in result.prompts]  # the same loop
 
 
 def test_first_divergence_and_its_margin_are_reported():
@@ -86,8 +98,9 @@ def test_sampling_bench_runs_without_a_lossless_claim(tiny_pair):
     result = run_bench(target, draft, PROMPTS[:2], BenchOptions(gamma=2, temperature=1.0, max_new_tokens=8,
                                                                 hf_assisted=False),
                        progress=lambda done, total: progress.append((done, total)))
-    assert result.lossless is None and result.hf_assisted_tokens_per_s is None
-    assert result.predicted_tokens_per_step is not None and 1.0 <= result.predicted_tokens_per_step <= 3.0
+    own = result.arm("draftnas")
+    assert own.lossless is None and not result.has("hf")
+    assert own.predicted_tokens_per_step is not None and 1.0 <= own.predicted_tokens_per_step <= 3.0
     assert progress[-1] == (3, 3)
 
 
@@ -117,8 +130,9 @@ def test_smollm2_bench_is_lossless_and_matches_the_estimate(smollm2):
                         None, 0.0, True)
     prompts = (Prompt(id="m", domain="math", text="What is 12 times 12?"),)
     result = run_bench(smollm2, draft, prompts, BenchOptions(gamma=3, max_new_tokens=10, hf_assisted=False))
-    assert result.lossless is True
-    assert result.predicted_tokens_per_step == pytest.approx(result.tokens_per_step, rel=1e-6)
+    own = result.arm("draftnas")
+    assert own.lossless is True
+    assert own.predicted_tokens_per_step == pytest.approx(own.tokens_per_step, rel=1e-6)
 
 
 def test_prompts_the_drafter_was_healed_on_are_left_out_before_the_per_domain_choice(tmp_path):
@@ -134,13 +148,13 @@ def test_prompts_the_drafter_was_healed_on_are_left_out_before_the_per_domain_ch
     trained = [prompt_key(encode_prompt(tok, p.text)) for p in prompts[:1]]  # healed on "a"
     (tmp_path / "draftnas.json").write_text(json.dumps({"heal": {"trained_prompts": trained, "kept": True}}))
     drafter = dataclasses.replace(_loaded(None, "d"), folder=tmp_path)
-    kept, ids, left_out = unseen_prompts(prompts, tok, drafter, per_domain=None)
+    kept, ids, left_out = unseen_prompts(prompts, tok, [drafter], per_domain=None)
     assert [p.id for p in kept] == ["b", "c", "d"] and left_out == ("a",)
     assert ids == [encode_prompt(tok, p.text) for p in kept]
-    one_each, _, _ = unseen_prompts(prompts, tok, drafter, per_domain=1)  # chosen among b, c, d: x gets c
+    one_each, _, _ = unseen_prompts(prompts, tok, [drafter], per_domain=1)  # among b, c, d: x gets c
     assert [p.id for p in one_each] == ["b", "c"]
-    assert unseen_prompts(prompts, tok, _loaded(None, "no-folder"), per_domain=None)[2] == ()
+    assert unseen_prompts(prompts, tok, [_loaded(None, "no-folder")], per_domain=None)[2] == ()
     with pytest.raises(InvalidInputError, match="healed on every one of the 1 prompts"):
-        unseen_prompts(prompts[:1], tok, drafter, per_domain=None)
+        unseen_prompts(prompts[:1], tok, [drafter], per_domain=None)
     (tmp_path / "draftnas.json").write_text(json.dumps({"heal": {"trained_prompts": trained, "kept": False}}))
-    assert unseen_prompts(prompts, tok, drafter, per_domain=None)[2] == ()  # unhealed weights exported
+    assert unseen_prompts(prompts, tok, [drafter], per_domain=None)[2] == ()  # unhealed weights exported

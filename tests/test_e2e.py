@@ -211,7 +211,7 @@ def test_budget_presets_and_bad_budgets():
     assert budget_preset("full", repeats=5).repeats == 5
     with pytest.raises(InvalidInputError, match="allowed: quick, full"):
         budget_preset("huge")
-    with pytest.raises(InvalidInputError, match="fixed_gamma 5 must be <= max_gamma 4"):
+    with pytest.raises(InvalidInputError, match="fixed_gamma must be <= max_gamma 4, got 5"):
         budget_preset("quick", fixed_gamma=5, max_gamma=4)
 
 

@@ -417,7 +417,7 @@ def test_the_cli_heals_by_default_with_the_stated_budget_unless_the_space_heals_
 
 @pytest.mark.parametrize("kwargs,needle", [({"gamma": 0}, "gamma must be in \\[1, 32\\], got 0"),
                                            ({"gamma": 40}, "got 40"),
-                                           ({"heal_steps": -1}, "heal steps must be >= 0")])
+                                           ({"heal_steps": -1}, "heal_steps must be >= 0")])
 def test_bad_export_values_are_refused_before_anything_is_written(tmp_path, kwargs, needle):
     from draftnas.export.records import ExportRequest
     from draftnas.export.request import export_from_request

@@ -239,7 +239,7 @@ def test_a_chunk_that_runs_out_of_memory_is_halved_and_a_job_failing_alone_is_sk
 
 
 def test_a_memory_budget_must_be_positive():
-    with pytest.raises(InvalidInputError, match="memory budget"):
+    with pytest.raises(InvalidInputError, match="memory_budget_bytes must be >= 1"):
         ProfileOptions(memory_budget_bytes=0).validate()
 
 

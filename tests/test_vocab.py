@@ -489,10 +489,7 @@ def test_bench_runs_a_reduced_head_folder_in_its_own_loop(tmp_path, tiny_llama_c
     from draftnas.bench.records import BenchOptions
     from draftnas.bench.run import run_bench
     from draftnas.core.prompts import Prompt
-    from draftnas.models.records import ModelSource
-    from draftnas.models.sources import LoadedModel
-    from tests.helpers import truncated
-    from tests.test_bench import TinyTokenizer
+    from tests.helpers import loaded, truncated
 
     target = tiny_llama(tiny_llama_config, initializer_range=0.2)
     target.generation_config.eos_token_id = None
@@ -500,15 +497,12 @@ def test_bench_runs_a_reduced_head_folder_in_its_own_loop(tmp_path, tiny_llama_c
     drafter = truncated(target, 2)
     VocabSubset(ids=tuple(range(0, V, 2)), vocab_size=V).save(tmp_path)  # the folder's draft_vocab.json
 
-    def loaded(model, spec, folder=None):
-        return LoadedModel(model, TinyTokenizer(), ModelSource(spec=spec, kind="folder", location=spec),
-                           folder, 0.0, True)
-
     prompts = (Prompt(id="a", domain="x", text="speculate "), Prompt(id="b", domain="y", text="verify"))
-    result = run_bench(loaded(target, "t"), loaded(drafter, "d", tmp_path), prompts,
+    result = run_bench(loaded(target, "t"), loaded(drafter, "d", folder=tmp_path), prompts,
                        BenchOptions(gamma=2, max_new_tokens=10))
-    assert result.draft_vocab_size == V // 2 and result.lossless and result.hf_lossless
-    assert result.draft_ms_per_token is not None and result.draft_ms_per_token > 0
+    own = result.arm("draftnas")
+    assert own.draft_vocab_size == V // 2 and own.lossless and result.arm("hf").lossless
+    assert own.draft_ms_per_token is not None and own.draft_ms_per_token > 0
     assert drafter.get_output_embeddings().weight.shape[0] == V // 2  # draftnas's loop kept the small head
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import check_options, option, parse_floats
 from draftnas.core.records import Record
 
 SCHEMA_VERSION = 1
@@ -21,32 +21,17 @@ class TraceOptions(Record):
     shard_size: records per checkpoint shard (what an interruption can lose at most).
     """
 
-    max_new_tokens: int = 128
-    temperatures: tuple[float, ...] = (0.0,)
-    top_k: int = 20
-    seed: int = 0
-    batch_size: int = 8
-    shard_size: int = 8
+    max_new_tokens: int = option(128, help="Tokens generated per prompt.", short="-n", low=1, high=8192)
+    temperatures: tuple[float, ...] = option(
+        (0.0,), flag="--temperature", help="Comma-separated temperatures; 0 = greedy.", low=0.0, high=10.0,
+        nonempty=True, distinct=True, cli_type=str, cli_default="0", parse=parse_floats)
+    top_k: int = option(20, help="Target probabilities kept per position.", low=1, high=1024)
+    seed: int = option(0, help="Seed of the sampled (temperature > 0) traces.")
+    batch_size: int = option(8, help="Prompts decoded together (left padded).", low=1, high=256)
+    shard_size: int = option(8, help="Records per checkpoint shard.", low=1, high=100_000, cli=False)
 
-    def validate(self) -> None:
-        problems = []
-        if not 1 <= self.max_new_tokens <= 8192:
-            problems.append(f"max_new_tokens must be in [1, 8192], got {self.max_new_tokens}")
-        if not self.temperatures:
-            problems.append("temperatures must name at least one value (0 = greedy)")
-        bad = [t for t in self.temperatures if not 0.0 <= t <= 10.0]
-        if bad:
-            problems.append(f"temperatures must be in [0, 10], got {bad}")
-        if len(set(self.temperatures)) != len(self.temperatures):
-            problems.append(f"temperatures repeat a value: {list(self.temperatures)}")
-        if not 1 <= self.top_k <= 1024:
-            problems.append(f"top_k must be in [1, 1024], got {self.top_k}")
-        if not 1 <= self.batch_size <= 256:
-            problems.append(f"batch_size must be in [1, 256], got {self.batch_size}")
-        if not 1 <= self.shard_size <= 100_000:
-            problems.append(f"shard_size must be in [1, 100000], got {self.shard_size}")
-        if problems:
-            raise InvalidInputError("; ".join(problems))
+    def validate(self) -> TraceOptions:
+        return check_options(self)
 
 
 @dataclass(frozen=True)

@@ -1,50 +1,104 @@
-"""The decoders a bench runs, each over the same prompts: the target alone, draftnas's loop,
-transformers' assisted generation, and the same with routed linear layers.
-"""
+"""The arms of a bench: each one way of decoding the same prompts, with the same fields in its result.
 
+- `target`: the target alone in the loop's engine (transformers `generate` under engine "hf";
+  draftnas's static decoder one token a step under "static", replayed from a CUDA graph on a GPU);
+- one speculative-loop arm per drafter (`draftnas` for the drafter benched, `reference` for the
+  drafter a user would otherwise pick), in that engine;
+- transformers' assisted generation with each drafter (`hf`, `reference_hf`), beside transformers'
+  own `generate` of the target alone (`hf_target`; the same as `target` under engine "hf");
+- on CPU, the transformers pair again with every model's linear layers routed through the product
+  that timed fastest here (`hf_routed_target`, `hf_routed`, `reference_hf_routed`).
+
+An arm's speedup is against its baseline: the target alone in the same engine. A new engine
+(llama.cpp, vLLM) is one more arm.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from draftnas.acceptance.traces import eos_token_ids
 from draftnas.bench.records import BenchOptions
+from draftnas.drafter.records import VocabSubset
 from draftnas.drafter.vocab import maybe_apply_saved_subset, model_subset
 from draftnas.models.decoder import StaticDecoder
 from draftnas.models.engines import StaticEngine
-from draftnas.models.linears import route_linears
+from draftnas.models.linears import LinearRouting, route_linears
+from draftnas.models.sources import LoadedModel
 from draftnas.models.speculative import greedy_decode, speculative_generate
-
-if TYPE_CHECKING:
-    from draftnas.models.sources import LoadedModel
-
 
 log = logging.getLogger(__name__)
 
+#: label of the drafter the bench is for; further drafters (the reference) bring their own arms
+MAIN = "draftnas"
+
 
 @dataclass
-class _Run:
+class Run:
+    """One decoding of one prompt by one arm (not a record: per-call detail)."""
+
     tokens: list[int]
     elapsed_s: float
     steps: int = 0
     accepted: int = 0
     drafted: int = 0
     draft_s: float = 0.0
-    margins: list[float] | None = None  # greedy target runs in draftnas's engines
+    margins: list[float] | None = None  # greedy target runs in draftnas's engines: top-1 minus top-2
+
+
+@dataclass
+class Drafter:
+    """A drafter in the bench: its label, the loaded model and its reduced head (if any). `full_head`
+    / `reduced_head`: a folder with a full head and draft_vocab.json, sliced for draftnas's loop; its
+    full head goes back in for transformers, which needs full-vocabulary logits."""
+
+    label: str
+    loaded: LoadedModel
+    subset: VocabSubset | None = None
+    full_head: Any = None
+    reduced_head: Any = None
+
+    @classmethod
+    def of(cls, label: str, loaded: LoadedModel) -> Drafter:
+        subset = model_subset(loaded.model)
+        if subset is not None or loaded.folder is None:
+            return cls(label, loaded, subset)
+        full = loaded.model.get_output_embeddings()
+        subset = maybe_apply_saved_subset(loaded.model, loaded.folder)
+        if subset is None:
+            return cls(label, loaded)
+        return cls(label, loaded, subset, full, loaded.model.get_output_embeddings())
+
+    @contextlib.contextmanager
+    def full_vocabulary(self, model: Any) -> Any:
+        """`model` (this drafter or a copy of it) with the full-vocabulary head while inside."""
+        if self.full_head is None:
+            yield model
+            return
+        model.set_output_embeddings(self.full_head)
+        try:
+            yield model
+        finally:
+            model.set_output_embeddings(self.reduced_head)
+
+
+def arm_names(label: str) -> tuple[str, str, str]:
+    """(loop, transformers, routed transformers) arm names of the drafter labelled `label`."""
+    if label == MAIN:
+        return MAIN, "hf", "hf_routed"
+    return label, f"{label}_hf", f"{label}_hf_routed"
 
 
 def _synchronize(device: str) -> None:
     if device == "cuda":
-
         torch.cuda.synchronize()
 
 
@@ -56,11 +110,11 @@ def product_rows(encoded: Sequence[list[int]], gamma: int) -> set[int]:
 
 
 class Bench:
-    """Live models and settings shared by the three decoders."""
+    """Live models and settings shared by the arms: the target, the drafters, the static engines
+    (engine "static") and, for the routed arms, copies of the models with routed linear layers."""
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel, options: BenchOptions) -> None:
-
-        self.target, self.draft, self.options = target, draft, options
+    def __init__(self, target: LoadedModel, drafters: Sequence[Drafter], options: BenchOptions) -> None:
+        self.target, self.drafters, self.options = target, {d.label: d for d in drafters}, options
         self.eos = eos_token_ids(target.model, target.tokenizer)
         tok = target.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else (self.eos[0] if self.eos else 0)
@@ -71,53 +125,47 @@ class Bench:
         }
         if sampling:  # the plain temperature-T softmax: no top-k/top-p warping
             self.gen_kwargs.update(temperature=options.temperature, top_k=0, top_p=1.0)
-        self.full_head = self.reduced_head = None
-        self.subset = self._reduced_head(draft)
-        cfg = draft.model.generation_config
-        cfg.num_assistant_tokens = options.gamma
-        cfg.num_assistant_tokens_schedule = "constant"
-        cfg.assistant_confidence_threshold = 0.0
-        self.engines: tuple[Any, Any] | None = None
+        for d in drafters:  # a constant gamma and no confidence cut-off, as the loop drafts
+            cfg = d.loaded.model.generation_config
+            cfg.num_assistant_tokens = options.gamma
+            cfg.num_assistant_tokens_schedule = "constant"
+            cfg.assistant_confidence_threshold = 0.0
+        self.engines: dict[str, StaticEngine] = {}  # "target" / drafter label -> engine
         self.routed = options.hf_assisted and options.hf_routed and options.device == "cpu"
-        self.routings: dict[str, Any] = {}  # "target" / "draft" -> LinearRouting, made on first use
-        self.routed_models: dict[str, Any] = {}  # "target" / "draft" -> the copy the routed pair runs
+        self._routings: dict[str, LinearRouting] = {}
+        self._copies: dict[str, Any] = {}
 
-    def _routed_model(self, which: str) -> Any:
-        """The target or drafter the routed pair runs: a copy of the model, so its weights lie in
-        this process's memory, as `route_linears` leaves a user's model by default, while the
-        plain pair keeps them as loaded (a view of the safetensors file)."""
-        if which not in self.routed_models:
-            model = self.target.model if which == "target" else self.draft.model
-            full = which == "draft" and self.full_head is not None  # transformers needs the full head
-            if full:
-                model.set_output_embeddings(self.full_head)
-            try:
-                self.routed_models[which] = copy.deepcopy(model)
-            finally:
-                if full:
-                    model.set_output_embeddings(self.reduced_head)
-        return self.routed_models[which]
+    def routed_model(self, key: str) -> Any:
+        """The target's ("target") or a drafter's copy the routed arms run: a copy, so its weights lie
+        in this process's memory as `route_linears` leaves a user's model by default, while the plain
+        arms keep them as loaded (a view of the safetensors file)."""
+        if key not in self._copies:
+            if key == "target":
+                self._copies[key] = copy.deepcopy(self.target.model)
+            else:
+                d = self.drafters[key]
+                with d.full_vocabulary(d.loaded.model) as model:  # transformers needs the full head
+                    self._copies[key] = copy.deepcopy(model)
+        return self._copies[key]
 
-    def _routing(self, which: str) -> Any:
-        """The (detached) routing of the routed pair's target's or drafter's linear layers."""
-
-        if which not in self.routings:  # the copy is this process's memory already
-            self.routings[which] = route_linears(self._routed_model(which), attach=False, own_weights=False)
-        return self.routings[which]
+    def routing(self, key: str) -> LinearRouting:
+        """The (detached) routing of a routed copy's linear layers."""
+        if key not in self._routings:  # the copy is this process's memory already
+            self._routings[key] = route_linears(self.routed_model(key), attach=False, own_weights=False)
+        return self._routings[key]
 
     def build_engines(self, max_tokens: int) -> None:
         """Static engines (one KV cache each, `max_tokens` slots) for engine "static"."""
-
         capture = self.options.device == "cuda"
-        target, draft = (StaticEngine(StaticDecoder.from_hf(m.model, max_positions=max_tokens), max_tokens,
-                                      capture=capture) for m in (self.target, self.draft))
-        self.engines = (target, draft)
+        models = {"target": self.target.model} | {k: d.loaded.model for k, d in self.drafters.items()}
+        self.engines = {k: StaticEngine(StaticDecoder.from_hf(m, max_positions=max_tokens), max_tokens,
+                                        capture=capture) for k, m in models.items()}
 
     def choosers(self) -> list[Any]:
         """The CPU product choosers in play: the static engines' and, routed, transformers' models'."""
-        out = [engine.decoder.matmul for engine in self.engines or ()]
+        out = [engine.decoder.matmul for engine in self.engines.values()]
         if self.routed:
-            out += [self._routing(which).chooser for which in ("target", "draft")]
+            out += [self.routing(k).chooser for k in ("target", *self.drafters)]
         return [c for c in out if c.enabled]
 
     def prepare(self, encoded: Sequence[list[int]]) -> None:
@@ -131,106 +179,136 @@ class Bench:
     def choice_timing_s(self) -> float:
         return sum(c.timing_s for c in self.choosers())
 
-    def _target_loop_model(self) -> Any:
-        return self.engines[0] if self.engines else self.target.model
-
-    def _draft_loop_model(self) -> Any:
-        return self.engines[1] if self.engines else self.draft.model
-
-    def _reduced_head(self, draft: LoadedModel) -> Any:
-        """A drafter folder with draft_vocab.json: draftnas's loop slices the head to the kept rows;
-        HF assisted generation gets the stored full-vocabulary head back for its runs."""
-
-        subset = model_subset(draft.model)
-        if subset is None and draft.folder is not None:
-            full = draft.model.get_output_embeddings()
-            subset = maybe_apply_saved_subset(draft.model, draft.folder)
-            if subset is not None:
-                self.full_head, self.reduced_head = full, draft.model.get_output_embeddings()
-        return subset
-
-    def _generate(self, ids: list[int], seed: int, max_new_tokens: int, target: Any = None,
-                  **extra: Any) -> _Run:
+    def generate(self, ids: list[int], seed: int, max_new_tokens: int, target: Any = None,
+                 **extra: Any) -> Run:
         """transformers' `generate` of `target` (default: the target as loaded)."""
-
-        inputs = torch.tensor([ids])
+        inputs = torch.tensor([ids]).to(self.options.device)
         kwargs = {**self.gen_kwargs, "max_new_tokens": max_new_tokens, **extra}
-        inputs = inputs.to(self.options.device)
         torch.manual_seed(seed)
         _synchronize(self.options.device)
         started = time.perf_counter()
         with torch.inference_mode():
             out = (target or self.target.model).generate(inputs, attention_mask=torch.ones_like(inputs),
                                                          **kwargs)
-        return _Run(tokens=out[0, len(ids):].tolist(), elapsed_s=time.perf_counter() - started)
+        _synchronize(self.options.device)
+        return Run(tokens=out[0, len(ids):].tolist(), elapsed_s=time.perf_counter() - started)
 
-    def run_target(self, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
-        """The target alone in the loop's engine (greedy: with its top-1/top-2 margins)."""
-        if self.engines is None:
-            return self._generate(ids, seed, max_new_tokens)
+    def arms(self) -> list[Arm]:
+        """Every arm this bench runs, baselines first (see the module docstring)."""
+        out: list[Arm] = [TargetArm(self)]
+        loop_engine = "static" if self.engines else "hf"
+        out += [LoopArm(self, label, loop_engine) for label in self.drafters]
+        if self.options.hf_assisted:
+            hf_base = "hf_target" if self.engines else "target"
+            if self.engines:
+                out.append(HfTargetArm(self, routed=False))
+            out += [HfAssistedArm(self, label, hf_base, routed=False) for label in self.drafters]
+        if self.routed:
+            out.append(HfTargetArm(self, routed=True))
+            out += [HfAssistedArm(self, label, "hf_routed_target", routed=True) for label in self.drafters]
+        return out
 
 
-        if self.options.temperature <= 0:
-            out = greedy_decode(self.engines[0], ids, max_new_tokens=max_new_tokens, eos_token_ids=self.eos)
-            return _Run(tokens=out.tokens, elapsed_s=out.elapsed_s, margins=out.margins)
-        run = speculative_generate(self.engines[0], self.engines[1], ids, gamma=0,
-                                   max_new_tokens=max_new_tokens, temperature=self.options.temperature,
-                                   eos_token_ids=self.eos, generator=torch.Generator().manual_seed(seed))
-        return _Run(tokens=run.tokens, elapsed_s=run.elapsed_s)
+class Arm:
+    """One way of decoding: `run` one prompt; `baseline` names the arm its speedup is against (None
+    for a baseline), `drafter` the drafter's label (None for the target alone)."""
 
-    def run_hf_target(self, ids: list[int], seed: int, max_new_tokens: int, routed: bool = False) -> _Run:
-        if not routed:
-            return self._generate(ids, seed, max_new_tokens)
-        with self._routing("target"):
-            return self._generate(ids, seed, max_new_tokens, target=self._routed_model("target"))
+    name: str
+    engine: str
+    baseline: str | None = None
+    drafter: str | None = None
 
-    def run_hf(self, ids: list[int], seed: int, max_new_tokens: int, routed: bool = False) -> _Run:
-        target = self._routed_model("target") if routed else self.target.model
-        draft = self._routed_model("draft") if routed else self.draft.model
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+
+    def run(self, ids: list[int], seed: int, max_new_tokens: int) -> Run:
+        raise NotImplementedError
+
+
+class TargetArm(Arm):
+    """The target alone in the loop's engine (greedy: with its top-1/top-2 margins)."""
+
+    name = "target"
+
+    def __init__(self, bench: Bench) -> None:
+        super().__init__(bench)
+        self.engine = "static" if bench.engines else "hf"
+
+    def run(self, ids: list[int], seed: int, max_new_tokens: int) -> Run:
+        b = self.bench
+        if not b.engines:
+            return b.generate(ids, seed, max_new_tokens)
+        if b.options.temperature <= 0:
+            out = greedy_decode(b.engines["target"], ids, max_new_tokens=max_new_tokens, eos_token_ids=b.eos)
+            return Run(tokens=out.tokens, elapsed_s=out.elapsed_s, margins=out.margins)
+        drafter = next(iter(b.engines.values()))  # gamma 0: plain sampling through the loop
+        run = speculative_generate(b.engines["target"], drafter, ids, gamma=0, max_new_tokens=max_new_tokens,
+                                   temperature=b.options.temperature, eos_token_ids=b.eos,
+                                   generator=torch.Generator().manual_seed(seed))
+        return Run(tokens=run.tokens, elapsed_s=run.elapsed_s)
+
+
+class LoopArm(Arm):
+    """draftnas's speculative loop with one drafter, in the loop's engine."""
+
+    baseline = "target"
+
+    def __init__(self, bench: Bench, label: str, engine: str) -> None:
+        super().__init__(bench)
+        self.drafter, self.engine, self.name = label, engine, arm_names(label)[0]
+
+    def run(self, ids: list[int], seed: int, max_new_tokens: int) -> Run:
+        b, d = self.bench, self.bench.drafters[self.drafter or ""]
+        target = b.engines.get("target", b.target.model)
+        drafter = b.engines.get(d.label, d.loaded.model)
+        out = speculative_generate(target, drafter, ids, gamma=b.options.gamma, max_new_tokens=max_new_tokens,
+                                   temperature=b.options.temperature, eos_token_ids=b.eos,
+                                   generator=torch.Generator().manual_seed(seed), vocab_subset=d.subset)
+        return Run(tokens=out.tokens, elapsed_s=out.elapsed_s, steps=out.steps, accepted=sum(out.accepted),
+                   drafted=sum(out.drafted), draft_s=out.draft_s)
+
+
+class HfTargetArm(Arm):
+    """transformers' `generate` of the target alone (routed: over a routed copy)."""
+
+    def __init__(self, bench: Bench, routed: bool) -> None:
+        super().__init__(bench)
+        self.routed = routed
+        self.name, self.engine = ("hf_routed_target", "hf-routed") if routed else ("hf_target", "hf")
+
+    def run(self, ids: list[int], seed: int, max_new_tokens: int) -> Run:
+        b = self.bench
+        if not self.routed:
+            return b.generate(ids, seed, max_new_tokens)
+        with b.routing("target"):
+            return b.generate(ids, seed, max_new_tokens, target=b.routed_model("target"))
+
+
+class HfAssistedArm(Arm):
+    """transformers' assisted generation `generate(assistant_model=drafter)` at a constant gamma;
+    steps are the target's forward calls."""
+
+    def __init__(self, bench: Bench, label: str, baseline: str, routed: bool) -> None:
+        super().__init__(bench)
+        self.drafter, self.baseline, self.routed = label, baseline, routed
+        self.name = arm_names(label)[2 if routed else 1]
+        self.engine = "hf-routed" if routed else "hf"
+
+    def run(self, ids: list[int], seed: int, max_new_tokens: int) -> Run:
+        b, d = self.bench, self.bench.drafters[self.drafter or ""]
+        target = b.routed_model("target") if self.routed else b.target.model
         calls = [0]
         hook = target.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        swap = not routed and self.full_head is not None  # transformers needs the full-vocabulary head
-        if swap:
-            draft.set_output_embeddings(self.full_head)
         try:
-            with contextlib.ExitStack() as routings:
-                if routed:
-                    routings.enter_context(self._routing("target"))
-                    routings.enter_context(self._routing("draft"))
-                run = self._generate(ids, seed, max_new_tokens, target=target, assistant_model=draft)
+            with contextlib.ExitStack() as stack:
+                if self.routed:
+                    draft = b.routed_model(d.label)
+                    stack.enter_context(b.routing("target"))
+                    stack.enter_context(b.routing(d.label))
+                else:  # transformers needs the full-vocabulary head
+                    draft = stack.enter_context(d.full_vocabulary(d.loaded.model))
+                run = b.generate(ids, seed, max_new_tokens, target=target, assistant_model=draft)
         finally:
             hook.remove()
-            if swap:
-                draft.set_output_embeddings(self.reduced_head)
         run.steps = calls[0]
         return run
-
-    def run_draftnas(self, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
-
-
-        out = speculative_generate(
-            self._target_loop_model(), self._draft_loop_model(), ids, gamma=self.options.gamma,
-            max_new_tokens=max_new_tokens, temperature=self.options.temperature,
-            eos_token_ids=self.eos, generator=torch.Generator().manual_seed(seed),
-            vocab_subset=self.subset,
-        )
-        return _Run(tokens=out.tokens, elapsed_s=out.elapsed_s, steps=out.steps,
-                    accepted=sum(out.accepted), drafted=sum(out.drafted), draft_s=out.draft_s)
-
-    def run(self, method: str, ids: list[int], seed: int, max_new_tokens: int) -> _Run:
-        runner: dict[str, Callable[[list[int], int, int], _Run]] = {
-            "target": self.run_target, "draftnas": self.run_draftnas, "hf_target": self.run_hf_target,
-            "hf_assisted": self.run_hf,
-            "hf_routed_target": functools.partial(self.run_hf_target, routed=True),
-            "hf_routed": functools.partial(self.run_hf, routed=True)}
-        return runner[method](ids, seed, max_new_tokens)
-
-    def methods(self) -> list[str]:
-        """The decoders this bench runs: hf_target only beside the static engine (else it is target);
-        the routed pair on CPU unless turned off."""
-        out = ["target", "draftnas"]
-        if self.options.hf_assisted:
-            out += (["hf_target"] if self.engines is not None else []) + ["hf_assisted"]
-        if self.routed:
-            out += ["hf_routed_target", "hf_routed"]
-        return out

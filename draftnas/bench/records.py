@@ -6,99 +6,123 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import check_options, option
 from draftnas.core.records import Record
 from draftnas.models.records import ENGINES, TORCH_DTYPES
 
 DEVICES = ("cpu", "cuda")
 
 
+def _per_domain(value: int | None) -> int | None:
+    return value or None  # the flag's 0 means every prompt
+
+
 @dataclass(frozen=True)
 class BenchOptions(Record):
-    """`engine` None: "static" on CUDA (captured steps), "hf" on CPU."""
+    """What `draftnas bench` is asked (its flags are built from these fields)."""
 
-    gamma: int = 4
-    temperature: float = 0.0
-    max_new_tokens: int = 64
-    seed: int = 0
-    hf_assisted: bool = True
-    # also run transformers with both models' linear layers routed (draftnas.models.linears; CPU only)
-    hf_routed: bool = True
-    estimate: bool = True
-    top_k: int = 20
-    device: str = "cpu"
-    dtype: str = "fp32"
-    engine: str | None = None
+    gamma: int = option(4, help="Draft tokens per step.", short="-g", low=1, high=32)
+    temperature: float = option(0.0, help="0 = greedy (checked lossless).", low=0.0, high=10.0)
+    max_new_tokens: int = option(64, help="New tokens per prompt.", short="-n", low=1, high=8192)
+    seed: int = option(0, help="Seed of sampling runs.")
+    hf_assisted: bool = option(True, flag="--hf/--no-hf", help="Run transformers' assisted generation.")
+    hf_routed: bool = option(
+        True, flag="--hf-routed/--no-hf-routed",
+        help="Also run the transformers arms (CPU only) with every model's linear layers routed through "
+             "the product that timed fastest here (draftnas.models.linears.route_linears).")
+    estimate: bool = option(True, help="Predict tokens per step from traces of these prompts.", cli=False)
+    top_k: int = option(20, help="Target probabilities kept per position for the estimate.", low=1, high=1024,
+                        cli=False)
+    device: str = option("cpu", help="Device to run on.", choices=DEVICES)
+    dtype: str = option("fp32", help="Weights' dtype (in fp32 outputs must match exactly).",
+                        choices=tuple(TORCH_DTYPES))
+    engine: str | None = option(
+        None, help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's "
+                   "decoder over a cache allocated once, with CUDA graphs on a GPU. Default: static on cuda, "
+                   "hf on cpu.", choices=ENGINES)
     # at most this many prompts per domain (evenly spaced), chosen after leaving out the prompts
-    # the drafter was healed on (None: every prompt given that it was not healed on)
-    per_domain: int | None = None
+    # a drafter was healed on (None: every prompt given that none was healed on)
+    per_domain: int | None = option(
+        None, help="At most this many prompts per domain, evenly spaced (0 = all); prompts a drafter was "
+                   "healed on are left out first.", low=1, cli_default=2, parse=_per_domain)
 
     def resolved_engine(self) -> str:
         return self.engine or ("static" if self.device == "cuda" else "hf")
 
-    def validate(self) -> None:
-        problems = []
-        if self.device not in DEVICES:
-            problems.append(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.dtype not in TORCH_DTYPES:
-            problems.append(f"dtype must be one of {', '.join(TORCH_DTYPES)}, got {self.dtype!r}")
-        if self.engine is not None and self.engine not in ENGINES:
-            problems.append(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if not 1 <= self.gamma <= 32:
-            problems.append(f"gamma must be in [1, 32], got {self.gamma}")
-        if not 0.0 <= self.temperature <= 10.0:
-            problems.append(f"temperature must be in [0, 10], got {self.temperature:g}")
-        if not 1 <= self.max_new_tokens <= 8192:
-            problems.append(f"max_new_tokens must be in [1, 8192], got {self.max_new_tokens}")
-        if self.per_domain is not None and self.per_domain < 1:
-            problems.append(f"per_domain must be >= 1, got {self.per_domain}")
-        if problems:
-            raise InvalidInputError("; ".join(problems))
+    def validate(self) -> BenchOptions:
+        return check_options(self)
+
+
+@dataclass(frozen=True)
+class ArmRun(Record):
+    """One prompt through one arm. `seconds`: wall time, prefill included; tokens are new tokens;
+    `steps`: speculative steps (the target's forward calls for transformers' arms). `lossless`: greedy
+    output equal to the baseline arm's; where it departs, the index and the target's top-1 minus top-2
+    logit there (own greedy run in draftnas's engines)."""
+
+    arm: str
+    seconds: float
+    new_tokens: int
+    steps: int = 0
+    accepted: int = 0
+    drafted: int = 0
+    draft_s: float = 0.0  # time inside the drafter (draftnas's loop)
+    lossless: bool | None = None
+    first_divergence: int | None = None
+    divergence_margin: float | None = None
 
 
 @dataclass(frozen=True)
 class BenchPrompt(Record):
-    """One prompt's runs. Times in seconds (prefill included); tokens are new tokens."""
+    """One prompt's runs, one per arm."""
 
     prompt_id: str
     domain: str
     prompt_tokens: int
-    new_tokens: int
-    target_s: float
-    draftnas_s: float
-    draftnas_tokens: int
-    steps: int
-    accepted: int
-    drafted: int
-    lossless: bool | None
-    hf_assisted_s: float | None = None
-    hf_assisted_tokens: int | None = None
-    hf_steps: int | None = None
-    hf_lossless: bool | None = None
-    draft_s: float | None = None  # time inside the drafter in draftnas's loop
-    hf_target_s: float | None = None  # transformers generate of the target alone (engine "static")
-    first_divergence: int | None = None  # index of the first token the loop's output departs at
-    divergence_margin: float | None = None  # target's top-1 minus top-2 logit there (own greedy run)
-    # transformers with route_linears on both models: the target alone, then assisted generation
-    hf_routed_target_s: float | None = None
-    hf_routed_target_tokens: int | None = None
-    hf_routed_s: float | None = None
-    hf_routed_tokens: int | None = None
-    hf_routed_steps: int | None = None
-    hf_routed_lossless: bool | None = None  # equal to the routed target's own greedy output
+    runs: tuple[ArmRun, ...]
+
+    def run(self, arm: str) -> ArmRun:
+        return next(r for r in self.runs if r.arm == arm)
+
+
+@dataclass(frozen=True)
+class ArmResult(Record):
+    """One arm over every prompt: tokens/s and, for a speculative arm, its speedup over its baseline
+    (the target alone in the same engine), tokens per step, acceptance and losslessness, and the
+    estimator's prediction for its drafter on these prompts."""
+
+    name: str
+    engine: str  # "hf" | "static" | "hf-routed" (and later engines)
+    tokens_per_s: float
+    drafter: str | None = None  # the drafter's spec; None for the target alone
+    baseline: str | None = None  # the arm the speedup is against
+    speedup: float | None = None
+    tokens_per_step: float | None = None
+    mean_accepted_per_step: float | None = None
+    draft_acceptance_rate: float | None = None
+    draft_ms_per_token: float | None = None
+    draft_vocab_size: int | None = None  # rows of a reduced draft head; None = the full vocabulary
+    lossless: bool | None = None  # greedy: equal to the baseline's output on every prompt
+    exact_match_rate: float | None = None  # greedy: share of prompts whose output equals the baseline's
+    divergence_margins: tuple[float, ...] = ()  # target's top-1 minus top-2 logit at each divergence
+    predicted_tokens_per_step: float | None = None
+    predicted_ci_low: float | None = None
+    predicted_ci_high: float | None = None
+    predicted_acceptance_rate: float | None = None
+    estimator_s: float | None = None
 
 
 @dataclass(frozen=True)
 class BenchResult(Record):
-    """Measured tokens/s of the three decoders and tokens per step, beside the estimate.
+    """A bench: every arm's result (`arms`) and every prompt's runs, with the host it ran on.
 
-    tokens_per_step = new tokens / target verification passes of draftnas's loop;
-    mean_accepted_per_step = accepted drafts / steps; lossless = greedy output equal to
-    the target's on every prompt (None when sampling).
+    `drafters`: label -> spec ("draftnas": the drafter benched, "reference": the drafter a user
+    would otherwise pick). Arms are looked up by name (`arm`); `speedup` and `tokens_per_step` are
+    the "draftnas" arm's.
     """
 
     target: str
-    draft: str
+    drafters: dict[str, str]
     gamma: int
     temperature: float
     max_new_tokens: int
@@ -106,43 +130,34 @@ class BenchResult(Record):
     device: str
     dtype: str
     threads: int
-    target_tokens_per_s: float
-    draftnas_tokens_per_s: float
-    draftnas_speedup: float
-    tokens_per_step: float
-    mean_accepted_per_step: float
-    draft_acceptance_rate: float
-    lossless: bool | None
-    hf_assisted_tokens_per_s: float | None = None
-    hf_assisted_speedup: float | None = None
-    hf_tokens_per_step: float | None = None
-    hf_lossless: bool | None = None
-    predicted_tokens_per_step: float | None = None
-    predicted_ci_low: float | None = None
-    predicted_ci_high: float | None = None
-    predicted_acceptance_rate: float | None = None
-    estimator_s: float | None = None
+    engine: str
+    arms: tuple[ArmResult, ...]
     prompts: tuple[BenchPrompt, ...] = ()
     versions: dict[str, str] | None = None
     wall_s: float = 0.0
-    draft_ms_per_token: float | None = None  # drafter time per drafted token in draftnas's loop
-    draft_vocab_size: int | None = None  # rows of a reduced draft head (draft_vocab.json), None = full
-    engine: str = "hf"
-    exact_match_rate: float | None = None  # greedy: share of prompts whose output equals the target's
-    divergence_margins: tuple[float, ...] = ()  # target's top-1 minus top-2 logit at each divergence
-    hf_target_tokens_per_s: float | None = None  # transformers generate of the target alone
-    left_out: tuple[str, ...] = ()  # ids of prompts not benched: the drafter was healed on them
-    # transformers with route_linears on both models (draftnas.models.linears)
-    hf_routed_target_tokens_per_s: float | None = None
-    hf_routed_tokens_per_s: float | None = None
-    hf_routed_speedup: float | None = None  # against the routed target alone
-    hf_routed_tokens_per_step: float | None = None
-    hf_routed_lossless: bool | None = None
+    left_out: tuple[str, ...] = ()  # ids of prompts not benched: a drafter was healed on them
     # seconds the CPU product choosers spent timing inside the timed runs (0 unless a shape was
     # met there first: the bench times every step size and short prompt length beforehand)
     choice_timing_s: float = 0.0
     host: str = ""  # CPU model (machine.cpu_model_name), and load averages before the run
     load_average_before: str = ""
+
+    def arm(self, name: str) -> ArmResult:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise KeyError(f"no arm {name!r} in this bench (arms: {', '.join(a.name for a in self.arms)})")
+
+    def has(self, name: str) -> bool:
+        return any(a.name == name for a in self.arms)
+
+    @property
+    def speedup(self) -> float:
+        return self.arm("draftnas").speedup or 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.arm("draftnas").tokens_per_step or 0.0
 
 
 @dataclass(frozen=True)

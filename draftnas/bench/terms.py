@@ -57,32 +57,39 @@ def measure_terms(target: Any, drafter: Any, prompt_ids: Sequence[int], context_
 
 
 def summarize_bench(runs: Sequence[BenchResult], terms: MeasuredTerms) -> Measured:
-    """Medians over repeats; per-step and per-token times with the measured prefill taken out."""
-    rows = [p for r in runs for p in r.prompts]
-    steps = max(sum(p.steps for p in rows), 1)
-    prefill_spec = (terms.prefill_target_ms + terms.prefill_draft_ms) * len(rows)
-    step_ms = (sum(p.draftnas_s for p in rows) * 1000.0 - prefill_spec) / steps
-    target_token_ms = ((sum(p.target_s for p in rows) * 1000.0 - terms.prefill_target_ms * len(rows))
-                       / max(sum(p.new_tokens for p in rows), 1))
-    speedups = [r.draftnas_speedup for r in runs]
-    estimate = next((r.predicted_tokens_per_step for r in runs if r.predicted_tokens_per_step is not None),
+    """Medians over repeats of the "draftnas" arm against the target alone; per-step and per-token
+    times with the measured prefill taken out."""
+    own = [p.run("draftnas") for r in runs for p in r.prompts]
+    alone = [p.run("target") for r in runs for p in r.prompts]
+    steps = max(sum(p.steps for p in own), 1)
+    prefill_spec = (terms.prefill_target_ms + terms.prefill_draft_ms) * len(own)
+    step_ms = (sum(p.seconds for p in own) * 1000.0 - prefill_spec) / steps
+    target_token_ms = ((sum(p.seconds for p in alone) * 1000.0 - terms.prefill_target_ms * len(alone))
+                       / max(sum(p.new_tokens for p in alone), 1))
+    arms = [r.arm("draftnas") for r in runs]
+    speedups = [a.speedup or 0.0 for a in arms]
+    estimate = next((a.predicted_tokens_per_step for a in arms if a.predicted_tokens_per_step is not None),
                     None)
     return Measured(
-        gamma=runs[0].gamma, target_tokens_per_s=statistics.median(r.target_tokens_per_s for r in runs),
-        tokens_per_s=statistics.median(r.draftnas_tokens_per_s for r in runs),
+        gamma=runs[0].gamma,
+        target_tokens_per_s=statistics.median(r.arm("target").tokens_per_s for r in runs),
+        tokens_per_s=statistics.median(a.tokens_per_s for a in arms),
         speedup=statistics.median(speedups), speedup_spread=(min(speedups), max(speedups)),
-        tokens_per_step=statistics.median(r.tokens_per_step for r in runs),
-        mean_accepted_per_step=statistics.median(r.mean_accepted_per_step for r in runs),
+        tokens_per_step=statistics.median(a.tokens_per_step or 0.0 for a in arms),
+        mean_accepted_per_step=statistics.median(a.mean_accepted_per_step or 0.0 for a in arms),
         bench_estimate_tokens_per_step=estimate,
-        lossless=None if runs[0].lossless is None else all(bool(r.lossless) for r in runs),
+        lossless=None if arms[0].lossless is None else all(bool(a.lossless) for a in arms),
         repeats=len(runs), step_ms=step_ms, target_token_ms=target_token_ms,
-        drafted_per_step=sum(p.drafted for p in rows) / steps)
+        drafted_per_step=sum(p.drafted for p in own) / steps)
 
 
-def per_domain_measured(runs: Sequence[BenchResult]) -> dict[str, dict[str, float]]:
+def per_domain_measured(runs: Sequence[BenchResult], arm: str = "draftnas") -> dict[str, dict[str, float]]:
+    """Tokens per step and acceptance of one arm per domain, over the runs' prompts."""
     by: dict[str, list[Any]] = {}
+    ids: dict[str, set[str]] = {}
     for p in (p for r in runs for p in r.prompts):
-        by.setdefault(p.domain, []).append(p)
-    return {d: {"tokens_per_step": sum(p.draftnas_tokens for p in ps) / max(sum(p.steps for p in ps), 1),
-                "acceptance_rate": sum(p.accepted for p in ps) / max(sum(p.drafted for p in ps), 1),
-                "prompts": float(len({p.prompt_id for p in ps}))} for d, ps in sorted(by.items())}
+        by.setdefault(p.domain, []).append(p.run(arm))
+        ids.setdefault(p.domain, set()).add(p.prompt_id)
+    return {d: {"tokens_per_step": sum(r.new_tokens for r in rs) / max(sum(r.steps for r in rs), 1),
+                "acceptance_rate": sum(r.accepted for r in rs) / max(sum(r.drafted for r in rs), 1),
+                "prompts": float(len(ids[d]))} for d, rs in sorted(by.items())}

@@ -11,6 +11,7 @@ import sys
 
 from draftnas.cli.app import app, err_console
 from draftnas.core.errors import DraftnasError
+from draftnas.core.options import OptionError
 
 # Registration order is the order of `draftnas --help`: the pipeline's order.
 _COMMAND_MODULES = ("cmd_basic", "cmd_profile", "cmd_trace", "cmd_search", "cmd_report",
@@ -26,7 +27,8 @@ def main() -> None:
     except DraftnasError as exc:
         if debug:
             raise
-        err_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
+        text = exc.for_flags() if isinstance(exc, OptionError) else str(exc)
+        err_console.print(f"[bold red]error:[/bold red] {text}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/yellow]")

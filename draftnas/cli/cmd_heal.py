@@ -9,52 +9,34 @@ import typer
 from rich.table import Table
 
 from draftnas.cli.app import app, console, fmt_params, print_json, progress_bars
+from draftnas.cli.flags import options_command
+from draftnas.drafter.records import HealOptions
 
 if TYPE_CHECKING:
     from draftnas.drafter.records import HealResult
 
 
 @app.command()
+@options_command(HealOptions)
 def heal(
+    options: HealOptions,
     plan: Path | None = typer.Option(None, "--plan", help="Pruning plan JSON (or a draftnas.json)."),
     base: str | None = typer.Option(None, "--base", help="Base model the plan prunes (default: the plan's)."),
     drafter: Path | None = typer.Option(None, "--drafter", help="An exported drafter folder (not --plan)."),
     target: str | None = typer.Option(None, "--target", help="Live teacher (default: the base)."),
     traces: Path | None = typer.Option(None, "--traces",
                                        help="Distill toward these traces' top-k (no target forward)."),
-    steps: int = typer.Option(150, "--steps", help="Optimizer steps."),
-    batch_size: int = typer.Option(4, "--batch-size", help="Sequences per step."),
-    lr: float = typer.Option(2e-3, "--lr", help="Peak AdamW learning rate (cosine schedule)."),
-    max_minutes: float | None = typer.Option(None, "--max-minutes", help="Stop after this much training."),
-    eval_every: int = typer.Option(25, "--eval-every", help="Steps between held-out readings (0: ends)."),
-    prompts: str = typer.Option("all", "--prompts", help="Prompt set for self-distillation data (live)."),
-    per_domain: int = typer.Option(10, "--per-domain", help="Prompts per domain for live data."),
-    max_new_tokens: int = typer.Option(96, "--max-new-tokens", help="Target continuation length (live)."),
-    written_prompts: int = typer.Option(
-        0, "--written-prompts",
-        help="Live: this many more training prompts the target writes itself, each opening with the first "
-             "words of a training prompt (chat models; export uses 128)."),
-    teacher_topk: int = typer.Option(
-        0, "--teacher-topk",
-        help="Live: keep the target's top-k while making the data and train on it, with no target forward "
-             "per step (export uses 64); 0 runs the target at every step."),
-    train: str = typer.Option("layers", "--train", help="layers (kept layers + final norm) or all."),
     checkpoint: Path | None = typer.Option(None, "--checkpoint",
                                            help="Folder for resumable state (rerun to resume)."),
     out: Path | None = typer.Option(None, "--out", help="Export the healed drafter to this folder."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out folder."),
-    seed: int = typer.Option(0, "--seed"),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Heal a pruned drafter by distillation toward its target (top-1 agreement before/after)."""
-    from draftnas.drafter.records import HealOptions
     from draftnas.export.heal import heal_from_request
     from draftnas.export.records import HealRequest
 
-    options = HealOptions(steps=steps, batch_size=batch_size, lr=lr, eval_every=eval_every,
-                          prompts=prompts, prompts_per_domain=per_domain, max_new_tokens=max_new_tokens,
-                          written_prompts=written_prompts, teacher_topk=teacher_topk, train=train, seed=seed,
-                          max_seconds=max_minutes * 60 if max_minutes is not None else None)
+    options.validate()
     request = HealRequest(plan_file=str(plan) if plan else None, base=base,
                           drafter=str(drafter) if drafter else None, target=target,
                           traces=str(traces) if traces else None, options=options,

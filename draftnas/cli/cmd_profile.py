@@ -21,29 +21,19 @@ from rich.progress import (
 from rich.table import Table
 
 from draftnas.cli.app import app, console, err_console, fmt_params, parse_ints, print_json
+from draftnas.cli.flags import options_command
+from draftnas.latency.records import ProfileOptions
 
 if TYPE_CHECKING:
     from draftnas.latency.records import LatencyProfile
 
 
 @app.command()
+@options_command(ProfileOptions)
 def profile(
-    device: str = typer.Option("cpu", "--device", "-d", help="cpu or cuda."),
-    dtype: str | None = typer.Option(None, "--dtype",
-                                     help="fp32 or bf16 on CPU (default fp32); fp16 or bf16 on CUDA "
-                                          "(default fp16)."),
-    mode: str = typer.Option("eager", "--mode",
-                             help="eager: transformers' forward over a growing cache (what the CPU loop "
-                                  "runs today). static: draftnas's decoder over a cache allocated once. "
-                                  "cuda-graph: that static step captured and replayed (CUDA only)."),
-    quick: bool = typer.Option(False, "--quick", help="Reduced grid: a few minutes on a 2-core CPU."),
+    options: ProfileOptions,
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Profile JSON to write (default: draftnas-profile-DEVICE-DTYPE.json)."),
-    repeats: int | None = typer.Option(None, "--repeats", help="Timed repeats per configuration."),
-    threads: int | None = typer.Option(None, "--threads",
-                                       help="torch CPU threads (default: torch's default here)."),
-    no_extrapolation: bool = typer.Option(False, "--no-extrapolation-check",
-                                          help="Skip timing k layers vs the full model."),
     report: bool = typer.Option(False, "--report",
                                 help="Print draft latency vs depth and width and save it as a PNG."),
     report_png: Path | None = typer.Option(None, "--report-png",
@@ -68,12 +58,10 @@ def profile(
     """Time decoder shapes (draft and verify steps) on this device and fit its latency model."""
     from draftnas.latency.files import load_profile, save_profile
     from draftnas.latency.measure import measure_profile
-    from draftnas.latency.records import ProfileOptions
 
     if target is not None:
-        path, prof = _profile_target(target, from_file, out, device, dtype, mode, repeats, threads, layers,
-                                     tp,
-                                     batch_sizes, max_gamma, context)
+        path, prof = _profile_target(target, from_file, out, options, layers, tp, batch_sizes, max_gamma,
+                                     context)
         if json_out:
             print_json({"path": str(path), **prof.to_dict()})
             return
@@ -83,14 +71,13 @@ def profile(
         prof = load_profile(from_file)
         path = from_file
     else:
-        options = ProfileOptions(device=device, dtype=dtype, mode=mode, quick=quick, repeats=repeats,
-                                 threads=threads, extrapolation_check=not no_extrapolation).validate()
+        options.validate()
         with _progress_bar() as (bar, task):
             prof = measure_profile(options, progress=lambda done, total: bar.update(
                 task, completed=done, total=total))
         prof = dataclasses.replace(prof, command=" ".join(["draftnas", *sys.argv[1:]]))
         path = out or Path(f"draftnas-profile-{options.device}-{options.resolved_dtype()}"
-                           f"{'' if mode == 'eager' else '-' + mode}.json")
+                           f"{'' if options.mode == 'eager' else '-' + options.mode}.json")
         save_profile(prof, path)
     png = None
     if report:
@@ -101,19 +88,17 @@ def profile(
     _render_summary(prof, path)
 
 
-def _profile_target(target: str, from_file: Path | None, out: Path | None, device: str, dtype: str | None,
-                    mode: str, repeats: int | None, threads: int | None, layers: str, tp: int,
-                    batch_sizes: str, max_gamma: int, context: int) -> tuple[Path, LatencyProfile]:
+def _profile_target(target: str, from_file: Path | None, out: Path | None, asked: ProfileOptions, layers: str,
+                    tp: int, batch_sizes: str, max_gamma: int, context: int) -> tuple[Path, LatencyProfile]:
     from draftnas.core.errors import InvalidInputError
     from draftnas.latency.files import default_profile, load_profile, save_profile
     from draftnas.latency.measure import measure_target
-    from draftnas.latency.records import ProfileOptions
     from draftnas.search.resolve import resolve_architecture
 
     arch = resolve_architecture(target)
+    device = asked.device
     base = load_profile(from_file) if from_file is not None else default_profile(device)
-    options = ProfileOptions(device=device, dtype=dtype or base.dtype, mode=mode, repeats=repeats,
-                             threads=threads).validate()
+    options = dataclasses.replace(asked, dtype=asked.dtype or base.dtype).validate()
     if base.device != device or base.dtype != options.resolved_dtype():
         raise InvalidInputError(f"the profile is {base.device} {base.dtype}; time --target on the same "
                                 f"device and dtype (--device {base.device} --dtype {base.dtype}) or pass "

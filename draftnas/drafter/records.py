@@ -19,6 +19,7 @@ from typing import Any
 
 from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.core.errors import InvalidInputError, PlanError
+from draftnas.core.options import check_options, option
 from draftnas.core.records import TRANSIENT, Record
 from draftnas.core.registry import Architecture
 from draftnas.drafter.checks import index_problems, layer_problems, width_problems
@@ -268,44 +269,41 @@ class HealOptions(Record):
     checkpoint_every: steps between checkpoints when a checkpoint folder is given.
     """
 
-    steps: int = 150
-    batch_size: int = 4
-    lr: float = 2e-3
-    weight_decay: float = 0.0
-    warmup_steps: int | None = None
-    train: str = "layers"
-    eval_every: int = 25
-    heldout_every: int = 5
-    prompts: str = "all"
-    prompts_per_domain: int | None = 10
-    exclude_prompts: tuple[str, ...] = ()
-    max_new_tokens: int = 96
-    data_temperature: float = 0.0
-    written_prompts: int = 0
-    teacher_topk: int = 0
-    max_seq_len: int = 384
-    gamma: int = 4
-    seed: int = 0
-    max_seconds: float | None = None
-    checkpoint_every: int = 25
+    steps: int = option(150, help="Optimizer steps.", low=1)
+    batch_size: int = option(4, help="Sequences per step.", low=1)
+    lr: float = option(2e-3, help="Peak AdamW learning rate (cosine schedule).", low=0.0, low_open=True,
+                       high=1.0)
+    weight_decay: float = option(0.0, help="AdamW weight decay.", low=0.0, cli=False)
+    warmup_steps: int | None = option(None, help="Warm-up steps (default: 10% of steps).", low=0, cli=False)
+    train: str = option("layers", help="What trains: layers (the kept layers and the final norm) or all.",
+                        choices=("layers", "all"))
+    eval_every: int = option(25, help="Steps between held-out readings (0: ends).", low=0)
+    heldout_every: int = option(5, help="Every n-th prompt is held out for the readings.", low=2, cli=False)
+    prompts: str = option("all", help="Prompt set for self-distillation data (live).")
+    prompts_per_domain: int | None = option(10, flag="--per-domain", help="Prompts per domain for live data.",
+                                            low=1)
+    exclude_prompts: tuple[str, ...] = option((), help="Prompts kept out of the data.", cli=False)
+    max_new_tokens: int = option(96, help="Target continuation length (live).", low=1)
+    data_temperature: float = option(0.0, help="Temperature of the live data (0: greedy).", low=0.0,
+                                     high=10.0, cli=False)
+    written_prompts: int = option(
+        0, low=0, help="Live: this many more training prompts the target writes itself, each opening with "
+                       "the first words of a training prompt (chat models; export uses 128).")
+    teacher_topk: int = option(
+        0, low=0, help="Live: keep the target's top-k while making the data and train on it, with no target "
+                       "forward per step (export uses 64); 0 runs the target at every step.")
+    max_seq_len: int = option(384, help="Longest training sequence (tokens).", low=8, cli=False)
+    gamma: int = option(4, help="Gamma of the held-out tokens-per-step reading.", low=1, cli=False)
+    seed: int = option(0, help="Seed of the data order (and sampled data).")
+    max_seconds: float | None = option(None, flag="--max-minutes", scale=60.0, low=0.0, low_open=True,
+                                       help="Stop after this much training (minutes).")
+    checkpoint_every: int = option(25, help="Steps between checkpoints.", low=1, cli=False)
 
-    def validate(self) -> None:
-        problems = []
-        for name, low in (("steps", 1), ("batch_size", 1), ("heldout_every", 2), ("written_prompts", 0),
-                          ("teacher_topk", 0), ("max_new_tokens", 1), ("max_seq_len", 8), ("gamma", 1),
-                          ("checkpoint_every", 1), ("eval_every", 0)):
-            if getattr(self, name) < low:
-                problems.append(f"{name} must be >= {low}, got {getattr(self, name)}")
-        if not 0 < self.lr <= 1:
-            problems.append(f"lr must be in (0, 1], got {self.lr:g}")
-        if self.train not in ("layers", "all"):
-            problems.append(f"train must be one of layers, all, got {self.train!r}")
-        if self.warmup_steps is not None and not 0 <= self.warmup_steps <= self.steps:
-            problems.append(f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps}")
-        if not 0 <= self.data_temperature <= 10:
-            problems.append(f"data_temperature must be in [0, 10], got {self.data_temperature:g}")
-        if problems:
-            raise InvalidInputError("invalid heal options: " + "; ".join(problems))
+    def validate(self) -> HealOptions:
+        extra = []
+        if self.warmup_steps is not None and self.warmup_steps > self.steps:
+            extra.append(("warmup_steps", f"must be in [0, steps={self.steps}], got {self.warmup_steps}"))
+        return check_options(self, extra)
 
 
 @dataclass(frozen=True)

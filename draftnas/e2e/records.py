@@ -9,6 +9,7 @@ from typing import Any
 
 from draftnas.bench.records import DrafterRow, Fidelity
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import check_options, option
 from draftnas.core.records import MachineInfo, Record
 from draftnas.drafter.records import BuiltDrafter, PruningPlan
 from draftnas.search.records import SearchResult
@@ -21,33 +22,29 @@ class Budget(Record):
     """How much work each stage does (`BUDGETS` holds the named presets)."""
 
     name: str
-    profile_quick: bool = True
-    trace_per_domain: int = 3
-    trace_new_tokens: int = 48
-    trials: int = 6
-    depth_max: int = 8
-    search_heal_steps: int = 6
-    search_heal_seconds: float = 30.0
-    heal_steps: int = 20
-    heal_batch_size: int = 2
-    heal_seq_len: int = 160
-    heal_lr: float = 2e-3
-    bench_per_domain: int = 1
-    bench_new_tokens: int = 32
-    repeats: int = 1
-    fixed_gamma: int = 3
-    max_gamma: int = 6
-    term_repeats: int = 9
+    profile_quick: bool = option(True, help="Measure the quick profile grid.", cli=False)
+    trace_per_domain: int = option(3, help="Traced prompts per domain.", low=1, cli=False)
+    trace_new_tokens: int = option(48, help="Tokens traced per prompt.", low=1, cli=False)
+    trials: int = option(6, help="Search trials.", low=1, cli=False)
+    depth_max: int = option(8, help="Deepest drafter searched.", low=1, cli=False)
+    search_heal_steps: int = option(6, help="Healing steps per trial.", low=0, cli=False)
+    search_heal_seconds: float = option(30.0, help="Healing seconds per trial.", low=0.0, cli=False)
+    heal_steps: int = option(20, help="Healing steps of each compared drafter.", low=0, cli=False)
+    heal_batch_size: int = option(2, help="Healing sequences per step.", low=1, cli=False)
+    heal_seq_len: int = option(160, help="Longest healing sequence.", low=8, cli=False)
+    heal_lr: float = option(2e-3, help="Healing learning rate.", low=0.0, low_open=True, high=1.0, cli=False)
+    bench_per_domain: int = option(1, help="Benched prompts per domain.", low=1, cli=False)
+    bench_new_tokens: int = option(32, help="Tokens benched per prompt.", low=1, cli=False)
+    repeats: int = option(1, help="Bench repeats (median).", low=1)
+    fixed_gamma: int = option(3, help="The gamma every drafter is benched at.", low=1, cli=False)
+    max_gamma: int = option(6, help="The largest gamma considered.", low=1, cli=False)
+    term_repeats: int = option(9, help="Repeats of each latency term timed alone.", low=1, cli=False)
 
-    def validate(self) -> None:
-        problems = [f"{k} must be >= 1, got {getattr(self, k)}" for k in (
-            "trace_per_domain", "trace_new_tokens", "trials", "depth_max", "heal_batch_size",
-            "bench_per_domain", "bench_new_tokens", "repeats", "fixed_gamma", "max_gamma", "term_repeats")
-            if getattr(self, k) < 1]
+    def validate(self) -> Budget:
+        extra = []
         if self.fixed_gamma > self.max_gamma:
-            problems.append(f"fixed_gamma {self.fixed_gamma} must be <= max_gamma {self.max_gamma}")
-        if problems:
-            raise InvalidInputError("invalid e2e budget: " + "; ".join(problems))
+            extra.append(("fixed_gamma", f"must be <= max_gamma {self.max_gamma}, got {self.fixed_gamma}"))
+        return check_options(self, extra)
 BUDGETS: dict[str, Budget] = {
     # minutes on a loaded 2-core CPU: proves the machinery, not the figures
     "quick": Budget(name="quick", trace_per_domain=3, trace_new_tokens=32, trials=4, depth_max=6,

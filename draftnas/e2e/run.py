@@ -285,7 +285,8 @@ def _assemble(ctx: _Context, search: SearchResult, label: str, profile: LatencyP
     tuned_row = None if tuned is None else _row_for(ctx, tuned, None, runs[tuned.role], terms.get(tuned.role),
                                                      ctx.options.budget.fixed_gamma)
     all_runs = [r for b in built if b.same_as is None for rs in runs[b.role].values() for r in rs]
-    target_tps = statistics.median(r.target_tokens_per_s for r in all_runs) if all_runs else float("nan")
+    target_tps = (statistics.median(r.arm("target").tokens_per_s for r in all_runs) if all_runs
+                  else float("nan"))
     target_pred = 1000.0 / ctx.latency.predict_ms(ctx.target_arch, context_tokens=ctx.context_tokens)
     fid = fidelity(rows, ctx.options.budget.fixed_gamma)
     result = E2EResult(

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from draftnas.acceptance.records import AcceptanceEstimate
-from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import check_options, option
 from draftnas.core.records import Record
 from draftnas.drafter.records import HealOptions, HealResult, PruningPlan
 from draftnas.models.records import HEAD_MODULE
@@ -69,23 +69,18 @@ class ExportRequest(Record):
     base: str | None = None
     target: str | None = None
     traces: str | None = None
-    heal_steps: int | None = 0  # None: the stated default (`default_heal_steps`)
+    heal_steps: int | None = option(0, help="Distillation steps (None: the stated default).", low=0,
+                                    cli=False)
     heal: HealOptions | None = None
-    gamma: int | None = None
+    gamma: int | None = option(None, help="Draft tokens per step for generation_config.", low=MIN_GAMMA,
+                               high=MAX_GAMMA, cli=False)
     force: bool = False
     push_to_hub: str | None = None
     seed: int = 0
 
     def validate(self) -> ExportRequest:
-        """Every out-of-range field at once, as one InvalidInputError (nothing is written)."""
-        problems = []
-        if self.gamma is not None and not MIN_GAMMA <= self.gamma <= MAX_GAMMA:
-            problems.append(f"gamma must be in [{MIN_GAMMA}, {MAX_GAMMA}], got {self.gamma}")
-        if self.heal_steps is not None and self.heal_steps < 0:
-            problems.append(f"heal steps must be >= 0, got {self.heal_steps}")
-        if problems:
-            raise InvalidInputError("; ".join(problems))
-        return self
+        """Every out-of-range field at once, as one error (nothing is written)."""
+        return check_options(self)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import check_options, option
 from draftnas.core.placement import Hardware
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
@@ -210,16 +210,24 @@ DRAFT_CONDITION: Condition = (1, 1, 128)
 class ProfileOptions(Record):
     """What to measure. `quick` is a reduced grid that takes a few minutes on a 2-core CPU."""
 
-    device: str = "cpu"
-    dtype: str | None = None  # None: fp32 on CPU, fp16 on CUDA
-    mode: str = "eager"  # "eager" | "cuda-graph" (CUDA only)
-    quick: bool = False
-    warmup: int | None = None  # None: 1 quick, 2 full (per configuration, after building)
-    repeats: int | None = None  # None: 7 quick, 15 full
-    seed: int = 0
-    extrapolation_check: bool = True
-    threads: int | None = None  # None: torch's default for this machine
-    memory_budget_bytes: int | None = None  # None: free device memory (or RAM) less a margin
+    device: str = option("cpu", help="Device to time on.", short="-d", choices=DEVICES)
+    dtype: str | None = option(None, help="fp32 or bf16 on CPU (default fp32); fp16 or bf16 on CUDA "
+                                          "(default fp16).", choices=("fp32", "bf16", "fp16"))
+    mode: str = option("eager", choices=MODES,
+                       help="eager: transformers' forward over a growing cache. static: draftnas's decoder "
+                            "over a cache allocated once. cuda-graph: that static step captured and "
+                            "replayed (CUDA only).")
+    quick: bool = option(False, help="Reduced grid: a few minutes on a 2-core CPU.")
+    warmup: int | None = option(None, help="Warm-up calls per configuration (default: 1 quick, 2 full).",
+                                low=0, cli=False)
+    repeats: int | None = option(None, help="Timed repeats per configuration (default: 7 quick, 15 full).",
+                                 low=3)
+    seed: int = option(0, help="Seed of the random weights and inputs.", cli=False)
+    extrapolation_check: bool = option(True, flag="--extrapolation-check/--no-extrapolation-check",
+                                       help="Time k layers against the full model to check extrapolation.")
+    threads: int | None = option(None, help="torch CPU threads (default: torch's default here).", low=1)
+    memory_budget_bytes: int | None = option(None, help="Peak memory a chunk of timings may take.", low=1,
+                                             cli=False)
 
     def resolved_dtype(self) -> str:
         return self.dtype or DTYPES_BY_DEVICE.get(self.device, ("fp32",))[0]
@@ -231,23 +239,13 @@ class ProfileOptions(Record):
         return self.warmup if self.warmup is not None else (1 if self.quick else 2)
 
     def validate(self) -> ProfileOptions:
-        problems = []
-        if self.device not in DEVICES:
-            problems.append(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        elif self.resolved_dtype() not in DTYPES_BY_DEVICE[self.device]:
-            problems.append(f"dtype on {self.device} must be one of "
-                            f"{', '.join(DTYPES_BY_DEVICE[self.device])}, got {self.dtype!r}")
-        if self.mode not in MODES:
-            problems.append(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        elif self.mode == "cuda-graph" and self.device != "cuda":
-            problems.append("mode cuda-graph needs --device cuda")
-        if self.resolved_warmup() < 0 or self.resolved_repeats() < 3:
-            problems.append("warmup must be >= 0 and repeats >= 3")
-        if self.memory_budget_bytes is not None and self.memory_budget_bytes <= 0:
-            problems.append(f"memory budget must be > 0 bytes, got {self.memory_budget_bytes}")
-        if problems:
-            raise InvalidInputError("; ".join(problems))
-        return self
+        extra = []
+        if self.device in DTYPES_BY_DEVICE and self.resolved_dtype() not in DTYPES_BY_DEVICE[self.device]:
+            allowed = ", ".join(DTYPES_BY_DEVICE[self.device])
+            extra.append(("dtype", f"on {self.device} must be one of {allowed}, got {self.dtype!r}"))
+        if self.mode == "cuda-graph" and self.device != "cuda":
+            extra.append(("mode", "cuda-graph needs --device cuda"))
+        return check_options(self, extra)
 
 
 @dataclass(frozen=True)
