@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import torch
+
+from draftnas.acceptance.records import TraceMetadata, TraceRecordInfo
+from draftnas.acceptance.traces import TraceRecord, Traces
+from draftnas.core.registry import get_architecture
+from draftnas.core.throughput import expected_tokens_per_step
+from draftnas.search.evaluate import Evaluation
+from draftnas.search.records import AcceptanceReading, Candidate, SearchOptions, StudySettings
+from draftnas.search.space_file import load_search_space
 
 
 def tiny_llama(config, seed=0, **changes):
@@ -63,3 +72,115 @@ def loaded(model, spec, tokenizer=None, folder=None):
 
     source = ModelSource(spec=spec, kind="folder", location=spec)
     return LoadedModel(model, tokenizer or PaddedTinyTokenizer(), source, folder, 0.0, True)
+
+
+# --------------------------------------------------------------- acceptance fakes
+
+V = 16
+
+
+class _Decoder(torch.nn.Module):
+    def __init__(self, logits_fn):
+        super().__init__()
+        self.logits_fn = logits_fn
+
+    def forward(self, input_ids, use_cache=False):
+        return SimpleNamespace(last_hidden_state=self.logits_fn(input_ids))
+
+
+class StubDrafter(torch.nn.Module):
+    """A 'model' whose hidden state is its logits (identity head): logits_fn(ids [B, T]) -> [B, T, V_head]."""
+
+    def __init__(self, logits_fn, vocab=V, head_rows=V):
+        super().__init__()
+        self.config = SimpleNamespace()
+        self.embed = torch.nn.Embedding(vocab, 1)
+        self.head = torch.nn.Linear(head_rows, head_rows, bias=False)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.eye(head_rows))
+        self.decoder = _Decoder(logits_fn)
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def get_output_embeddings(self):
+        return self.head
+
+    def get_decoder(self):
+        return self.decoder
+
+
+def bigram(ids):
+    """Predicts token + 1 (mod V) after every token."""
+    return 10.0 * torch.nn.functional.one_hot((ids + 1) % V, V).float()
+
+
+def make_traces(continuations, *, domains=None, max_new_tokens=12, temperature=0.0, probs=None):
+    """Traces with prompt [0] and the given continuations; top-k = the token itself unless `probs`."""
+    records = []
+    for i, cont in enumerate(continuations):
+        c = torch.tensor(cont, dtype=torch.long)
+        if probs is None:
+            top_ids, top_p = c[:, None], torch.ones(len(cont), 1)
+        else:
+            top_ids, top_p = probs[i]
+        info = TraceRecordInfo(prompt_id=f"p{i}", domain=(domains or ["d"] * len(continuations))[i],
+                               language="en", temperature=temperature, prompt_len=1,
+                               continuation_len=len(cont), ended_with_eos=False)
+        records.append(TraceRecord(info, torch.tensor([0]), c, top_ids, top_p, 1.0 - top_p.sum(-1)))
+    meta = TraceMetadata(schema_version=1, target="stub", target_kind="folder", model_type="stub",
+                         num_hidden_layers=1, vocab_size=V, tokenizer_fingerprint="f", chat_template=False,
+                         prompt_set="x", prompt_set_hash="h", n_prompts=len(records),
+                         temperatures=(temperature,), seed=0, top_k=1, max_new_tokens=max_new_tokens,
+                         eos_token_ids=())
+    return Traces(meta, records)
+
+
+AGREE = list(range(1, 13))  # prompt [0] then 1..12: the bigram stub agrees everywhere
+
+
+# --------------------------------------------------------------- search fakes
+
+SMOL = get_architecture("smollm2-135m")
+
+
+class StubLatency:
+    """FIELD-NOTES fit of SmolLM2 on this CPU: 0.3 ms + 0.31 ms/layer + 0.19 ms/M params + LM head."""
+
+    def predict_ms(self, arch, *, batch_size=1, new_tokens=1, context_tokens=128, head_vocab_size=None):
+        rows = head_vocab_size or arch.vocab_size
+        head = 4.3 * rows * arch.hidden_size / (49152 * 576)
+        base = 0.3 + 0.31 * arch.num_hidden_layers + 0.19 * arch.non_embedding_parameters() / 1e6 + head
+        return base * (1 + 0.04 * (batch_size * new_tokens - 1))
+
+
+class FakeMeasured:
+    """A 'measuring' evaluator: deeper drafters are accepted more (alpha = 1 - 0.6 / depth^0.5)."""
+
+    measured = True
+
+    def __init__(self, fail_when=None, interrupt_at=None, alpha=None):
+        self.alpha = alpha
+        self.calls: list[str] = []
+        self.fail_when = fail_when
+        self.interrupt_at = interrupt_at
+
+    def evaluate(self, candidate: Candidate) -> Evaluation:
+        self.calls.append(candidate.key)
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        if self.fail_when is not None and self.fail_when(candidate):
+            raise RuntimeError("flaky measurement")
+        alpha = self.alpha or 1 - 0.6 / candidate.arch.num_hidden_layers ** 0.5
+        tokens = {str(g): expected_tokens_per_step(alpha, g) for g in range(1, 9)}
+        return Evaluation(candidate, AcceptanceReading(kind="measured", acceptance_rate=alpha,
+                                                        tokens_per_step=tokens))
+
+
+def smol_options(tmp_path, n_trials=12, sampler="tpe", prior=None, study="t", storage=None, **kw):
+    settings = StudySettings(n_trials=n_trials, storage=storage or str(tmp_path / "study.db"),
+                             study_name=study, sampler=sampler, run_dir=str(tmp_path),
+                             **{k: kw.pop(k) for k in ("timeout_s", "seed") if k in kw})
+    return SearchOptions(target="smollm2-135m", target_arch=SMOL, base="smollm2-135m", base_arch=SMOL,
+                         space=load_search_space("smollm2-135m"), profile="stub", study=settings,
+                         acceptance_prior=prior, **kw)

@@ -9,71 +9,8 @@ import pytest
 import torch
 
 from draftnas.acceptance.estimate import estimate_acceptance, expected_steps, greedy_steps
-from draftnas.acceptance.records import TraceMetadata, TraceRecordInfo
-from draftnas.acceptance.traces import TraceRecord, Traces
 from draftnas.core.errors import InvalidInputError, TraceError
-
-V = 16
-
-
-class _Decoder(torch.nn.Module):
-    def __init__(self, logits_fn):
-        super().__init__()
-        self.logits_fn = logits_fn
-
-    def forward(self, input_ids, use_cache=False):
-        return SimpleNamespace(last_hidden_state=self.logits_fn(input_ids))
-
-
-class StubDrafter(torch.nn.Module):
-    """A 'model' whose hidden state is its logits (identity head): logits_fn(ids [B, T]) -> [B, T, V_head]."""
-
-    def __init__(self, logits_fn, vocab=V, head_rows=V):
-        super().__init__()
-        self.config = SimpleNamespace()
-        self.embed = torch.nn.Embedding(vocab, 1)
-        self.head = torch.nn.Linear(head_rows, head_rows, bias=False)
-        with torch.no_grad():
-            self.head.weight.copy_(torch.eye(head_rows))
-        self.decoder = _Decoder(logits_fn)
-
-    def get_input_embeddings(self):
-        return self.embed
-
-    def get_output_embeddings(self):
-        return self.head
-
-    def get_decoder(self):
-        return self.decoder
-
-
-def bigram(ids):
-    """Predicts token + 1 (mod V) after every token."""
-    return 10.0 * torch.nn.functional.one_hot((ids + 1) % V, V).float()
-
-
-def make_traces(continuations, *, domains=None, max_new_tokens=12, temperature=0.0, probs=None):
-    """Traces with prompt [0] and the given continuations; top-k = the token itself unless `probs`."""
-    records = []
-    for i, cont in enumerate(continuations):
-        c = torch.tensor(cont, dtype=torch.long)
-        if probs is None:
-            top_ids, top_p = c[:, None], torch.ones(len(cont), 1)
-        else:
-            top_ids, top_p = probs[i]
-        info = TraceRecordInfo(prompt_id=f"p{i}", domain=(domains or ["d"] * len(continuations))[i],
-                               language="en", temperature=temperature, prompt_len=1,
-                               continuation_len=len(cont), ended_with_eos=False)
-        records.append(TraceRecord(info, torch.tensor([0]), c, top_ids, top_p, 1.0 - top_p.sum(-1)))
-    meta = TraceMetadata(schema_version=1, target="stub", target_kind="folder", model_type="stub",
-                         num_hidden_layers=1, vocab_size=V, tokenizer_fingerprint="f", chat_template=False,
-                         prompt_set="x", prompt_set_hash="h", n_prompts=len(records),
-                         temperatures=(temperature,), seed=0, top_k=1, max_new_tokens=max_new_tokens,
-                         eos_token_ids=())
-    return Traces(meta, records)
-
-
-AGREE = list(range(1, 13))  # prompt [0] then 1..12: the bigram stub agrees everywhere
+from tests.helpers import AGREE, StubDrafter, V, bigram, make_traces
 
 
 def test_all_accepted_gives_hand_computed_steps():

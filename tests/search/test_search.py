@@ -16,61 +16,24 @@ import pytest
 from optuna.trial import TrialState
 
 from draftnas.core.errors import DraftnasError, InvalidInputError
-from draftnas.core.registry import get_architecture
-from draftnas.core.throughput import best_gamma, expected_tokens_per_step, predict_throughput
-from draftnas.search.evaluate import Evaluation, PriorEvaluator
-from draftnas.search.loop import SearchOptions, run_search
-from draftnas.search.records import AcceptanceReading, Candidate, LatencyReading, StudySettings
+from draftnas.core.throughput import best_gamma, predict_throughput
+from draftnas.search.evaluate import PriorEvaluator
+from draftnas.search.loop import run_search
+from draftnas.search.records import AcceptanceReading, LatencyReading
 from draftnas.search.results import load_results
 from draftnas.search.scoring import assumed_acceptance, predict_workload
 from draftnas.search.space import GammaRange, Workload
 from draftnas.search.space_file import load_search_space, parse_search_space
 from draftnas.search.storage import load_trial, normalize_storage, open_storage
+from tests.helpers import SMOL, FakeMeasured, StubLatency, smol_options
 
-ROOT = Path(__file__).resolve().parent.parent
-SMOL = get_architecture("smollm2-135m")
-
-
-class StubLatency:
-    """FIELD-NOTES fit of SmolLM2 on this CPU: 0.3 ms + 0.31 ms/layer + 0.19 ms/M params + LM head."""
-
-    def predict_ms(self, arch, *, batch_size=1, new_tokens=1, context_tokens=128, head_vocab_size=None):
-        rows = head_vocab_size or arch.vocab_size
-        head = 4.3 * rows * arch.hidden_size / (49152 * 576)
-        base = 0.3 + 0.31 * arch.num_hidden_layers + 0.19 * arch.non_embedding_parameters() / 1e6 + head
-        return base * (1 + 0.04 * (batch_size * new_tokens - 1))
+ROOT = Path(__file__).resolve().parents[2]
 
 
-class FakeMeasured:
-    """A 'measuring' evaluator: deeper drafters are accepted more (alpha = 1 - 0.6 / depth^0.5)."""
-
-    measured = True
-
-    def __init__(self, fail_when=None, interrupt_at=None, alpha=None):
-        self.alpha = alpha
-        self.calls: list[str] = []
-        self.fail_when = fail_when
-        self.interrupt_at = interrupt_at
-
-    def evaluate(self, candidate: Candidate) -> Evaluation:
-        self.calls.append(candidate.key)
-        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
-            raise KeyboardInterrupt
-        if self.fail_when is not None and self.fail_when(candidate):
-            raise RuntimeError("flaky measurement")
-        alpha = self.alpha or 1 - 0.6 / candidate.arch.num_hidden_layers ** 0.5
-        tokens = {str(g): expected_tokens_per_step(alpha, g) for g in range(1, 9)}
-        return Evaluation(candidate, AcceptanceReading(kind="measured", acceptance_rate=alpha,
-                                                        tokens_per_step=tokens))
 
 
-def smol_options(tmp_path, n_trials=12, sampler="tpe", prior=None, study="t", storage=None, **kw):
-    settings = StudySettings(n_trials=n_trials, storage=storage or str(tmp_path / "study.db"),
-                             study_name=study, sampler=sampler, run_dir=str(tmp_path),
-                             **{k: kw.pop(k) for k in ("timeout_s", "seed") if k in kw})
-    return SearchOptions(target="smollm2-135m", target_arch=SMOL, base="smollm2-135m", base_arch=SMOL,
-                         space=load_search_space("smollm2-135m"), profile="stub", study=settings,
-                         acceptance_prior=prior, **kw)
+
+
 
 
 # ---------------------------------------------------------------- scoring arithmetic
@@ -209,6 +172,7 @@ def test_ctrl_c_between_creating_a_trial_and_evaluating_it_leaves_nothing_runnin
     assert failed[0].user_attrs["failed_reason"] == "interrupted (Ctrl-C)"
 
 
+@pytest.mark.integration
 def test_ctrl_c_waits_for_the_storage_write_but_stops_an_evaluation_at_once():
     """A KeyboardInterrupt inside SQLAlchemy's flush can hang the session: outside an evaluation the
     signal is held until a safe point; inside one it raises at once; a second one always does."""
@@ -274,6 +238,7 @@ def _load(storage: str, study: str) -> optuna.Study:
     return optuna.load_study(study_name=study, storage=open_storage(storage))
 
 
+@pytest.mark.integration
 def test_sigkill_then_rerun_loses_no_completed_trial(tmp_path):
     storage = f"sqlite:///{tmp_path / 'k.db'}"
     args = ["--storage", storage, "--study", "k", "--seed", "1", "--out-json", str(tmp_path / "r.json")]
@@ -337,6 +302,7 @@ def _concurrent_workers(tmp_path, storage: str, study: str, n_trials: int = 24) 
     assert told[0] and told[1]  # both workers did work
 
 
+@pytest.mark.integration
 def test_two_workers_share_one_sqlite_study(tmp_path):
     # Enough trials that the second worker's start-up (~1 s) cannot let the first finish alone
     # on a fast machine (latency-only trials run at ~20/s).
@@ -344,6 +310,7 @@ def test_two_workers_share_one_sqlite_study(tmp_path):
 
 
 @pytest.mark.postgres
+@pytest.mark.integration
 def test_two_workers_share_one_postgres_study(tmp_path):
     url = os.environ.get("DRAFTNAS_TEST_POSTGRES_URL")
     if not url:
@@ -389,6 +356,7 @@ def test_weights_evaluator_prunes_heals_and_measures_on_real_smollm2(smollm2, tm
     assert evaluation.candidate.arch.intermediate_size == 768
 
 
+@pytest.mark.integration
 def test_ctrl_c_on_the_cli_prints_the_table_so_far_and_leaves_nothing_running(tmp_path):
     storage = f"sqlite:///{tmp_path / 'c.db'}"
     proc = subprocess.Popen(_cli("--trials", "100000", "--storage", storage, "--study", "c"), cwd=ROOT,
@@ -499,7 +467,6 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     from types import SimpleNamespace as NS
 
     from draftnas.cli.cmd_search import next_commands
-    from draftnas.search.space_file import load_search_space
 
     space = load_search_space("smollm2-135m")  # workload: chat prompts
     best = NS(candidate=NS(plan=object(), name="L1bi-x-v4096", head_vocab_size=4096), number=3,

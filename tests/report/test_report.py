@@ -13,7 +13,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.report.study import write_report
 from draftnas.search.evaluate import PriorEvaluator
 from draftnas.search.loop import run_search
-from tests.test_search import FakeMeasured, StubLatency, smol_options
+from tests.helpers import FakeMeasured, StubLatency, smol_options
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

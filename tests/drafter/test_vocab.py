@@ -105,7 +105,7 @@ def test_sampled_q_over_a_subset_is_a_distribution():
 
 def test_estimator_counts_out_of_subset_tokens_as_rejections():
     from draftnas.acceptance.estimate import estimate_acceptance
-    from tests.test_acceptance import AGREE, StubDrafter, bigram, make_traces
+    from tests.helpers import AGREE, StubDrafter, bigram, make_traces
 
     full = estimate_acceptance(StubDrafter(bigram), make_traces([AGREE]), max_gamma=1)
     subset = VocabSubset(ids=tuple(t for t in range(16) if t != 5), vocab_size=16)

@@ -71,7 +71,10 @@ def test_static_engine_bench_is_lossless_and_times_transformers_beside_it(tiny_p
     assert all(p.run("draftnas").first_divergence is None for p in result.prompts)
     assert result.arm("hf_target").tokens_per_s > 0 and result.arm("hf").baseline == "hf_target"
     assert result.choice_timing_s == 0.0  # every product shape the timed runs met was timed beforehand
-    assert result.host and result.load_average_before  # the host the figures came from, named
+    from draftnas.core.machine import cpu_model_name
+
+    assert result.host == cpu_model_name()  # the host the figures came from, named
+    assert len(result.load_average_before.split()) == 3 or result.load_average_before == "unknown"
     assert result.arm("hf").lossless is True  # HF assisted judged against transformers' own target run
     assert own.predicted_tokens_per_step == pytest.approx(own.tokens_per_step, rel=1e-9)
     hf_engine = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16, hf_assisted=False))
