@@ -27,7 +27,6 @@ trace's own tokens, which is exact in distribution for the accepted prefix).
 greedy, and q is renormalized over the subset under sampling.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -158,7 +157,6 @@ def _unwrap(drafter: Any) -> tuple[Any, str | None]:
 
 
 def _subset_tensor(vocab_subset: Any, vocab_size: int) -> torch.Tensor | None:
-
     if vocab_subset is None:
         return None
     subset = torch.as_tensor(vocab_subset, dtype=torch.long).flatten()

@@ -2,7 +2,6 @@
 held-out split rule every stage uses. No torch.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -22,7 +22,6 @@ An interrupted `build_traces` keeps finished shards in ``<out>.partial/`` and
 resumes from them when run again with the same target, prompts and options.
 """
 
-
 from __future__ import annotations
 
 import hashlib
@@ -178,7 +177,6 @@ def make_metadata(loaded: LoadedModel, prompts: Sequence[Prompt], options: Trace
 
 
 def save_traces(metadata: TraceMetadata, records: Sequence[TraceRecord], path: Path) -> Path:
-
     def offsets(lengths: list[int]) -> torch.Tensor:
         return torch.tensor([0, *lengths], dtype=torch.long).cumsum(0)
 
@@ -205,7 +203,6 @@ def save_traces(metadata: TraceMetadata, records: Sequence[TraceRecord], path: P
 
 
 def _read(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-
     if not path.is_file():
         raise TraceError(f"trace file not found: {path} (make one with `draftnas trace`)")
     try:

@@ -2,7 +2,6 @@
 top-k next-token probabilities are kept at every continuation position.
 """
 
-
 from __future__ import annotations
 
 import hashlib
@@ -31,9 +30,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-
-
-
 
 
 @dataclass
@@ -139,7 +135,6 @@ def teacher_forced_topk(
 
 
 def _record(prompt: Prompt, temperature: float, prompt_ids: Sequence[int], decoded: _Decoded) -> TraceRecord:
-
     info = TraceRecordInfo(
         prompt_id=prompt.id, domain=prompt.domain, language=prompt.language,
         temperature=float(temperature), prompt_len=len(prompt_ids),
@@ -190,7 +185,6 @@ def _open_partial(partial: Path, manifest: dict[str, Any]) -> None:
 
 
 def _generator(seed: int, prompt_index: int, temperature: float) -> torch.Generator:
-
     digest = hashlib.sha256(f"{seed}|{prompt_index}|{temperature:.6f}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 

@@ -7,7 +7,6 @@ model's terms for measured ones one at a time (each swap re-priced by
 `fidelity` is MAPE and Spearman across drafters.
 """
 
-
 from __future__ import annotations
 
 import math

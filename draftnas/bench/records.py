@@ -1,7 +1,6 @@
 """What `draftnas bench` is asked and measures, and the records of e2e's analysis (pure).
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -47,7 +47,6 @@ REFERENCE = "reference"
 
 
 def _check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
-
     t_fp, d_fp = tokenizer_fingerprint(target.tokenizer), tokenizer_fingerprint(draft.tokenizer)
     t_v, d_v = model_vocab_size(target.model), model_vocab_size(draft.model)
     if t_fp != d_fp or t_v != d_v:

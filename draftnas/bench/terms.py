@@ -2,7 +2,6 @@
 repeated bench runs that e2e compares with the prediction.
 """
 
-
 from __future__ import annotations
 
 import statistics
@@ -21,7 +20,6 @@ from draftnas.models.hf_head import CACHE_ARG
 def cached_forward_ms(model: Any, prompt: list[int], new_tokens: int, repeats: int) -> float:
     """One cached forward over `new_tokens` tokens after `prompt` (cache cropped back each call)."""
 
-
     cache = DynamicCache()
     with torch.inference_mode():
         model(input_ids=torch.tensor([prompt]), **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
@@ -35,7 +33,6 @@ def cached_forward_ms(model: Any, prompt: list[int], new_tokens: int, repeats: i
 
 
 def _prefill_ms(model: Any, prompt: list[int], repeats: int) -> float:
-
     ids = torch.tensor([prompt])
     with torch.inference_mode():
         return median_ms(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1), max(3, repeats // 3))

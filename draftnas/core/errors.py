@@ -1,7 +1,6 @@
 """One exception hierarchy. The CLI turns any `DraftnasError` into one red line and exit 2.
 """
 
-
 from __future__ import annotations
 
 

@@ -4,7 +4,6 @@ Every figure draftnas prints names its host: CPU model, cores, torch threads and
 average (`machine_info`). Profiles, calibration, bench terms and e2e all read them here.
 """
 
-
 from __future__ import annotations
 
 import os

@@ -18,7 +18,6 @@ of the logits, each priced from the interconnect (`Interconnect.allreduce_ms`). 
 single-GPU model exactly.
 """
 
-
 from __future__ import annotations
 
 import math

@@ -15,7 +15,6 @@ Several sets can be joined with commas (``chat,code``). Chat models get their
 chat template applied when a prompt is encoded (`encode_prompt`).
 """
 
-
 from __future__ import annotations
 
 import hashlib

@@ -1,7 +1,6 @@
 """Provenance written beside results (profiles, traces, exports): which library versions made them.
 """
 
-
 from __future__ import annotations
 
 import importlib.metadata as md

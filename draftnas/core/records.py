@@ -5,7 +5,6 @@ through `to_dict` / `from_dict` (JSON-safe), which is how records are stored in
 Optuna trials, profiles and `draftnas.json`. Importing this module imports no torch.
 """
 
-
 from __future__ import annotations
 
 import dataclasses

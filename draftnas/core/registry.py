@@ -4,7 +4,6 @@ Importing this module does not import torch or transformers, so `draftnas target
 and the analytical model stay fast.
 """
 
-
 from __future__ import annotations
 
 import difflib

@@ -12,7 +12,6 @@ Decoding", NAACL, eq. 1-3):
   the bonus token), so at least 1 and at most gamma + 1 tokens.
 """
 
-
 from __future__ import annotations
 
 import math

@@ -10,7 +10,6 @@ heal` and e2e all build drafters here; `heal_options` is the one place a budget 
 `HealOptions`.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -108,7 +107,6 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
     if held is not None and result is not None:
         held = unseen_records(held, result)
     if held is not None and held.records:
-
         estimate = estimate_acceptance(drafter, held, max_gamma=max_gamma, temperature=temperature)
     parameters = sum(p.numel() for p in {id(p): p for p in drafter.parameters()}.values())
     return BuiltDrafter(plan=plan, heal=result, estimate=estimate, parameters=parameters, model=drafter)

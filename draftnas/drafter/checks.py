@@ -1,7 +1,6 @@
 """Every inconsistency of a pruning plan, as 'field: message (allowed: ...)' strings (pure).
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -25,7 +25,6 @@ drafter's per-token acceptance). A checkpoint (trainable weights, optimizer,
 scheduler, step, readings) is written atomically so an interrupted run resumes.
 """
 
-
 from __future__ import annotations
 
 import hashlib
@@ -206,7 +205,6 @@ def heal(
 
 
 def _check_traces_vocab(drafter: Any, traces: Any) -> None:
-
     check_compatible(traces, vocab_size=int(drafter.get_input_embeddings().weight.shape[0]))
 
 

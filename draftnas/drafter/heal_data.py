@@ -2,7 +2,6 @@
 set (and of prompts it writes itself), or trace records; cached beside a checkpoint.
 """
 
-
 from __future__ import annotations
 
 import hashlib
@@ -26,7 +25,6 @@ from draftnas.core.records import Progress
 from draftnas.drafter.records import HealOptions
 
 log = logging.getLogger(__name__)
-
 
 
 DATA_FILE = "heal-data.pt"
@@ -212,7 +210,6 @@ def _decode_all(target: Any, tokenizer: Any, encoded: Sequence[list[int]], *, te
 
 
 def _generators(seed: int, start: int, n: int) -> list[Any]:
-
     return [torch.Generator().manual_seed(seed * 100_003 + start + j) for j in range(n)]
 
 

@@ -12,7 +12,6 @@ come from one forward pass with hooks (`drafter.stats.collect_stats`); the strat
 arithmetic on tensors they are given, so this module imports no torch.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence

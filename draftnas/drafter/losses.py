@@ -2,7 +2,6 @@
 stored top-k, and the held-out reading of top-1 agreement.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,7 +28,6 @@ class Batch:
 
 
 def collate(seqs: Sequence[HealSequence], pad_id: int, with_topk: bool) -> Batch:
-
     width = max(len(s.input_ids) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -114,7 +112,6 @@ def measure_agreement(model: Any, seqs: Sequence[HealSequence], *, gamma: int = 
     """(top-1 agreement, greedy tokens per step at `gamma`, positions) over held-out sequences.
 
     Steps are `acceptance.greedy_steps`' replay of each continuation (the search's estimator)."""
-
 
     was_training = model.training
     model.eval()

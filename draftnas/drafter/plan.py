@@ -1,7 +1,6 @@
 """Planning: measure importance on a base model and return the `PruningPlan` options ask for.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -68,8 +67,6 @@ def calibration_ids(tokenizer: Any, texts: Sequence[str] | None = None, *,
     return torch.tensor(stream[:need], dtype=torch.long).view(sequences, seq_len)
 
 
-
-
 def plan_pruning(model: Any, options: PlanOptions, calibration: Any = None, *,
                  tokenizer: Any = None) -> PruningPlan:
     """Measure importance on `model` and return the plan `options` asks for.
@@ -116,7 +113,6 @@ def _layers(options: PlanOptions, n: int, stats: Stats | None) -> tuple[int, ...
 
 
 def _calibration_tensor(calibration: Any, tokenizer: Any, options: PlanOptions) -> torch.Tensor:
-
     if isinstance(calibration, torch.Tensor):
         return calibration
     if tokenizer is None:

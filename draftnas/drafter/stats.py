@@ -2,7 +2,6 @@
 decoder layer, gathering block influence and, for activation-aware importance, each head's and MLP
 channel's contribution (`drafter.importance`)."""
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,7 +5,6 @@ groups), the config written from the resulting tensor shapes, the reduced head a
 plan carries one. Re-applying a plan to the same base reproduces bit-identical weights.
 """
 
-
 from __future__ import annotations
 
 import copy
@@ -71,7 +70,6 @@ def _rows(units: Sequence[int], size: int) -> torch.Tensor:
 
 
 def _slice_layer(layer: Any, heads: Sequence[int], kv: Sequence[int], channels: Sequence[int]) -> None:
-
     attn, mlp = layer.self_attn, layer.mlp
     d = attn.head_dim
     attn.q_proj = _slice_linear(attn.q_proj, _rows(heads, d), 0)
@@ -130,7 +128,6 @@ def apply_plan(model: Any, plan: PruningPlan, *, inplace: bool = False) -> Any:
 
 
 def _copy_model(model: Any) -> Any:
-
     return copy.deepcopy(model)
 
 

@@ -18,7 +18,6 @@ head (rows outside the subset are the original head's rows), so a plain
 loop slices the head back to N rows on load (`maybe_apply_saved_subset`).
 """
 
-
 from __future__ import annotations
 
 import logging

@@ -1,7 +1,6 @@
 """What `draftnas e2e` is asked (budget presets, options) and what it hands back.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

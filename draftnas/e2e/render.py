@@ -2,7 +2,6 @@
 plain sentences on what the figures say.
 """
 
-
 from __future__ import annotations
 
 import statistics

@@ -27,7 +27,6 @@ The stages themselves and their options are in `draftnas.e2e.stages`; this modul
 order and assembles the analysis.
 """
 
-
 from __future__ import annotations
 
 import json
@@ -155,7 +154,6 @@ def _estimate(drafter: RoleDrafter) -> AcceptanceEstimate:
 
 
 def _gpu_model() -> LatencyModel | None:
-
     try:
         return LatencyModel.from_profile(default_profile(E2E_GPU_PROFILE))
     except DraftnasError:
@@ -185,7 +183,6 @@ def _bench_all(ctx: _Context, built: Sequence[RoleDrafter], bests: dict[str, int
 
 
 def _terms_for(ctx: _Context, built: RoleDrafter, gammas: Sequence[int]) -> MeasuredTerms:
-
     path = ctx.out / "terms" / f"{built.role}.json"
     if path.is_file():
         return MeasuredTerms.from_dict(json.loads(path.read_text()))
@@ -205,7 +202,6 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
     Writes into `options.out_dir`: profile.json, traces.safetensors, study.db, drafters/,
     terms/, bench/, results.json and results.md. Returns the result record.
     """
-
 
     options.budget.validate()
     trace_prompts, bench_prompts = split_prompts(options.budget)

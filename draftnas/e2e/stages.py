@@ -4,7 +4,6 @@ and the baselines built through `build.build_drafter` and exported, one drafter 
 domain, one bench run). `draftnas.e2e.run` runs them in order and assembles the analysis.
 """
 
-
 from __future__ import annotations
 
 import json

@@ -1,7 +1,6 @@
 """The model card (`README.md`) of an exported drafter: metadata, shape, plan, figures, use.
 """
 
-
 from __future__ import annotations
 
 import json

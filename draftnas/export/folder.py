@@ -12,7 +12,6 @@ end, so a crash never leaves a half-written drafter; a non-empty destination is 
 `force`. `load_drafter` reads any drafter folder back, the reduced head included.
 """
 
-
 from __future__ import annotations
 
 import copy
@@ -79,7 +78,6 @@ def _replace(tmp: Path, out: Path) -> None:
 
 
 def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) -> None:
-
     _set_generation_config(model, info.gamma)
     subset = model_subset(model)
     full_parameters = None
@@ -123,8 +121,6 @@ def _save_reduced_head(model: Any, subset: Any, folder: Path) -> None:
     """`model` (head already reduced) as a draftnas.models.hf_head class: N-row head, the kept ids as the
     `draft_vocab_ids` buffer, `auto_map` naming the shipped copy of draftnas/hf_head.py."""
 
-
-
     cls = reduced_head_class(model)
     config = copy.deepcopy(model.config)
     config.draft_vocab_size = subset.size
@@ -165,8 +161,6 @@ def _set_generation_config(model: Any, gamma: int) -> None:
     gen.num_assistant_tokens = int(gamma)
     gen.num_assistant_tokens_schedule = "constant"
     gen.assistant_confidence_threshold = 0.0
-
-
 
 
 def exported_record(folder: str | Path) -> dict[str, Any] | None:

@@ -2,7 +2,6 @@
 optionally exported.
 """
 
-
 from __future__ import annotations
 
 import json

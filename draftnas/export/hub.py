@@ -1,7 +1,6 @@
 """Publishing an exported folder to the model hub (when the machine is online).
 """
 
-
 from __future__ import annotations
 
 from pathlib import Path

@@ -2,7 +2,6 @@
 export and heal requests, and their results. No torch.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field

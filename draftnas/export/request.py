@@ -2,7 +2,6 @@
 re-priced on the study's scored traces, written as a folder (and pushed).
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -93,8 +92,6 @@ def _gamma(request: ExportRequest, trial: RankedTrial | None, prediction: Worklo
 def study_source(study: str, trial: int) -> str:
     """How an export from a study trial names its source (ExportInfo.source, draftnas.json)."""
     return f"study {study} trial {trial}"
-
-
 
 
 def study_traces(info: StudyInfo | None) -> Any:

@@ -2,7 +2,6 @@
 work outside the forward, timed on the machine a search runs on (seconds, not a profile's minutes).
 """
 
-
 from __future__ import annotations
 
 import functools

@@ -3,7 +3,6 @@
 with `LatencyModel`'s signature, so the search uses them unchanged.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -1,7 +1,6 @@
 """Profile files: the schema check, reading and writing, and the shipped profiles (package data).
 """
 
-
 from __future__ import annotations
 
 import json

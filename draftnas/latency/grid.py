@@ -1,7 +1,6 @@
 """The shapes and conditions a profiling run times (pure data; `plan_profile`).
 """
 
-
 from __future__ import annotations
 
 import dataclasses

@@ -1,7 +1,6 @@
 """GPU data sheets and the spec-sheet roofline profiles derived from them (NOT measured).
 """
 
-
 from __future__ import annotations
 
 from draftnas.core.errors import InvalidInputError

@@ -27,7 +27,6 @@ listed in the profile's `skipped` with the bytes it needed. torch and
 transformers are imported inside the functions.
 """
 
-
 from __future__ import annotations
 
 import logging

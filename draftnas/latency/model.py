@@ -36,7 +36,6 @@ device the coefficients are fitted by non-negative least squares on relative err
 training shapes only.
 """
 
-
 from __future__ import annotations
 
 import logging

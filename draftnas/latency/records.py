@@ -2,7 +2,6 @@
 target timings, host calibrations, and what `draftnas profile` is asked. No torch, no numpy.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field

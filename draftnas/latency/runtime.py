@@ -2,7 +2,6 @@
 steps it times (transformers' eager forward, draftnas's static step, the LM head alone).
 """
 
-
 from __future__ import annotations
 
 import gc
@@ -30,7 +29,6 @@ class Runtime:
     """Device, dtype and a timer for one profiling run."""
 
     def __init__(self, options: ProfileOptions) -> None:
-
         # Caches of many sizes come and go chunk after chunk; growable segments keep the
         # allocator from fragmenting (effective only before CUDA's first allocation).
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -122,7 +120,6 @@ class EagerStep:
     """One decode/verify forward over a DynamicCache holding `context` random tokens."""
 
     def __init__(self, rt: Runtime, model: Any, arch: Architecture, cond: Condition, layers: int) -> None:
-
         batch, new, context = cond
         self.model, self.new_tokens, self.layers = model, new, layers
         self.cache = DynamicCache()
@@ -173,7 +170,6 @@ class HeadStep:
     5-row head took 2.2x its 1-row head where the decoder's took about the same."""
 
     def __init__(self, rt: Runtime, hidden: int, rows: int, tokens: int) -> None:
-
         torch = rt.torch
         with torch.device(rt.device):
             self.norm = torch.nn.RMSNorm(hidden, eps=1e-5, dtype=rt.dtype)

@@ -2,7 +2,6 @@
 fits the budget, timed round-robin; out-of-memory chunks are halved and retried.
 """
 
-
 from __future__ import annotations
 
 import functools

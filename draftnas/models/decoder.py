@@ -22,7 +22,6 @@ Shapes: B batch, T new tokens, S cache slots, H query heads, K key/value heads, 
 dim, h hidden size, V head rows. torch is imported at module level: import this lazily.
 """
 
-
 from __future__ import annotations
 
 import math

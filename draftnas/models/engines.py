@@ -9,7 +9,6 @@
   serving engines run them; the prompt's prefill runs eagerly.
 """
 
-
 from __future__ import annotations
 
 from typing import Any
@@ -26,12 +25,10 @@ class HFEngine:
     """A transformers causal LM with a DynamicCache (rolled back by cropping)."""
 
     def __init__(self, model: Any) -> None:
-
         self.model, self.cache = model, DynamicCache()
         self.device = next(model.parameters()).device
 
     def reset(self) -> None:
-
         self.cache = DynamicCache()
 
     def forward(self, tokens: list[int], start: int, keep: int) -> torch.Tensor:
@@ -64,7 +61,6 @@ class StaticEngine:
 
     def forward(self, tokens: list[int], start: int, keep: int) -> torch.Tensor:
         """Read `tokens` at positions start..start+T-1 (overwriting those slots): logits [keep, V]."""
-
 
         t = len(tokens)
         if start + t > self.cache.slots:

@@ -25,7 +25,6 @@ they are. Routing is undone with `.detach()` and redone with `.attach()`;
 `with routing:` routes for a block.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence

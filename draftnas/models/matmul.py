@@ -7,7 +7,6 @@ once per (rows, out, in) on the machine it runs on and keeps the faster; the sta
 and `models.linears.route_linears` multiply through it.
 """
 
-
 from __future__ import annotations
 
 import time

@@ -2,7 +2,6 @@
 folders, hub ids), and the names of the engines and dtypes the loop runs. No torch here.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass

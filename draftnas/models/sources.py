@@ -13,7 +13,6 @@ A spec is one of
 torch and transformers are imported only inside the loading functions.
 """
 
-
 from __future__ import annotations
 
 import difflib

@@ -2,7 +2,6 @@
 Pure: no torch. The static decoder (`models.decoder`) is built from one.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -29,7 +29,6 @@ A step drafts g = min(gamma, max_new_tokens - generated - 1) tokens (so the step
 never overshoots the budget) and stops drafting after an end-of-sequence token.
 """
 
-
 from __future__ import annotations
 
 import time
@@ -67,7 +66,6 @@ class SpeculativeOutput:
 
 
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
@@ -104,7 +102,6 @@ class _Drafter:
 
 
 def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-
     return int(torch.multinomial(probs.cpu(), 1, generator=generator))
 
 

@@ -1,7 +1,6 @@
 """A profile's draft latency against depth and against width: the table and its PNG.
 """
 
-
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,7 +43,6 @@ def depth_width_report(profile: LatencyProfile) -> DepthWidthReport:
 
 
 def _bytes(dtype: str) -> int:
-
     return DTYPE_BYTES[dtype]
 
 

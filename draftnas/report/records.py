@@ -1,7 +1,6 @@
 """What the report stage writes and draws (no torch).
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,7 +5,6 @@ speedup vs gamma for the best candidates, and draft latency vs depth. The storag
 is Optuna's, so the same study also opens in optuna-dashboard.
 """
 
-
 from __future__ import annotations
 
 import logging

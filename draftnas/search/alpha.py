@@ -17,7 +17,6 @@ LLaMA-65B is an ASSUMPTION (different families, base != target, and far more dis
 the paper's drafters than the pairs' healing); every output that uses one says FITTED ON.
 """
 
-
 from __future__ import annotations
 
 import json

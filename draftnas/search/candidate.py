@@ -8,7 +8,6 @@ can be expressed as a `PruningPlan` — the plan's shape (layers picked by
 `plan_pruning`). No torch here: the search scores thousands of these per second.
 """
 
-
 from __future__ import annotations
 
 from draftnas.core.errors import InfeasibleCandidateError

@@ -3,7 +3,6 @@ building the drafter from the base's real weights (`build.build_drafter`) and re
 on held-out target traces.
 """
 
-
 from __future__ import annotations
 
 import logging
@@ -116,7 +115,6 @@ class WeightsEvaluator:
     def _setup(self) -> None:
         if self._loaded is not None:
             return
-
 
         torch.manual_seed(self.seed)
         self._loaded = load_model(self.base)

@@ -15,7 +15,6 @@ can work on one study; a killed process loses at most its trial in flight, which
 the next run marks FAIL (same host: its process is gone; other hosts: heartbeat).
 """
 
-
 from __future__ import annotations
 
 import contextlib
@@ -73,9 +72,6 @@ SamplerName = Literal["tpe", "nsga2", "random"]
 SAMPLERS: tuple[str, ...] = ("tpe", "nsga2", "random")
 STUDY_SCHEMA = 1
 MAX_CONSECUTIVE_FAILURES = 3
-
-
-
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:

@@ -6,7 +6,6 @@ its own target (`evaluate.WeightsEvaluator`), per domain. One JSONL row per draf
 as it is measured, so a killed run resumes where it stopped.
 """
 
-
 from __future__ import annotations
 
 import itertools

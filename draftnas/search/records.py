@@ -2,7 +2,6 @@
 throughput, batch economics), the study's identity and settings, and a search's result. No torch.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass, replace

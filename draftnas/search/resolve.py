@@ -2,7 +2,6 @@
 its calibration on this machine), the placement on GPUs, and how acceptance is measured or assumed.
 """
 
-
 from __future__ import annotations
 
 import hashlib
@@ -41,9 +40,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
-
-
-
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 drafter of it could give.
 """
 
-
 from __future__ import annotations
 
 import math

@@ -5,7 +5,6 @@ acceptance reading (measured or assumed), and the workload's predicted tokens/s 
 each batch size's best gamma (Yan et al. 2025, eq. 1-3; `draftnas.core.throughput`).
 """
 
-
 from __future__ import annotations
 
 import logging

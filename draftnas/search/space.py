@@ -14,7 +14,6 @@ three, each as ``field: message (allowed: ...)``. Shipped spaces live in
 ``draftnas/data/search_spaces/`` (package data) and are found by name.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -148,11 +147,5 @@ class SearchSpace(Record):
         return (len(self.depth.values()) * len(self.layer_selection) * len(w.kv_head_ratios)
                 * len(w.query_head_ratios) * len(w.mlp_ratios) * len(w.hidden_ratios)
                 * len(self.vocab_sizes))
-
-
-
-
-
-
 
 

@@ -2,7 +2,6 @@
 ``field: message (allowed: ...)``.
 """
 
-
 from __future__ import annotations
 
 import math

@@ -12,7 +12,6 @@ Optuna's public API covers most of this. Three private entry points are used, al
   (RDB storages do), which Optuna exposes no public predicate for.
 """
 
-
 from __future__ import annotations
 
 import contextlib
