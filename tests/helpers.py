@@ -184,3 +184,24 @@ def smol_options(tmp_path, n_trials=12, sampler="tpe", prior=None, study="t", st
     return SearchOptions(target="smollm2-135m", target_arch=SMOL, base="smollm2-135m", base_arch=SMOL,
                          space=load_search_space("smollm2-135m"), profile="stub", study=settings,
                          acceptance_prior=prior, **kw)
+
+
+# --------------------------------------------------------------- Qwen2 fakes
+
+
+def tiny_qwen2(seed=0, layers=4, tied=False, vocab=128):
+    """A tiny random Qwen2 (q/k/v biases, GQA 4 q / 2 kv heads, rope θ 1e6), eval mode; the biases are
+    large enough that a pruning that drops or misplaces them changes the logits."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
+                         tie_word_embeddings=tied, initializer_range=0.2)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+    return model

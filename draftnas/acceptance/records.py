@@ -28,6 +28,9 @@ class TraceOptions(Record):
     seed: int = option(0, help="Seed of the sampled (temperature > 0) traces.")
     batch_size: int = option(8, help="Prompts decoded together (left padded).", low=1, high=256)
     shard_size: int = option(8, help="Records per checkpoint shard.", low=1, high=100_000, cli=False)
+    dtype: str = option("fp32", help="The target's dtype while it writes the traces (the dtype it will "
+                                     "serve in: greedy tokens differ between dtypes).",
+                        choices=("fp32", "bf16", "fp16"))
 
     def validate(self) -> TraceOptions:
         return check_options(self)
@@ -57,6 +60,7 @@ class TraceMetadata(Record):
     n_tokens: int = 0
     wall_s: float = 0.0
     versions: dict[str, str] = field(default_factory=dict)
+    dtype: str = "fp32"  # the target's weights while it wrote them (greedy tokens differ between dtypes)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from draftnas.acceptance.records import (
 from draftnas.core.errors import TraceError
 from draftnas.core.prompts import Prompt, prompt_set_hash, uses_chat_template
 from draftnas.core.provenance import package_versions
+from draftnas.models.records import dtype_name
 
 if TYPE_CHECKING:
     from draftnas.models.sources import LoadedModel
@@ -173,6 +174,7 @@ def make_metadata(loaded: LoadedModel, prompts: Sequence[Prompt], options: Trace
         max_new_tokens=options.max_new_tokens,
         eos_token_ids=eos_token_ids(model, tokenizer),
         versions=package_versions(),
+        dtype=dtype_name(next(model.parameters()).dtype),
     )
 
 

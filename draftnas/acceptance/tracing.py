@@ -23,6 +23,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.prompts import Prompt, encode_prompt
 from draftnas.core.records import Progress
 from draftnas.models.hf_head import CACHE_ARG
+from draftnas.models.records import TORCH_DTYPES
 from draftnas.models.sources import load_model
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ def record_from_continuation(model: Any, prompt: Prompt, prompt_ids: Sequence[in
 def _manifest(metadata: TraceMetadata, options: TraceOptions) -> dict[str, Any]:
     """What must match for a partial run to be resumed."""
     keep = ("target", "model_type", "num_hidden_layers", "vocab_size", "tokenizer_fingerprint",
-            "prompt_set_hash", "temperatures", "seed", "top_k", "max_new_tokens")
+            "prompt_set_hash", "temperatures", "seed", "top_k", "max_new_tokens", "dtype")
     data = metadata.to_dict()
     return {**{k: data[k] for k in keep}, "shard_size": options.shard_size,
             "batch_size": options.batch_size}
@@ -230,7 +231,7 @@ def build_traces(
     if not prompts:
         raise InvalidInputError("no prompts to trace")
     started = time.perf_counter()
-    loaded = load_model(target) if isinstance(target, str) else target
+    loaded = load_model(target, dtype=TORCH_DTYPES[options.dtype]) if isinstance(target, str) else target
     metadata = make_metadata(loaded, prompts, options, prompt_set)
     out = Path(out)
     partial = out.with_name(out.name + ".partial")

@@ -93,7 +93,7 @@ def _profile_target(target: str, from_file: Path | None, out: Path | None, asked
     from draftnas.core.errors import InvalidInputError
     from draftnas.latency.files import default_profile, load_profile, save_profile
     from draftnas.latency.measure import measure_target
-    from draftnas.search.resolve import resolve_architecture
+    from draftnas.search.candidate import resolve_architecture
 
     arch = resolve_architecture(target)
     device = asked.device

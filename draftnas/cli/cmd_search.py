@@ -156,7 +156,10 @@ def exportable(result: SearchResult) -> bool:
 
 def next_commands(result: SearchResult, exported: tuple[str, int] | None = None) -> list[str]:
     """What to run next with the best drafter: export it (unless `exported`: its folder and gamma),
-    bench it, use it from transformers."""
+    bench it (beside the first reference with weights, in the dtype the search chose), use it from
+    transformers."""
+    from draftnas.models.sources import has_weights
+
     b = result.best
     if b is None:
         return []
@@ -170,11 +173,15 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
     export = [] if exported is not None else [
         f"  draftnas export --study {result.study_name} --storage {result.storage} --trial {b.number} "
         f"--out {folder}"]
+    reference = next((r.reference for r in result.references if r.reference and has_weights(r.reference)),
+                     None)
     return [
         "next:",
         *export,
         f"  draftnas bench --target {result.info.target} --draft {folder} --gamma {gamma}"
         + (f" --engine {result.info.engine}" if result.info.engine else "")
+        + (f" --dtype {result.info.dtype}" if result.info.dtype != "fp32" else "")
+        + (f" --reference {reference}" if reference else "")
         + (f" --prompts {w.prompt_set} --per-domain 8" if w.prompt_set != "all" else ""),
         f"  in transformers: target.generate(..., assistant_model={load})",
         "  on CPU, route both models' small products first (a multi-token verify can cost far more than a "
@@ -256,8 +263,15 @@ def search(
                                     "it at the workload's largest batch."),
     draft_tp: str = typer.Option("1", "--draft-tp", help="Drafter on 1 GPU, or 'same': sharded like the "
                                  "target (the two vLLM allows)."),
-    dtype: str | None = typer.Option(None, "--dtype", help="Weights' dtype: fp32, fp16, bf16 or fp8 "
-                                     "(default: the profile's; spec-sheet profiles are re-derived)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Weights' dtype: fp32, fp16, bf16 or fp8. "
+                                     "Default: on a calibrated CPU search the faster of fp32 and (where the "
+                                     "CPU has native bf16) bf16, timed on the target first; else the "
+                                     "profile's (spec-sheet profiles are re-derived)."),
+    reference: list[str] = typer.Option([], "--reference", "-r",
+                                        help="A drafter a user would otherwise pick (an embedded name, a "
+                                             "folder or a registry shape), priced and ranked beside the "
+                                             "trials as 'ref'; repeatable, added to the space's "
+                                             "references."),
     memory_margin: float = typer.Option(0.1, "--memory-margin", help="Share of each GPU's memory kept "
                                         "free (vLLM's 1 - gpu_memory_utilization)."),
     run_dir: str = typer.Option("runs", "--run-dir", help="Folder for studies' outputs."),
@@ -293,7 +307,8 @@ def search(
     request = SearchRequest(target=target, base=base, base_shape=base_shape, space=space, profile=profile,
                             traces=traces, study=settings, acceptance_prior=prior, calibrate=calibrate,
                             acceptance_model=model, acceptance_anchor=acceptance_anchor, gpus=gpus,
-                            draft_tp=draft_tp, dtype=dtype, memory_margin=memory_margin, engine=engine)
+                            draft_tp=draft_tp, dtype=dtype, memory_margin=memory_margin, engine=engine,
+                            references=tuple(reference))
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
     with progress_bars(json_out) as on:
         result = run(request, progress=on("trials"), trace_progress=on("tracing target"),

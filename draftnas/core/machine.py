@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from draftnas.core.provenance import package_versions
-from draftnas.core.records import MachineInfo
+from draftnas.core.records import CpuIdentity, MachineInfo
 
 
 def load_average() -> str:
@@ -38,6 +38,44 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine()
 
 
+#: instruction sets that decide which matrix-product kernels a CPU runs (in /proc/cpuinfo's flags)
+KERNEL_ISA: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+#: any of these: the CPU multiplies bf16 natively (else torch emulates it, slower than fp32)
+NATIVE_BF16: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
+
+
+def _cpuinfo_fields() -> dict[str, str]:
+    """The first processor's `key: value` lines of /proc/cpuinfo ({} where there is none)."""
+    out: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            out[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return out
+
+
+def cpu_identity() -> CpuIdentity:
+    """This CPU's vendor, family, model and kernel-deciding instruction sets."""
+    info = _cpuinfo_fields()
+    flags = set(info.get("flags", "").split())
+
+    def number(key: str) -> int | None:
+        return int(info[key]) if info.get(key, "").isdigit() else None
+
+    return CpuIdentity(vendor=info.get("vendor_id") or None, family=number("cpu family"),
+                       model=number("model"), isa=tuple(f for f in KERNEL_ISA if f in flags),
+                       name=cpu_model_name())
+
+
+def cpu_has_native_bf16(identity: CpuIdentity | None = None) -> bool:
+    """Whether the CPU multiplies bf16 natively (AVX512_BF16 or AMX)."""
+    return bool(set((identity or cpu_identity()).isa or ()) & set(NATIVE_BF16))
+
+
 def cpu_count() -> int:
     """Cores this process may run on (its affinity), else the machine's."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -52,7 +90,8 @@ def torch_threads() -> int:
 
 def host_fields() -> dict[str, Any]:
     """The host a benchmark's figures came from: CPU model, torch threads, load average now."""
-    return {"host": cpu_model_name(), "threads": torch_threads(), "load_average": load_average()}
+    return {"host": cpu_model_name(), "cpu": cpu_identity().label(), "threads": torch_threads(),
+            "load_average": load_average()}
 
 
 def print_figures(result: dict[str, Any], out: Path | None = None) -> None:
@@ -67,7 +106,7 @@ def print_figures(result: dict[str, Any], out: Path | None = None) -> None:
 
 def machine_info() -> MachineInfo:
     return MachineInfo(cpu_model=cpu_model_name(), logical_cores=os.cpu_count() or 1,
-                       torch_threads=torch_threads(), platform=platform.platform(),
+                       torch_threads=torch_threads(), cpu=cpu_identity(), platform=platform.platform(),
                        load_average_before=load_average(), versions=package_versions())
 
 

@@ -71,6 +71,37 @@ class Record:
 
 
 @dataclass(frozen=True)
+class CpuIdentity(Record):
+    """What decides a CPU's kernels: vendor, family and model numbers, and the instruction sets that
+    matter for matrix products. Hosts that `/proc/cpuinfo` names alike ("AMD EPYC" on Zen 2, Zen 4 and
+    Zen 5) differ here. None: not known (a profile measured before draftnas recorded it)."""
+
+    vendor: str | None = None
+    family: int | None = None
+    model: int | None = None
+    isa: tuple[str, ...] | None = None  # of avx2, avx512f, avx512_bf16, amx_tile, amx_bf16; None: unknown
+    name: str = ""
+
+    def label(self) -> str:
+        parts = [self.name or self.vendor or "unknown CPU"]
+        if self.family is not None:
+            parts.append(f"family {self.family} model {self.model}")
+        if self.isa is not None:
+            parts.append("+".join(self.isa) if self.isa else "no AVX2")
+        return ", ".join(parts)
+
+    def same_kernels(self, other: CpuIdentity) -> bool:
+        """Whether `other` runs the same kernels as far as both are known: vendor, instruction sets,
+        and family/model where both record them."""
+        if self.vendor and other.vendor and self.vendor != other.vendor:
+            return False
+        if self.isa is not None and other.isa is not None and set(self.isa) != set(other.isa):
+            return False
+        both = self.family is not None and other.family is not None
+        return not both or (self.family, self.model) == (other.family, other.model)
+
+
+@dataclass(frozen=True)
 class MachineInfo(Record):
     cpu_model: str
     logical_cores: int
@@ -79,3 +110,4 @@ class MachineInfo(Record):
     load_average_before: str
     load_average_after: str = ""
     versions: dict[str, str] = field(default_factory=dict)
+    cpu: CpuIdentity | None = None

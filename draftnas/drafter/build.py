@@ -18,6 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from draftnas.acceptance.estimate import estimate_acceptance
 from draftnas.acceptance.traces import Traces as TracesClass
 from draftnas.core.errors import InvalidInputError
@@ -36,6 +38,7 @@ from draftnas.drafter.records import (
 )
 from draftnas.drafter.surgery import apply_plan
 from draftnas.drafter.vocab import subset_from_traces
+from draftnas.models.records import TORCH_DTYPES
 
 if TYPE_CHECKING:
     from draftnas.acceptance.traces import Traces
@@ -84,9 +87,11 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
                   teacher: Any = None, data: HealData | None = None, held: Traces | None = None,
                   max_gamma: int = 8, temperature: float = 0.0, checkpoint_dir: str | Path | None = None,
                   progress: Progress | None = None, data_progress: Progress | None = None,
-                  on_reading: Callable[[HealReading], None] | None = None) -> BuiltDrafter:
+                  on_reading: Callable[[HealReading], None] | None = None,
+                  dtype: str | None = None) -> BuiltDrafter:
     """apply the plan to `base` -> heal toward `teacher` (traces or a live model; skipped when
-    `heal` is None) -> estimate acceptance on `held` traces (skipped when None).
+    `heal` is None) -> cast to `dtype` (the dtype it will draft in; None keeps the base's) ->
+    estimate acceptance on `held` traces (skipped when None).
 
     `data`: heal data already built from the same teacher (the search reuses it across trials).
     Deterministic for a given plan, base, teacher and options: the plan carries every index,
@@ -103,6 +108,8 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
                           checkpoint_dir=checkpoint_dir, progress=progress, data_progress=data_progress,
                           on_reading=on_reading)
     drafter.eval()
+    if dtype is not None:
+        drafter.to(getattr(torch, TORCH_DTYPES[dtype]))
     estimate = None
     if held is not None and result is not None:
         held = unseen_records(held, result)

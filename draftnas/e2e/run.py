@@ -67,8 +67,8 @@ from draftnas.export.folder import load_drafter
 from draftnas.latency.files import default_profile
 from draftnas.latency.model import LatencyModel
 from draftnas.models.sources import load_model
+from draftnas.search.candidate import resolve_architecture
 from draftnas.search.records import SearchResult
-from draftnas.search.resolve import resolve_architecture
 
 if TYPE_CHECKING:
     from draftnas.acceptance.records import AcceptanceEstimate

@@ -106,13 +106,13 @@ def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) ->
 
 
 def reduced_head_class(model_or_config: Any) -> Any:
-    """The draftnas.models.hf_head class for a LLaMA or Gemma-3 drafter (by its transformers class or
-    config); an ExportError for other families."""
-
+    """The draftnas.models.hf_head class for a LLaMA, Qwen2 or Gemma-3 drafter (by its transformers class
+    or config); an ExportError for other families."""
     config = getattr(model_or_config, "config", model_or_config)
-    base = {"llama": "LlamaForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}.get(config.model_type)
+    base = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "gemma3_text": "Gemma3ForCausalLM"}.get(config.model_type)
     if base is None:
-        raise ExportError(f"a reduced draft head is exported for LLaMA and Gemma-3 drafters, "
+        raise ExportError(f"a reduced draft head is exported for LLaMA, Qwen2 and Gemma-3 drafters, "
                           f"not {config.model_type!r}")
     return getattr(hf_head, hf_head.CLASS_BY_BASE[base])
 

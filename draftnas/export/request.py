@@ -30,6 +30,7 @@ from draftnas.export.records import (
     ExportResult,
     drafter_name,
 )
+from draftnas.models.records import TORCH_DTYPES
 from draftnas.models.sources import load_model
 from draftnas.search.records import RankedTrial, StudyInfo, WorkloadPrediction
 from draftnas.search.scoring import measured_acceptance, predict_workload
@@ -153,11 +154,12 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     if not base:
         raise ExportError("the plan names no base model; pass --base")
     target = request.target or (source.info.target if source.info else None) or base
-    loaded = load_model(base)
+    dtype = source.info.dtype if source.info else "fp32"  # what the study timed and estimated in
     steps = request.heal_steps
     if steps is None:
         steps, why = default_heal_steps(source.info.space if source.info else None)
         log.info("healing %d steps: %s (--heal-steps N to choose)", steps, why)
+    loaded = load_model(base, dtype=TORCH_DTYPES["fp32" if steps > 0 else dtype])  # healing trains in fp32
     held = study_traces(source.info) if trial is not None else None
     options = None
     if steps > 0:
@@ -168,16 +170,16 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     if held is not None and source.info is not None:
         scoring = {"held": held, "max_gamma": max(source.info.space.gamma.max, 1),
                    "temperature": source.info.space.workload.temperature}
-    built = build_drafter(plan, loaded, heal=options,
-                          teacher=teacher_for(request.traces, target, base, loaded) if options else None,
+    teacher = teacher_for(request.traces, target, base, loaded, dtype) if options else None
+    built = build_drafter(plan, loaded, heal=options, teacher=teacher,
                           checkpoint_dir=checkpoint, progress=progress, data_progress=data_progress,
-                          **scoring)
+                          dtype=dtype, **scoring)
     heal_result = built.heal
     if heal_result is not None and heal_result.top1_after < heal_result.top1_before:
         # healing made it worse on held-out text: export the pruned weights, and say so in the card
         log.warning("healing lowered held-out top-1 agreement (%.3f -> %.3f): exporting the unhealed "
                     "drafter", heal_result.top1_before, heal_result.top1_after)
-        built = build_drafter(plan, loaded, **scoring)
+        built = build_drafter(plan, loaded, dtype=dtype, **scoring)
         heal_result = replace(heal_result, kept=False)
     prediction = None
     if built.estimate is not None and trial is not None and source.info is not None:
@@ -202,12 +204,13 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
                         searched_tokens_per_step=searched_tokens(trial, info.gamma))
 
 
-def teacher_for(traces: str | None, target: str, base: str, loaded: Any) -> Any:
-    """Traces when given, else the live target (the already `loaded` base when they are the same)."""
+def teacher_for(traces: str | None, target: str, base: str, loaded: Any, dtype: str = "fp32") -> Any:
+    """Traces when given, else the live target in `dtype` (the already `loaded` base when they are the
+    same): its greedy tokens are the ones it serves in that dtype."""
     if traces:
         from draftnas.acceptance.traces import load_traces
 
         return load_traces(traces).select(temperature=0.0)
     if loaded is not None and target in (base, loaded.source.spec):
         return loaded.model
-    return load_model(target).model
+    return load_model(target, dtype=TORCH_DTYPES[dtype]).model

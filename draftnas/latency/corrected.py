@@ -46,23 +46,67 @@ class TargetTimedModel:
                                            context_tokens=context_tokens, head_vocab_size=head_vocab_size))
 
 
+class _Line:
+    """Measured over predicted time of one shape's stack by depth: lines through the measured and
+    the predicted times of its prefixes and its full depth, and the decode time its reduced heads
+    save (linear in the row count, and in depth between the first layer and the full depth)."""
+
+    def __init__(self, model: Any, arch: Architecture, points: dict[int, float], context: int,
+                 saving: dict[int, float], saving_prefix: dict[int, float]) -> None:
+        self.arch, self.saving, self.saving_prefix = arch, saving, saving_prefix
+        rows = [(k, ms, model.predict_ms(arch.with_shape(num_hidden_layers=k), context_tokens=context))
+                for k, ms in sorted(points.items())]
+        ks = np.array([r[0] for r in rows], dtype=float)
+        measured, predicted = np.array([r[1] for r in rows]), np.array([r[2] for r in rows])
+        # ratio(k) = (a + b k) / (a' + b' k)
+        self.measured = np.polyfit(ks, measured, 1) if len(ks) > 1 else np.array([0.0, measured[0]])
+        self.predicted = np.polyfit(ks, predicted, 1) if len(ks) > 1 else np.array([0.0, predicted[0]])
+
+    def ratio(self, layers: int) -> float:
+        measured = float(np.polyval(self.measured, layers))
+        predicted = float(np.polyval(self.predicted, layers))
+        return measured / predicted if predicted > 0 and measured > 0 else 1.0
+
+    def head_saving_ms(self, rows: int, layers: int | None) -> float | None:
+        vocab, full = self.arch.vocab_size, self.arch.num_hidden_layers
+        if not self.saving or rows >= vocab:
+            return None
+
+        def at(measured: dict[int, float]) -> float:
+            sizes, saved = zip(*sorted({**measured, vocab: 0.0}.items()), strict=True)
+            return float(np.interp(rows, sizes, saved))  # below the smallest size measured: its saving
+
+        deep = at(self.saving)
+        if not self.saving_prefix or layers is None or full <= 1:
+            return deep
+        return float(np.interp(layers, [1, full], [at(self.saving_prefix), deep]))
+
+    def matches(self, arch: Architecture) -> bool:
+        """The same layer shape (a drafter cut from this stack by depth only, its head aside)."""
+        a, b = arch, self.arch
+        def shape(x: Architecture) -> tuple[int, ...]:
+            return (x.hidden_size, x.head_dim, x.num_attention_heads, x.num_key_value_heads,
+                    x.intermediate_size)
+
+        return shape(a) == shape(b)
+
+
 class CalibratedModel:
     """A latency model corrected by what this machine measured (`HostCalibration`).
 
     - The target itself at batch 1 and the calibrated context: the measured time of that many
-      new tokens (interpolated between measured counts, exact at them).
-    - Anything else: the model's prediction times measured / predicted for the target's own
-      stack at the same depth, from a straight line through the measured prefixes and the full
-      target (depth is what the correction follows: per-layer and per-call costs are what
-      differ most between hosts). Other batch sizes and contexts scale the same way.
+      new tokens (interpolated between measured counts, exact at them); a base or reference timed
+      beside it (`HostCalibration.stacks`) at its full depth and one new token: its measured time.
+    - Anything else: the model's prediction times measured / predicted for the stack it is cut
+      from at the same depth (the base whose layer width it has, else the target), from a straight
+      line through that stack's measured prefixes and full depth (depth is what the correction
+      follows: per-layer and per-call costs are what differ most between hosts). Other batch sizes
+      and contexts scale the same way.
     - A reduced draft head at one new token (batch 1): the full-head prediction so corrected,
       less the time the smaller head saved when measured (linear in the row count between
-      measured sizes): under the target's full depth (`head_saving_ms`) and under its first
-      layer (`head_saving_prefix_ms`), linear in depth between the two. The profile's head
-      term came from another engine's kernels; on the AMD EPYC host the static engine's head
-      product over 262,144 rows runs 1.6x faster than F.linear's. And the saving depends on
-      depth: SmolLM2-135M's 4,096-row head saved 2.7 ms under 30 layers but 4.2 ms under one,
-      where the small stack's weights partly stay in cache between steps.
+      measured sizes): under that stack's full depth and under its first layer, linear in depth
+      between the two. The saving depends on depth: SmolLM2-135M's 4,096-row head saved 2.7 ms
+      under 30 layers but 4.2 ms under one, where the small stack's weights partly stay in cache.
     - Plus the measured work outside the forward: one new token of the target is plain
       decoding (`generate_overhead_ms`), more are a verify step of the loop
       (`verify_overhead_ms`), one new token of anything else is a draft step
@@ -75,24 +119,19 @@ class CalibratedModel:
         if not calibration.target_ms or not calibration.prefix_ms:
             raise ProfileError("a host calibration needs target and prefix timings")
         self.model, self.calibration, self.target = model, calibration, target
-        ctx = calibration.context_tokens
-        points = [(k, ms, model.predict_ms(target.with_shape(num_hidden_layers=k), context_tokens=ctx))
-                  for k, ms in sorted(calibration.prefix_ms.items())]
-        if 1 in calibration.target_ms:
-            points.append((target.num_hidden_layers, calibration.target_ms[1],
-                           model.predict_ms(target, context_tokens=ctx)))
-        ks = np.array([p[0] for p in points], dtype=float)
-        measured = np.array([p[1] for p in points])
-        predicted = np.array([p[2] for p in points])
-        # ratio(k) = (a + b k) / (a' + b' k): lines through measured and predicted times by depth
-        self._measured_line = np.polyfit(ks, measured, 1) if len(ks) > 1 else np.array([0.0, measured[0]])
-        self._predicted_line = np.polyfit(ks, predicted, 1) if len(ks) > 1 else np.array([0.0, predicted[0]])
+        c, ctx = calibration, calibration.context_tokens
+        own = {**c.prefix_ms, **({target.num_hidden_layers: c.target_ms[1]} if 1 in c.target_ms else {})}
+        self._target_line = _Line(model, target, own, ctx, c.head_saving_ms, c.head_saving_prefix_ms)
+        self._stacks = [(s, _Line(model, s.arch, {**s.prefix_ms, s.arch.num_hidden_layers: s.full_ms}, ctx,
+                                  s.head_saving_ms, s.head_saving_prefix_ms)) for s in c.stacks.values()]
+
+    def _line(self, arch: Architecture) -> _Line:
+        """The stack `arch` is cut from: a timed base of its layer shape, else the target."""
+        return next((line for _, line in self._stacks if line.matches(arch)), self._target_line)
 
     def ratio(self, layers: int) -> float:
         """Measured over predicted time of the target's stack cut to `layers` layers."""
-        measured = float(np.polyval(self._measured_line, layers))
-        predicted = float(np.polyval(self._predicted_line, layers))
-        return measured / predicted if predicted > 0 and measured > 0 else 1.0
+        return self._target_line.ratio(layers)
 
     def _target_ms(self, new_tokens: int) -> float | None:
         counts, ms = zip(*sorted(self.calibration.target_ms.items()), strict=True)
@@ -109,38 +148,33 @@ class CalibratedModel:
             return c.prefill_ms[new_tokens]
         overhead = (c.generate_overhead_ms if new_tokens == 1 else c.verify_overhead_ms) if same \
             else (c.draft_overhead_ms if new_tokens == 1 else c.verify_overhead_ms)
-        if same and batch_size == 1 and context_tokens == c.context_tokens:
+        exact = batch_size == 1 and context_tokens == c.context_tokens
+        if same and exact:
             measured = self._target_ms(new_tokens)
             if measured is not None:
                 return measured + overhead
+        bare = arch.with_shape(name="")
+        timed = next((s for s, _ in self._stacks if s.arch.with_shape(name="") == bare), None)
+        if timed is not None and exact and new_tokens == 1 and head_vocab_size in (None, arch.vocab_size):
+            return timed.full_ms + overhead
+        line = self._line(arch)
         rows = arch.vocab_size if head_vocab_size is None else head_vocab_size
-        saving = self.head_saving_ms(rows, arch.num_hidden_layers) if batch_size == 1 and new_tokens == 1 \
+        saving = line.head_saving_ms(rows, arch.num_hidden_layers) if batch_size == 1 and new_tokens == 1 \
             else None
         if saving is not None:
             full = (self.model.predict_ms(arch, context_tokens=context_tokens)
-                    * self.ratio(arch.num_hidden_layers))
+                    * line.ratio(arch.num_hidden_layers))
             return max(full - saving, 0.05 * full) + overhead
         predicted = self.model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
                                           context_tokens=context_tokens, head_vocab_size=head_vocab_size)
-        return predicted * self.ratio(arch.num_hidden_layers) + overhead
+        return predicted * line.ratio(arch.num_hidden_layers) + overhead
 
     def head_saving_ms(self, rows: int, layers: int | None = None) -> float | None:
-        """Decode time a `rows`-row head saves against the full one under `layers` layers (default:
-        the target's depth), from the measured sizes (None when none was measured or `rows` is the
-        full vocabulary): linear in depth between the first-layer and the full-depth savings."""
-        c = self.calibration
-        vocab, full = self.target.vocab_size, self.target.num_hidden_layers
-        if not c.head_saving_ms or rows >= vocab:
-            return None
-
-        def at(measured: dict[int, float]) -> float:
-            sizes, saved = zip(*sorted({**measured, vocab: 0.0}.items()), strict=True)
-            return float(np.interp(rows, sizes, saved))  # below the smallest size measured: its saving
-
-        deep = at(c.head_saving_ms)
-        if not c.head_saving_prefix_ms or layers is None or full <= 1:
-            return deep
-        return float(np.interp(layers, [1, full], [at(c.head_saving_prefix_ms), deep]))
+        """Decode time a `rows`-row head saves against the full one under `layers` layers of the
+        target (default: its depth), from the measured sizes (None when none was measured or `rows`
+        is the full vocabulary): linear in depth between the first-layer and full-depth savings."""
+        depth = self.target.num_hidden_layers if layers is None else layers
+        return self._target_line.head_saving_ms(rows, depth)
 
     def summary(self) -> str:
         """One line: what was measured here against what the profile said."""
@@ -151,9 +185,16 @@ class CalibratedModel:
         k = min(c.prefix_ms)
         said_k = self.model.predict_ms(self.target.with_shape(num_hidden_layers=k),
                                        context_tokens=c.context_tokens)
-        return (f"calibrated on this machine ({c.device_name}, {c.threads} threads, {c.wall_s:.0f} s): "
+        stacks = "".join(f"; {name} decode {st.full_ms:.1f} ms (profile: "
+                         f"{self.model.predict_ms(st.arch, context_tokens=c.context_tokens):.1f})"
+                         for name, st in c.stacks.items())
+        chose = ("; dtype " + c.dtype + " chosen by timing: " + ", ".join(
+            f"{d} decode {ms.get(1, float('nan')):.1f} / verify {ms[max(ms)]:.1f} ms"
+            for d, ms in c.dtype_ms.items()) if c.dtype_ms else "")
+        return (f"calibrated on this machine ({c.device_name}, {c.threads} threads, {c.dtype}, "
+                f"{c.wall_s:.0f} s){chose}: "
                 f"target decode {c.target_ms.get(1, float('nan')):.1f} ms (profile: {said:.1f}), verify of "
                 f"{verify} tokens {c.target_ms[verify]:.1f} ms (profile: {said_verify:.1f}), its first {k} "
                 f"layer(s) {c.prefix_ms[k]:.1f} ms (profile: {said_k:.1f}); outside the forward: "
                 f"{c.generate_overhead_ms:.1f} ms per generated token, {c.draft_overhead_ms:.1f} per drafted "
-                f"token, {c.verify_overhead_ms:.1f} per verify step")
+                f"token, {c.verify_overhead_ms:.1f} per verify step{stacks}")

@@ -101,6 +101,8 @@ def profiles_dir() -> Path:
 SHIPPED_PROFILES: dict[str, str] = {
     "cpu": "cpu-2core-fp32.json",  # Intel Xeon, 2 threads, transformers' eager forward
     "cpu-amd-static": "cpu-amd-2core-fp32-static.json",  # AMD EPYC (Zen 2), 2 threads, draftnas's decoder
+    # AMD EPYC (family 26, AVX-512 with bf16), 2 threads, draftnas's decoder in bf16
+    "cpu-amd-zen5-bf16-static": "cpu-amd-zen5-2core-bf16-static.json",
     "a100-80gb": "a100-80gb-spec.json",
     "h100-sxm": "h100-sxm-spec.json",
     "rtx-3090": "rtx-3090-spec.json",

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.core.machine import load_average
+from draftnas.core.machine import cpu_identity, load_average
 from draftnas.core.placement import shard
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
@@ -126,7 +126,7 @@ def measure_profile(options: ProfileOptions, progress: Progress | None = None,
         wall_s=round(time.perf_counter() - started, 1),
         notes=f"load average (1/5/15 min) before: {load_before}, after: {load_average()}; "
               f"options: {options.to_dict()}",
-        series=plan.series, skipped=tuple(skipped),
+        series=plan.series, skipped=tuple(skipped), cpu=None if rt.cuda else cpu_identity(),
     )
 
 

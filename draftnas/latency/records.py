@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from draftnas.core.options import check_options, option
 from draftnas.core.placement import Hardware
-from draftnas.core.records import Record
+from draftnas.core.records import CpuIdentity, Record
 from draftnas.core.registry import Architecture
 
 SCHEMA_VERSION = 1
@@ -143,6 +143,7 @@ class LatencyProfile(Record):
     skipped: tuple[SkippedConfig, ...] = ()
     hardware: Hardware | None = None  # GPU memory, dtypes and interconnect (placement, parallelism)
     targets: dict[str, TargetTiming] = field(default_factory=dict)  # "name" or "name/tpN" -> timing
+    cpu: CpuIdentity | None = None  # the CPU it was measured on (None: a GPU, or not recorded)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,19 @@ class FitResult(Record):
     heldout_mape: float | None
     n_train: int
     n_heldout: int
+
+
+@dataclass(frozen=True)
+class StackCalibration(Record):
+    """One more shape timed beside the target (a drafter's base, a reference drafter), batch 1, one
+    new token: its first k layers (`prefix_ms`), its full depth (`full_ms`), and the decode time a
+    reduced head of that many rows saves under its full depth and under its first layer."""
+
+    arch: Architecture
+    prefix_ms: dict[int, float]
+    full_ms: float
+    head_saving_ms: dict[int, float] = field(default_factory=dict)
+    head_saving_prefix_ms: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -183,6 +197,11 @@ class HostCalibration(Record):
     head_saving_ms: dict[int, float] = field(default_factory=dict)
     # head rows -> the same saving for its first layer alone (a 1-layer drafter's stack)
     head_saving_prefix_ms: dict[int, float] = field(default_factory=dict)
+    dtype: str = "fp32"  # the weights' dtype every step was timed in
+    stacks: dict[str, StackCalibration] = field(default_factory=dict)  # bases and references by name
+    cpu: CpuIdentity | None = None
+    # dtype -> its target decode and verify, timed to choose the dtype (empty: the dtype was given)
+    dtype_ms: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,12 @@ class KVCache:
         return int(self.keys.shape[3])
 
 
+def _linear(mm: MatmulChooser, x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """`layer(x)` through the chooser's product, plus the layer's bias where it has one."""
+    out = mm(x, layer.weight)
+    return out if layer.bias is None else out + layer.bias
+
+
 class DecoderLayer(nn.Module):
     """Attention (GQA, RoPE) and a gated MLP, pre-norm (llama) or sandwich-norm (gemma3),
     writing its keys/values into the cache in place."""
@@ -106,9 +112,10 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = RMSNorm(h, **norm)
             self.q_norm = RMSNorm(self.head_dim, **norm)
             self.k_norm = RMSNorm(self.head_dim, **norm)
-        self.q_proj = nn.Linear(h, q, bias=False, **factory)
-        self.k_proj = nn.Linear(h, kv, bias=False, **factory)
-        self.v_proj = nn.Linear(h, kv, bias=False, **factory)
+        qkv_bias = arch.family == "qwen2"  # Qwen2: q, k and v projections carry biases
+        self.q_proj = nn.Linear(h, q, bias=qkv_bias, **factory)
+        self.k_proj = nn.Linear(h, kv, bias=qkv_bias, **factory)
+        self.v_proj = nn.Linear(h, kv, bias=qkv_bias, **factory)
         self.o_proj = nn.Linear(q, h, bias=False, **factory)
         self.gate_proj = nn.Linear(h, inter, bias=False, **factory)
         self.up_proj = nn.Linear(h, inter, bias=False, **factory)
@@ -121,9 +128,9 @@ class DecoderLayer(nn.Module):
                    values: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, t, _ = y.shape
         mm = self.matmul
-        q = mm(y, self.q_proj.weight).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = mm(y, self.k_proj.weight).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, K, T, D]
-        v = mm(y, self.v_proj.weight).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = _linear(mm, y, self.q_proj).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = _linear(mm, y, self.k_proj).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)  # [B,K,T,D]
+        v = _linear(mm, y, self.v_proj).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.gemma:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
@@ -174,6 +181,16 @@ class StaticDecoder(nn.Module):
         self.matmul = MatmulChooser(enabled=matmul == "auto" and torch.device(device).type == "cpu")
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size, **factory)
         self.embed_scale = math.sqrt(arch.hidden_size) if arch.family == "gemma3" else 1.0
+        # constants a step uses are buffers made once: a captured step creates no tensor from a Python
+        # value and copies nothing from the host
+        self.register_buffer("embed_scale_t", torch.tensor(self.embed_scale, **factory), persistent=False)
+        self.register_buffer("slot_index", torch.arange(max_positions, device=device), persistent=False)
+        self.mask_open: torch.Tensor
+        self.mask_shut: torch.Tensor
+        self.embed_scale_t: torch.Tensor
+        self.slot_index: torch.Tensor
+        self.register_buffer("mask_open", torch.zeros((), **factory), persistent=False)
+        self.register_buffer("mask_shut", torch.full((), float("-inf"), **factory), persistent=False)
         self.layers = nn.ModuleList(DecoderLayer(spec, i, self.matmul, **factory)
                                     for i in range(arch.num_hidden_layers))
         self.norm = RMSNorm(arch.hidden_size, spec.rms_eps, arch.family == "gemma3", **factory)
@@ -232,12 +249,15 @@ class StaticDecoder(nn.Module):
             cache = KVCache(cache.keys[:, :, :, :slots], cache.values[:, :, :, :slots])
         x = self.embed_tokens(input_ids)  # [B, T, h]
         if self.embed_scale != 1.0:
-            x = x * torch.tensor(self.embed_scale, dtype=x.dtype, device=x.device)
-        slot = torch.arange(cache.slots, device=positions.device)
+            x = x * self.embed_scale_t
+        slot = self.slot_index[:cache.slots]
         causal = slot[None, :] <= positions[:, None]  # [T, S]
-        masks = {False: causal}
+        # additive masks (0 where a token may attend, -inf elsewhere): a boolean mask is converted inside
+        # attention with a tensor made from a Python value, which a captured step must not contain
+        masks = {False: torch.where(causal, self.mask_open, self.mask_shut)}
         if self.spec.sliding_layers:
-            masks[True] = causal & (slot[None, :] > positions[:, None] - self.spec.sliding_window)
+            window = causal & (slot[None, :] > positions[:, None] - self.spec.sliding_window)
+            masks[True] = torch.where(window, self.mask_open, self.mask_shut)
         ropes = {False: (self.rope_global[0][positions], self.rope_global[1][positions]),
                  True: (self.rope_local[0][positions], self.rope_local[1][positions])}
         for i in range(n):

@@ -33,10 +33,11 @@ import inspect
 from typing import Any
 
 import torch
-from transformers import Cache, DynamicCache, Gemma3ForCausalLM, LlamaForCausalLM
+from transformers import Cache, DynamicCache, Gemma3ForCausalLM, LlamaForCausalLM, Qwen2ForCausalLM
 from transformers.generation import GenerateDecoderOnlyOutput
 
 CLASS_BY_BASE = {"LlamaForCausalLM": "DraftnasLlamaReducedHead",
+                 "Qwen2ForCausalLM": "DraftnasQwen2ReducedHead",
                  "Gemma3ForCausalLM": "DraftnasGemma3ReducedHead"}
 
 #: the name transformers gives a model's cache argument: `cache` from 5.24, `past_key_values` before
@@ -160,6 +161,17 @@ class _ReducedHeadMixin:
 
 class DraftnasLlamaReducedHead(_ReducedHeadMixin, LlamaForCausalLM):
     """A LLaMA-family drafter with a reduced LM head (full-vocabulary logits out)."""
+
+    _tied_weights_keys: Any = None
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self._reduce_head()
+        self.post_init()
+
+
+class DraftnasQwen2ReducedHead(_ReducedHeadMixin, Qwen2ForCausalLM):
+    """A Qwen2-family drafter with a reduced LM head (full-vocabulary logits out)."""
 
     _tied_weights_keys: Any = None
 

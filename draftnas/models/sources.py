@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from draftnas.core.errors import ModelSourceError, UnknownTargetError
+from draftnas.core.errors import DraftnasError, ModelSourceError, UnknownTargetError
 from draftnas.core.registry import Architecture, load_registry
 from draftnas.models.records import EMBEDDED, HEAD_MODULE, EmbeddedModel, GgufChunk, ModelInfo, ModelSource
 
@@ -47,23 +47,31 @@ def cache_dir() -> Path:
     return Path(base) / "draftnas"
 
 
-def _locate_chunk(model: EmbeddedModel, chunk: GgufChunk) -> Path:
+def _locate_chunk(model: EmbeddedModel, chunk: GgufChunk) -> Path | str:
+    """The chunk's file, or why it cannot be used (a missing package, another version, no such file)."""
     try:
         dist = md.distribution(chunk.package)
     except md.PackageNotFoundError:
-        raise ModelSourceError(
-            f"embedded model {model.name!r} needs the package {chunk.package}; "
-            f"install it with: {model.install_hint}"
-        ) from None
+        return f"{chunk.package} is not installed"
+    if len(model.chunks) > 1 and dist.version != model.version:
+        return f"{chunk.package} is version {dist.version}, not {model.version}"
     for f in dist.files or ():
         if str(f).endswith(chunk.path_suffix):
             path = Path(str(dist.locate_file(f)))
             if path.is_file():
                 return path
-    raise ModelSourceError(
-        f"package {chunk.package} is installed but holds no {chunk.path_suffix}; "
-        f"reinstall it with: {model.install_hint} --force-reinstall"
-    )
+    return f"{chunk.package} holds no {chunk.path_suffix}"
+
+
+def _chunk_paths(model: EmbeddedModel) -> list[Path]:
+    """Every chunk's file, or one error line naming every chunk that is missing or wrong."""
+    found = [_locate_chunk(model, c) for c in model.chunks]
+    problems = [f for f in found if isinstance(f, str)]
+    if problems:
+        shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
+        raise ModelSourceError(f"embedded model {model.name!r} cannot be assembled: {shown}; "
+                               f"install it with: {model.install_hint}")
+    return [f for f in found if isinstance(f, Path)]
 
 
 def _sha256(path: Path) -> str:
@@ -80,7 +88,7 @@ def locate_embedded_gguf(model: EmbeddedModel) -> Path:
     A GGUF split over several packages is concatenated once into the cache and its
     sha256 checked.
     """
-    parts = [_locate_chunk(model, c) for c in model.chunks]
+    parts = _chunk_paths(model)
     if len(parts) == 1:
         return parts[0]
     dest = cache_dir() / "gguf" / f"{model.name}-{model.version}.gguf"
@@ -92,11 +100,14 @@ def locate_embedded_gguf(model: EmbeddedModel) -> Path:
         for part in parts:
             with part.open("rb") as fh:
                 shutil.copyfileobj(fh, out, 1 << 20)
-    if model.sha256 and _sha256(tmp) != model.sha256:
+    size = tmp.stat().st_size
+    problem = (f"{size:,} bytes, not {model.size:,}" if model.size is not None and size != model.size
+               else "the wrong sha256" if model.sha256 and _sha256(tmp) != model.sha256 else None)
+    if problem is not None:
         tmp.unlink()
-        raise ModelSourceError(
-            f"assembled {model.name} GGUF has the wrong sha256; reinstall: {model.install_hint}"
-        )
+        raise ModelSourceError(f"the {len(parts)} parts of {model.name} assemble into {problem} (a part is "
+                               f"damaged or from another release); reinstall: {model.install_hint} "
+                               "--force-reinstall")
     tmp.rename(dest)
     return dest
 
@@ -283,3 +294,12 @@ def inspect_model(spec: str) -> ModelInfo:
     arch = Architecture.from_hf_config(config, name=spec)
     return ModelInfo(spec=spec, architecture=arch, source=source, folder=str(folder),
                      weights_here=source.kind != "hub", converted_now=not cached)
+
+
+def has_weights(spec: str) -> bool:
+    """Whether `spec` names weights loadable here (embedded, folder, .gguf), without loading."""
+
+    try:
+        return resolve_source(spec).kind in ("embedded", "folder", "gguf")
+    except DraftnasError:
+        return False

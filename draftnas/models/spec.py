@@ -11,7 +11,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
 
-FAMILIES = ("llama", "gemma3")
+FAMILIES = ("llama", "qwen2", "gemma3")
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class DecoderSpec(Record):
 
 
 def spec_from_hf_config(config: Any, head_rows: int = 0) -> DecoderSpec:
-    """The `DecoderSpec` of a transformers LLaMA or Gemma-3 text config."""
+    """The `DecoderSpec` of a transformers LLaMA, Qwen2 or Gemma-3 text config."""
     arch = Architecture.from_hf_config(config)
     params = getattr(config, "rope_parameters", None) or {}
     if arch.family == "gemma3":
@@ -64,6 +64,9 @@ def spec_from_hf_config(config: Any, head_rows: int = 0) -> DecoderSpec:
             sliding_layers=tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention"),
             query_scale=float(config.query_pre_attn_scalar) ** -0.5,
             final_softcap=float(getattr(config, "final_logit_softcapping", None) or 0.0), head_rows=head_rows)
+    if getattr(config, "use_sliding_window", False):
+        raise InvalidInputError("a Qwen2 model with use_sliding_window is not supported by the static "
+                                "decoder")
     rope = params if "rope_theta" in params else {"rope_theta": getattr(config, "rope_theta", 10000.0)}
     if rope.get("rope_type", "default") != "default":
         raise InvalidInputError(f"RoPE type {rope.get('rope_type')!r} is not supported by the static decoder")

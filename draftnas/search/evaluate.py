@@ -14,12 +14,14 @@ from typing import Any, Protocol
 
 import torch
 
+from draftnas.acceptance.estimate import estimate_acceptance
 from draftnas.acceptance.traces import load_traces, split_traces
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.registry import Architecture
 from draftnas.drafter.build import build_drafter, heal_options, plan_drafter
 from draftnas.drafter.heal_data import data_from_traces
 from draftnas.drafter.records import PlanOptions
+from draftnas.models.records import TORCH_DTYPES
 from draftnas.models.sources import load_model
 from draftnas.search.alpha import AlphaModel, drafter_features
 from draftnas.search.records import AcceptanceReading, Candidate
@@ -101,8 +103,8 @@ class WeightsEvaluator:
     calibration_seq_len = 96
 
     def __init__(self, base: str, base_arch: Architecture, traces_path: Path, space: SearchSpace,
-                 seed: int = 0) -> None:
-        self.base = base
+                 seed: int = 0, dtype: str = "fp32") -> None:
+        self.base, self.dtype = base, dtype
         self.base_arch = base_arch
         self.traces_path = traces_path
         self.space = space
@@ -117,7 +119,9 @@ class WeightsEvaluator:
             return
 
         torch.manual_seed(self.seed)
-        self._loaded = load_model(self.base)
+        # healing trains in fp32 (the drafter is cast to the run's dtype before it is estimated)
+        dtype = "fp32" if self.space.heal.steps else self.dtype
+        self._loaded = load_model(self.base, dtype=TORCH_DTYPES[dtype])
         self._loaded.model.eval()
         traces = load_traces(self.traces_path).select(temperature=self.space.workload.temperature)
         self._eval_traces, self._heal_traces = split_traces(traces)
@@ -142,9 +146,21 @@ class WeightsEvaluator:
             self._heal_data = data_from_traces(self._heal_traces, options)
         built = build_drafter(plan, self._loaded, heal=options, teacher=self._heal_traces,
                               data=self._heal_data, held=self._eval_traces, max_gamma=self.space.gamma.max,
-                              temperature=self.space.workload.temperature)
+                              temperature=self.space.workload.temperature, dtype=self.dtype)
         estimate = built.estimate
         assert estimate is not None
         reading = measured_acceptance(estimate, built.heal, round(time.perf_counter() - started, 3))
         arch = plan.architecture(self.base_arch).with_shape(name=candidate.arch.name)
         return Evaluation(candidate=candidate.with_plan(plan, arch), acceptance=reading)
+
+    def evaluate_reference(self, candidate: Candidate) -> Evaluation:
+        """A drafter with weights of its own, as a user runs it (no pruning, no healing): its
+        acceptance on the same held-out trace records the trials are scored on."""
+        self._setup()
+        started = time.perf_counter()
+        loaded = load_model(candidate.name, dtype=TORCH_DTYPES[self.dtype])
+        estimate = estimate_acceptance(loaded.model, self._eval_traces, max_gamma=self.space.gamma.max,
+                                       temperature=self.space.workload.temperature)
+        del loaded
+        seconds = round(time.perf_counter() - started, 3)
+        return Evaluation(candidate=candidate, acceptance=measured_acceptance(estimate, None, seconds))

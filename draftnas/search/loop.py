@@ -32,6 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from draftnas.core.errors import DraftnasError, InfeasibleCandidateError, InvalidInputError
 from draftnas.core.placement import deployed
+from draftnas.models.sources import has_weights
 from draftnas.search.candidate import build_candidate, reference_candidate
 from draftnas.search.evaluate import Evaluation, Evaluator, WeightsEvaluator
 from draftnas.search.records import (
@@ -165,7 +166,8 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
                      acceptance_prior=options.acceptance_prior, profile=options.profile,
                      target_arch=options.target_arch, base_arch=options.base_arch,
                      acceptance_model=options.acceptance_model, placement=options.placement,
-                     engine=options.engine, traces=_traces_of(evaluator))
+                     engine=options.engine, traces=_traces_of(evaluator), dtype=options.dtype,
+                     references=options.references)
     storage_url = normalize_storage(settings.storage, options.study_name, settings.run_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(options, info, storage_url)
@@ -310,9 +312,11 @@ def _economics(run: _Run, candidate: Candidate, acceptance: AcceptanceReading) -
 
 
 def _references(run: _Run) -> tuple[RankedTrial, ...]:
-    """The space's published drafters, priced with the trials' latency model and acceptance source."""
+    """The drafters a user would otherwise pick (the space's references and --reference), priced with
+    the trials' latency model; a reference with weights here is estimated on the trials' held-out
+    traces as it is (no pruning, no healing), a registry shape gets the trials' acceptance source."""
     o, out = run.options, []
-    for name in o.space.references:
+    for name in o.references or o.space.references:
         candidate = reference_candidate(name, o.base, o.base_arch)
         try:
             latency = _read(run, candidate)
@@ -320,7 +324,10 @@ def _references(run: _Run) -> tuple[RankedTrial, ...]:
             log.warning("reference drafter %s: %s", name, exc)
             continue
         try:
-            acceptance = run.evaluator.evaluate(candidate).acceptance
+            if isinstance(run.evaluator, WeightsEvaluator) and has_weights(name):
+                acceptance = run.evaluator.evaluate_reference(candidate).acceptance
+            else:
+                acceptance = run.evaluator.evaluate(candidate).acceptance
         except InfeasibleCandidateError as exc:
             log.warning("reference drafter %s: %s", name, exc)
             continue

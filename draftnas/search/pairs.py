@@ -21,11 +21,12 @@ from draftnas.acceptance.tracing import build_traces
 from draftnas.core.errors import InfeasibleCandidateError, InvalidInputError
 from draftnas.core.prompts import load_prompts
 from draftnas.core.registry import Architecture
+from draftnas.models.sources import has_weights
 from draftnas.search.alpha import PAIRS_SCHEMA, AlphaPair, drafter_features, read_pairs
-from draftnas.search.candidate import build_candidate
+from draftnas.search.candidate import build_candidate, resolve_architecture
 from draftnas.search.evaluate import WeightsEvaluator
 from draftnas.search.records import Candidate, CandidateChoice
-from draftnas.search.resolve import fingerprint_text, has_weights, resolve_architecture
+from draftnas.search.resolve import fingerprint_text
 from draftnas.search.space import SearchSpace
 from draftnas.search.space_file import default_space_for
 

@@ -252,6 +252,8 @@ class StudyInfo(Record):
     placement: Placement | None = None
     engine: str | None = None  # the loop engine a calibrated CPU search priced ("hf" | "static")
     traces: str | None = None  # the target traces acceptance was measured on (absolute path)
+    dtype: str = "fp32"  # the weights' dtype everything was timed and estimated in
+    references: tuple[str, ...] = ()  # drafters a user would otherwise pick, priced beside the trials
 
     def fingerprint(self) -> dict[str, Any]:
         space = {k: v for k, v in self.space.to_dict().items() if k not in ("source", "description")}
@@ -259,7 +261,8 @@ class StudyInfo(Record):
                 "acceptance_prior": self.acceptance_prior, "profile": self.profile,
                 "acceptance_model": self.acceptance_model,
                 "placement": self.placement.to_dict() if self.placement else None,
-                **({"engine": self.engine} if self.engine else {})}
+                **({"engine": self.engine} if self.engine else {}),
+                **({"dtype": self.dtype} if self.dtype != "fp32" else {})}
 
     @property
     def note(self) -> str:
@@ -332,6 +335,8 @@ class SearchOptions:
     placement: Placement | None = None  # GPUs, tensor parallelism and memory (GPU profiles with hardware)
     acceptance_model: str | None = None  # label of the alpha(drafter) model the evaluator predicts with
     engine: str | None = None  # the loop engine the calibration timed (None: the profile as it is)
+    dtype: str = "fp32"  # the weights' dtype the latency was calibrated and acceptance estimated in
+    references: tuple[str, ...] = ()  # the space's references and --reference: priced beside the trials
 
     @property
     def study_name(self) -> str:

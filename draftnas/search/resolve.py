@@ -8,27 +8,31 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from transformers import AutoTokenizer
+
 from draftnas.acceptance.records import TraceOptions
+from draftnas.acceptance.traces import tokenizer_fingerprint
 from draftnas.acceptance.tracing import build_traces
-from draftnas.core.errors import DraftnasError, InvalidInputError
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.machine import cpu_has_native_bf16, cpu_identity
 from draftnas.core.placement import Placement, place
-from draftnas.core.prompts import load_prompts
-from draftnas.core.registry import Architecture, get_architecture, load_registry
-from draftnas.latency.calibrate import calibrate_host, host_mismatch
+from draftnas.core.prompts import Prompt, load_prompts, subsample
+from draftnas.core.registry import Architecture
+from draftnas.latency.calibrate import calibrate_host, choose_dtype, host_mismatch
 from draftnas.latency.corrected import CalibratedModel, TargetTimedModel
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
 from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
 from draftnas.latency.model import LatencyModel
 from draftnas.latency.records import ProfileOptions
 from draftnas.models.records import ENGINES
-from draftnas.models.sources import resolve_source
+from draftnas.models.sources import ensure_local_folder, has_weights
 from draftnas.search.alpha import load_alpha_model
-from draftnas.search.candidate import reference_candidate
+from draftnas.search.candidate import reference_candidate, resolve_architecture
 from draftnas.search.evaluate import Evaluator, ModelEvaluator, PriorEvaluator, WeightsEvaluator
 from draftnas.search.loop import SAMPLERS, SearchOptions, run_search
 from draftnas.search.records import LatencyPredictor, SearchResult, StudySettings
@@ -59,9 +63,10 @@ class SearchRequest:
     acceptance_anchor: float | None = None  # with a model: the alpha of the space's first reference drafter
     gpus: int | None = None  # target tensor-parallel degree (GPU profiles); None: the smallest that fits
     draft_tp: str = "1"  # "1": drafter on one GPU; "same": sharded like the target
-    dtype: str | None = None  # weights' dtype (spec-sheet profiles are re-derived for it)
+    dtype: str | None = None  # weights' dtype; None: the faster here when calibrating, else the profile's
     memory_margin: float = 0.1  # share of each GPU's memory kept free
     engine: str = "static"  # the loop the calibration times: "static" (draftnas's decoder) or "hf"
+    references: tuple[str, ...] = ()  # more drafters a user would otherwise pick (beside the space's)
 
 
 def fingerprint_text(data: Any) -> str:
@@ -69,56 +74,37 @@ def fingerprint_text(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def resolve_architecture(spec: str) -> Architecture:
-    """A registry name's shape, or a Hugging Face folder's config (read without loading weights)."""
-
-    if spec.lower() in load_registry():
-        return get_architecture(spec)
-    config = Path(spec).expanduser() / "config.json"
-    if config.is_file():
-        from types import SimpleNamespace
-
-        data = json.loads(config.read_text())
-        text = data.get("text_config") or data
-        ns = SimpleNamespace(**{**text, "model_type": data.get("model_type", "llama"),
-                                "tie_word_embeddings": data.get("tie_word_embeddings", False)})
-        return Architecture.from_hf_config(ns, name=Path(spec).name)
-    return get_architecture(spec)  # raises with close-name suggestions
 
 
-def has_weights(spec: str) -> bool:
-    """Whether `spec` names weights loadable here (embedded, folder, .gguf), without loading."""
-
-    try:
-        return resolve_source(spec).kind in ("embedded", "folder", "gguf")
-    except DraftnasError:
-        return False
 
 
-def host_cpu_profile(engine: str = "static") -> str:
-    """The shipped CPU profile to start from here: one measured on this CPU model with this many
-    threads, in the mode that prices `engine` if there is one, else any measured here, else
-    "cpu" (the Intel Xeon profile; `host_mismatch` then says so)."""
-
+def host_cpu_profile(engine: str = "static", dtype: str | None = None) -> str:
+    """The shipped CPU profile to start from here: one measured on this CPU (vendor, family, model
+    and instruction sets) with this many threads, in the mode that prices `engine` and the `dtype`
+    asked for if there is one, else any measured here, else "cpu" (the Intel Xeon profile;
+    `host_mismatch` then says so)."""
     mode = "static" if engine == "static" else "eager"
     cpu = {k: default_profile(k) for k in SHIPPED_PROFILES if k.startswith("cpu")}
-    here = [(p.mode != mode, k) for k, p in cpu.items() if host_mismatch(p) is None]
-    return min(here)[1] if here else "cpu"
+    here = [(p.mode != mode, dtype is not None and p.dtype != dtype, k) for k, p in cpu.items()
+            if host_mismatch(p) is None]
+    return min(here)[2] if here else "cpu"
 
 
 def resolve_profile(spec: str | None, space: SearchSpace, dtype: str | None = None,
-                    engine: str = "static") -> tuple[str, LatencyProfile]:
+                    engine: str = "static", calibrating: bool = False) -> tuple[str, LatencyProfile]:
     """A label naming the profile (file, device, kind) and the profile. `dtype`: a shipped spec-sheet
     profile is re-derived for it; a measured profile must have been measured in it. The name
     "cpu" (the spaces' default) is the shipped CPU profile measured on this host, when one is
-    (`host_cpu_profile`, for the loop `engine`)."""
+    (`host_cpu_profile`, for the loop `engine` and `dtype`). `calibrating`: a measured CPU profile in
+    another dtype is a prior the calibration corrects in `dtype`, not an error."""
 
     name = spec or space.profile or "cpu"
     if name == "cpu":
-        name = host_cpu_profile(engine)
+        name = host_cpu_profile(engine, dtype)
     path = Path(name).expanduser()
     profile = load_profile(path) if path.suffix == ".json" or path.is_file() else default_profile(name)
-    if dtype is not None and dtype != profile.dtype:
+    corrected = calibrating and profile.device == "cpu" and profile.kind == "measured"
+    if dtype is not None and dtype != profile.dtype and not corrected:
         if profile.kind == "spec-sheet" and name.lower() in SPEC_SHEETS and name.lower() in SHIPPED_PROFILES:
             profile = spec_sheet_profile(name.lower(), dtype)
         else:
@@ -128,41 +114,65 @@ def resolve_profile(spec: str | None, space: SearchSpace, dtype: str | None = No
 
 
 def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: SearchSpace,
-                         progress: Callable[[int, int], None] | None = None,
-                         engine: str = "static") -> tuple[LatencyPredictor, str]:
+                         progress: Callable[[int, int], None] | None = None, engine: str = "static",
+                         dtype: str | None = None, stacks: Sequence[Architecture] = ()
+                         ) -> tuple[LatencyPredictor, str, str]:
     """The profile's model corrected by timing `target`'s decode, its verify at every gamma + 1
-    the space considers, drafter-sized prefixes of it, the time the space's reduced heads save and
-    the work outside the forward on this machine, in the loop `engine` that bench then runs
-    (`calibrate_host`, about 1 min for SmolLM2-135M on 2 cores in the static engine), with the
-    one-line summary of what was measured against what the profile said."""
-
+    the space considers, drafter-sized prefixes of it and of each of `stacks` (a base the drafters
+    are cut from, a reference drafter), the time the space's reduced heads save and the work outside
+    the forward on this machine, in the loop `engine` that bench then runs (`calibrate_host`, about 1
+    min for SmolLM2-135M on 2 cores in the static engine). `dtype` None: the faster of fp32 and (on a
+    CPU with native bf16) bf16 for the target's decode and verify, timed first (`choose_dtype`).
+    Returns the model, the one-line summary of what was measured against what the profile said, and
+    the dtype."""
     g = space.gamma
     counts = [n + 1 for n in range(max(1, g.min), g.max + 1)]
     mode = "static" if engine == "static" else "eager"
-    options = ProfileOptions(device="cpu", dtype=profile.dtype, mode=mode, repeats=5, warmup=1)
+    options = ProfileOptions(device="cpu", dtype=dtype or profile.dtype, mode=mode, repeats=5, warmup=1)
+    dtype_ms: dict[str, dict[int, float]] = {}
+    if dtype is None:
+        candidates = ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",)
+        if len(candidates) > 1:
+            chosen, dtype_ms = choose_dtype(options, target, max(counts), candidates,
+                                            context_tokens=space.workload.context_tokens)
+            options = replace(options, dtype=chosen)
+        else:
+            options = replace(options, dtype="fp32")
     heads = [v for v in space.vocab_sizes if v > 0]
     calibration = calibrate_host(options, target, counts, context_tokens=space.workload.context_tokens,
                                  progress=progress, prompt_tokens=space.workload.prompt_tokens,
-                                 head_rows=heads)
+                                 head_rows=heads, stacks=stacks)
+    calibration = replace(calibration, dtype_ms=dtype_ms)
     model = CalibratedModel(LatencyModel.from_profile(profile), calibration, target)
-    return model, model.summary()
+    return model, model.summary(), options.resolved_dtype()
+
+
+def trace_prompts(space: SearchSpace) -> list[Prompt]:
+    """The workload's prompts the search traces: `traces.prompts` of its set, spread evenly over its
+    domains (every domain of a mixed set gets its share)."""
+    w, t = space.workload, space.traces
+    prompts = [p for p in load_prompts(w.prompt_set) if w.domain is None or p.domain == w.domain]
+    domains = sorted({p.domain for p in prompts})
+    if len(domains) < 2:
+        return prompts[:t.prompts]
+    share = -(-t.prompts // len(domains))
+    return subsample(prompts, share)[:t.prompts]
 
 
 def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
-                   progress: Callable[[int, int], None] | None = None) -> Path:
-    """Traces of the target over the space's prompt set, built once and cached in the run folder."""
-
+                   progress: Callable[[int, int], None] | None = None, dtype: str = "fp32") -> Path:
+    """Traces of the target over the space's prompt set, in `dtype` (greedy tokens differ between
+    dtypes), built once and cached in the run folder."""
     w, t = space.workload, space.traces
-    prompts = [p for p in load_prompts(w.prompt_set) if w.domain is None or p.domain == w.domain]
-    prompts = prompts[:t.prompts]
+    prompts = trace_prompts(space)
     key = fingerprint_text([request.target, w.prompt_set, w.domain, t.prompts, t.max_new_tokens,
-                            w.temperature])
+                            w.temperature] + ([dtype] if dtype != "fp32" else []))
     out = Path(request.study.run_dir).expanduser() / study_name / f"traces-{key}.safetensors"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     options = TraceOptions(max_new_tokens=t.max_new_tokens, temperatures=(w.temperature,),
-                           batch_size=min(len(prompts), 16))
+                           batch_size=min(len(prompts), 16), shard_size=min(len(prompts), 16), dtype=dtype)
     log.info("building traces of %s over %d %s prompts into %s", request.target, len(prompts),
              w.prompt_set, out)
     return build_traces(request.target, prompts, options, out, prompt_set=w.prompt_set, progress=progress)
@@ -180,14 +190,15 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     target_arch = resolve_architecture(request.target)
     base = request.base_shape or request.base or space.base
     base_arch = resolve_architecture(base)
+    references = tuple(dict.fromkeys((*space.references, *request.references)))
     problems = space.problems_for_base(base_arch)
-    if base_arch.vocab_size != target_arch.vocab_size:
-        problems.append(f"base {base} reads {base_arch.vocab_size} token ids but target {request.target} "
-                        f"{target_arch.vocab_size}; a drafter must share the target's tokenizer")
+    for role, spec in (("base", base), *(("reference", r) for r in references)):
+        problems += _tokenizer_problems(role, spec, request.target, target_arch)
     if problems:
         raise InvalidInputError("; ".join(problems))
-
-    profile, latency_profile = resolve_profile(request.profile, space, request.dtype, request.engine)
+    profile, latency_profile = resolve_profile(request.profile, space, request.dtype, request.engine,
+                                               calibrating=request.calibrate)
+    _check_dtype(request.dtype, latency_profile.device)
     predictor: LatencyPredictor = LatencyModel.from_profile(latency_profile)
     profile_note = host_mismatch(latency_profile)
     timed = [t for t in latency_profile.targets.values() if t.target == target_arch.name]
@@ -208,11 +219,13 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     placement = _placement(request, latency_profile, target_arch, space)
     if request.engine not in ENGINES:
         raise InvalidInputError(f"--engine {request.engine!r} is not known (allowed: {', '.join(ENGINES)})")
-    engine = None
+    engine, dtype = None, request.dtype or latency_profile.dtype
     if request.calibrate and latency_profile.device == "cpu" and latency_profile.kind == "measured":
         engine = request.engine
-        predictor, profile_note = calibrated_predictor(latency_profile, target_arch, space,
-                                                       calibration_progress, engine=engine)
+        stacks = [base_arch, *(resolve_architecture(r) for r in references if has_weights(r))]
+        predictor, profile_note, dtype = calibrated_predictor(
+            latency_profile, target_arch, space, calibration_progress, engine=engine, dtype=request.dtype,
+            stacks=stacks)
     evaluator: Evaluator
     model_label = None
     if request.acceptance_model is not None:
@@ -225,12 +238,38 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     options = SearchOptions(
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
         profile=profile, study=request.study, acceptance_prior=request.acceptance_prior,
-        profile_note=profile_note, placement=placement, acceptance_model=model_label, engine=engine)
+        profile_note=profile_note, placement=placement, acceptance_model=model_label, engine=engine,
+        dtype=dtype, references=references)
     if request.acceptance_model is not None:
         return options, predictor, evaluator
     if request.acceptance_prior is not None:
         return options, predictor, PriorEvaluator(request.acceptance_prior)
     return options, predictor, _measuring_evaluator(request, options, trace_progress)
+
+
+def _check_dtype(dtype: str | None, device: str) -> None:
+    """Refuse in one line a dtype the device has no kernels for (bf16 on a CPU without native bf16)."""
+    if dtype == "bf16" and device == "cpu" and not cpu_has_native_bf16():
+        raise InvalidInputError(f"--dtype bf16: this CPU ({cpu_identity().label()}) has no native bf16 "
+                                "instructions (avx512_bf16 or amx_bf16), so bf16 would run emulated and "
+                                "slower than fp32; use --dtype fp32")
+
+
+def _tokenizer_problems(role: str, spec: str, target: str, target_arch: Architecture) -> list[str]:
+    """Why a base or reference cannot draft for the target: another vocabulary, or (both with weights
+    here) another tokenizer."""
+    arch = resolve_architecture(spec)
+    if arch.vocab_size != target_arch.vocab_size:
+        return [f"{role} {spec} reads {arch.vocab_size} token ids but target {target} "
+                f"{target_arch.vocab_size}; a drafter must share the target's tokenizer"]
+    if not (has_weights(spec) and has_weights(target)) or spec == target:
+        return []
+    prints = [tokenizer_fingerprint(AutoTokenizer.from_pretrained(str(ensure_local_folder(s)[1])))
+              for s in (spec, target)]
+    if prints[0] != prints[1]:
+        return [f"{role} {spec} has another tokenizer than target {target} (fingerprints {prints[0]} and "
+                f"{prints[1]}); a drafter must share the target's tokenizer"]
+    return []
 
 
 def _placement(request: SearchRequest, profile: LatencyProfile, target: Architecture,
@@ -289,10 +328,12 @@ def _measuring_evaluator(request: SearchRequest, options: SearchOptions,
         raise InvalidInputError("measuring acceptance needs " + " and ".join(missing) + "; or pass "
                                 "--acceptance-prior A to search on latency with an assumed acceptance")
     name = options.study_name
-    traces = Path(request.traces) if request.traces else default_traces(request, space, name, trace_progress)
+    traces = (Path(request.traces) if request.traces
+              else default_traces(request, space, name, trace_progress, dtype=options.dtype))
     if not traces.is_file():
         raise InvalidInputError(f"--traces {traces} is not a file")
-    return WeightsEvaluator(options.base, options.base_arch, traces, space, seed=request.study.seed or 0)
+    return WeightsEvaluator(options.base, options.base_arch, traces, space, seed=request.study.seed or 0,
+                            dtype=options.dtype)
 
 
 def search(request: SearchRequest, *, progress: Callable[[int, int], None] | None = None,

@@ -176,6 +176,8 @@ def test_plan_pruning_replays_bit_identical_and_reloads(tiny_model, tmp_path, im
 
 
 def test_layer_selections(tiny_model):
+    """Pruning a Qwen2 keeps each kept head's (and KV group's) bias rows with its weight rows, and the
+    static decoder computes the pruned drafter's logits."""
     import torch
 
     from draftnas.drafter.plan import plan_pruning
@@ -196,6 +198,8 @@ def test_layer_selections(tiny_model):
 
 def test_activation_importance_keeps_the_live_channels(tiny_model):
     """Channels whose down_proj column is zero carry nothing: activation importance drops them."""
+    """Pruning a Qwen2 keeps each kept head's (and KV group's) bias rows with its weight rows, and the
+    static decoder computes the pruned drafter's logits."""
     import torch
 
     from draftnas.drafter.plan import plan_pruning
@@ -240,3 +244,39 @@ def test_smollm2_block_influence_and_gqa_width(smollm2):
     out = drafter.generate(**prompt, max_new_tokens=4, do_sample=False)
     assert out.shape[1] == prompt["input_ids"].shape[1] + 4
     assert not torch.isnan(drafter(**prompt).logits).any()
+
+
+def test_qwen2_width_pruning_slices_the_qkv_biases_with_their_heads_and_groups():
+    """Pruning a Qwen2 keeps each kept head's (and KV group's) bias rows with its weight rows, and the
+    static decoder computes the pruned drafter's logits."""
+    import torch
+
+    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.records import PlanOptions
+    from draftnas.drafter.surgery import apply_plan
+    from tests.helpers import tiny_qwen2
+
+    base = tiny_qwen2()
+    plan = plan_pruning(base, PlanOptions(num_attention_heads=2, num_key_value_heads=1, intermediate_size=32,
+                                          importance="magnitude", base="tiny-qwen2"))
+    drafter = apply_plan(base, plan)
+    d = 32 // 4
+    for j, i in enumerate(plan.layers):
+        src, dst = base.model.layers[i].self_attn, drafter.model.layers[j].self_attn
+        q_rows = [h * d + r for h in plan.kept_heads[j] for r in range(d)]
+        kv_rows = [g * d + r for g in plan.kept_kv_heads[j] for r in range(d)]
+        assert torch.equal(dst.q_proj.bias, src.q_proj.bias[q_rows])
+        assert torch.equal(dst.k_proj.bias, src.k_proj.bias[kv_rows])
+        assert torch.equal(dst.v_proj.bias, src.v_proj.bias[kv_rows])
+        assert torch.equal(dst.q_proj.weight, src.q_proj.weight[q_rows])
+    assert drafter.config.num_attention_heads == 2 and drafter.config.num_key_value_heads == 1
+    ids = torch.tensor([[3, 9, 27, 81]])
+    with torch.no_grad():  # the pruned drafter runs, and the static decoder computes what it computes
+        from draftnas.models.decoder import StaticDecoder
+
+        expected = drafter(ids).logits
+        dec = StaticDecoder.from_hf(drafter)
+        got = dec(ids, torch.arange(4), dec.new_cache(1, 4))
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert torch.equal(apply_plan(base, plan).model.layers[0].self_attn.q_proj.bias,
+                       drafter.model.layers[0].self_attn.q_proj.bias)  # replays bit for bit

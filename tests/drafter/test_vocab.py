@@ -532,3 +532,29 @@ def test_gemma3_reduced_head_heals_from_traces(tiny_gemma):
     result = heal(drafter, Traces(meta, records), HealOptions(steps=8, batch_size=2, eval_every=0,
                                                                heldout_every=2, checkpoint_every=100))
     assert result.steps == 8 and result.top1_after >= 0.0
+
+
+def test_a_qwen2_drafter_exports_a_reduced_head_that_is_a_lossless_assistant(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.records import PlanOptions
+    from draftnas.drafter.surgery import apply_plan
+    from draftnas.export.folder import export_drafter, load_drafter
+    from draftnas.export.records import ExportInfo
+    from draftnas.models.hf_head import DraftnasQwen2ReducedHead
+    from tests.helpers import tiny_qwen2
+
+    target = tiny_qwen2(seed=1, layers=4)
+    target.generation_config.pad_token_id = 0
+    drafter = apply_plan(target, plan_pruning(target, PlanOptions(layers=(0, 3), base="t")))
+    s = VocabSubset(ids=tuple(range(0, 128, 2)), vocab_size=128)
+    apply_vocab_subset(drafter, s)
+    out = export_drafter(drafter, None, tmp_path / "q", ExportInfo(base="t", target="t"))
+    loaded = load_drafter(str(out)).model
+    assert type(loaded) is DraftnasQwen2ReducedHead and loaded.lm_head.weight.shape[0] == 64
+    remote = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    plain = target.generate(ids, max_new_tokens=12, do_sample=False)
+    assisted = target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=remote)
+    assert torch.equal(assisted, plain)

@@ -269,17 +269,21 @@ def test_report_counts_the_tile_term_as_a_per_parameter_cost_at_one_token():
 def test_a_profile_from_another_cpu_or_a_spec_sheet_is_named_as_such():
     import dataclasses
 
-    from draftnas.core.machine import cpu_count, cpu_model_name
+    from draftnas.core.machine import cpu_count, cpu_identity
+    from draftnas.core.records import CpuIdentity
     from draftnas.latency.calibrate import host_mismatch
     from draftnas.latency.files import default_profile
 
     shipped = default_profile("cpu")
-    here = dataclasses.replace(shipped, device_name=f"{cpu_model_name()} ({cpu_count()} cores, "
-                                                    f"{cpu_count()} threads)", threads=cpu_count())
+    here = dataclasses.replace(shipped, cpu=cpu_identity(), threads=cpu_count())
     assert host_mismatch(here) is None
-    other = dataclasses.replace(here, device_name="Imaginary CPU 9000 (2 cores, 2 threads)")
+    imaginary = CpuIdentity(vendor="Imaginary", isa=("avx2",), name="Imaginary CPU 9000")
+    other = dataclasses.replace(here, cpu=imaginary)
     note = host_mismatch(other)
     assert note is not None and "measured on Imaginary CPU 9000" in note and "draftnas profile" in note
+    # hosts /proc/cpuinfo names alike ("AMD EPYC") differ by family, model and instruction sets
+    same_name = dataclasses.replace(here, cpu=dataclasses.replace(cpu_identity(), family=1, model=1))
+    assert host_mismatch(same_name) is not None
     assert "cores" in host_mismatch(dataclasses.replace(here, threads=cpu_count() + 7))
     assert "spec-sheet" in host_mismatch(default_profile("h100-sxm"))
     gpu = dataclasses.replace(here, device="cuda", device_name="NVIDIA H100 80GB HBM3")

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from draftnas.core.errors import InvalidInputError, ProfileError
+from draftnas.core.records import CpuIdentity
 from draftnas.core.registry import Architecture, get_architecture
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile, save_profile
 from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
@@ -342,19 +343,26 @@ def test_the_loops_work_per_drafted_token_is_its_own_drafting_time_less_the_draf
     assert draft == pytest.approx(per_draft) and step == pytest.approx(per_step)
 
 
+ZEN2 = CpuIdentity(vendor="AuthenticAMD", isa=("avx2",), name="AMD EPYC")
+ZEN5 = CpuIdentity(vendor="AuthenticAMD", family=26, model=2, isa=("avx2", "avx512f", "avx512_bf16"),
+                   name="AMD EPYC")
+XEON = CpuIdentity(vendor="GenuineIntel", isa=("avx2", "avx512f"), name="Intel(R) Xeon(R) Processor")
+
+
 @pytest.mark.parametrize(("cpu", "cores", "engine", "expected"), [
-    ("AMD EPYC", 2, "static", "cpu-amd-static"),  # measured on this CPU model, in the engine's mode
-    ("AMD EPYC", 2, "hf", "cpu-amd-static"),  # this host's profile before another host's
-    ("Intel(R) Xeon(R) Processor", 2, "static", "cpu"),
-    ("AMD EPYC", 8, "static", "cpu"),  # another thread count: not this machine's figures
-    ("Some Other CPU", 2, "static", "cpu"),
+    (ZEN2, 2, "static", "cpu-amd-static"),  # measured on this CPU, in the engine's mode
+    (ZEN2, 2, "hf", "cpu-amd-static"),  # this host's profile before another host's
+    (ZEN5, 2, "static", "cpu-amd-zen5-bf16-static"),  # named "AMD EPYC" too, but another CPU
+    (XEON, 2, "static", "cpu"),
+    (ZEN2, 8, "static", "cpu"),  # another thread count: not this machine's figures
+    (CpuIdentity(vendor="Other", isa=(), name="Some Other CPU"), 2, "static", "cpu"),
 ])
 def test_the_default_cpu_profile_is_the_one_measured_on_this_host(monkeypatch, cpu, cores, engine, expected):
     import draftnas.latency.calibrate as profile_module
     from draftnas.search.resolve import host_cpu_profile, resolve_profile
     from draftnas.search.space_file import default_space_for
 
-    monkeypatch.setattr(profile_module, "cpu_model_name", lambda: cpu)
+    monkeypatch.setattr(profile_module, "cpu_identity", lambda: cpu)
     monkeypatch.setattr(profile_module, "cpu_count", lambda: cores)
     assert host_cpu_profile(engine) == expected
     label, prof = resolve_profile(None, default_space_for("smollm2-135m"), engine=engine)

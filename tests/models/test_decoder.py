@@ -105,6 +105,44 @@ def test_gemma3_step_matches_transformers_with_sliding_window_and_softcap() -> N
     torch.testing.assert_close(torch.cat([prefill, verify], dim=1), expected, rtol=1e-4, atol=1e-4)
 
 
+def _hf_qwen2(tied: bool) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=103, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+                         rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
+                         tie_word_embeddings=tied, max_position_embeddings=512)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # non-trivial norms and biases, so a missed one shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_qwen2_step_matches_transformers_with_qkv_biases(tied: bool, dtype: torch.dtype, tol: float) -> None:
+    hf = _hf_qwen2(tied).to(dtype)
+    dec = StaticDecoder.from_hf(hf)
+    assert dec.spec.arch.family == "qwen2" and dec.spec.rope_theta == 1e6
+    assert dec.layers[0].q_proj.bias is not None
+    assert (dec.lm_head.weight is dec.embed_tokens.weight) == tied
+    ids = torch.tensor([[5, 17, 3, 88, 41, 9, 60, 2]])
+    with torch.no_grad():
+        expected = hf(input_ids=ids).logits.float()
+        cache = dec.new_cache(1, 12)
+        prefill = dec(ids[:, :5], torch.arange(5), cache)
+        verify = dec(ids[:, 5:], torch.arange(5, 8), cache)
+    got = torch.cat([prefill, verify], dim=1).float()
+    torch.testing.assert_close(got, expected, rtol=tol, atol=tol * 10)
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
 def test_from_hf_keeps_a_reduced_draft_head() -> None:
     from draftnas.drafter.records import VocabSubset
     from draftnas.drafter.vocab import apply_vocab_subset
@@ -207,7 +245,7 @@ def test_weights_of_the_wrong_shape_or_family_are_refused() -> None:
         dec.load_hf_weights(state)
     with pytest.raises(InvalidInputError, match="miss"):
         dec.load_hf_weights({})
-    with pytest.raises(InvalidInputError, match="static decoder builds llama, gemma3"):
+    with pytest.raises(InvalidInputError, match="static decoder builds llama, qwen2, gemma3"):
         StaticDecoder(ARCH.with_shape(family="opt"), dtype=torch.float32, device="cpu")
 
 
@@ -229,3 +267,39 @@ def test_a_captured_step_replays_to_the_eager_logits() -> None:
         graph = StaticStep(dec, cache, ids, pos, capture=True)
         for _ in range(5):
             torch.testing.assert_close(graph().clone(), eager)
+
+
+class _Factories(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the tensor factories (a tensor made from a Python value, an arange, an empty buffer) and
+    device copies dispatched while active: what a CUDA-graph capture of a step must not contain."""
+
+    NAMES = ("arange", "empty", "zeros", "ones", "full", "scalar_tensor", "lift_fresh", "randn", "rand",
+             "randint", "normal", "tensor")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name.rstrip("_").split(".")[0] in self.NAMES or name in ("empty_like", "zeros_like", "ones_like"):
+            self.seen.append(name)
+        if name in ("_to_copy", "copy_") and "device" in kwargs:
+            self.seen.append(f"{name} to {kwargs['device']}")
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
+def test_a_step_creates_no_tensor_from_python_values_and_copies_nothing_from_the_host(family: str) -> None:
+    """The rule CUDA-graph capture needs, checked on the CPU for every family: after the first call
+    (which picks the CPU products), a step's forward makes no tensor factory call and no device copy."""
+    hf = {"llama": lambda: _hf_model(ARCH), "qwen2": lambda: _hf_qwen2(False), "gemma3": _hf_gemma}[family]()
+    dec = StaticDecoder.from_hf(hf, matmul="off")
+    cache = dec.new_cache(1, 12)
+    with torch.no_grad():
+        step = StaticStep(dec, cache, torch.tensor([[3, 4, 5]]), torch.arange(4, 7))
+        with _Factories() as mode:
+            step()
+            step()
+    assert mode.seen == [], f"{family}: {mode.seen}"

@@ -471,14 +471,20 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     space = load_search_space("smollm2-135m")  # workload: chat prompts
     best = NS(candidate=NS(plan=object(), name="L1bi-x-v4096", head_vocab_size=4096), number=3,
               primary=NS(gamma=2))
-    info = NS(acceptance_assumed=False, target="smollm2-135m", engine="static", space=space)
-    lines = next_commands(NS(best=best, info=info, study_name="s", storage="sqlite:///s.db"))
+    info = NS(acceptance_assumed=False, target="smollm2-135m", engine="static", space=space, dtype="fp32")
+    lines = next_commands(NS(best=best, info=info, study_name="s", storage="sqlite:///s.db", references=()))
     bench = next(line for line in lines if "draftnas bench" in line)
     assert bench.strip() == ("draftnas bench --target smollm2-135m --draft drafters/L1bi-x-v4096 --gamma 2 "
                              "--engine static --prompts chat --per-domain 8")
     assert "trust_remote_code=True" in lines[-2]  # a reduced head loads through the shipped class
+    # in the dtype the search chose, beside the reference with weights it priced
+    ref = NS(reference="smollm2-135m")
+    chosen = next_commands(NS(best=best, info=NS(**{**vars(info), "dtype": "bf16"}), study_name="s",
+                              storage="sqlite:///s.db", references=(ref,)))
+    bench_bf16 = next(line for line in chosen if "draftnas bench" in line)
+    assert "--dtype bf16 --reference smollm2-135m" in bench_bf16
     uncalibrated = next_commands(NS(best=best, info=NS(**{**vars(info), "engine": None}), study_name="s",
-                                    storage="sqlite:///s.db"))
+                                    storage="sqlite:///s.db", references=()))
     assert "--engine" not in next(line for line in uncalibrated if "draftnas bench" in line)
 
 
