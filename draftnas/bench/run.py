@@ -202,23 +202,27 @@ def run_bench(
 
 def unseen_prompts(prompts: Sequence[Prompt], tokenizer: Any, drafters: Sequence[LoadedModel],
                    per_domain: int | None) -> tuple[list[Prompt], list[list[int]], tuple[str, ...]]:
-    """The prompts no drafter folder's healing trained on (by token ids, as `draftnas.json` records
-    them), then at most `per_domain` of each domain -> (prompts, their ids, ids left out). A bench
-    on a drafter's own training text would overstate its acceptance."""
+    """The prompts no drafter folder's healing trained on and its search did not trace (by token ids,
+    as `draftnas.json` records them), then at most `per_domain` of each domain -> (prompts, their
+    ids, ids left out). A bench on a drafter's own training or scoring text would overstate its
+    acceptance."""
     trained: set[str] = set()
     for drafter in drafters:
         record = exported_record(drafter.folder) if drafter.folder is not None else None
         heal = (record or {}).get("heal") or {}
         trained |= set(heal.get("trained_prompts") or ()) if heal.get("kept", True) else set()
+        trained |= set((record or {}).get("searched_prompts") or ())
     pairs = [(p, encode_prompt(tokenizer, p.text)) for p in prompts]
     seen = [prompt_key(ids) in trained for _, ids in pairs]
     kept = [pair for pair, was in zip(pairs, seen, strict=True) if not was]
     left_out = tuple(p.id for (p, _), was in zip(pairs, seen, strict=True) if was)
     if not kept:
-        raise InvalidInputError(f"the drafter was healed on every one of the {len(pairs)} prompts given; "
+        raise InvalidInputError(f"the drafter was healed on or searched with every one of the {len(pairs)} "
+                                "prompts given; "
                                 "bench it on other prompts (--prompts)")
     if left_out:
-        log.warning("left out %d prompt(s) the drafter was healed on: %s", len(left_out), ", ".join(left_out))
+        log.warning("left out %d prompt(s) a drafter was healed on or its search traced: %s", len(left_out),
+                    ", ".join(left_out))
     if per_domain is not None:
         chosen = {p.id for p in subsample([p for p, _ in kept], per_domain)}
         kept = [(p, ids) for p, ids in kept if p.id in chosen]

@@ -15,7 +15,7 @@ from draftnas.acceptance.traces import load_traces, split_traces
 from draftnas.core.errors import ExportError
 from draftnas.core.records import Progress
 from draftnas.drafter.build import build_drafter
-from draftnas.drafter.records import HealOptions, PruningPlan, load_plan
+from draftnas.drafter.records import HealOptions, PruningPlan, load_plan, prompt_key
 from draftnas.export.card import searched_tokens
 from draftnas.export.folder import check_destination, export_drafter
 from draftnas.export.hub import push_to_hub
@@ -108,6 +108,13 @@ def study_traces(info: StudyInfo | None) -> Any:
     return scored
 
 
+def searched_prompts(info: StudyInfo | None) -> tuple[str, ...]:
+    """`prompt_key`s of the prompts a study's traces hold (none when it has no traces here)."""
+    if info is None or not info.traces or not Path(info.traces).is_file():
+        return ()
+    return tuple(sorted({prompt_key(r.prompt_ids.tolist()) for r in load_traces(info.traces).records}))
+
+
 def rescore(trial: RankedTrial, info: StudyInfo, estimate: AcceptanceEstimate) -> WorkloadPrediction:
     """The trial's latency (as the search priced it) at the exported drafter's measured acceptance."""
     reading = measured_acceptance(estimate)
@@ -193,6 +200,7 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         profile=source.info.profile if source.info else None,
         heal=heal_result, source=source.label, seed=request.seed, gamma=_gamma(request, trial, prediction),
         measured=measured, acceptance=built.estimate, prediction=prediction,
+        searched_prompts=searched_prompts(source.info),
     )
     out = export_drafter(built.model, loaded.tokenizer, request.out_dir, info, force=request.force)
     if heal_result is not None:

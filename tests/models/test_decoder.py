@@ -8,6 +8,7 @@ import torch
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.registry import Architecture
 from draftnas.models.decoder import StaticDecoder, StaticStep, activation_bytes
+from draftnas.models.hf_head import CACHE_ARG
 from draftnas.models.matmul import MatmulChooser
 
 ARCH = Architecture(name="tiny", family="llama", num_hidden_layers=3, hidden_size=64, intermediate_size=96,
@@ -44,7 +45,7 @@ def _hf_logits(model: torch.nn.Module, context_k: torch.Tensor, context_v: torch
     context = context_k.shape[3]
     positions = torch.arange(context, context + new_ids.shape[1])[None]
     with torch.no_grad():
-        return model(input_ids=new_ids, position_ids=positions, past_key_values=cache).logits
+        return model(input_ids=new_ids, position_ids=positions, **{CACHE_ARG: cache}).logits
 
 
 @pytest.mark.parametrize("tied", [False, True])

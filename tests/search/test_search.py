@@ -517,3 +517,32 @@ def test_export_keeps_a_folder_that_already_holds_the_best_trial_and_refuses_a_l
                       info=NS(acceptance_assumed=True), study_name="s", storage="sqlite:///s.db")
     with pytest.raises(InvalidInputError, match="--export needs a search that pruned real weights"):
         export_best(latency_only, tmp_path, json_out=True)
+
+
+def test_a_base_or_reference_with_another_vocabulary_or_tokenizer_is_refused(tmp_path, monkeypatch):
+    import draftnas.search.resolve as resolve
+    from draftnas.core.registry import get_architecture
+
+    target = get_architecture("qwen2.5-coder-1.5b")
+    vocab = resolve._tokenizer_problems("reference", "smollm2-135m", "qwen2.5-coder-1.5b", target)
+    assert vocab and "reads 49152 token ids but target qwen2.5-coder-1.5b 151936" in vocab[0]
+    if resolve.has_weights("qwen2.5-coder-0.5b"):  # the embedded pair shares one tokenizer
+        assert resolve._tokenizer_problems("base", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", target) == []
+    monkeypatch.setattr(resolve, "has_weights", lambda spec: True)
+    monkeypatch.setattr(resolve, "ensure_local_folder", lambda spec: (None, tmp_path / spec, True))
+    monkeypatch.setattr(resolve, "resolve_architecture", lambda spec: target)
+    monkeypatch.setattr(resolve.AutoTokenizer, "from_pretrained", lambda folder: folder)
+    monkeypatch.setattr(resolve, "tokenizer_fingerprint", lambda tok: Path(tok).name[:4])
+    other = resolve._tokenizer_problems("base", "qwen-like", "target", target)
+    assert other and "has another tokenizer than target target" in other[0]
+    assert resolve._tokenizer_problems("base", "targ-copy", "target", target) == []
+
+
+def test_bf16_is_refused_where_the_cpu_has_no_native_bf16(monkeypatch):
+    import draftnas.search.resolve as resolve
+
+    monkeypatch.setattr(resolve, "cpu_has_native_bf16", lambda: False)
+    with pytest.raises(InvalidInputError, match="no native bf16 instructions"):
+        resolve._check_dtype("bf16", "cpu")
+    resolve._check_dtype("fp32", "cpu")
+    resolve._check_dtype("bf16", "cuda")  # judged on the GPU's own terms

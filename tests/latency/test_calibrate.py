@@ -1,0 +1,49 @@
+"""Calibrating a host: the dtype timed, and stacks of other shapes (a base, a reference) beside the
+target's, so drafters of their width are priced from their own kernels."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftnas.core.registry import Architecture
+from draftnas.latency.calibrate import calibrate_host, choose_dtype
+from draftnas.latency.corrected import CalibratedModel
+from draftnas.latency.model import LatencyModel
+from draftnas.latency.records import ProfileOptions
+
+TARGET = Architecture(name="tgt", family="llama", num_hidden_layers=4, hidden_size=64, intermediate_size=128,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256)
+BASE = Architecture(name="base", family="llama", num_hidden_layers=3, hidden_size=32, intermediate_size=64,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=256)
+OPTIONS = ProfileOptions(device="cpu", dtype="fp32", mode="static", repeats=3, warmup=1, threads=1)
+
+
+def _flat_model() -> LatencyModel:
+    """A latency model that predicts 1 ms per layer plus 1 ms: what the calibration corrects."""
+    from draftnas.latency.model import FIT_TERMS, RIDGE, TILE
+
+    coefficients = {t: 0.0 for t in FIT_TERMS} | {"call": 1.0, "layer": 1.0, RIDGE: 1.0, TILE: 1.0}
+    return LatencyModel(coefficients, "fp32", name="flat")
+
+
+def test_choose_dtype_times_every_dtype_and_picks_the_fastest():
+    chosen, timings = choose_dtype(OPTIONS, TARGET, 3, ("fp32", "bf16"))
+    assert set(timings) == {"fp32", "bf16"} and all(set(ms) == {1, 3} for ms in timings.values())
+    assert chosen == min(timings, key=lambda d: sum(timings[d].values()))
+
+
+def test_a_base_is_timed_beside_the_target_and_prices_the_drafters_of_its_width():
+    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, head_rows=[64], stacks=[BASE, TARGET])
+    assert set(calibration.stacks) == {"base"}  # the target is not timed twice
+    stack = calibration.stacks["base"]
+    assert stack.full_ms > 0 and set(stack.prefix_ms) == {1, 2} and set(stack.head_saving_ms) == {64}
+    model = CalibratedModel(_flat_model(), calibration, TARGET)
+    # the base itself (a reference drafter as users run it): its measured decode
+    assert model.predict_ms(BASE, context_tokens=128) == pytest.approx(stack.full_ms)
+    # a drafter cut from the base by depth: the base's own measured/predicted line, not the target's
+    cut = BASE.with_shape(num_hidden_layers=2, name="cut")
+    base_ratio = (stack.prefix_ms[2]) / _flat_model().predict_ms(cut, context_tokens=128)
+    assert model.predict_ms(cut, context_tokens=128) == pytest.approx(
+        _flat_model().predict_ms(cut, context_tokens=128) * base_ratio, rel=0.35)
+    assert model.predict_ms(cut, context_tokens=128) != pytest.approx(
+        _flat_model().predict_ms(cut, context_tokens=128) * model.ratio(2), rel=1e-3)
