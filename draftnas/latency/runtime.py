@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from draftnas.core.errors import DeviceError
-from draftnas.core.machine import cpu_count, cpu_model_name
+from draftnas.core.machine import available_memory_bytes, cpu_count, cpu_model_name
 from draftnas.core.registry import Architecture
 from draftnas.latency.records import STATIC_MODES, Condition, ProfileOptions
 from draftnas.models.decoder import StaticStep
@@ -60,12 +60,7 @@ class Runtime:
         if self.cuda:
             free, _ = self.torch.cuda.mem_get_info(self.device)
             return max(0, int(free * 0.8) - CUDA_MARGIN_BYTES)
-
-        try:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError):
-            available = 4 << 30
-        return int(available * RAM_FRACTION)
+        return int(available_memory_bytes() * RAM_FRACTION)
 
     def free(self) -> None:
         gc.collect()

