@@ -9,7 +9,7 @@ import torch
 
 from draftnas.acceptance.records import TraceMetadata, TraceRecordInfo
 from draftnas.acceptance.traces import TraceRecord, Traces
-from draftnas.core.registry import get_architecture
+from draftnas.core.registry import Architecture, get_architecture
 from draftnas.core.throughput import expected_tokens_per_step
 from draftnas.search.evaluate import Evaluation
 from draftnas.search.records import AcceptanceReading, Candidate, SearchOptions, StudySettings
@@ -205,3 +205,90 @@ def tiny_qwen2(seed=0, layers=4, tied=False, vocab=128):
             if name.endswith("bias"):
                 p.normal_(0.0, 0.5)
     return model
+
+
+TINY_ARCH = Architecture(name="tiny", family="llama", num_hidden_layers=3, hidden_size=64,
+                         intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         vocab_size=101, tie_word_embeddings=False)
+
+
+def hf_llama(arch: Architecture) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,
+                         intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_hidden_layers,
+                         num_attention_heads=arch.num_attention_heads,
+                         num_key_value_heads=arch.num_key_value_heads, head_dim=arch.head_dim,
+                         tie_word_embeddings=arch.tie_word_embeddings, rms_norm_eps=1e-5, rope_theta=10000.0)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # non-trivial norm weights, so a missed norm shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+def hf_gemma() -> torch.nn.Module:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                              layer_types=["sliding_attention", "full_attention"] * 2,
+                              query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+                              max_position_embeddings=512)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(-0.5, 0.5)
+    return model
+
+
+def hf_qwen2(tied: bool) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=103, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+                         rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
+                         tie_word_embeddings=tied, max_position_embeddings=512)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # non-trivial norms and biases, so a missed one shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+    return model
+
+
+class FactoryCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the tensor factories (a tensor made from a Python value, an arange, an empty buffer) and
+    device copies dispatched while active: what a CUDA-graph capture of a step must not contain."""
+
+    NAMES = ("arange", "empty", "zeros", "ones", "full", "scalar_tensor", "lift_fresh", "randn", "rand",
+             "randint", "normal", "tensor")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name.rstrip("_").split(".")[0] in self.NAMES or name in ("empty_like", "zeros_like", "ones_like"):
+            self.seen.append(name)
+        if name in ("_to_copy", "copy_") and "device" in kwargs:
+            self.seen.append(f"{name} to {kwargs['device']}")
+        return func(*args, **kwargs)
+
+
+def hf_family(family: str) -> torch.nn.Module:
+    """A tiny transformers model of `family` (llama, qwen2 or gemma3) with non-trivial norms."""
+    builders = {"llama": lambda: hf_llama(TINY_ARCH), "qwen2": lambda: hf_qwen2(False), "gemma3": hf_gemma}
+    return builders[family]()

@@ -136,8 +136,13 @@ class DecoderLayer(nn.Module):
         cos, sin = rope
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        keys.index_copy_(2, positions, k)
-        values.index_copy_(2, positions, v)
+        if positions.dim() == 1:  # every sequence writes the same slots
+            keys.index_copy_(2, positions, k)
+            values.index_copy_(2, positions, v)
+        else:  # each sequence its own: [B, T] positions
+            index = positions[:, None, :, None].expand(-1, self.kv_heads, -1, self.head_dim)
+            keys.scatter_(2, index, k)
+            values.scatter_(2, index, v)
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale,
                                               enable_gqa=self.heads != self.kv_heads)  # [B, H, T, D]
         return mm(attn.transpose(1, 2).reshape(b, t, self.heads * self.head_dim), self.o_proj.weight)
@@ -151,7 +156,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor,
                 values: torch.Tensor, positions: torch.Tensor,
                 masks: dict[bool, torch.Tensor]) -> torch.Tensor:
-        """x: [B, T, h]; rope: cos/sin [T, D]; keys/values: [B, K, S, D], written at `positions`."""
+        """x: [B, T, h]; rope: cos/sin [B or 1, 1, T, D]; keys/values: [B, K, S, D], written at
+        `positions` ([T], or [B, T] for one row of positions per sequence)."""
         mask = masks[self.sliding]
         if self.gemma:
             x = x + self.post_attention_layernorm(
@@ -236,7 +242,9 @@ class StaticDecoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
                 layers: int | None = None, *, keep: int | None = None, slots: int | None = None
                 ) -> torch.Tensor:
-        """input_ids: [B, T]; positions: int64 [T] (slots to write, increasing) -> logits [B, keep, V].
+        """input_ids: [B, T]; positions: int64 [T] (slots to write, increasing), or [B, T] when each
+        sequence reads at its own positions (a batch of sequences of different lengths)
+        -> logits [B, keep, V].
 
         A token attends to every slot at or before its own position (and, in a sliding
         layer, within the window); slots past it — stale drafts, never written — are masked.
@@ -251,15 +259,16 @@ class StaticDecoder(nn.Module):
         if self.embed_scale != 1.0:
             x = x * self.embed_scale_t
         slot = self.slot_index[:cache.slots]
-        causal = slot[None, :] <= positions[:, None]  # [T, S]
+        rows = positions if positions.dim() == 2 else positions[None]  # [B or 1, T]
+        causal = slot <= rows[..., None]  # [B or 1, T, S]
         # additive masks (0 where a token may attend, -inf elsewhere): a boolean mask is converted inside
         # attention with a tensor made from a Python value, which a captured step must not contain
-        masks = {False: torch.where(causal, self.mask_open, self.mask_shut)}
+        masks = {False: torch.where(causal, self.mask_open, self.mask_shut)[:, None]}  # [B or 1, 1, T, S]
         if self.spec.sliding_layers:
-            window = causal & (slot[None, :] > positions[:, None] - self.spec.sliding_window)
-            masks[True] = torch.where(window, self.mask_open, self.mask_shut)
-        ropes = {False: (self.rope_global[0][positions], self.rope_global[1][positions]),
-                 True: (self.rope_local[0][positions], self.rope_local[1][positions])}
+            window = causal & (slot > rows[..., None] - self.spec.sliding_window)
+            masks[True] = torch.where(window, self.mask_open, self.mask_shut)[:, None]
+        ropes = {False: (self.rope_global[0][rows][:, None], self.rope_global[1][rows][:, None]),
+                 True: (self.rope_local[0][rows][:, None], self.rope_local[1][rows][:, None])}
         for i in range(n):
             layer = self.layers[i]
             assert isinstance(layer, DecoderLayer)

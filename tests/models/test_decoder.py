@@ -6,32 +6,10 @@ import pytest
 import torch
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.core.registry import Architecture
 from draftnas.models.decoder import StaticDecoder, StaticStep, activation_bytes
 from draftnas.models.hf_head import CACHE_ARG
 from draftnas.models.matmul import MatmulChooser
-
-ARCH = Architecture(name="tiny", family="llama", num_hidden_layers=3, hidden_size=64, intermediate_size=96,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=101,
-                    tie_word_embeddings=False)
-
-
-def _hf_model(arch: Architecture) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,
-                         intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_hidden_layers,
-                         num_attention_heads=arch.num_attention_heads,
-                         num_key_value_heads=arch.num_key_value_heads, head_dim=arch.head_dim,
-                         tie_word_embeddings=arch.tie_word_embeddings, rms_norm_eps=1e-5, rope_theta=10000.0)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # non-trivial norm weights, so a missed norm shows
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.uniform_(0.5, 1.5)
-    return model
+from tests.helpers import TINY_ARCH, FactoryCounter, hf_family, hf_gemma, hf_llama, hf_qwen2
 
 
 def _hf_logits(model: torch.nn.Module, context_k: torch.Tensor, context_v: torch.Tensor,
@@ -50,8 +28,8 @@ def _hf_logits(model: torch.nn.Module, context_k: torch.Tensor, context_v: torch
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_static_step_matches_transformers_and_does_not_drift(tied: bool) -> None:
-    arch = ARCH.with_shape(tie_word_embeddings=tied)
-    hf = _hf_model(arch)
+    arch = TINY_ARCH.with_shape(tie_word_embeddings=tied)
+    hf = hf_llama(arch)
     dec = StaticDecoder(arch, dtype=torch.float32, device="cpu").load_hf_weights(hf.state_dict()).eval()
     batch, context, new = 2, 7, 3
     gen = torch.Generator().manual_seed(1)
@@ -75,26 +53,8 @@ def test_static_step_matches_transformers_and_does_not_drift(tied: bool) -> None
     assert torch.count_nonzero(cache.keys[:, :, :, context + new:]) == 0  # nothing written past the step
 
 
-def _hf_gemma() -> torch.nn.Module:
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    config = Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
-                              layer_types=["sliding_attention", "full_attention"] * 2,
-                              query_pre_attn_scalar=24, final_logit_softcapping=30.0,
-                              max_position_embeddings=512)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(-0.5, 0.5)
-    return model
-
-
 def test_gemma3_step_matches_transformers_with_sliding_window_and_softcap() -> None:
-    hf = _hf_gemma()
+    hf = hf_gemma()
     dec = StaticDecoder.from_hf(hf)
     assert dec.spec.sliding_layers == (0, 2) and dec.spec.final_softcap == 30.0
     ids = torch.tensor([[5, 17, 3, 88, 41, 9, 60, 2, 33, 71]])  # longer than the window of 4
@@ -106,29 +66,10 @@ def test_gemma3_step_matches_transformers_with_sliding_window_and_softcap() -> N
     torch.testing.assert_close(torch.cat([prefill, verify], dim=1), expected, rtol=1e-4, atol=1e-4)
 
 
-def _hf_qwen2(tied: bool) -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(vocab_size=103, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-                         rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
-                         tie_word_embeddings=tied, max_position_embeddings=512)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():  # non-trivial norms and biases, so a missed one shows
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                p.normal_(0.0, 0.5)
-    return model
-
-
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 def test_qwen2_step_matches_transformers_with_qkv_biases(tied: bool, dtype: torch.dtype, tol: float) -> None:
-    hf = _hf_qwen2(tied).to(dtype)
+    hf = hf_qwen2(tied).to(dtype)
     dec = StaticDecoder.from_hf(hf)
     assert dec.spec.arch.family == "qwen2" and dec.spec.rope_theta == 1e6
     assert dec.layers[0].q_proj.bias is not None
@@ -148,12 +89,12 @@ def test_from_hf_keeps_a_reduced_draft_head() -> None:
     from draftnas.drafter.records import VocabSubset
     from draftnas.drafter.vocab import apply_vocab_subset
 
-    hf = _hf_model(ARCH)
+    hf = hf_llama(TINY_ARCH)
     full_logits = hf(input_ids=torch.tensor([[1, 2, 3]])).logits
     kept = (0, 5, 7, 50, 100)
-    apply_vocab_subset(hf, VocabSubset(ids=kept, vocab_size=ARCH.vocab_size))
+    apply_vocab_subset(hf, VocabSubset(ids=kept, vocab_size=TINY_ARCH.vocab_size))
     dec = StaticDecoder.from_hf(hf)
-    assert dec.head_rows == 5 and dec.embed_tokens.weight.shape[0] == ARCH.vocab_size
+    assert dec.head_rows == 5 and dec.embed_tokens.weight.shape[0] == TINY_ARCH.vocab_size
     with torch.no_grad():
         logits = dec(torch.tensor([[1, 2, 3]]), torch.arange(3), dec.new_cache(1, 3))
     torch.testing.assert_close(logits, full_logits[..., list(kept)], rtol=1e-4, atol=1e-4)
@@ -216,9 +157,9 @@ def test_prepare_times_every_registered_shape_up_front_and_later_products_time_n
 
 
 def test_a_shorter_prefix_of_layers_equals_a_model_of_that_depth() -> None:
-    hf = _hf_model(ARCH)
-    full = StaticDecoder(ARCH, dtype=torch.float32, device="cpu").load_hf_weights(hf.state_dict())
-    short_arch = ARCH.with_shape(num_hidden_layers=2)
+    hf = hf_llama(TINY_ARCH)
+    full = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu").load_hf_weights(hf.state_dict())
+    short_arch = TINY_ARCH.with_shape(num_hidden_layers=2)
     state = {k: v for k, v in hf.state_dict().items() if ".layers.2." not in k}
     short = StaticDecoder(short_arch, dtype=torch.float32, device="cpu").load_hf_weights(state)
     ids, pos = torch.tensor([[5, 6]]), torch.tensor([0, 1])
@@ -229,7 +170,7 @@ def test_a_shorter_prefix_of_layers_equals_a_model_of_that_depth() -> None:
 
 
 def test_decoding_token_by_token_equals_one_verify_pass() -> None:
-    dec = StaticDecoder(ARCH, dtype=torch.float32, device="cpu").init_random(seed=3)
+    dec = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu").init_random(seed=3)
     ids = torch.tensor([[3, 14, 15, 92, 65]])
     with torch.no_grad():
         one_pass = dec(ids, torch.arange(5), dec.new_cache(1, 8))
@@ -239,29 +180,29 @@ def test_decoding_token_by_token_equals_one_verify_pass() -> None:
 
 
 def test_weights_of_the_wrong_shape_or_family_are_refused() -> None:
-    dec = StaticDecoder(ARCH, dtype=torch.float32, device="cpu")
-    state = dict(_hf_model(ARCH).state_dict())
+    dec = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu")
+    state = dict(hf_llama(TINY_ARCH).state_dict())
     state["model.norm.weight"] = torch.ones(3)
     with pytest.raises(InvalidInputError, match="norm.weight: shape"):
         dec.load_hf_weights(state)
     with pytest.raises(InvalidInputError, match="miss"):
         dec.load_hf_weights({})
     with pytest.raises(InvalidInputError, match="static decoder builds llama, qwen2, gemma3"):
-        StaticDecoder(ARCH.with_shape(family="opt"), dtype=torch.float32, device="cpu")
+        StaticDecoder(TINY_ARCH.with_shape(family="opt"), dtype=torch.float32, device="cpu")
 
 
 def test_activation_bytes_counts_the_logits_and_grows_with_tokens() -> None:
-    small = activation_bytes(ARCH, 1, 1, 16, 4)
-    assert small >= ARCH.vocab_size * 4  # the logits alone
-    assert activation_bytes(ARCH, 4, 5, 16, 4) > 19 * small  # 20x the tokens, attention grows too
-    assert activation_bytes(ARCH, 1, 1, 16, 4, head_rows=10) < small
+    small = activation_bytes(TINY_ARCH, 1, 1, 16, 4)
+    assert small >= TINY_ARCH.vocab_size * 4  # the logits alone
+    assert activation_bytes(TINY_ARCH, 4, 5, 16, 4) > 19 * small  # 20x the tokens, attention grows too
+    assert activation_bytes(TINY_ARCH, 1, 1, 16, 4, head_rows=10) < small
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_captured_step_replays_to_the_eager_logits() -> None:
-    dec = StaticDecoder(ARCH, dtype=torch.float32, device="cuda").init_random(seed=0)
+    dec = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cuda").init_random(seed=0)
     cache = dec.new_cache(2, 12)
-    ids = torch.randint(0, ARCH.vocab_size, (2, 3), device="cuda")
+    ids = torch.randint(0, TINY_ARCH.vocab_size, (2, 3), device="cuda")
     pos = torch.arange(6, 9, device="cuda")
     with torch.no_grad():
         eager = StaticStep(dec, cache, ids, pos)().clone()
@@ -270,37 +211,16 @@ def test_a_captured_step_replays_to_the_eager_logits() -> None:
             torch.testing.assert_close(graph().clone(), eager)
 
 
-class _Factories(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the tensor factories (a tensor made from a Python value, an arange, an empty buffer) and
-    device copies dispatched while active: what a CUDA-graph capture of a step must not contain."""
-
-    NAMES = ("arange", "empty", "zeros", "ones", "full", "scalar_tensor", "lift_fresh", "randn", "rand",
-             "randint", "normal", "tensor")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        if name.rstrip("_").split(".")[0] in self.NAMES or name in ("empty_like", "zeros_like", "ones_like"):
-            self.seen.append(name)
-        if name in ("_to_copy", "copy_") and "device" in kwargs:
-            self.seen.append(f"{name} to {kwargs['device']}")
-        return func(*args, **kwargs)
-
-
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
 def test_a_step_creates_no_tensor_from_python_values_and_copies_nothing_from_the_host(family: str) -> None:
     """The rule CUDA-graph capture needs, checked on the CPU for every family: after the first call
     (which picks the CPU products), a step's forward makes no tensor factory call and no device copy."""
-    hf = {"llama": lambda: _hf_model(ARCH), "qwen2": lambda: _hf_qwen2(False), "gemma3": _hf_gemma}[family]()
+    hf = hf_family(family)
     dec = StaticDecoder.from_hf(hf, matmul="off")
     cache = dec.new_cache(1, 12)
     with torch.no_grad():
         step = StaticStep(dec, cache, torch.tensor([[3, 4, 5]]), torch.arange(4, 7))
-        with _Factories() as mode:
+        with FactoryCounter() as mode:
             step()
             step()
     assert mode.seen == [], f"{family}: {mode.seen}"

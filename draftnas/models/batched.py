@@ -1,0 +1,235 @@
+"""Speculative decoding of a batch: B sequences drafted and verified together over static caches.
+
+Each sequence keeps its own length (prompts differ, and each step accepts a different number of
+drafts per sequence), so every step reads at [B, T] positions, one row per sequence: the rollback
+is ragged and costs nothing, as in `models.speculative` (the next step overwrites a sequence's
+stale slots, which are masked until then). Greedy only; each sequence's output equals the target's
+own greedy output for it.
+
+What stays on the device: the drafted tokens (each draft step reads the previous one's argmax),
+the verify input, the acceptance (the longest prefix of drafts equal to the target's argmax,
+per sequence), the next positions and the last two tokens of each sequence. The host reads one
+tensor per step (accepted counts, the target's next tokens and the drafts, in one copy) to
+emit tokens and stop finished sequences; `BatchedOutput.host_reads` counts those reads.
+
+A step always feeds the drafter the last two tokens of each sequence: a sequence that accepted
+every draft needs both (the drafter never read its last draft), one that did not needs only the
+last, and reading the one before again writes the same keys and values to the same slot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from draftnas.core.errors import InvalidInputError
+from draftnas.models.decoder import KVCache, StaticDecoder, StaticStep
+
+
+@dataclass
+class BatchedOutput:
+    """Tokens of each sequence (prompt excluded, cut at the budget or after an end-of-sequence
+    token), drafts accepted per step and sequence (while it was running), and timing."""
+
+    tokens: list[list[int]]
+    accepted: list[list[int]] = field(default_factory=list)
+    steps: int = 0
+    host_reads: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens a sequence gains per speculative step, over every sequence's steps."""
+        steps = sum(len(a) for a in self.accepted)
+        return sum(sum(a) + len(a) for a in self.accepted) / steps if steps else 0.0
+
+
+class BatchedStatic:
+    """A `StaticDecoder` over a KV cache of `batch_size` rows and `slots` positions.
+
+    `step(ids, positions)` reads [B, T] tokens at [B, T] positions and returns logits [B, T, V];
+    with `capture` (CUDA) each step width is captured once as a CUDA graph whose input buffers are
+    filled on the device (no host copy). Prompts are read one sequence at a time (`prefill`).
+    """
+
+    def __init__(self, decoder: StaticDecoder, batch_size: int, slots: int, *, capture: bool = False) -> None:
+        self.decoder, self.batch_size, self.capture = decoder, batch_size, capture
+        self.cache = decoder.new_cache(batch_size, slots)
+        self.device = decoder.device
+        self.steps: dict[int, StaticStep] = {}
+
+    @property
+    def slots(self) -> int:
+        return self.cache.slots
+
+    def prefill(self, row: int, tokens: Sequence[int]) -> None:
+        """Read one sequence's `tokens` at positions 0.. into its row of the cache."""
+        if not tokens:
+            return
+        view = KVCache(self.cache.keys[:, row:row + 1], self.cache.values[:, row:row + 1])
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        positions = torch.arange(len(tokens), device=self.device)
+        self.decoder(ids, positions, view, keep=1, slots=len(tokens))
+
+    def step(self, ids: torch.Tensor, positions: torch.Tensor, slots: int) -> torch.Tensor:
+        """ids, positions: [B, T] on the device; `slots`: attend over the first `slots` slots (eager
+        only; a captured step attends over the whole cache) -> logits [B, T, V]."""
+        if not self.capture:
+            return self.decoder(ids, positions, self.cache, slots=slots)
+        width = int(ids.shape[1])
+        step = self.steps.get(width)
+        if step is None:
+            step = self.steps[width] = StaticStep(self.decoder, self.cache, ids.clone(), positions.clone(),
+                                                  capture=True)
+        step.input_ids.copy_(ids)
+        step.positions.copy_(positions)
+        return step()
+
+
+def _check(prompts: Sequence[Sequence[int]], engines: Sequence[BatchedStatic], max_new_tokens: int,
+           extra: int, least: int) -> None:
+    if max_new_tokens < 1:
+        raise InvalidInputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    short = [i for i, p in enumerate(prompts) if len(p) < least]
+    if short:
+        raise InvalidInputError(f"prompts {short} have fewer than {least} tokens (a batched loop needs "
+                                f"at least {least})")
+    for engine in engines:
+        if engine.batch_size != len(prompts):
+            raise InvalidInputError(f"{len(prompts)} prompts for an engine of batch {engine.batch_size}")
+        longest = max(len(p) for p in prompts) + max_new_tokens + extra
+        if longest > engine.slots:
+            raise InvalidInputError(f"sequences of up to {longest} tokens are longer than the engine's "
+                                    f"cache ({engine.slots} slots)")
+
+
+def _emit(tokens: list[int], new: list[int], budget: int, eos: set[int]) -> bool:
+    """Append `new` to `tokens` up to the budget and an end-of-sequence token; True when done."""
+    for tok in new:
+        if len(tokens) >= budget:
+            return True
+        tokens.append(tok)
+        if tok in eos:
+            return True
+    return len(tokens) >= budget
+
+
+def batched_greedy(target: BatchedStatic, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                   eos_token_ids: Sequence[int] = ()) -> BatchedOutput:
+    """Plain greedy decoding of every prompt together: one [B, 1] step per token (the baseline)."""
+    _check(prompts, [target], max_new_tokens, 1, 1)
+    started = time.perf_counter()
+    device, eos = target.device, set(eos_token_ids)
+    out = BatchedOutput(tokens=[[] for _ in prompts])
+    with torch.inference_mode():
+        for row, prompt in enumerate(prompts):
+            target.prefill(row, prompt[:-1])
+        last = torch.tensor([[p[-1]] for p in prompts], dtype=torch.long, device=device)  # [B, 1]
+        position = torch.tensor([[len(p) - 1] for p in prompts], dtype=torch.long, device=device)
+        longest, done = max(len(p) for p in prompts), [False] * len(prompts)
+        while not all(done):
+            logits = target.step(last, position, longest + out.steps)
+            last = logits[:, -1].argmax(-1, keepdim=True)
+            position = position + 1
+            out.steps += 1
+            read = last[:, 0].tolist()
+            out.host_reads += 1
+            for row, tok in enumerate(read):
+                if not done[row]:
+                    done[row] = _emit(out.tokens[row], [tok], max_new_tokens, eos)
+    out.elapsed_s = time.perf_counter() - started
+    return out
+
+
+def batched_speculative_generate(target: BatchedStatic, drafter: BatchedStatic,
+                                 prompts: Sequence[Sequence[int]], *, gamma: int, max_new_tokens: int,
+                                 eos_token_ids: Sequence[int] = (),
+                                 head_ids: torch.Tensor | None = None) -> BatchedOutput:
+    """Greedy speculative decoding of every prompt together (each sequence lossless).
+
+    `head_ids`: the full-vocabulary id of each row of the drafter's reduced head (None: a full head).
+    Each step drafts g = min(gamma, the largest remaining budget - 1) tokens for every sequence; a
+    finished sequence keeps its row (its tokens are no longer emitted) until all are done.
+    """
+    if gamma < 1:
+        raise InvalidInputError(f"gamma must be >= 1, got {gamma}")
+    _check(prompts, [target, drafter], max_new_tokens, gamma + 1, 3)
+    started = time.perf_counter()
+    device, eos = target.device, set(eos_token_ids)
+    table = None if head_ids is None else head_ids.to(device=device, dtype=torch.long)
+    out = BatchedOutput(tokens=[[] for _ in prompts], accepted=[[] for _ in prompts])
+    with torch.inference_mode():
+        for row, prompt in enumerate(prompts):  # the target holds all but the last token, the drafter
+            target.prefill(row, prompt[:-1])   # all but the last two
+            drafter.prefill(row, prompt[:-2])
+        last2 = torch.tensor([list(p[-2:]) for p in prompts], dtype=torch.long, device=device)  # [B, 2]
+        length = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)  # [B]
+        lengths, done = [len(p) for p in prompts], [False] * len(prompts)
+        running = torch.ones(len(prompts), dtype=torch.bool, device=device)
+        while not all(done):
+            remaining = max(max_new_tokens - len(t) for t, d in zip(out.tokens, done, strict=True) if not d)
+            g = max(1, min(gamma, remaining - 1))
+            span = max(lengths) + g  # slots the step reads: every position it writes lies below
+            feed, at = last2, torch.stack((length - 2, length - 1), dim=1)
+            drafts = []
+            for i in range(g):
+                logits = drafter.step(feed, at, span)[:, -1]
+                tok = logits.argmax(-1)
+                if table is not None:
+                    tok = table[tok]
+                drafts.append(tok)
+                feed, at = tok[:, None], (length + i)[:, None]
+            drafted = torch.stack(drafts, dim=1)  # [B, g]
+            verify_at = length[:, None] - 1 + torch.arange(g + 1, device=device)
+            best = target.step(torch.cat((last2[:, 1:], drafted), dim=1), verify_at, span).argmax(-1)
+            k = (drafted == best[:, :g]).long().cumprod(dim=1).sum(dim=1)  # [B] drafts accepted
+            nxt = best.gather(1, k[:, None])[:, 0]
+            read = torch.cat((k, nxt, drafted.flatten())).tolist()  # the step's one read by the host
+            out.host_reads += 1
+            out.steps += 1
+            n, finished = len(prompts), False
+            for row in range(n):
+                if done[row]:
+                    continue
+                accepted = read[row]
+                lengths[row] += accepted + 1
+                out.accepted[row].append(accepted)
+                own = read[2 * n + row * g: 2 * n + row * g + accepted]
+                done[row] = _emit(out.tokens[row], [*own, read[n + row]], max_new_tokens, eos)
+                finished |= done[row]
+            if finished:  # a finished sequence stays where it is (a copy to the device only then)
+                running = torch.tensor([not d for d in done], device=device)
+            before = torch.where(k > 0, drafted.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0], last2[:, 1])
+            last2 = torch.where(running[:, None], torch.stack((before, nxt), dim=1), last2)
+            length = torch.where(running, length + k + 1, length)
+    out.elapsed_s = time.perf_counter() - started
+    return out
+
+
+def engines_for(target: StaticDecoder, drafter: StaticDecoder, prompts: Sequence[Sequence[int]],
+                max_new_tokens: int, gamma: int, *,
+                capture: bool = False) -> tuple[BatchedStatic, BatchedStatic]:
+    """A target and a drafter engine sized for these prompts."""
+    slots = max(len(p) for p in prompts) + max_new_tokens + gamma + 2
+    return (BatchedStatic(target, len(prompts), slots, capture=capture),
+            BatchedStatic(drafter, len(prompts), slots, capture=capture))
+
+
+def head_table(drafter: Any) -> torch.Tensor | None:
+    """The full-vocabulary ids of a reduced head's rows, from the model it was built from."""
+    subset = getattr(drafter, "draft_vocab_subset", None)
+    if subset is None:
+        return None
+    return torch.as_tensor(list(subset.ids) if hasattr(subset, "ids") else subset, dtype=torch.long)
