@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftnas.core.options import check_options, option
+from draftnas.core.options import check_options, option, parse_ints
 from draftnas.core.records import Record
 from draftnas.models.records import ENGINES, TORCH_DTYPES
 
@@ -45,11 +45,28 @@ class BenchOptions(Record):
         None, help="At most this many prompts per domain, evenly spaced (0 = all); prompts a drafter was "
                    "healed on are left out first.", low=1, cli_default=2, parse=_per_domain)
 
+    batch_sizes: tuple[int, ...] = option(
+        (), flag="--batch-size",
+        help="Comma-separated batch sizes (e.g. 1,2,4,8): instead of the arms, decode B prompts together "
+             "with the target alone and with each drafter's batched loop (static engine, greedy) at each B, "
+             "and put the measured crossover (the first B where speculative decoding stops paying) beside "
+             "the latency profile's.", low=1, high=1024, distinct=True, cli_type=str, cli_default="",
+        parse=parse_ints)
+    profile: str | None = option(
+        None, help="Latency profile the batch sizes' predictions use (a shipped name or a JSON file). "
+                   "Default: on CPU the shipped profile measured on this host; on CUDA the spec sheet "
+                   "of the GPU present, if one is shipped.")
+
     def resolved_engine(self) -> str:
-        return self.engine or ("static" if self.device == "cuda" else "hf")
+        return "static" if self.batch_sizes else self.engine or ("static" if self.device == "cuda" else "hf")
 
     def validate(self) -> BenchOptions:
-        return check_options(self)
+        extra = []
+        if self.batch_sizes and self.temperature > 0:
+            extra.append(("batch_sizes", "runs greedy decoding only; drop --temperature"))
+        if self.batch_sizes and self.engine == "hf":
+            extra.append(("batch_sizes", "runs in the static engine; drop --engine hf"))
+        return check_options(self, extra)
 
 
 @dataclass(frozen=True)
@@ -267,3 +284,43 @@ class DrafterRow(Record):
     measured_per_domain: dict[str, dict[str, float]]
     gpu_predicted_speedup: float | None = None
     same_as: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchPoint(Record):
+    """One batch size B: B prompts decoded together by the target alone and by each drafter's batched
+    loop (dicts keyed by drafter label). Tokens/s count every sequence's new tokens; `tokens_per_step`
+    is per sequence; `exact_match_rate`: share of sequences equal to the target's batched greedy
+    output; `predicted_speedup`: the latency profile at this B with this B's measured tokens per step."""
+
+    batch_size: int
+    target_tokens_per_s: float
+    tokens_per_s: dict[str, float]
+    speedup: dict[str, float]
+    tokens_per_step: dict[str, float]
+    exact_match_rate: dict[str, float]
+    predicted_speedup: dict[str, float]
+
+
+@dataclass(frozen=True)
+class BatchedBenchResult(Record):
+    """`draftnas bench --batch-size`: a point per batch size, and per drafter the measured crossover
+    (the first measured B whose speedup is below 1; None: none of them) beside the predicted one (the
+    first power of two up to 1024 the profile prices below 1 at the mean measured tokens per step)."""
+
+    target: str
+    drafters: dict[str, str]
+    gamma: int
+    max_new_tokens: int
+    device: str
+    dtype: str
+    threads: int
+    profile: str  # the latency profile the predictions come from ("" when there is none)
+    points: tuple[BatchPoint, ...]
+    measured_crossover: dict[str, int | None]
+    predicted_crossover: dict[str, int | None]
+    prompts: tuple[str, ...] = ()  # ids of the prompts, cycled to fill a batch
+    host: str = ""
+    load_average_before: str = ""
+    versions: dict[str, str] | None = None
+    wall_s: float = 0.0

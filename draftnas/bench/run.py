@@ -30,7 +30,14 @@ from draftnas.acceptance.records import TraceOptions
 from draftnas.acceptance.traces import Traces, make_metadata, model_vocab_size, tokenizer_fingerprint
 from draftnas.acceptance.tracing import record_from_continuation
 from draftnas.bench.arms import MAIN, Arm, Bench, Drafter, Run, arm_names
-from draftnas.bench.records import ArmResult, ArmRun, BenchOptions, BenchPrompt, BenchResult
+from draftnas.bench.records import (
+    ArmResult,
+    ArmRun,
+    BatchedBenchResult,
+    BenchOptions,
+    BenchPrompt,
+    BenchResult,
+)
 from draftnas.core.errors import DeviceError, InvalidInputError
 from draftnas.core.machine import cpu_model_name, load_average
 from draftnas.core.prompts import Prompt, encode_prompt, subsample
@@ -198,6 +205,30 @@ def run_bench(
         choice_timing_s=round(choice_timing, 3), host=cpu_model_name(), load_average_before=load_before,
         wall_s=round(time.perf_counter() - started, 2),
     )
+
+
+def run_batch_sizes(
+    target: str | LoadedModel,
+    draft: str | LoadedModel,
+    prompts: Sequence[Prompt],
+    options: BenchOptions,
+    *,
+    reference: str | LoadedModel | None = None,
+    progress: Progress | None = None,
+) -> BatchedBenchResult:
+    """`draftnas bench --batch-size`: the target alone and each drafter's batched loop at every batch
+    size of `options.batch_sizes` (`bench.batched`), on the prompts no drafter was healed on."""
+    from draftnas.bench.batched import run_batched_bench
+
+    options.validate()
+    if not prompts:
+        raise InvalidInputError("no prompts to bench")
+    load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
+    t_model = load_model(target, **load) if isinstance(target, str) else target
+    drafters = _load_drafters(draft, reference, t_model, load)
+    kept, encoded, _ = unseen_prompts(prompts, t_model.tokenizer, [d.loaded for d in drafters],
+                                      options.per_domain)
+    return run_batched_bench(t_model, drafters, kept, encoded, options, progress=progress)
 
 
 def unseen_prompts(prompts: Sequence[Prompt], tokenizer: Any, drafters: Sequence[LoadedModel],

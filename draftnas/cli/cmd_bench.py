@@ -8,10 +8,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
-from draftnas.bench.records import BenchOptions
+from draftnas.bench.records import BatchedBenchResult, BenchOptions
 from draftnas.cli.app import app, console, err_console, print_json
 from draftnas.cli.flags import options_command
 
@@ -65,6 +72,48 @@ def prompts_table(result: BenchResult) -> Table:
     return table
 
 
+def batch_table(result: BatchedBenchResult) -> Table:
+    """Per batch size: the target's tokens/s, then each drafter's tokens/s, measured speedup beside
+    the profile's, tokens per step and exact match with the target's batched greedy output."""
+    table = Table(title=f"Batched speculative decoding, gamma={result.gamma} ({result.max_new_tokens} "
+                        f"tokens per sequence, {result.device}, {result.dtype}, {result.threads} threads, "
+                        "static engine)", header_style="bold")
+    labels = list(result.drafters)
+    table.add_column("B", justify="right")
+    table.add_column("target tok/s", justify="right")
+    for label in labels:
+        for col in ("tok/s", "speedup", "predicted", "tok/step", "exact"):
+            table.add_column(f"{label} {col}", justify="right")
+    for p in result.points:
+        cells = [str(p.batch_size), f"{p.target_tokens_per_s:.2f}"]
+        for k in labels:
+            cells += [f"{p.tokens_per_s[k]:.2f}", f"{p.speedup[k]:.3f}x",
+                      f"{p.predicted_speedup[k]:.3f}x" if k in p.predicted_speedup else "-",
+                      f"{p.tokens_per_step[k]:.3f}", f"{p.exact_match_rate[k]:.0%}"]
+        table.add_row(*cells)
+    return table
+
+
+def _crossover(batch: int | None, upto: int) -> str:
+    return f"B={batch}" if batch is not None else f"not reached up to B={upto}"
+
+
+def _print_batched(result: BatchedBenchResult) -> None:
+    console.print(batch_table(result))
+    largest = max(p.batch_size for p in result.points)
+    for label, spec in result.drafters.items():
+        predicted = (_crossover(result.predicted_crossover[label], 1024) if result.profile
+                     else "no profile for this device (--profile)")
+        measured = _crossover(result.measured_crossover[label], largest)
+        console.print(f"{label} ({spec}): crossover measured {measured}, predicted {predicted}",
+                      highlight=False, soft_wrap=True)
+    if result.profile:
+        console.print(f"predictions: profile {result.profile}", highlight=False, soft_wrap=True)
+    console.print(f"host: {result.host}, {result.threads} threads, load average before "
+                  f"{result.load_average_before}; prompts (cycled to fill a batch): "
+                  f"{', '.join(result.prompts)}", highlight=False, soft_wrap=True)
+
+
 @app.command()
 @options_command(BenchOptions)
 def bench(
@@ -82,22 +131,29 @@ def bench(
                                          help="Also write the result as JSON to this file."),
 ) -> None:
     """Decode with every arm (target alone, draftnas's loop, transformers' assisted generation) for the
-    drafter and, with --reference, the drafter it must beat; compare them in one run."""
-    from draftnas.bench.run import run_bench
+    drafter and, with --reference, the drafter it must beat; compare them in one run. With
+    --batch-size: the target alone and each drafter's batched loop at each batch size instead."""
+    from draftnas.bench.run import run_batch_sizes, run_bench
     from draftnas.core.prompts import load_prompts
 
     prompt_list = load_prompts(prompts)
     options.validate()
-    with Progress(TextColumn("[bold]bench[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console) as bar:
+    run = run_batch_sizes if options.batch_sizes else run_bench
+    with Progress(TextColumn("[bold]bench[/bold]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  TimeElapsedColumn(), console=err_console) as bar:
         task = bar.add_task("bench", total=None)
-        result = run_bench(target, draft, prompt_list, options, reference=reference,
-                           progress=lambda done, total: bar.update(task, completed=done, total=total))
+        result = run(target, draft, prompt_list, options, reference=reference,
+                     progress=lambda done, total: bar.update(task, completed=done, total=total))
     if out_json is not None:
         out_json.parent.mkdir(parents=True, exist_ok=True)
         out_json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     if json_out:
         print_json(result.to_dict())
+        return
+    if isinstance(result, BatchedBenchResult):
+        _print_batched(result)
+        if out_json is not None:
+            console.print(f"result written to {out_json}")
         return
     console.print(prompts_table(result))
     console.print(arms_table(result))

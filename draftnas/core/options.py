@@ -157,3 +157,15 @@ def parse_floats(text: str) -> tuple[float, ...]:
             raise InvalidInputError(f"{item!r} is not a number (give numbers separated by commas, e.g. "
                                     "0,0.7)") from None
     return tuple(values)
+
+
+def parse_ints(text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4): a flag's comma-separated whole numbers; one line naming the bad item."""
+    values = []
+    for item in (t.strip() for t in str(text).split(",") if t.strip()):
+        try:
+            values.append(int(item))
+        except ValueError:
+            raise InvalidInputError(f"{item!r} is not a whole number (give whole numbers separated by "
+                                    "commas, e.g. 1,2,4,8)") from None
+    return tuple(values)

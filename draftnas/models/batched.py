@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -226,10 +225,3 @@ def engines_for(target: StaticDecoder, drafter: StaticDecoder, prompts: Sequence
     return (BatchedStatic(target, len(prompts), slots, capture=capture),
             BatchedStatic(drafter, len(prompts), slots, capture=capture))
 
-
-def head_table(drafter: Any) -> torch.Tensor | None:
-    """The full-vocabulary ids of a reduced head's rows, from the model it was built from."""
-    subset = getattr(drafter, "draft_vocab_subset", None)
-    if subset is None:
-        return None
-    return torch.as_tensor(list(subset.ids) if hasattr(subset, "ids") else subset, dtype=torch.long)

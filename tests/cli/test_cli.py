@@ -35,6 +35,10 @@ def test_predict_picks_best_gamma():
     (["predict", "-a", "0.5", "-g", "-1", "--draft-ms", "1", "--target-ms", "3"], "gamma"),
     (["inspect", "/does/not/exist.gguf"], "GGUF file not found"),
     (["inspect", "lama-65b"], "llama-65b"),
+    (["bench", "-t", "smollm2-135m", "-d", "x", "--batch-size", "1,two"], "'two' is not a whole number"),
+    (["bench", "-t", "smollm2-135m", "-d", "x", "--batch-size", "0,2"], "--batch-size must be in [1, 1024]"),
+    (["bench", "-t", "smollm2-135m", "-d", "x", "--batch-size", "1,2", "--temperature", "0.5"],
+     "--batch-size runs greedy decoding only"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     out = run(*args)

@@ -1,0 +1,179 @@
+"""`draftnas bench --batch-size`: where speculative decoding stops paying as the batch grows.
+
+At batch B the target's decode reads its weights once for B sequences, so a step's cost grows
+slowly with B until the products stop being bound by memory traffic; a verify of B x (gamma + 1)
+tokens reaches that point gamma + 1 times sooner. Past it, the drafts cost more than they save.
+For each B this decodes B prompts together (the prompt list cycled to fill the batch) with the
+target alone (`models.batched.batched_greedy`) and with each drafter's batched loop
+(`batched_speculative_generate`), in the static engine, greedy, after one warm-up run each (which
+also meets, and on CUDA captures, every step width). The runs at one B are interleaved, the order
+rotating with B. Beside each measured speedup stands the latency profile's prediction at that B,
+priced with the tokens per step measured there, and each drafter's crossover: the first B whose
+speedup is below 1, measured and predicted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from draftnas.bench.arms import Drafter
+from draftnas.bench.records import BatchedBenchResult, BatchPoint, BenchOptions
+from draftnas.core.errors import DeviceError, InvalidInputError
+from draftnas.core.machine import cpu_identity, load_average
+from draftnas.core.prompts import Prompt
+from draftnas.core.provenance import package_versions
+from draftnas.core.records import Progress
+from draftnas.core.registry import Architecture
+from draftnas.core.throughput import predict_throughput
+from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
+from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
+from draftnas.latency.model import LatencyModel
+from draftnas.models.batched import BatchedOutput, BatchedStatic, batched_greedy, batched_speculative_generate
+from draftnas.models.decoder import StaticDecoder
+from draftnas.models.sources import LoadedModel
+from draftnas.search.resolve import host_cpu_profile
+
+#: Batch sizes the predicted crossover is looked for at (the profile prices any B; the bench
+#: measures the ones asked for).
+PREDICTED_BATCHES = tuple(2 ** i for i in range(11))
+
+
+def latency_model(spec: str | None, device: str, dtype: str) -> tuple[str, LatencyModel | None]:
+    """The profile the predictions come from -> (its label, its model); ("", None) on a GPU no
+    shipped spec sheet describes when none was named."""
+    if spec is None and device == "cuda":
+        name = torch.cuda.get_device_name().lower()
+        sheet = next((k for k in SPEC_SHEETS if k.split("-")[0] in name), None)
+        if sheet is None:
+            return "", None
+        return f"{sheet} (spec sheet, {dtype})", LatencyModel.from_profile(spec_sheet_profile(sheet, dtype))
+    name = spec or host_cpu_profile("static", dtype)
+    path = Path(name).expanduser()
+    if path.suffix == ".json" or path.is_file():
+        profile = load_profile(path)
+    elif name.lower() in SHIPPED_PROFILES:
+        profile = default_profile(name)
+    else:
+        raise InvalidInputError(f"--profile {name!r} is neither a JSON file nor a shipped profile "
+                                f"({', '.join(SHIPPED_PROFILES)})")
+    model = LatencyModel.from_profile(profile)
+    return f"{name} ({profile.device_name}, {profile.kind}, {profile.dtype})", model
+
+
+def predicted_speedup(model: LatencyModel, target: Architecture, drafter: Architecture, head_rows: int | None,
+                      batch_size: int, gamma: int, tokens_per_step: float, context_tokens: int) -> float:
+    """The profile's speedup of the batched loop over the target alone at `batch_size`."""
+    def ms(arch: Architecture, new_tokens: int, head: int | None = None) -> float:
+        return model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
+                                context_tokens=context_tokens, head_vocab_size=head)
+
+    return predict_throughput(
+        gamma=gamma, draft_ms=ms(drafter, 1, head_rows), target_ms=ms(target, 1),
+        verify_ms=ms(target, gamma + 1), tokens_per_step=min(max(tokens_per_step, 1.0), gamma + 1.0),
+        batch_size=batch_size).speedup
+
+
+def _batch(encoded: Sequence[list[int]], batch_size: int) -> list[list[int]]:
+    return [encoded[i % len(encoded)] for i in range(batch_size)]
+
+
+def _point(batch_size: int, target_out: BatchedOutput, outs: dict[str, BatchedOutput],
+           predicted: dict[str, float]) -> BatchPoint:
+    base = target_out.tokens_per_s
+    return BatchPoint(
+        batch_size=batch_size, target_tokens_per_s=base,
+        tokens_per_s={k: o.tokens_per_s for k, o in outs.items()},
+        speedup={k: o.tokens_per_s / base for k, o in outs.items()},
+        tokens_per_step={k: o.tokens_per_step for k, o in outs.items()},
+        exact_match_rate={k: sum(a == b for a, b in zip(o.tokens, target_out.tokens, strict=True))
+                          / batch_size for k, o in outs.items()},
+        predicted_speedup=predicted)
+
+
+def _decode(name: str, engines: dict[str, BatchedStatic], batch: list[list[int]],
+            heads: dict[str, torch.Tensor | None], gamma: int, max_new_tokens: int) -> BatchedOutput:
+    """One timed run: the target alone ("target") or the batched loop with drafter `name`."""
+    if name == "target":
+        return batched_greedy(engines["target"], batch, max_new_tokens=max_new_tokens)
+    return batched_speculative_generate(engines["target"], engines[name], batch, gamma=gamma,
+                                        max_new_tokens=max_new_tokens, head_ids=heads[name])
+
+
+def first_below_one(speedups: Sequence[tuple[int, float]]) -> int | None:
+    """The first batch size (in order) whose speedup is below 1; None when none is."""
+    return next((b for b, s in sorted(speedups) if s < 1.0), None)
+
+
+def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts: Sequence[Prompt],
+                      encoded: Sequence[list[int]], options: BenchOptions, *,
+                      progress: Progress | None = None) -> BatchedBenchResult:
+    """Measure every batch size of `options.batch_sizes` (see the module's text)."""
+    if not options.batch_sizes:
+        raise InvalidInputError("no batch sizes given (--batch-size 1,2,4,8)")
+    if options.device == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("--device cuda asked for, but torch sees no CUDA device here; use --device cpu")
+    started, load_before = time.perf_counter(), load_average()
+    capture, gamma, n_new = options.device == "cuda", options.gamma, options.max_new_tokens
+    decoders = {"target": StaticDecoder.from_hf(target.model)} | {
+        d.label: StaticDecoder.from_hf(d.loaded.model) for d in drafters}
+    heads = {d.label: torch.tensor(d.subset.ids) if d.subset is not None else None for d in drafters}
+    target_arch = Architecture.from_hf_config(target.model.config, "target")
+    shapes = {d.label: Architecture.from_hf_config(d.loaded.model.config, d.label) for d in drafters}
+    rows = {d.label: d.subset.size if d.subset is not None else None for d in drafters}
+    dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
+    label, model = latency_model(options.profile, options.device, {"bfloat16": "bf16", "float16": "fp16"}
+                                 .get(dtype, "fp32"))
+    context = round(sum(map(len, encoded)) / len(encoded) + n_new / 2)
+    points = []
+    sizes = sorted(options.batch_sizes)
+    for index, size in enumerate(sizes):
+        batch = _batch(encoded, size)
+        slots = max(map(len, batch)) + n_new + gamma + 2
+        engines = {k: BatchedStatic(d, size, slots, capture=capture) for k, d in decoders.items()}
+        names = ["target", *heads]
+        names = names[index % len(names):] + names[:index % len(names)]
+        for name in names:  # warm-up: every step width met (and on CUDA captured) before the timed runs
+            _decode(name, engines, batch, heads, gamma, n_new)
+        outs = {name: _decode(name, engines, batch, heads, gamma, n_new) for name in names}
+        target_out = outs.pop("target")
+        predicted = {} if model is None else {
+            k: predicted_speedup(model, target_arch, shapes[k], rows[k], size, gamma, o.tokens_per_step,
+                                 context) for k, o in outs.items()}
+        points.append(_point(size, target_out, outs, predicted))
+        if progress:
+            progress(index + 1, len(sizes))
+    return BatchedBenchResult(
+        target=target.source.spec, drafters={d.label: d.loaded.source.spec for d in drafters}, gamma=gamma,
+        max_new_tokens=n_new, device=options.device, dtype=dtype, threads=torch.get_num_threads(),
+        profile=label, points=tuple(points),
+        measured_crossover={k: first_below_one([(p.batch_size, p.speedup[k]) for p in points])
+                            for k in heads},
+        predicted_crossover=_predicted_crossover(model, target_arch, shapes, rows, points, gamma, context),
+        prompts=tuple(p.id for p in prompts), host=_host(options.device), load_average_before=load_before,
+        versions=package_versions(), wall_s=round(time.perf_counter() - started, 2))
+
+
+def _predicted_crossover(model: LatencyModel | None, target: Architecture, shapes: dict[str, Architecture],
+                         rows: dict[str, int | None], points: Sequence[BatchPoint], gamma: int,
+                         context: int) -> dict[str, int | None]:
+    """Per drafter, the first of `PREDICTED_BATCHES` the profile prices below 1, at the drafter's
+    tokens per step averaged over the measured batch sizes (acceptance does not depend on B)."""
+    if model is None:
+        return {k: None for k in shapes}
+    out: dict[str, int | None] = {}
+    for k, arch in shapes.items():
+        tokens = sum(p.tokens_per_step[k] for p in points) / len(points)
+        out[k] = first_below_one([(b, predicted_speedup(model, target, arch, rows[k], b, gamma, tokens,
+                                                        context)) for b in PREDICTED_BATCHES])
+    return out
+
+
+def _host(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return cpu_identity().label()
+

@@ -1,0 +1,76 @@
+"""`draftnas bench --batch-size` on tiny random models: lossless at every B, and the crossover rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftnas.bench.batched import first_below_one, latency_model, predicted_speedup
+from draftnas.bench.records import BatchedBenchResult, BenchOptions
+from draftnas.bench.run import run_batch_sizes
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.prompts import Prompt
+from draftnas.core.registry import get_architecture
+from tests.helpers import loaded, tiny_llama, truncated
+
+PROMPTS = (Prompt(id="a", domain="x", text="speculate "), Prompt(id="b", domain="y", text="draft nas " * 2),
+           Prompt(id="c", domain="x", text="verify"))
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tiny_llama_config):
+    target = tiny_llama(tiny_llama_config, initializer_range=0.2)
+    target.generation_config.eos_token_id = None
+    return (loaded(target, "tiny-target"), loaded(truncated(target, 2), "tiny-draft"),
+            loaded(truncated(target, 1), "tiny-reference"))
+
+
+def test_every_batch_size_is_lossless_for_each_drafter_with_the_crossover_beside_the_profile(tiny_models):
+    target, draft, reference = tiny_models
+    options = BenchOptions(gamma=3, max_new_tokens=12, batch_sizes=(4, 1, 2), profile="cpu-amd-static")
+    progress: list[tuple[int, int]] = []
+    result = run_batch_sizes(target, draft, PROMPTS, options, reference=reference,
+                             progress=lambda done, total: progress.append((done, total)))
+    assert [p.batch_size for p in result.points] == [1, 2, 4] and progress[-1] == (3, 3)
+    assert result.drafters == {"draftnas": "tiny-draft", "reference": "tiny-reference"}
+    for point in result.points:
+        for label in result.drafters:
+            assert point.exact_match_rate[label] == 1.0  # fp32: each sequence equals the target's own
+            assert 1.0 <= point.tokens_per_step[label] <= 4.0
+            assert point.speedup[label] == pytest.approx(point.tokens_per_s[label] / point.target_tokens_per_s)
+            assert point.predicted_speedup[label] > 0
+    for label in result.drafters:
+        assert result.measured_crossover[label] == first_below_one(
+            [(p.batch_size, p.speedup[label]) for p in result.points])
+    assert "cpu-amd-static" in result.profile and result.prompts == ("a", "b", "c")
+    assert BatchedBenchResult.from_dict(result.to_dict()) == result
+
+
+def test_the_first_batch_size_below_one_is_the_crossover():
+    assert first_below_one([(8, 0.9), (1, 1.4), (4, 0.95), (2, 1.1)]) == 4
+    assert first_below_one([(1, 1.2), (2, 1.0)]) is None
+
+
+def test_at_a_short_context_the_profile_prices_a_large_batch_below_one():
+    """LLaMA-7B with a 2-layer drafter cut from it, 16 tokens of context: at B=1 the verify costs
+    about one decode; at B=1024 a verify of 1024 x 5 tokens is bound by compute and the drafts cost
+    more than they save. (At long contexts reading the KV cache dominates both, and the verify reads
+    it once for gamma + 1 tokens: the spec sheet then keeps speculation above 1.)"""
+    _, model = latency_model("h100-sxm", "cpu", "fp16")
+    assert model is not None
+    target = get_architecture("llama-7b")
+    drafter = target.with_shape(num_hidden_layers=2)
+    small, large = (predicted_speedup(model, target, drafter, None, b, 4, 3.0, 16) for b in (1, 1024))
+    assert small > 1.0 > large
+    assert predicted_speedup(model, target, drafter, None, 1024, 4, 3.0, 4096) > 1.0
+
+
+def test_batch_sizes_refuse_sampling_the_hf_engine_and_bad_values_in_one_line():
+    with pytest.raises(InvalidInputError, match="batch_sizes runs greedy decoding only"):
+        BenchOptions(batch_sizes=(1, 2), temperature=0.7).validate()
+    with pytest.raises(InvalidInputError, match="batch_sizes runs in the static engine"):
+        BenchOptions(batch_sizes=(1,), engine="hf").validate()
+    with pytest.raises(InvalidInputError, match=r"batch_sizes must be in \[1, 1024\], got 0"):
+        BenchOptions(batch_sizes=(0, 2)).validate()
+    with pytest.raises(InvalidInputError, match="neither a JSON file nor a shipped profile"):
+        latency_model("no-such-profile", "cpu", "fp32")
+    assert BenchOptions(batch_sizes=(1, 2)).resolved_engine() == "static"
