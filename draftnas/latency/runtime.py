@@ -131,6 +131,12 @@ class EagerStep:
         self.cache.crop(-self.new_tokens)  # back to `context` tokens
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocator's failure (CUDA's or the host's), which a smaller chunk may avoid."""
+    text = str(exc)
+    return "out of memory" in text.lower() or "can't allocate memory" in text
+
+
 def static_step(rt: Runtime, model: Any, arch: Architecture, cond: Condition, layers: int,
                  pool: Any) -> Any:
     """`draftnas.models.decoder.StaticStep` over a cache of exactly context + new slots, the context
@@ -153,6 +159,8 @@ def static_step(rt: Runtime, model: Any, arch: Architecture, cond: Condition, la
         return StaticStep(model, cache, rt.randint(arch.vocab_size, (batch, new)), positions, layers,
                           capture=rt.options.mode == "cuda-graph", pool=pool)
     except RuntimeError as exc:
+        if out_of_memory(exc):  # the round-robin halves the chunk and retries, or skips the job
+            raise
         raise DeviceError(f"CUDA-graph capture of {arch.name} at batch {batch}, {new} new tokens failed "
                           f"({str(exc).splitlines()[0]}); use --mode static") from None
 

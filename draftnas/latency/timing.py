@@ -22,7 +22,15 @@ from draftnas.latency.records import (
     ProfilePlan,
     SkippedConfig,
 )
-from draftnas.latency.runtime import EagerStep, HeadStep, Runtime, kv_bytes, model_bytes, static_step
+from draftnas.latency.runtime import (
+    EagerStep,
+    HeadStep,
+    Runtime,
+    kv_bytes,
+    model_bytes,
+    out_of_memory,
+    static_step,
+)
 from draftnas.models.decoder import activation_bytes
 
 log = logging.getLogger(__name__)
@@ -148,11 +156,6 @@ def _split(chunk: Chunk) -> tuple[Chunk, Chunk]:
     return halves
 
 
-def _out_of_memory(exc: BaseException) -> bool:
-    text = str(exc)
-    return "out of memory" in text.lower() or "can't allocate memory" in text
-
-
 def run_round_robin(rt: Runtime, groups: list[Group], tick: Callable[[], None]) -> list[SkippedConfig]:
     """Time every job, chunk by chunk, round-robin inside a chunk; `tick` after every call.
 
@@ -174,7 +177,7 @@ def run_round_robin(rt: Runtime, groups: list[Group], tick: Callable[[], None]) 
             try:
                 _time_chunk(rt, chunk, tick)
             except RuntimeError as exc:
-                if not _out_of_memory(exc):
+                if not out_of_memory(exc):
                     raise
                 rt.free()
                 jobs = [job for _, part in chunk.parts for job in part]

@@ -238,6 +238,28 @@ def test_a_chunk_that_runs_out_of_memory_is_halved_and_a_job_failing_alone_is_sk
         run_round_robin(rt, [Group(lambda: None, 0, [job("e", make_broken)])], lambda: None)
 
 
+def test_out_of_memory_in_a_static_mode_is_retried_then_skipped_not_raised(monkeypatch):
+    """An allocator failure while building a static step (or capturing it, on a GPU: the same
+    function) is memory, not a broken capture: the chunk is halved and retried, and each condition
+    that fails alone is recorded as skipped (injected here for the width-64 shapes' batch-4 steps)."""
+    import draftnas.latency.runtime as runtime
+
+    real = runtime.StaticStep
+
+    def failing(model, cache, input_ids, *args, **kwargs):
+        if input_ids.shape[0] >= 4 and model.arch.hidden_size == 64:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(model, cache, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "StaticStep", failing)
+    options = ProfileOptions(device="cpu", mode="static", repeats=3, warmup=1, threads=1)
+    prof = measure_profile(options, plan=_tiny_plan())
+    assert {(s.shape, s.batch_size) for s in prof.skipped} == {("d1", 4), ("d2", 4), ("d4", 4)}
+    assert all("ran out of memory when run alone" in s.reason for s in prof.skipped)
+    timed = {(m.shape, m.batch_size) for m in prof.measurements}
+    assert {("w32", 4), ("w128", 4), ("d3", 4), ("d1", 1), ("d2", 2)} <= timed
+
+
 def test_a_memory_budget_must_be_positive():
     with pytest.raises(InvalidInputError, match="memory_budget_bytes must be >= 1"):
         ProfileOptions(memory_budget_bytes=0).validate()
