@@ -1,99 +1,119 @@
 #!/usr/bin/env bash
-# Run on a CUDA box (no registry) after scripts/gpu_prepare.sh's files arrived in .whl/gpu/.
-# Writes every result under $OUT (default ./gpu-out). Phases, each bounded in time:
-#   setup     install the wheels that arrived into .whl/site (no network), print the environment
-#   tests     the CUDA-only tests (captured steps equal eager ones)
-#   profile-eager, profile-cuda-graph
-#             draftnas profile, full grid, bf16, in that mode, with its report
-#   oldgraph  the graph mode this project had before (kept in .whl/gpu/old_profile.py), on a
-#             tiny grid with CUDA_LAUNCH_BLOCKING=1, to see where its illegal access starts
-#   bench     SmolLM2-135M (GGUF reassembled) with each packed drafter: draftnas bench in bf16
-#             and in fp32 (exact check), and benchmarks/loop_engines.py in bf16
-#   target65b LLaMA-65B's real shape through 2 and 4 layers (random weights), one tensor-parallel
-#             rank of 4 GPUs, decode and verify at batch 1/8/32, extrapolated to 80 layers and
-#             checked on the deepest stack that fits; added to the cuda-graph profile, then a
-#             llama-65b search priced with it
+# The GPU runbook: run on the GPU machine (no registry) after scripts/gpu_prepare.sh's files arrived
+# in .whl/gpu/ (one transfer of at most 64 MiB each: wheels, then each model part). Every phase
+# writes its results under $OUT (default ./gpu-out) and $OUT/done/PHASE when it finished, so a
+# later call resumes where the last one stopped (FORCE=1 runs finished phases again). Each phase is
+# bounded by its planned device seconds (the `timeout` below); group phases into calls of <= 9 min.
 #
-#   bash scripts/gpu_measure.sh setup tests oldgraph profile-eager profile-cuda-graph bench
+#   phase           planned s  what
+#   setup                  30  install the wheelhouse into .whl/site (--no-index), join the model parts
+#   tests                  90  the CUDA tests: captured steps equal eager ones, every family's capture
+#   profile-graph         240  draftnas profile, bf16, CUDA graphs (held-out error in the profile)
+#   profile-static        240  the same without graphs (what capture buys)
+#   bench-bf16            240  SmolLM2-135M + each packed drafter, 3 runs (median, min, max in summary)
+#   bench-fp32            240  the same in fp32 (the exact lossless check), 3 runs
+#   gemma                 180  Gemma-3-270M's steps captured and benched (its own first layers as drafter)
+#   batched               240  bench --batch-size 1..64: measured crossover beside the graph profile's
+#   summary                 5  one JSON of every figure above ($OUT/summary.json, also printed)
+#   total                1505  about 25 min, inside the session's 30 min of device time
+#
+#   bash scripts/gpu_measure.sh setup tests profile-graph     (one call; the next call goes on)
+#   DRY_RUN=1 bash scripts/gpu_measure.sh all                 (on a CPU: every phase, tiny sizes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT"
+mkdir -p "$OUT/done"
 export PYTHONPATH="$PWD/.whl/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
-export DRAFTNAS_CACHE="$PWD/.whl/cache"
-PY=python3
-run() {  # run NAME TIMEOUT CMD...: output to $OUT/NAME.log, exit status noted, never fatal
-    local name=$1 limit=$2; shift 2
-    local started=$SECONDS
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-    echo "[gpu] $name: exit $? in $((SECONDS - started)) s" | tee -a "$OUT/phases.txt"
-}
-for phase in "$@"; do
-case $phase in
-setup)
-    # whatever wheels arrived (all of them, or only gguf for the bench phase)
-    find .whl/gpu -name '*.whl' -print0 | sort -zu | xargs -0 "$PY" -m pip install -q --no-index --no-deps \
-        --upgrade --target .whl/site > "$OUT/setup.log" 2>&1
-    { nvidia-smi; "$PY" -c 'import torch, transformers, numpy, scipy, gguf; print("torch", torch.__version__,
-"cuda", torch.version.cuda, "| transformers", transformers.__version__, "| numpy", numpy.__version__,
-"| scipy", scipy.__version__, "| gguf", gguf.__version__)'; } > "$OUT/env.txt" 2>&1
-    "$PY" - > "$OUT/static_cache_source.txt" 2>&1 <<'EOF'
-import inspect, transformers.cache_utils as c
-print(inspect.getsource(c.StaticLayer.update)); print(inspect.getsource(c.StaticLayer.get_seq_length))
-EOF
-    cat "$OUT/env.txt" ;;
-tests)
-    run tests 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_decoder.py tests/test_speculative.py \
-        tests/test_profile.py -k "cuda or captured" ;;
-target65b)
-    base="$OUT/h100-bf16-cuda-graph.json"; [ -f "$base" ] || base=draftnas/data/profiles/h100-bf16-cuda-graph.json
-    run target65b 420 "$PY" -m draftnas profile --device cuda --dtype bf16 --mode cuda-graph --from "$base" \
-        --target llama-65b --layers 2,4 --tp 4 --batch-sizes 1,8,32 --max-gamma 8 --context 512 \
-        --out "$OUT/h100-bf16-cuda-graph-llama65b-tp4.json"
-    run search65b 120 "$PY" -m draftnas search --target llama-65b --base-shape llama-7b --acceptance-prior 0.7 \
-        --profile "$OUT/h100-bf16-cuda-graph-llama65b-tp4.json" --gpus 4 --trials 60 --run-dir "$OUT/runs" ;;
-profile-eager|profile-cuda-graph)
-    mode=${phase#profile-}
-    run "$phase" 420 "$PY" -m draftnas profile --device cuda --dtype bf16 --mode "$mode" \
-        --out "$OUT/h100-bf16-$mode.json" --report --report-png "$OUT/h100-bf16-$mode-report.png" ;;
-oldgraph)
-    run oldgraph 120 env CUDA_LAUNCH_BLOCKING=1 "$PY" - <<'EOF'
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("old_profile", ".whl/gpu/old_profile.py")
-old = importlib.util.module_from_spec(spec); sys.modules["old_profile"] = old; spec.loader.exec_module(old)
-from draftnas.registry import Architecture
-arch = Architecture(name="t", family="llama", num_hidden_layers=2, hidden_size=256, intermediate_size=512,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1000)
-rt = old._Runtime(old.ProfileOptions(device="cuda", dtype="bf16", mode="cuda-graph", repeats=3, warmup=1))
-step = old._GraphStep(rt, rt.build(arch), arch, (1, 3, 16), 2)
-layer = step.cache.layers[0]
-print("cumulative_length after capture and reset:", getattr(layer, "cumulative_length", None),
-      "max_cache_len:", getattr(layer, "max_cache_len", None))
-for i in range(3):
-    step(); import torch; torch.cuda.synchronize()
-    print("replay", i, "ok; cumulative_length now", getattr(layer, "cumulative_length", None))
-    step.reset()
-print("no illegal access on this grid")
-EOF
-    ;;
-bench)
-    cat .whl/gpu/smollm2.part* > .whl/smollm2.gguf
-    echo "sha256 $(sha256sum .whl/smollm2.gguf | awk '{print $1}') expected $(cat .whl/gpu/smollm2.sha256)" \
-        | tee "$OUT/gguf.txt"
+PY=${PYTHON:-python3}
+ALL="setup tests profile-graph profile-static bench-bf16 bench-fp32 gemma batched summary"
+declare -A PLANNED=([setup]=30 [tests]=90 [profile-graph]=240 [profile-static]=240 [bench-bf16]=240
+                    [bench-fp32]=240 [gemma]=180 [batched]=240 [summary]=5)
+if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny sizes
+    DEVICE=cpu TARGET=smollm2-135m GEMMA=gemma-3-270m NEW=4 PER=1 BATCHES=1,2 PROMPTS=chat
+    PROFILE_ARGS=(--device cpu --mode static --target smollm2-135m --layers 1,2 --batch-sizes 1
+                  --max-gamma 1 --context 16 --repeats 3)
+    GRAPH_MODE=static
+else
+    export DRAFTNAS_CACHE="$PWD/.whl/cache"
+    DEVICE=cuda TARGET=.whl/smollm2.gguf GEMMA=.whl/gemma3.gguf NEW=64 PER=3 BATCHES=1,2,4,8,16,32,64
+    PROMPTS=all PROFILE_ARGS=(--device cuda) GRAPH_MODE=cuda-graph
+fi
+
+drafters() {  # the drafters to bench: each packed one, unpacked; in a dry run the target itself
+    if [ "${DRY_RUN:-0}" = 1 ]; then echo "$TARGET"; return; fi
     for packed in .whl/gpu/drafters/*/; do
-        name=$(basename "$packed")
-        run "unpack-$name" 200 "$PY" scripts/drafter_delta.py unpack "$packed" .whl/smollm2.gguf ".whl/drafters/$name"
-        bench() {  # bench DTYPE: draftnas bench on CUDA in that dtype
-            run "bench-$name-$1" 200 "$PY" -m draftnas bench --target .whl/smollm2.gguf \
-                --draft ".whl/drafters/$name" --device cuda --dtype "$1" --gamma 3 --per-domain 3 \
-                --max-new-tokens 64 --out-json "$OUT/bench-$name-$1.json"
-        }
-        bench bf16
-        run "engines-$name" 150 "$PY" benchmarks/loop_engines.py --target .whl/smollm2.gguf \
-            --draft ".whl/drafters/$name" --device cuda --dtype bf16 --gamma 3 --per-domain 3 \
-            --max-new-tokens 64 --json "$OUT/engines-$name.json"
-        bench fp32
-    done ;;
-*) echo "unknown phase $phase"; exit 2 ;;
-esac
+        [ -d "$packed" ] || continue
+        local dest=".whl/drafters/$(basename "$packed")"
+        [ -d "$dest" ] || "$PY" scripts/drafter_delta.py unpack "$packed" "$TARGET" "$dest" >&2
+        echo "$dest"
+    done
+}
+
+join_parts() {  # join_parts NAME DEST: .whl/gpu/NAME.NN in order, sha256 checked
+    [ -f "$2" ] && return 0
+    cat .whl/gpu/"$1".[0-9]* > "$2.tmp"
+    [ "$(sha256sum "$2.tmp" | awk '{print $1}')" = "$(cat .whl/gpu/"$1".sha256)" ] \
+        || { echo "[gpu] $1: the joined parts do not match their sha256 (a part missing?)"; rm -f "$2.tmp"; return 1; }
+    mv "$2.tmp" "$2"
+}
+
+bench3() {  # bench3 DTYPE: each drafter benched 3 times in that dtype
+    local n=0 d
+    for d in $(drafters); do
+        for run in 1 2 3; do
+            "$PY" -m draftnas bench --target "$TARGET" --draft "$d" --device "$DEVICE" --dtype "$1" \
+                --engine static --gamma 3 --per-domain "$PER" --prompts "$PROMPTS" --max-new-tokens "$NEW" \
+                --no-hf-routed --out-json "$OUT/bench-$1-$(basename "$d")-$run.json" || return 1
+            n=$((n + 1))
+        done
+    done
+    [ "$n" -gt 0 ] || { echo "[gpu] no drafter arrived in .whl/gpu/drafters"; return 1; }
+}
+
+phase() {
+    case $1 in
+    setup)
+        [ "${DRY_RUN:-0}" = 1 ] && return 0
+        find .whl/gpu/wheels -name '*.whl' -print0 | xargs -0 "$PY" -m pip install -q --no-index --no-deps \
+            --upgrade --target .whl/site || return 1
+        join_parts smollm2 .whl/smollm2.gguf && join_parts gemma3 .whl/gemma3.gguf || return 1
+        { nvidia-smi; "$PY" -c 'import torch, transformers, optuna, gguf; print("torch", torch.__version__,
+"cuda", torch.version.cuda, "| transformers", transformers.__version__, "| optuna", optuna.__version__)'; } \
+            > "$OUT/env.txt" 2>&1 ;;
+    tests)
+        "$PY" -m pytest -q -p no:cacheprovider tests/models/test_decoder.py tests/models/test_batched.py \
+            tests/models/test_speculative.py tests/latency/test_measure.py -k "cuda or captured or capture" ;;
+    profile-graph|profile-static)
+        local mode=${1#profile-}; [ "$mode" = graph ] && mode=$GRAPH_MODE
+        "$PY" -m draftnas profile "${PROFILE_ARGS[@]}" --dtype bf16 --mode "$mode" --out "$OUT/$1.json" ;;
+    bench-bf16) bench3 bf16 ;;
+    bench-fp32) bench3 fp32 ;;
+    gemma)
+        "$PY" -m draftnas bench --target "$GEMMA" --draft "$GEMMA" --device "$DEVICE" --dtype bf16 \
+            --engine static --gamma 3 --per-domain 1 --prompts "$PROMPTS" --max-new-tokens "$NEW" \
+            --no-hf-routed --out-json "$OUT/gemma.json" ;;
+    batched)
+        local profile=()
+        [ -f "$OUT/profile-graph.json" ] && [ "${DRY_RUN:-0}" != 1 ] && profile=(--profile "$OUT/profile-graph.json")
+        "$PY" -m draftnas bench --target "$TARGET" --draft "$(drafters | head -1)" --device "$DEVICE" \
+            --dtype bf16 --gamma 3 --per-domain "$PER" --prompts "$PROMPTS" --max-new-tokens "$NEW" \
+            --batch-size "$BATCHES" "${profile[@]}" --out-json "$OUT/batched.json" ;;
+    summary) "$PY" scripts/gpu_summary.py "$OUT" ;;
+    *) echo "[gpu] unknown phase $1 (phases: $ALL)"; return 2 ;;
+    esac
+}
+
+[ "${1:-}" = all ] && set -- $ALL
+for name in "$@"; do
+    if [ -f "$OUT/done/$name" ] && [ "${FORCE:-0}" != 1 ]; then
+        echo "[gpu] $name: done already ($(cat "$OUT/done/$name"))"; continue
+    fi
+    started=$SECONDS
+    timeout "${PLANNED[$name]:-60}" bash -c "$(declare -f phase drafters join_parts bench3); $(declare -p \
+        PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE ALL); phase $name" \
+        > "$OUT/$name.log" 2>&1
+    status=$?
+    took=$((SECONDS - started))
+    echo "[gpu] $name: exit $status in $took s (planned ${PLANNED[$name]:-?} s of device time)" | tee -a "$OUT/phases.txt"
+    [ "$status" = 0 ] && echo "$took s" > "$OUT/done/$name"
 done

@@ -1,32 +1,70 @@
 #!/usr/bin/env bash
-# Prepare, on a machine that reaches PyPI, what a GPU box without registry access needs to
-# run scripts/gpu_measure.sh: a wheelhouse of what its preinstalled Python (3.12 with torch,
-# transformers, accelerate, safetensors, numpy, rich, typer, matplotlib) lacks, the embedded
-# SmolLM2-135M GGUF split into parts of at most 60 MB (transfers are capped at 64 MiB a
-# call), and healed drafters packed as plan + changed tensors (scripts/drafter_delta.py).
-# Everything goes under .whl/gpu/ (git-ignored), one folder per transfer:
-#   .whl/gpu/wheels  .whl/gpu/gguf-wheel  .whl/gpu/smollm2.partNN  .whl/gpu/drafters/NAME
+# Prepare here (a machine that reaches PyPI) what the GPU machine needs to run scripts/gpu_measure.sh.
+# That machine reaches no registry: it has Python 3.12 with the packages listed in
+# scripts/gpu_preinstalled.txt, and takes at most 64 MiB per transfer. Everything goes under
+# .whl/gpu/ (git-ignored), one folder per transfer:
+#   wheels      every wheel draftnas's GPU phases import that the machine lacks (optuna and its
+#               dependencies, scipy, gguf, pytest), for CPython 3.12 on manylinux x86_64
+#   smollm2.NN  the embedded SmolLM2-135M GGUF in parts of at most 60 MB, with its sha256
+#   gemma3.NN   the embedded Gemma-3-270M GGUF, likewise
+#   drafters/X  each drafter folder given, packed as plan + changed tensors (scripts/drafter_delta.py)
 #
-#   bash scripts/gpu_prepare.sh [DRAFTER_FOLDER ...]
+#   bash scripts/gpu_prepare.sh [wheels] [models] [DRAFTER_FOLDER ...]   (no argument: wheels models)
+#   bash scripts/gpu_prepare.sh wheels DIR    only the wheelhouse, into DIR
+#   (GPU_PYTHON_VERSION=3.11 builds it for another Python, as tests/test_gpu_wheelhouse.py does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=.whl/gpu
-mkdir -p "$OUT/wheels"
-"$PY" -m pip download -q --only-binary=:all: --python-version 3.12 --no-deps \
-    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-    -d "$OUT/wheels" scipy gguf pytest pluggy iniconfig
-mkdir -p "$OUT/gguf-wheel"  # the bench phase needs only gguf: a transfer of its own size
-cp "$OUT"/wheels/gguf-*.whl "$OUT/gguf-wheel/"
-GGUF=$("$PY" -c 'from draftnas.sources import EMBEDDED, locate_embedded_gguf; print(locate_embedded_gguf(EMBEDDED["smollm2-135m"]))')
-rm -rf "$OUT"/smollm2.part*
-for i in $(seq 0 9); do
-    chunk="$OUT/smollm2.part$i"
-    dd if="$GGUF" of="$chunk" bs=1M skip=$((i * 60)) count=60 status=none
-    [ -s "$chunk" ] || { rm -f "$chunk"; break; }
+PART_MB=60
+
+wheels() {  # wheels DIR: the wheelhouse, minus what the GPU machine has installed already
+    local dir=$1
+    mkdir -p "$dir"
+    local ver=${GPU_PYTHON_VERSION:-3.12}  # the GPU machine's Python (a test builds one for its own)
+    "$PY" -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version "$ver" \
+        --implementation cp --abi "cp${ver//./}" \
+        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+        -d "$dir" "optuna>=4.0" "scipy>=1.10" "gguf>=0.10" "sqlalchemy>=2" pytest
+    while read -r name; do  # what the machine has: its own builds stay in front
+        [ -z "$name" ] || [ "${name:0:1}" = "#" ] && continue
+        norm=$(echo "$name" | tr 'A-Z-' 'a-z_')
+        find "$dir" -maxdepth 1 -iname "${norm}-*.whl" -delete
+    done < scripts/gpu_preinstalled.txt
+    echo "[prepare] wheelhouse $dir: $(ls "$dir" | wc -l) wheels, $(du -sh "$dir" | cut -f1)"
+}
+
+split_gguf() {  # split_gguf NAME PATH: NAME.NN parts of PART_MB and NAME.sha256
+    local name=$1 path=$2
+    rm -rf "$OUT/$name".[0-9]*
+    for i in $(seq 0 99); do
+        chunk=$(printf '%s/%s.%02d' "$OUT" "$name" "$i")
+        dd if="$path" of="$chunk" bs=1M skip=$((i * PART_MB)) count=$PART_MB status=none
+        [ -s "$chunk" ] || { rm -f "$chunk"; break; }
+    done
+    sha256sum "$path" | awk '{print $1}' > "$OUT/$name.sha256"
+}
+
+models() {
+    for pair in smollm2:smollm2-135m gemma3:gemma-3-270m; do
+        path=$("$PY" -c "from draftnas.models.records import EMBEDDED
+from draftnas.models.sources import locate_embedded_gguf
+print(locate_embedded_gguf(EMBEDDED['${pair#*:}']))")
+        split_gguf "${pair%%:*}" "$path"
+    done
+}
+
+if [ "${1:-}" = wheels ] && [ $# -eq 2 ]; then
+    wheels "$2"
+    exit 0
+fi
+[ $# -gt 0 ] || set -- wheels models
+for arg in "$@"; do
+    case $arg in
+    wheels) wheels "$OUT/wheels" ;;
+    models) models ;;
+    *) [ -d "$arg" ] || { echo "[prepare] $arg: not a phase (wheels, models) nor a drafter folder" >&2; exit 2; }
+       "$PY" scripts/drafter_delta.py pack "$arg" smollm2-135m "$OUT/drafters/$(basename "$arg")" ;;
+    esac
 done
-sha256sum "$GGUF" | awk '{print $1}' > "$OUT/smollm2.sha256"
-for folder in "$@"; do
-    "$PY" scripts/drafter_delta.py pack "$folder" smollm2-135m "$OUT/drafters/$(basename "$folder")"
-done
-du -sh "$OUT"/* "$OUT"/drafters/* 2>/dev/null
+du -sh "$OUT"/* 2>/dev/null

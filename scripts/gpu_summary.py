@@ -1,0 +1,67 @@
+"""The GPU runbook's last phase: one JSON of every figure its phases wrote under OUT.
+
+Repeated benches are reported as median, min and max with every run listed, so a run that
+contradicts the others stays in view.
+
+    python scripts/gpu_summary.py OUT
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+
+
+def summarize(out: Path) -> dict[str, Any]:
+    summary: dict[str, Any] = {"phases": (out / "phases.txt").read_text().splitlines()
+                               if (out / "phases.txt").is_file() else []}
+    for name in ("profile-graph", "profile-static"):
+        path = out / f"{name}.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            summary[name] = {k: data.get(k) for k in ("device_name", "mode", "dtype", "heldout_mape")}
+    benches: dict[str, dict[str, list[Any]]] = {}
+    for path in sorted(out.glob("bench-*.json")):
+        data = json.loads(path.read_text())
+        key = path.stem.rsplit("-", 1)[0]  # bench-DTYPE-DRAFTER
+        arms = {a["name"]: a for a in data["arms"]}
+        row = benches.setdefault(key, {"speedup": [], "exact_match_rate": [], "target_tokens_per_s": []})
+        row["speedup"].append(arms["draftnas"]["speedup"])
+        row["exact_match_rate"].append(arms["draftnas"].get("exact_match_rate"))
+        row["target_tokens_per_s"].append(arms["target"]["tokens_per_s"])
+    summary["benches"] = {k: {"speedup": _spread(v["speedup"]), "exact_match_rate": v["exact_match_rate"],
+                              "target_tokens_per_s": _spread(v["target_tokens_per_s"])}
+                          for k, v in benches.items()}
+    if (out / "gemma.json").is_file():
+        data = json.loads((out / "gemma.json").read_text())
+        summary["gemma"] = {a["name"]: {"tokens_per_s": a["tokens_per_s"], "speedup": a.get("speedup"),
+                                        "exact_match_rate": a.get("exact_match_rate")} for a in data["arms"]}
+    if (out / "batched.json").is_file():
+        data = json.loads((out / "batched.json").read_text())
+        summary["batched"] = {
+            "points": [{"batch_size": p["batch_size"], "target_tokens_per_s": p["target_tokens_per_s"],
+                        "speedup": p["speedup"], "predicted_speedup": p["predicted_speedup"]}
+                       for p in data["points"]],
+            "measured_crossover": data["measured_crossover"],
+            "predicted_crossover": data["predicted_crossover"], "profile": data["profile"]}
+    return summary
+
+
+def main() -> None:
+    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
+        sys.exit("usage: python scripts/gpu_summary.py OUT (the runbook's output folder)")
+    out = Path(sys.argv[1])
+    summary = summarize(out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
