@@ -155,7 +155,7 @@ class BenchResult(Record):
     # seconds the CPU product choosers spent timing inside the timed runs (0 unless a shape was
     # met there first: the bench times every step size and short prompt length beforehand)
     choice_timing_s: float = 0.0
-    host: str = ""  # CPU model (machine.cpu_model_name), and load averages before the run
+    host: str = ""  # the CPU (vendor, family, model, the ISA that decides its kernels) or the GPU
     load_average_before: str = ""
 
     def arm(self, name: str) -> ArmResult:
@@ -320,7 +320,7 @@ class BatchedBenchResult(Record):
     measured_crossover: dict[str, int | None]
     predicted_crossover: dict[str, int | None]
     prompts: tuple[str, ...] = ()  # ids of the prompts, cycled to fill a batch
-    host: str = ""
+    host: str = ""  # the CPU (vendor, family, model, the ISA that decides its kernels) or the GPU
     load_average_before: str = ""
     versions: dict[str, str] | None = None
     wall_s: float = 0.0

@@ -39,7 +39,7 @@ from draftnas.bench.records import (
     BenchResult,
 )
 from draftnas.core.errors import DeviceError, InvalidInputError
-from draftnas.core.machine import cpu_model_name, load_average
+from draftnas.core.machine import cpu_identity, load_average
 from draftnas.core.prompts import Prompt, encode_prompt, subsample
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
@@ -202,7 +202,8 @@ def run_bench(
         n_prompts=len(prompts), device=str(param.device), dtype=str(param.dtype).removeprefix("torch."),
         threads=torch.get_num_threads(), engine=options.resolved_engine(), arms=tuple(results),
         prompts=tuple(rows), versions=package_versions(), left_out=left_out,
-        choice_timing_s=round(choice_timing, 3), host=cpu_model_name(), load_average_before=load_before,
+        choice_timing_s=round(choice_timing, 3), load_average_before=load_before,
+        host=torch.cuda.get_device_name() if options.device == "cuda" else cpu_identity().label(),
         wall_s=round(time.perf_counter() - started, 2),
     )
 

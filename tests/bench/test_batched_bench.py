@@ -36,7 +36,8 @@ def test_every_batch_size_is_lossless_for_each_drafter_with_the_crossover_beside
         for label in result.drafters:
             assert point.exact_match_rate[label] == 1.0  # fp32: each sequence equals the target's own
             assert 1.0 <= point.tokens_per_step[label] <= 4.0
-            assert point.speedup[label] == pytest.approx(point.tokens_per_s[label] / point.target_tokens_per_s)
+            ratio = point.tokens_per_s[label] / point.target_tokens_per_s
+            assert point.speedup[label] == pytest.approx(ratio)
             assert point.predicted_speedup[label] > 0
     for label in result.drafters:
         assert result.measured_crossover[label] == first_below_one(
