@@ -12,7 +12,7 @@
 #   profile-static        240  the same without graphs (what capture buys)
 #   bench-bf16            240  SmolLM2-135M + each packed drafter, 3 runs (median, min, max in summary)
 #   bench-fp32            240  the same in fp32 (the exact lossless check), 3 runs
-#   gemma                 180  Gemma-3-270M's steps captured and benched (its own first layers as drafter)
+#   gemma                 180  Gemma-3-270M captured and benched, drafting for itself (capture and exactness, not speed)
 #   batched               240  bench --batch-size 1..64: measured crossover beside the graph profile's
 #   summary                 5  one JSON of every figure above ($OUT/summary.json, also printed)
 #   total                1505  about 25 min, inside the session's 30 min of device time
@@ -30,13 +30,13 @@ declare -A PLANNED=([setup]=30 [tests]=90 [profile-graph]=240 [profile-static]=2
                     [bench-fp32]=240 [gemma]=180 [batched]=240 [summary]=5)
 if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny sizes
     DEVICE=cpu TARGET=smollm2-135m GEMMA=gemma-3-270m NEW=4 PER=1 BATCHES=1,2 PROMPTS=chat
-    PROFILE_ARGS=(--device cpu --mode static --target smollm2-135m --layers 1,2 --batch-sizes 1
-                  --max-gamma 1 --context 16 --repeats 3)
+    PROFILE_ARGS=(--device cpu --dtype fp32 --from draftnas/data/profiles/cpu-amd-2core-fp32-static.json
+                  --target smollm2-135m --layers 1,2 --batch-sizes 1 --max-gamma 1 --context 16 --repeats 3)
     GRAPH_MODE=static
 else
     export DRAFTNAS_CACHE="$PWD/.whl/cache"
     DEVICE=cuda TARGET=.whl/smollm2.gguf GEMMA=.whl/gemma3.gguf NEW=64 PER=3 BATCHES=1,2,4,8,16,32,64
-    PROMPTS=all PROFILE_ARGS=(--device cuda) GRAPH_MODE=cuda-graph
+    PROMPTS=all PROFILE_ARGS=(--device cuda --dtype bf16) GRAPH_MODE=cuda-graph
 fi
 
 drafters() {  # the drafters to bench: each packed one, unpacked; in a dry run the target itself
@@ -85,7 +85,7 @@ phase() {
             tests/models/test_speculative.py tests/latency/test_measure.py -k "cuda or captured or capture" ;;
     profile-graph|profile-static)
         local mode=${1#profile-}; [ "$mode" = graph ] && mode=$GRAPH_MODE
-        "$PY" -m draftnas profile "${PROFILE_ARGS[@]}" --dtype bf16 --mode "$mode" --out "$OUT/$1.json" ;;
+        "$PY" -m draftnas profile "${PROFILE_ARGS[@]}" --mode "$mode" --out "$OUT/$1.json" ;;
     bench-bf16) bench3 bf16 ;;
     bench-fp32) bench3 fp32 ;;
     gemma)
