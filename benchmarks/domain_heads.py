@@ -6,9 +6,12 @@ draft latency is the same and tokens per step says which head helps where. Promp
 search traced (its `searched_prompts`) are left out; each prompt is decoded once per head in
 draftnas's loop (static engine) after one warm-up.
 
-    python benchmarks/domain_heads.py --drafter drafters/L24bi-h14kv2-i4864-v16384 \
-        --traces runs/qwen2.5-coder-1.5b-*/traces-*.safetensors --dtype bf16 \
-        --json benchmarks/results/cpu-amd-zen5-qwen-domain-heads.json
+    python benchmarks/domain_heads.py --drafter drafters/L24bi-h14kv2-i4864-v32768 \
+        --traces runs/qwen2.5-coder-1.5b/traces-*.safetensors --dtype bf16 --per-domain 3 \
+        --max-new-tokens 48 --json benchmarks/results/cpu-amd-zen5-qwen2.5-coder-1.5b-domain-heads.json
+
+Tokens/s in its output include the products' first-meeting timings (only the first prompt is
+run before counting): compare the heads by tokens per step.
 """
 
 from __future__ import annotations
