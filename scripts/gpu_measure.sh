@@ -18,7 +18,8 @@
 #   total                1505  about 25 min, inside the session's 30 min of device time
 #
 #   bash scripts/gpu_measure.sh setup tests profile-graph     (one call; the next call goes on)
-#   DRY_RUN=1 bash scripts/gpu_measure.sh all                 (on a CPU: every phase, tiny sizes)
+#   DRY_RUN=1 bash scripts/gpu_measure.sh all                 (on a CPU: every phase, tiny sizes;
+#                                                              fp32 for bf16 where the CPU has no bf16)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -32,11 +33,12 @@ if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny sizes
     DEVICE=cpu TARGET=smollm2-135m GEMMA=gemma-3-270m NEW=4 PER=1 BATCHES=1,2 PROMPTS=chat
     PROFILE_ARGS=(--device cpu --dtype fp32 --from draftnas/data/profiles/cpu-amd-2core-fp32-static.json
                   --target smollm2-135m --layers 1,2 --batch-sizes 1 --max-gamma 1 --context 16 --repeats 3)
-    GRAPH_MODE=static
+    GRAPH_MODE=static HALF=bf16
+    grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null || HALF=fp32  # a CPU without bf16 kernels refuses bf16
 else
     export DRAFTNAS_CACHE="$PWD/.whl/cache"
     DEVICE=cuda TARGET=.whl/smollm2.gguf GEMMA=.whl/gemma3.gguf NEW=64 PER=3 BATCHES=1,2,4,8,16,32,64
-    PROMPTS=all PROFILE_ARGS=(--device cuda --dtype bf16) GRAPH_MODE=cuda-graph
+    PROMPTS=all PROFILE_ARGS=(--device cuda --dtype bf16) GRAPH_MODE=cuda-graph HALF=bf16
 fi
 
 drafters() {  # the drafters to bench: each packed one, unpacked; in a dry run the target itself
@@ -57,11 +59,11 @@ join_parts() {  # join_parts NAME DEST: .whl/gpu/NAME.NN in order, sha256 checke
     mv "$2.tmp" "$2"
 }
 
-bench3() {  # bench3 DTYPE: each drafter benched 3 times in that dtype
+bench3() {  # bench3 LABEL DTYPE: each drafter benched 3 times in DTYPE, results named by LABEL
     local n=0 d
     for d in $(drafters); do
         for run in 1 2 3; do
-            "$PY" -m draftnas bench --target "$TARGET" --draft "$d" --device "$DEVICE" --dtype "$1" \
+            "$PY" -m draftnas bench --target "$TARGET" --draft "$d" --device "$DEVICE" --dtype "$2" \
                 --engine static --gamma 3 --per-domain "$PER" --prompts "$PROMPTS" --max-new-tokens "$NEW" \
                 --no-hf-routed --out-json "$OUT/bench-$1-$(basename "$d")-$run.json" || return 1
             n=$((n + 1))
@@ -86,17 +88,17 @@ phase() {
     profile-graph|profile-static)
         local mode=${1#profile-}; [ "$mode" = graph ] && mode=$GRAPH_MODE
         "$PY" -m draftnas profile "${PROFILE_ARGS[@]}" --mode "$mode" --out "$OUT/$1.json" ;;
-    bench-bf16) bench3 bf16 ;;
-    bench-fp32) bench3 fp32 ;;
+    bench-bf16) bench3 bf16 "$HALF" ;;
+    bench-fp32) bench3 fp32 fp32 ;;
     gemma)
-        "$PY" -m draftnas bench --target "$GEMMA" --draft "$GEMMA" --device "$DEVICE" --dtype bf16 \
+        "$PY" -m draftnas bench --target "$GEMMA" --draft "$GEMMA" --device "$DEVICE" --dtype "$HALF" \
             --engine static --gamma 3 --per-domain 1 --prompts "$PROMPTS" --max-new-tokens "$NEW" \
             --no-hf-routed --out-json "$OUT/gemma.json" ;;
     batched)
         local profile=()
         [ -f "$OUT/profile-graph.json" ] && [ "${DRY_RUN:-0}" != 1 ] && profile=(--profile "$OUT/profile-graph.json")
         "$PY" -m draftnas bench --target "$TARGET" --draft "$(drafters | head -1)" --device "$DEVICE" \
-            --dtype bf16 --gamma 3 --per-domain "$PER" --prompts "$PROMPTS" --max-new-tokens "$NEW" \
+            --dtype "$HALF" --gamma 3 --per-domain "$PER" --prompts "$PROMPTS" --max-new-tokens "$NEW" \
             --batch-size "$BATCHES" "${profile[@]}" --out-json "$OUT/batched.json" ;;
     summary) "$PY" scripts/gpu_summary.py "$OUT" ;;
     *) echo "[gpu] unknown phase $1 (phases: $ALL)"; return 2 ;;
@@ -110,7 +112,7 @@ for name in "$@"; do
     fi
     started=$SECONDS
     timeout "${PLANNED[$name]:-60}" bash -c "$(declare -f phase drafters join_parts bench3); $(declare -p \
-        PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE ALL); phase $name" \
+        PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE HALF ALL); phase $name" \
         > "$OUT/$name.log" 2>&1
     status=$?
     took=$((SECONDS - started))
