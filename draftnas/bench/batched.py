@@ -22,7 +22,7 @@ import torch
 
 from draftnas.bench.arms import Drafter
 from draftnas.bench.records import BatchedBenchResult, BatchPoint, BenchOptions
-from draftnas.core.errors import DeviceError, InvalidInputError
+from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_identity, load_average
 from draftnas.core.prompts import Prompt
 from draftnas.core.provenance import package_versions
@@ -34,6 +34,7 @@ from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
 from draftnas.latency.model import LatencyModel
 from draftnas.models.batched import BatchedOutput, BatchedStatic, batched_greedy, batched_speculative_generate
 from draftnas.models.decoder import StaticDecoder
+from draftnas.models.records import dtype_name
 from draftnas.models.sources import LoadedModel
 from draftnas.search.resolve import host_cpu_profile
 
@@ -114,8 +115,6 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
     """Measure every batch size of `options.batch_sizes` (see the module's text)."""
     if not options.batch_sizes:
         raise InvalidInputError("no batch sizes given (--batch-size 1,2,4,8)")
-    if options.device == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("--device cuda asked for, but torch sees no CUDA device here; use --device cpu")
     started, load_before = time.perf_counter(), load_average()
     capture, gamma, n_new = options.device == "cuda", options.gamma, options.max_new_tokens
     decoders = {"target": StaticDecoder.from_hf(target.model)} | {
@@ -124,9 +123,8 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
     target_arch = Architecture.from_hf_config(target.model.config, "target")
     shapes = {d.label: Architecture.from_hf_config(d.loaded.model.config, d.label) for d in drafters}
     rows = {d.label: d.subset.size if d.subset is not None else None for d in drafters}
-    dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
-    label, model = latency_model(options.profile, options.device, {"bfloat16": "bf16", "float16": "fp16"}
-                                 .get(dtype, "fp32"))
+    dtype = next(target.model.parameters()).dtype
+    label, model = latency_model(options.profile, options.device, dtype_name(dtype))
     context = round(sum(map(len, encoded)) / len(encoded) + n_new / 2)
     points = []
     sizes = sorted(options.batch_sizes)
@@ -148,12 +146,14 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
             progress(index + 1, len(sizes))
     return BatchedBenchResult(
         target=target.source.spec, drafters={d.label: d.loaded.source.spec for d in drafters}, gamma=gamma,
-        max_new_tokens=n_new, device=options.device, dtype=dtype, threads=torch.get_num_threads(),
+        max_new_tokens=n_new, device=options.device, dtype=str(dtype).removeprefix("torch."),
+        threads=torch.get_num_threads(),
         profile=label, points=tuple(points),
         measured_crossover={k: first_below_one([(p.batch_size, p.speedup[k]) for p in points])
                             for k in heads},
         predicted_crossover=_predicted_crossover(model, target_arch, shapes, rows, points, gamma, context),
-        prompts=tuple(p.id for p in prompts), host=_host(options.device), load_average_before=load_before,
+        prompts=tuple(p.id for p in prompts), host=host_label(options.device),
+        load_average_before=load_before,
         versions=package_versions(), wall_s=round(time.perf_counter() - started, 2))
 
 
@@ -172,7 +172,8 @@ def _predicted_crossover(model: LatencyModel | None, target: Architecture, shape
     return out
 
 
-def _host(device: str) -> str:
+def host_label(device: str) -> str:
+    """What a result names its host by: the GPU, or the CPU's vendor, family, model and ISA."""
     if device == "cuda":
         return torch.cuda.get_device_name()
     return cpu_identity().label()

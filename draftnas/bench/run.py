@@ -30,6 +30,7 @@ from draftnas.acceptance.records import TraceOptions
 from draftnas.acceptance.traces import Traces, make_metadata, model_vocab_size, tokenizer_fingerprint
 from draftnas.acceptance.tracing import record_from_continuation
 from draftnas.bench.arms import MAIN, Arm, Bench, Drafter, Run, arm_names
+from draftnas.bench.batched import host_label, run_batched_bench
 from draftnas.bench.records import (
     ArmResult,
     ArmRun,
@@ -39,7 +40,7 @@ from draftnas.bench.records import (
     BenchResult,
 )
 from draftnas.core.errors import DeviceError, InvalidInputError
-from draftnas.core.machine import cpu_identity, load_average
+from draftnas.core.machine import load_average
 from draftnas.core.prompts import Prompt, encode_prompt, subsample
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
@@ -145,6 +146,25 @@ def _load_drafters(draft: str | LoadedModel, reference: str | LoadedModel | None
     return out
 
 
+def _load_for_bench(target: str | LoadedModel, draft: str | LoadedModel, reference: str | LoadedModel | None,
+                    prompts: Sequence[Prompt], options: BenchOptions
+                    ) -> tuple[LoadedModel, list[Drafter], list[Prompt], list[list[int]], tuple[str, ...]]:
+    """What every bench starts from: the options checked, the target and drafters loaded in the
+    options' dtype and device (one tokenizer), and the prompts no drafter was healed or searched on
+    -> (target, drafters, prompts, their ids, ids left out)."""
+    options.validate()
+    if not prompts:
+        raise InvalidInputError("no prompts to bench")
+    if options.device == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("--device cuda asked for, but torch sees no CUDA device here; use --device cpu")
+    load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
+    t_model = load_model(target, **load) if isinstance(target, str) else target
+    drafters = _load_drafters(draft, reference, t_model, load)
+    kept, encoded, left_out = unseen_prompts(prompts, t_model.tokenizer, [d.loaded for d in drafters],
+                                             options.per_domain)
+    return t_model, drafters, kept, encoded, left_out
+
+
 def run_bench(
     target: str | LoadedModel,
     draft: str | LoadedModel,
@@ -157,17 +177,9 @@ def run_bench(
     """Decode `prompts` with every arm (`bench.arms`) for `draft` and, given, the `reference` drafter;
     compare. progress(done, total) is called after each prompt (total = prompts + 1 for the estimate).
     """
-    options.validate()
-    if not prompts:
-        raise InvalidInputError("no prompts to bench")
-    if options.device == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("--device cuda asked for, but torch sees no CUDA device here; use --device cpu")
     started, load_before = time.perf_counter(), load_average()
-    load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
-    t_model = load_model(target, **load) if isinstance(target, str) else target
-    drafters = _load_drafters(draft, reference, t_model, load)
-    prompts, encoded, left_out = unseen_prompts(prompts, t_model.tokenizer, [d.loaded for d in drafters],
-                                                options.per_domain)
+    t_model, drafters, prompts, encoded, left_out = _load_for_bench(target, draft, reference, prompts,
+                                                                    options)
     bench = Bench(t_model, drafters, options)
     if options.resolved_engine() == "static":
         bench.build_engines(max(len(ids) for ids in encoded) + options.max_new_tokens + options.gamma + 1)
@@ -203,7 +215,7 @@ def run_bench(
         threads=torch.get_num_threads(), engine=options.resolved_engine(), arms=tuple(results),
         prompts=tuple(rows), versions=package_versions(), left_out=left_out,
         choice_timing_s=round(choice_timing, 3), load_average_before=load_before,
-        host=torch.cuda.get_device_name() if options.device == "cuda" else cpu_identity().label(),
+        host=host_label(options.device),
         wall_s=round(time.perf_counter() - started, 2),
     )
 
@@ -219,16 +231,7 @@ def run_batch_sizes(
 ) -> BatchedBenchResult:
     """`draftnas bench --batch-size`: the target alone and each drafter's batched loop at every batch
     size of `options.batch_sizes` (`bench.batched`), on the prompts no drafter was healed on."""
-    from draftnas.bench.batched import run_batched_bench
-
-    options.validate()
-    if not prompts:
-        raise InvalidInputError("no prompts to bench")
-    load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
-    t_model = load_model(target, **load) if isinstance(target, str) else target
-    drafters = _load_drafters(draft, reference, t_model, load)
-    kept, encoded, _ = unseen_prompts(prompts, t_model.tokenizer, [d.loaded for d in drafters],
-                                      options.per_domain)
+    t_model, drafters, kept, encoded, _ = _load_for_bench(target, draft, reference, prompts, options)
     return run_batched_bench(t_model, drafters, kept, encoded, options, progress=progress)
 
 

@@ -147,25 +147,23 @@ def check_options(record: T, extra: Sequence[tuple[str, str]] = ()) -> T:
     return record
 
 
-def parse_floats(text: str) -> tuple[float, ...]:
-    """'0,0.7' -> (0.0, 0.7): a flag's comma-separated numbers; one line naming the bad item."""
+def _parse_list(text: str, cast: Callable[[str], T], noun: str, example: str) -> tuple[T, ...]:
+    """A flag's comma-separated items cast one by one; one line naming the first bad item."""
     values = []
     for item in (t.strip() for t in str(text).split(",") if t.strip()):
         try:
-            values.append(float(item))
+            values.append(cast(item))
         except ValueError:
-            raise InvalidInputError(f"{item!r} is not a number (give numbers separated by commas, e.g. "
-                                    "0,0.7)") from None
+            raise InvalidInputError(f"{item!r} is not a {noun} (give {noun}s separated by commas, e.g. "
+                                    f"{example})") from None
     return tuple(values)
+
+
+def parse_floats(text: str) -> tuple[float, ...]:
+    """'0,0.7' -> (0.0, 0.7): a flag's comma-separated numbers; one line naming the bad item."""
+    return _parse_list(text, float, "number", "0,0.7")
 
 
 def parse_ints(text: str) -> tuple[int, ...]:
     """'1,2,4' -> (1, 2, 4): a flag's comma-separated whole numbers; one line naming the bad item."""
-    values = []
-    for item in (t.strip() for t in str(text).split(",") if t.strip()):
-        try:
-            values.append(int(item))
-        except ValueError:
-            raise InvalidInputError(f"{item!r} is not a whole number (give whole numbers separated by "
-                                    "commas, e.g. 1,2,4,8)") from None
-    return tuple(values)
+    return _parse_list(text, int, "whole number", "1,2,4,8")
