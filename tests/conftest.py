@@ -11,6 +11,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one thread while a test runs: a shared 2-core box decodes small models faster so
+    (no OpenMP hand-offs)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_config():
     """A 4-layer LLaMA config small enough to build in milliseconds (GQA 4 q / 2 kv heads)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from draftnas.bench.records import BenchOptions, BenchResult
 from draftnas.bench.run import run_bench
@@ -115,15 +114,6 @@ def test_other_tokenizer_and_bad_options_are_refused(tiny_pair):
         run_bench(target, other, PROMPTS, BenchOptions(max_new_tokens=4))
     with pytest.raises(InvalidInputError, match="gamma must be in"):
         run_bench(target, draft, PROMPTS, BenchOptions(gamma=0))
-
-
-@pytest.fixture
-def one_thread():
-    """A shared 2-core box decodes a small model faster on one thread (no OpenMP hand-offs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.real_model

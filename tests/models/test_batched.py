@@ -15,12 +15,7 @@ from tests.helpers import FactoryCounter, hf_family, tiny_llama, truncated
 PROMPTS = [[1, 5, 9, 3, 7], [2, 4, 8, 16, 32, 64, 11, 12, 13], [100, 3, 17], [40, 41, 42, 43]]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: faster on one thread
 
 
 @pytest.fixture(scope="module")

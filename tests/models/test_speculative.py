@@ -13,13 +13,7 @@ from tests.helpers import tiny_llama, truncated
 CHI2_CRIT_001 = {3: 16.27, 7: 24.32, 15: 37.70}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread (no OpenMP hand-offs on a shared 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: faster on one thread
 
 
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
