@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,11 +32,11 @@ class HFEngine:
     def reset(self) -> None:
         self.cache = DynamicCache()
 
-    def forward(self, tokens: list[int], start: int, keep: int) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int] | torch.Tensor, start: int, keep: int) -> torch.Tensor:
         """Read `tokens` at positions start.. (dropping cached positions >= start): logits [keep, V]."""
 
         crop_cache(self.cache, start)
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        ids = token_ids(tokens, self.device)
         return self.model(input_ids=ids, **{CACHE_ARG: self.cache}, use_cache=True,
                           logits_to_keep=keep).logits[0]
 
@@ -59,14 +60,14 @@ class StaticEngine:
     def reset(self) -> None:
         """Nothing to clear: a new sequence writes from position 0 and masks what lies past it."""
 
-    def forward(self, tokens: list[int], start: int, keep: int) -> torch.Tensor:
+    def forward(self, tokens: Sequence[int] | torch.Tensor, start: int, keep: int) -> torch.Tensor:
         """Read `tokens` at positions start..start+T-1 (overwriting those slots): logits [keep, V]."""
 
         t = len(tokens)
         if start + t > self.cache.slots:
             raise InvalidInputError(f"sequence of {start + t} tokens is longer than the engine's cache "
                                     f"({self.cache.slots} slots)")
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        ids = token_ids(tokens, self.device)
         positions = torch.arange(start, start + t, device=self.device)
         if not (self.capture and t <= self.max_graph_tokens):
             return self.decoder(ids, positions, self.cache, keep=keep, slots=start + t)[0]
@@ -77,6 +78,14 @@ class StaticEngine:
             step.input_ids.copy_(ids)
             step.positions.copy_(positions)
         return step()[0, -keep:]
+
+
+def token_ids(tokens: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Input ids [1, T] on `device`: a list is copied from the host, a tensor already there is used as is
+    (so tokens drafted on the device never travel through the host)."""
+    if isinstance(tokens, torch.Tensor):
+        return tokens.to(device=device, dtype=torch.long).reshape(1, -1)
+    return torch.tensor([list(tokens)], dtype=torch.long, device=device)
 
 
 def as_engine(model: Any) -> Any:

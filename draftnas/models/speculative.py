@@ -26,7 +26,12 @@ p and q are the temperature-T softmax of target and drafter. With `vocab_subset`
 the drafter's head covers only those full-vocabulary ids; q is zero elsewhere.
 
 A step drafts g = min(gamma, max_new_tokens - generated - 1) tokens (so the step
-never overshoots the budget) and stops drafting after an end-of-sequence token.
+never overshoots the budget). Greedy steps keep everything on the device: each drafted
+token is the argmax the next draft forward reads, the verify input is the known tokens
+followed by the drafts, and the accepted count is computed there; the host reads one
+tensor per step (accepted count, the target's argmaxes and the drafts) to emit tokens,
+cutting after an end-of-sequence token (`SpeculativeOutput.host_reads` counts the reads).
+Sampling steps draw on the host and stop drafting after an end-of-sequence token.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from typing import Any
 import torch
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.models.engines import as_engine, engine_vocab_size
+from draftnas.models.engines import as_engine, engine_vocab_size, token_ids
 
 
 @dataclass
@@ -55,6 +60,7 @@ class SpeculativeOutput:
     drafted: list[int] = field(default_factory=list)
     elapsed_s: float = 0.0
     draft_s: float = 0.0  # time spent in the drafter (all steps)
+    host_reads: int = 0  # reads of device results by the host (greedy: one per step)
 
     @property
     def steps(self) -> int:
@@ -76,14 +82,20 @@ class _Drafter:
     def __init__(self, engine: Any, vocab_size: int, vocab_subset: torch.Tensor | None) -> None:
         self.engine, self.cached = engine, 0
         self.vocab_size, self.subset = vocab_size, vocab_subset
+        self.table = None if vocab_subset is None else vocab_subset.to(engine.device)  # copied once
 
-    def next_logits(self, feed: list[int]) -> torch.Tensor:
+    def next_logits(self, feed: list[int] | torch.Tensor) -> torch.Tensor:
         """Logits over the head [V_head] after reading `feed` (after the cached positions)."""
         logits = self.engine.forward(feed, self.cached, 1)[-1]
         self.cached += len(feed)
-        if self.subset is not None and logits.shape[-1] != self.subset.numel():
-            logits = logits[self.subset.to(logits.device)]
+        if self.table is not None and logits.shape[-1] != self.table.numel():
+            logits = logits[self.table.to(logits.device)]
         return logits
+
+    def next_token(self, feed: list[int] | torch.Tensor) -> torch.Tensor:
+        """The greedy draft after reading `feed`, a full-vocabulary id [1] left on the device."""
+        index = self.next_logits(feed).argmax().reshape(1)
+        return index if self.table is None else self.table.to(index.device)[index]
 
     def to_full(self, head_index: int) -> int:
         return int(self.subset[head_index]) if self.subset is not None else head_index
@@ -107,23 +119,61 @@ def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def _draft(drafter: _Drafter, seq: list[int], g: int, temperature: float, eos: set[int],
            generator: torch.Generator | None) -> tuple[list[int], list[torch.Tensor]]:
-    """g drafted tokens (fewer after an EOS) and, when sampling, q over the full vocabulary for each."""
+    """Sampling: g drafted tokens (fewer after an EOS) and q over the full vocabulary for each."""
     drafts: list[int] = []
     qs: list[torch.Tensor] = []
     feed = seq[drafter.cached:]
     for _ in range(g):
-        logits = drafter.next_logits(feed)
-        if temperature > 0:
-            q = _probs(logits, temperature)
-            tok = drafter.to_full(_sample(q, generator))
-            qs.append(drafter.full_probs(q))
-        else:
-            tok = drafter.to_full(int(logits.argmax()))
+        q = _probs(drafter.next_logits(feed), temperature)
+        tok = drafter.to_full(_sample(q, generator))
+        qs.append(drafter.full_probs(q))
         drafts.append(tok)
         feed = [tok]
         if tok in eos:
             break
     return drafts, qs
+
+
+class _Clock:
+    """Elapsed time of a stretch of work that may still be running on a GPU: CUDA events there (read
+    after the step's one synchronization), the host's clock elsewhere."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.begin, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        self.started, self.stopped = time.perf_counter(), 0.0
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        self.stopped = time.perf_counter()
+
+    def seconds(self) -> float:
+        """Call after the work has finished (the host has read its result)."""
+        return self.begin.elapsed_time(self.end) / 1e3 if self.cuda else self.stopped - self.started
+
+
+def _greedy_step(draft: _Drafter, target: Any, seq: list[int], cached: int,
+                 g: int) -> tuple[list[int], int, int, float]:
+    """One greedy step on the device, read once: (drafts, accepted count k, the target's next token,
+    seconds spent drafting). The target reads seq[cached:] and the g drafts."""
+    clock = _Clock(draft.engine.device)
+    feed: list[int] | torch.Tensor = seq[draft.cached:]
+    drafts: list[torch.Tensor] = []
+    for _ in range(g):
+        drafts.append(draft.next_token(feed))
+        feed = drafts[-1]
+    clock.stop()
+    device = target.device
+    drafted = torch.cat(drafts).to(device) if drafts else torch.empty(0, dtype=torch.long, device=device)
+    logits = target.forward(torch.cat((token_ids(seq[cached:], device)[0], drafted)), cached, g + 1)
+    best = logits.argmax(-1)  # [g + 1]
+    k = (drafted == best[:g]).long().cumprod(0).sum().reshape(1)
+    read = torch.cat((k, best, drafted)).tolist()  # the step's one read by the host
+    k_ = int(read[0])
+    return [int(t) for t in read[g + 2:]], k_, int(read[1 + k_]), clock.seconds()
 
 
 def _accept(target_logits: torch.Tensor, drafts: list[int], qs: list[torch.Tensor], temperature: float,
@@ -190,11 +240,17 @@ def speculative_generate(
         while len(out.tokens) < max_new_tokens:
             base = len(seq)
             g = max(0, min(gamma, max_new_tokens - len(out.tokens) - 1))
-            t0 = time.perf_counter()
-            drafts, qs = _draft(draft, seq, g, temperature, eos, generator)
-            out.draft_s += time.perf_counter() - t0
-            logits = target_engine.forward(seq[cached:] + drafts, cached, len(drafts) + 1)  # [g+1, V]
-            k, nxt = _accept(logits, drafts, qs, temperature, generator)
+            if temperature > 0:
+                t0 = time.perf_counter()
+                drafts, qs = _draft(draft, seq, g, temperature, eos, generator)
+                out.draft_s += time.perf_counter() - t0
+                logits = target_engine.forward(seq[cached:] + drafts, cached, len(drafts) + 1)  # [g+1, V]
+                k, nxt = _accept(logits, drafts, qs, temperature, generator)
+                out.host_reads += len(drafts) + 1
+            else:
+                drafts, k, nxt, draft_s = _greedy_step(draft, target_engine, seq, cached, g)
+                out.draft_s += draft_s
+                out.host_reads += 1
             emitted = drafts[:k] + [nxt]
             stop = next((j for j, t in enumerate(emitted) if t in eos), None)
             if stop is not None:

@@ -197,3 +197,41 @@ def test_captured_engines_on_cuda_equal_eager_ones(pair):
         assert graph.tokens == greedy_generate(target, prompt, max_new_tokens=25)
     assert graph.tokens == eager.tokens and graph.accepted == eager.accepted
     assert set(t_graph.steps) >= {4} and set(d_graph.steps) >= {1}
+
+
+class _ScalarReads:
+    """Counts the host reading a device scalar (`int(t)`, `t.item()`) inside the block."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default):
+                    outer.count += 1
+                return func(*args, **(kwargs or {}))
+
+        self.count, self.mode = 0, Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+@pytest.mark.parametrize("engines", ["hf", "static"])
+def test_a_greedy_step_is_read_by_the_host_once(pair, engines):
+    """Drafts, verify input and acceptance stay on the device: one tensor read per step, no scalar read."""
+    target, drafter = pair if engines == "hf" else (_static(m) for m in pair)
+    subset = list(range(0, 128, 2))
+    with _ScalarReads() as reads:
+        out = speculative_generate(target, drafter, PROMPTS[0], gamma=3, max_new_tokens=25,
+                                   vocab_subset=subset)
+    assert out.host_reads == out.steps > 1 and reads.count == 0
+    assert out.tokens == greedy_generate(pair[0], PROMPTS[0], max_new_tokens=25)
+    with _ScalarReads() as reads:  # the counter sees scalar reads where there are some: sampling's draws
+        sampled = speculative_generate(target, drafter, PROMPTS[0], gamma=3, max_new_tokens=8,
+                                       temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert reads.count >= sampled.steps and sampled.host_reads > sampled.steps
