@@ -142,21 +142,26 @@ def _stack_calibration(arch: Architecture, groups: Sequence[Group],
 
 
 def choose_dtype(options: ProfileOptions, target: Architecture, new_tokens: int, dtypes: Sequence[str],
-                 context_tokens: int = 128) -> tuple[str, dict[str, dict[int, float]]]:
+                 context_tokens: int = 128, repeats: int = 5) -> tuple[str, dict[str, dict[int, float]]]:
     """The dtype whose decode plus verify of `new_tokens` tokens of `target` (random weights) is the
-    fastest on this machine, and each dtype's two timings: the dtype speculative decoding will run in.
-    On the AMD EPYC (family 26) host Qwen2.5-Coder-1.5B decoded in 109 ms in bf16 against 161 in fp32,
-    and its 5-token verify took 108 against 354 ms."""
-    timings: dict[str, dict[int, float]] = {}
-    for dtype in dtypes:
-        rt = Runtime(dataclasses.replace(options, dtype=dtype, repeats=3, warmup=1).validate())
-        full = target.num_hidden_layers
-        jobs = [model_job(rt, target, full, (1, n, context_tokens), "calibration")
-                for n in sorted({1, new_tokens})]
-        group = Group(functools.partial(rt.build, target), model_bytes(rt, target), jobs)
-        if run_round_robin(rt, [group], ticker(None, 1)):
-            continue
-        timings[dtype] = {j.cond[1]: j.measurement().median_ms for j in jobs}
+    fastest on this machine, and each dtype's two timings (medians of `repeats`): the dtype speculative
+    decoding will run in. On the AMD EPYC (family 26) host Qwen2.5-Coder-1.5B decoded in 109 ms in bf16
+    against 161 in fp32, and its 5-token verify took 108 against 354 ms.
+
+    The dtypes are timed round-robin in one pass (when both models fit the memory budget together),
+    so a burst of other work on the host slows all of them alike: timed one after the other, a test
+    suite running beside the search once made bf16's decode read 1,795 ms and fp32 win."""
+    runtimes = {d: Runtime(dataclasses.replace(options, dtype=d, repeats=repeats, warmup=1).validate())
+                for d in dtypes}
+    full = target.num_hidden_layers
+    jobs = {d: [model_job(rt, target, full, (1, n, context_tokens), "calibration")
+                for n in sorted({1, new_tokens})] for d, rt in runtimes.items()}
+    groups = [Group(functools.partial(rt.build, target), model_bytes(rt, target), jobs[d])
+              for d, rt in runtimes.items()]
+    run_round_robin(next(iter(runtimes.values())), groups, ticker(None, 1))
+    timings = {d: {j.cond[1]: j.measurement().median_ms for j in js} for d, js in jobs.items()
+               if all(j.times_ms for j in js)}
+    for rt in runtimes.values():
         rt.free()
     if not timings:
         raise DeviceError(f"{target.name} fits in none of {', '.join(dtypes)} here")

@@ -32,6 +32,22 @@ def test_choose_dtype_times_every_dtype_and_picks_the_fastest():
     assert chosen == min(timings, key=lambda d: sum(timings[d].values()))
 
 
+def test_choose_dtype_times_the_dtypes_round_robin_in_one_pass(monkeypatch):
+    """A burst of other work must hit every dtype alike: one interleaved pass over both models."""
+    import draftnas.latency.calibrate as calibrate
+
+    passes = []
+    real = calibrate.run_round_robin
+
+    def spy(rt, groups, tick):
+        passes.append(len(groups))
+        return real(rt, groups, tick)
+
+    monkeypatch.setattr(calibrate, "run_round_robin", spy)
+    _, timings = choose_dtype(OPTIONS, TARGET, 3, ("fp32", "bf16"), repeats=4)
+    assert passes == [2] and set(timings) == {"fp32", "bf16"}
+
+
 def test_a_base_is_timed_beside_the_target_and_prices_the_drafters_of_its_width():
     calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, head_rows=[64], stacks=[BASE, TARGET])
     assert set(calibration.stacks) == {"base"}  # the target is not timed twice
