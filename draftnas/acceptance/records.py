@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, parse_floats
 from draftnas.core.records import Record
 
@@ -31,6 +32,7 @@ class TraceOptions(Record):
     dtype: str = option("fp32", help="The target's dtype while it writes the traces (the dtype it will "
                                      "serve in: greedy tokens differ between dtypes).",
                         choices=("fp32", "bf16", "fp16"))
+    device: str = option("cpu", help="Device the target decodes on.", choices=DEVICES)
 
     def validate(self) -> TraceOptions:
         return check_options(self)

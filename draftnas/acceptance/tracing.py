@@ -20,6 +20,7 @@ from transformers import DynamicCache
 from draftnas.acceptance.records import TraceMetadata, TraceOptions, TraceRecordInfo
 from draftnas.acceptance.traces import TraceRecord, load_traces, make_metadata, save_traces
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.machine import require_device
 from draftnas.core.prompts import Prompt, encode_prompt
 from draftnas.core.records import Progress
 from draftnas.models.hf_head import CACHE_ARG
@@ -62,9 +63,12 @@ def decode_batch(
     """Decode a batch of prompts with a KV cache (left padded), keeping top-k probabilities.
 
     Greedy when temperature is 0, else ancestral sampling from softmax(logits / T),
-    each row with its own generator so a prompt's sample does not depend on its batch.
+    each row with its own generator so a prompt's sample does not depend on its batch (drawn on
+    the host, so a seed gives the same sample on any device). Decodes on the model's device; the
+    results are on the host.
     """
 
+    device = next(model.parameters()).device
     batch = len(prompts_ids)
     width = max(len(p) for p in prompts_ids)
     input_ids = torch.zeros(batch, width, dtype=torch.long)
@@ -72,14 +76,15 @@ def decode_batch(
     for row, prompt in enumerate(prompts_ids):
         input_ids[row, width - len(prompt):] = torch.tensor(prompt)
         attention[row, width - len(prompt):] = 1
+    input_ids, attention = input_ids.to(device), attention.to(device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    eos = torch.tensor(list(eos_ids) or [-1])
-    done = torch.zeros(batch, dtype=torch.bool)
+    eos = torch.tensor(list(eos_ids) or [-1], device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
     top_ids: list[torch.Tensor] = []
     top_probs: list[torch.Tensor] = []
-    lengths = torch.zeros(batch, dtype=torch.long)
+    lengths = torch.zeros(batch, dtype=torch.long, device=device)
     with torch.inference_mode():
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
                     **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
@@ -87,7 +92,9 @@ def decode_batch(
             probs = _next_token_probs(out.logits[:, -1, :], temperature)  # [B, V]
             if temperature > 0:
                 gens = list(generators) if generators else [None] * batch
-                nxt = torch.cat([torch.multinomial(probs[r], 1, generator=gens[r]) for r in range(batch)])
+                host = probs.cpu()
+                nxt = torch.cat([torch.multinomial(host[r], 1, generator=gens[r])
+                                 for r in range(batch)]).to(device)
             else:
                 nxt = probs.argmax(-1)
             vals, ids = probs.topk(top_k, dim=-1)
@@ -98,12 +105,13 @@ def decode_batch(
             done = done | torch.isin(nxt, eos)
             if bool(done.all()):
                 break
-            attention = torch.cat([attention, torch.ones(batch, 1, dtype=torch.long)], dim=1)
+            attention = torch.cat([attention, torch.ones(batch, 1, dtype=torch.long, device=device)], dim=1)
             positions = positions[:, -1:] + 1
             out = model(input_ids=nxt[:, None], attention_mask=attention, position_ids=positions,
                         **{CACHE_ARG: cache}, use_cache=True)
-    all_tokens = torch.stack(tokens, 1)  # [B, T]
-    all_ids, all_probs = torch.stack(top_ids, 1), torch.stack(top_probs, 1)  # [B, T, K]
+    all_tokens = torch.stack(tokens, 1).cpu()  # [B, T]
+    all_ids, all_probs = torch.stack(top_ids, 1).cpu(), torch.stack(top_probs, 1).cpu()  # [B, T, K]
+    lengths = lengths.cpu()
     results = []
     for row in range(batch):
         n = int(lengths[row])
@@ -129,7 +137,7 @@ def teacher_forced_topk(
     ids = torch.tensor([list(prompt_ids) + list(continuation)], device=next(model.parameters()).device)
     n = len(continuation)
     with torch.inference_mode():
-        logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :n].float().cpu()  # [C, V]
+        logits = model(input_ids=ids, logits_to_keep=n + 1).logits[0, :n].float().cpu()  # [C, V], on the host
     probs = _next_token_probs(logits, temperature)
     vals, top = probs.topk(top_k, dim=-1)
     return top, vals, (1.0 - vals.sum(-1)).clamp(min=0.0)
@@ -231,7 +239,9 @@ def build_traces(
     if not prompts:
         raise InvalidInputError("no prompts to trace")
     started = time.perf_counter()
-    loaded = load_model(target, dtype=TORCH_DTYPES[options.dtype]) if isinstance(target, str) else target
+    require_device(options.device)
+    loaded = (load_model(target, dtype=TORCH_DTYPES[options.dtype], device=options.device)
+              if isinstance(target, str) else target)
     metadata = make_metadata(loaded, prompts, options, prompt_set)
     out = Path(out)
     partial = out.with_name(out.name + ".partial")

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, parse_ints
 from draftnas.core.records import Record
 from draftnas.models.records import ENGINES, TORCH_DTYPES
-
-DEVICES = ("cpu", "cuda")
 
 
 def _per_domain(value: int | None) -> int | None:

@@ -39,8 +39,8 @@ from draftnas.bench.records import (
     BenchPrompt,
     BenchResult,
 )
-from draftnas.core.errors import DeviceError, InvalidInputError
-from draftnas.core.machine import load_average
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.machine import load_average, require_device
 from draftnas.core.prompts import Prompt, encode_prompt, subsample
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
@@ -155,8 +155,7 @@ def _load_for_bench(target: str | LoadedModel, draft: str | LoadedModel, referen
     options.validate()
     if not prompts:
         raise InvalidInputError("no prompts to bench")
-    if options.device == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("--device cuda asked for, but torch sees no CUDA device here; use --device cpu")
+    require_device(options.device)
     load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
     t_model = load_model(target, **load) if isinstance(target, str) else target
     drafters = _load_drafters(draft, reference, t_model, load)

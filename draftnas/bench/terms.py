@@ -17,25 +17,37 @@ from draftnas.models.engines import crop_cache
 from draftnas.models.hf_head import CACHE_ARG
 
 
-def cached_forward_ms(model: Any, prompt: list[int], new_tokens: int, repeats: int) -> float:
-    """One cached forward over `new_tokens` tokens after `prompt` (cache cropped back each call)."""
+def _device_and_sync(model: Any) -> tuple[Any, Any]:
+    """The model's device, and what makes a clock read count its queued work (None on a CPU)."""
+    device = next(model.parameters()).device
+    return device, (torch.cuda.synchronize if device.type == "cuda" else None)
 
+
+def cached_forward_ms(model: Any, prompt: list[int], new_tokens: int, repeats: int) -> float:
+    """One cached forward over `new_tokens` tokens after `prompt` (cache cropped back each call), on
+    the model's device."""
+
+    device, sync = _device_and_sync(model)
     cache = DynamicCache()
     with torch.inference_mode():
-        model(input_ids=torch.tensor([prompt]), **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=1)
-        feed = torch.tensor([prompt[-new_tokens:] if len(prompt) >= new_tokens else [0] * new_tokens])
+        model(input_ids=torch.tensor([prompt], device=device), **{CACHE_ARG: cache}, use_cache=True,
+              logits_to_keep=1)
+        feed = torch.tensor([prompt[-new_tokens:] if len(prompt) >= new_tokens else [0] * new_tokens],
+                            device=device)
 
         def step() -> None:
             model(input_ids=feed, **{CACHE_ARG: cache}, use_cache=True, logits_to_keep=new_tokens)
             crop_cache(cache, len(prompt))
 
-        return median_ms(step, repeats)
+        return median_ms(step, repeats, sync=sync)
 
 
 def _prefill_ms(model: Any, prompt: list[int], repeats: int) -> float:
-    ids = torch.tensor([prompt])
+    device, sync = _device_and_sync(model)
+    ids = torch.tensor([prompt], device=device)
     with torch.inference_mode():
-        return median_ms(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1), max(3, repeats // 3))
+        return median_ms(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1), max(3, repeats // 3),
+                         sync=sync)
 
 
 def measure_terms(target: Any, drafter: Any, prompt_ids: Sequence[int], context_tokens: int,

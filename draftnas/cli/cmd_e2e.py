@@ -45,6 +45,8 @@ def e2e(
                                      "more there (chat | translation | code | math | none)."),
     threads: int | None = typer.Option(None, "--threads", help="Torch CPU threads (1 when other jobs load "
                                        "the CPU; recorded with the figures)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda: where every stage runs (the profile "
+                               "is timed as CUDA graphs on a GPU; traces, healing, terms and benches)."),
     json_out: bool = typer.Option(False, "--json",
                                   help="Print the result as JSON on stdout (progress stays on stderr)."),
     out_json: Path | None = typer.Option(None, "--out-json",
@@ -56,7 +58,7 @@ def e2e(
 
     overrides: dict[str, Any] = {} if repeats is None else {"repeats": repeats}
     options = E2EOptions(target=target, out_dir=out, budget=budget_preset(budget, **overrides), seed=seed,
-                         profile=profile, space=space, threads=threads,
+                         profile=profile, space=space, threads=threads, device=device,
                          tuned_domain=None if tuned_domain.lower() == "none" else tuned_domain)
     quiet = json_out
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -42,6 +42,8 @@ def export(
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out folder."),
     push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Upload to this hub repo (online)."),
     seed: int = typer.Option(0, "--seed"),
+    device: str | None = typer.Option(None, "--device", help="cpu | cuda: where healing trains (default: "
+                                      "the study's device, else cpu). The folder is written from the host."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Export a drafter (from a study trial or a plan) as a Hugging Face folder."""
@@ -51,7 +53,7 @@ def export(
     request = ExportRequest(out_dir=str(out), study=study, storage=storage, trial=trial,
                             plan_file=str(plan) if plan else None, base=base, target=target,
                             traces=str(traces) if traces else None, heal_steps=heal_steps, gamma=gamma,
-                            force=force, push_to_hub=push_to_hub, seed=seed)
+                            force=force, push_to_hub=push_to_hub, seed=seed, device=device)
     with progress_bars(json_out) as on:
         result = export_from_request(request, progress=on("healing"),
                                      data_progress=on("target continuations"))

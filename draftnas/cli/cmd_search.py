@@ -181,6 +181,7 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
         f"  draftnas bench --target {result.info.target} --draft {folder} --gamma {gamma}"
         + (f" --engine {result.info.engine}" if result.info.engine else "")
         + (f" --dtype {result.info.dtype}" if result.info.dtype != "fp32" else "")
+        + (f" --device {result.info.device}" if result.info.device != "cpu" else "")
         + (f" --reference {reference}" if reference else "")
         + (f" --prompts {w.prompt_set} --per-domain 8" if w.prompt_set != "all" else ""),
         f"  in transformers: target.generate(..., assistant_model={load})",
@@ -210,7 +211,7 @@ def export_best(result: SearchResult, root: Path, json_out: bool) -> tuple[str, 
                           "before; its README.md has the figures)")
         return str(out), int(record.get("gamma", b.primary.gamma)), record
     request = ExportRequest(out_dir=str(out), study=result.study_name, storage=result.storage, trial=b.number,
-                            heal_steps=None)
+                            heal_steps=None, device=result.info.device)
     with progress_bars(json_out) as on:
         exported = export_from_request(request, progress=on("healing the best drafter"),
                                        data_progress=on("target continuations"))
@@ -265,8 +266,9 @@ def search(
                                  "target (the two vLLM allows)."),
     dtype: str | None = typer.Option(None, "--dtype", help="Weights' dtype: fp32, fp16, bf16 or fp8. "
                                      "Default: on a calibrated CPU search the faster of fp32 and (where the "
-                                     "CPU has native bf16) bf16, timed on the target first; else the "
-                                     "profile's (spec-sheet profiles are re-derived)."),
+                                     "CPU has native bf16) bf16, on a calibrated GPU search of bf16 and "
+                                     "fp16, timed on the target first; else the profile's (spec-sheet "
+                                     "profiles are re-derived)."),
     reference: list[str] = typer.Option([], "--reference", "-r",
                                         help="A drafter a user would otherwise pick (an embedded name, a "
                                              "folder or a registry shape), priced and ranked beside the "
@@ -276,11 +278,15 @@ def search(
                                         "free (vLLM's 1 - gpu_memory_utilization)."),
     run_dir: str = typer.Option("runs", "--run-dir", help="Folder for studies' outputs."),
     top: int = typer.Option(15, "--top", help="Rows in the ranked table."),
+    device: str = typer.Option(
+        "cpu", "--device", help="cpu | cuda: where the target's traces are written, drafters built, "
+                                "healed and scored, the calibration timed (a measured profile of this "
+                                "device is calibrated) and the printed bench runs."),
     calibrate: bool = typer.Option(
         True, "--calibrate/--no-calibrate",
         help="Before ranking, time the target's decode and verify steps, drafter-sized stacks, the "
-             "space's reduced heads and a few short decoding runs on this machine (about 1 min for "
-             "SmolLM2-135M on 2 cores) and correct a CPU profile's predictions with them."),
+             "space's reduced heads and a few short decoding runs on --device (about 1 min for "
+             "SmolLM2-135M on 2 CPU cores) and correct a measured profile of that device with them."),
     engine: str = typer.Option(
         "static", "--engine",
         help="The speculative loop the calibration times and the printed bench command runs: static "
@@ -308,7 +314,7 @@ def search(
                             traces=traces, study=settings, acceptance_prior=prior, calibrate=calibrate,
                             acceptance_model=model, acceptance_anchor=acceptance_anchor, gpus=gpus,
                             draft_tp=draft_tp, dtype=dtype, memory_margin=memory_margin, engine=engine,
-                            references=tuple(reference))
+                            references=tuple(reference), device=device)
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
     with progress_bars(json_out) as on:
         result = run(request, progress=on("trials"), trace_progress=on("tracing target"),

@@ -28,10 +28,12 @@ def trace(
     """Run the target over a prompt set and store its continuations + top-k probabilities (resumable)."""
     from draftnas.acceptance.traces import load_traces
     from draftnas.acceptance.tracing import build_traces
+    from draftnas.core.machine import require_device
     from draftnas.core.prompts import load_prompts
 
     prompt_list = load_prompts(prompts, per_domain=per_domain)
     options.validate()
+    require_device(options.device)
     with Progress(TextColumn("[bold]tracing[/bold]"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=json_out) as bar:
         task = bar.add_task("trace", total=None)

@@ -98,6 +98,23 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+DEVICES = ("cpu", "cuda")
+
+
+def require_device(device: str) -> None:
+    """Refuse in one line a device this machine does not have (`DeviceError`, exit 2)."""
+    from draftnas.core.errors import DeviceError, InvalidInputError
+
+    if device not in DEVICES:
+        raise InvalidInputError(f"--device {device!r} is not known (allowed: {', '.join(DEVICES)})")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DeviceError(f"--device cuda asked for, but torch {torch.__version__} sees no CUDA device "
+                              "here; use --device cpu")
+
+
 def torch_threads() -> int:
     """The threads torch computes with in this process (the cores this process may use when torch is
     not loaded yet: this module stays importable without it)."""

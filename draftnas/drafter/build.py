@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 
 def heal_options(*, steps: int, batch_size: int, lr: float, seq_len: int, seed: int, n_records: int,
-                 max_seconds: float | None = None, gamma: int = 4) -> HealOptions | None:
+                 max_seconds: float | None = None, gamma: int = 4, device: str = "cpu") -> HealOptions | None:
     """A search or e2e healing budget as `HealOptions` (None for 0 steps: no healing).
 
     Trace teachers are small (a few dozen records): healing's own held-out readings take every
@@ -58,7 +58,7 @@ def heal_options(*, steps: int, batch_size: int, lr: float, seq_len: int, seed: 
         return None
     return HealOptions(steps=steps, batch_size=batch_size, lr=lr, eval_every=0, max_seq_len=seq_len,
                        max_seconds=max_seconds, seed=seed, heldout_every=max(2, min(4, n_records)),
-                       gamma=gamma)
+                       gamma=gamma, device=device)
 
 
 def plan_drafter(base: LoadedModel, options: PlanOptions, *, head_rows: int = 0,

@@ -42,6 +42,7 @@ import torch
 
 from draftnas.acceptance.traces import check_compatible
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.machine import require_device
 from draftnas.core.records import Progress
 from draftnas.drafter.heal_data import HealData, is_traces, load_or_make_data, pad_id
 from draftnas.drafter.losses import (
@@ -113,7 +114,7 @@ class _RunState:
 
 def _state_key(drafter: Any, options: HealOptions, data: HealData) -> str:
     opts = options.to_dict()
-    for volatile in ("eval_every", "checkpoint_every", "max_seconds"):
+    for volatile in ("eval_every", "checkpoint_every", "max_seconds", "device"):
         opts.pop(volatile)
     payload = json.dumps([opts, drafter.config.to_dict(), data.fingerprint()], sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -137,7 +138,7 @@ def _load_state(folder: Path, key: str, params: list[tuple[str, Any]], optimizer
     path = folder / STATE_FILE
     if not path.is_file():
         return None
-    state = torch.load(path, weights_only=False)
+    state = torch.load(path, weights_only=False, map_location=params[0][1].device if params else "cpu")
     if state.get("key") != key:
         raise InvalidInputError(f"checkpoint {path} belongs to another drafter, data or options; "
                                 "pass a fresh --checkpoint folder (or delete it) to start over")
@@ -171,10 +172,14 @@ def heal(
 
     options = options or HealOptions()
     options.validate()
+    require_device(options.device)
+    drafter.to(options.device)
     folder = Path(checkpoint_dir) if checkpoint_dir is not None else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
     live = not is_traces(teacher)
+    if live and teacher is not None:
+        teacher.to(options.device)
     if not live and getattr(teacher, "metadata", None) is not None:
         _check_traces_vocab(drafter, teacher)
     data = load_or_make_data(teacher, tokenizer, options, folder, data, data_progress)
@@ -230,14 +235,14 @@ def _train(drafter: Any, target: Any, data: HealData, options: HealOptions, para
             break
         started = time.perf_counter()
         seqs = [data.train[i] for i in _batch_indices(options, run.step, len(data.train))]
-        batch = collate(seqs, pad, with_topk=target is None)
+        batch = collate(seqs, pad, with_topk=target is None).to(options.device)
         logits = selected_logits(drafter, batch)
         if target is not None:
             with torch.no_grad():
                 target_logits = selected_logits(target, batch)
             subset = head_subset(drafter)
             if subset is not None:  # a reduced head: KL to the target renormalized over the subset
-                target_logits = target_logits[:, subset]
+                target_logits = target_logits[:, subset.to(target_logits.device)]
             loss = kl_to_logits(logits, target_logits)
         else:
             loss = kl_to_topk(logits, *topk_to_head(drafter, batch))

@@ -26,6 +26,11 @@ class Batch:
     topk_probs: Any = None  # [N, K]
     leftover: Any = None  # [N]
 
+    def to(self, device: Any) -> Batch:
+        """The batch on `device` (the model's)."""
+        moved = {k: None if v is None else v.to(device) for k, v in vars(self).items()}
+        return Batch(**moved)
+
 
 def collate(seqs: Sequence[HealSequence], pad_id: int, with_topk: bool) -> Batch:
     width = max(len(s.input_ids) for s in seqs)
@@ -72,7 +77,7 @@ def topk_to_head(model: Any, batch: Batch) -> tuple[Any, ...]:
     subset = getattr(model, "draft_vocab_subset", None)
     if subset is None:
         return batch.topk_ids, batch.topk_probs, batch.leftover, None
-    rows = head_row_table(subset)[batch.topk_ids]  # [N, K], -1 outside
+    rows = head_row_table(subset).to(batch.topk_ids.device)[batch.topk_ids]  # [N, K], -1 outside
     inside = rows >= 0
     probs = batch.topk_probs * inside
     leftover = batch.leftover + (batch.topk_probs * ~inside).sum(-1)
@@ -119,11 +124,11 @@ def measure_agreement(model: Any, seqs: Sequence[HealSequence], *, gamma: int = 
     with torch.no_grad():
         for start in range(0, len(seqs), batch_size):
             chunk = seqs[start:start + batch_size]
-            batch = collate(chunk, pad_id, with_topk=False)
+            batch = collate(chunk, pad_id, with_topk=False).to(next(model.parameters()).device)
             pred = selected_logits(model, batch).argmax(-1)
             subset = head_subset(model)
             if subset is not None:  # head rows -> full-vocabulary ids
-                pred = subset[pred]
+                pred = subset.to(pred.device)[pred]
             agree = (pred == batch.top1).tolist()
             hits += sum(agree)
             total += len(agree)

@@ -19,6 +19,7 @@ from typing import Any
 
 from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.core.errors import InvalidInputError, PlanError
+from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option
 from draftnas.core.records import TRANSIENT, Record
 from draftnas.core.registry import Architecture
@@ -267,6 +268,7 @@ class HealOptions(Record):
     target at every step; 0 runs it at every step (full-vocabulary KL).
     max_seconds: stop early after this much training wall time (the search's budget).
     checkpoint_every: steps between checkpoints when a checkpoint folder is given.
+    device: where the drafter trains; `heal` moves it (and a live teacher) there.
     """
 
     steps: int = option(150, help="Optimizer steps.", low=1)
@@ -298,6 +300,8 @@ class HealOptions(Record):
     max_seconds: float | None = option(None, flag="--max-minutes", scale=60.0, low=0.0, low_open=True,
                                        help="Stop after this much training (minutes).")
     checkpoint_every: int = option(25, help="Steps between checkpoints.", low=1, cli=False)
+    device: str = option("cpu", help="Device the drafter trains on (and a live teacher runs on).",
+                         choices=DEVICES)
 
     def validate(self) -> HealOptions:
         extra = []

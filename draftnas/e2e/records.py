@@ -82,6 +82,7 @@ class E2EOptions(Record):
     space: str | None = None
     threads: int | None = None  # torch CPU threads (None: torch's default); 1 on an oversubscribed CPU
     tuned_domain: str | None = "translation"  # also heal the winner's plan on this domain alone
+    device: str = "cpu"  # where every stage runs: profile (CUDA graphs on a GPU), traces, healing, bench
 
 
 @dataclass(frozen=True)

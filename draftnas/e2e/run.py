@@ -44,7 +44,7 @@ from draftnas.bench.fidelity import best_predicted_gamma, decompose, fidelity, p
 from draftnas.bench.records import DrafterRow, MeasuredTerms
 from draftnas.bench.terms import measure_terms, per_domain_measured, summarize_bench
 from draftnas.core.errors import DraftnasError, InvalidInputError
-from draftnas.core.machine import load_average, machine_info
+from draftnas.core.machine import load_average, machine_info, require_device
 from draftnas.core.prompts import encode_prompt
 from draftnas.core.records import MachineInfo
 from draftnas.core.registry import Architecture
@@ -187,7 +187,7 @@ def _terms_for(ctx: _Context, built: RoleDrafter, gammas: Sequence[int]) -> Meas
     if path.is_file():
         return MeasuredTerms.from_dict(json.loads(path.read_text()))
 
-    loaded = load_drafter(built.folder)
+    loaded = load_drafter(built.folder, device=ctx.options.device)
     draft = loaded.model.eval()
     maybe_apply_saved_subset(draft, loaded.folder)  # time the head the loop uses
     terms = measure_terms(ctx.target.model, draft, ctx.sample_ids, ctx.context_tokens, gammas,
@@ -204,6 +204,7 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
     """
 
     options.budget.validate()
+    require_device(options.device)
     trace_prompts, bench_prompts = split_prompts(options.budget)
     check_tuned_domain(options, trace_prompts)  # a user's mistake: refused before any folder exists
     started = time.perf_counter()
@@ -217,10 +218,10 @@ def run_e2e(options: E2EOptions, *, progress: StageProgress | None = None) -> E2
 
     profile, label = stage_profile(options, out, stages.start("profile"))
     stages.done()
-    target = load_model(options.target)
+    target = load_model(options.target, device=options.device)
     target.model.eval()
     traces_path = stage_traces(target, trace_prompts, options.budget, options.seed, out,
-                               stages.start("traces", len(trace_prompts)))
+                               stages.start("traces", len(trace_prompts)), device=options.device)
     stages.done()
     search = stage_search(options, options.profile or str(out / "profile.json"), traces_path, out,
                           stages.start("search", options.budget.trials))

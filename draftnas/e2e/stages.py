@@ -70,8 +70,10 @@ def stage_profile(options: E2EOptions, out: Path, tick: Callable[[int, int], Non
     path = out / "profile.json"
     if path.is_file():
         return load_profile(path), str(path)
+    mode = "cuda-graph" if options.device == "cuda" else "eager"  # how the bench's loop runs there
     profile = measure_profile(ProfileOptions(quick=options.budget.profile_quick, seed=options.seed,
-                                             threads=options.threads), progress=tick)
+                                             threads=options.threads, device=options.device, mode=mode),
+                              progress=tick)
     save_profile(profile, path)
     return profile, str(path)
 
@@ -93,13 +95,14 @@ def split_prompts(budget: Budget) -> tuple[tuple[Prompt, ...], tuple[Prompt, ...
 
 
 def stage_traces(target: LoadedModel, prompts: Sequence[Prompt], budget: Budget, seed: int, out: Path,
-                 tick: Callable[[int, int], None]) -> Path:
+                 tick: Callable[[int, int], None], device: str = "cpu") -> Path:
+    """The target's greedy traces of `prompts` (it is loaded on `device`), written once."""
 
     path = out / "traces.safetensors"
     if path.is_file():
         return path
     options = TraceOptions(max_new_tokens=budget.trace_new_tokens, temperatures=(0.0,), seed=seed,
-                           batch_size=min(len(prompts), 8))
+                           batch_size=min(len(prompts), 8), device=device)
     return build_traces(target, prompts, options, path, prompt_set="all", progress=tick)
 
 
@@ -121,9 +124,10 @@ def stage_search(options: E2EOptions, profile_spec: str, traces: Path, out: Path
 
     request = SearchRequest(
         target=options.target, space=search_space(options), profile=profile_spec, traces=str(traces),
-        calibrate=False, study=StudySettings(n_trials=options.budget.trials, seed=options.seed,
-                                             storage=f"sqlite:///{(out / 'study.db').resolve()}",
-                                             study_name="e2e", run_dir=str(out)))
+        calibrate=False, device=options.device,
+        study=StudySettings(n_trials=options.budget.trials, seed=options.seed,
+                            storage=f"sqlite:///{(out / 'study.db').resolve()}", study_name="e2e",
+                            run_dir=str(out)))
     search_options, predictor, evaluator = plan_search(request)
     return run_search(search_options, predictor, evaluator, progress=tick)
 
@@ -161,7 +165,7 @@ def _heal_options(options: E2EOptions, heal_traces: Traces) -> HealOptions | Non
     b = options.budget
     return heal_options(steps=b.heal_steps, batch_size=b.heal_batch_size, lr=b.heal_lr,
                         seq_len=b.heal_seq_len, seed=options.seed, n_records=len(heal_traces.records),
-                        gamma=b.fixed_gamma)
+                        gamma=b.fixed_gamma, device=options.device)
 
 
 def build_role(role: str, plan: PruningPlan, base: LoadedModel, traces: tuple[Traces, Traces],
@@ -262,10 +266,10 @@ def bench_one(target: LoadedModel, folder: str, prompts: Sequence[Prompt], gamma
     path = _bench_path(out, Path(folder).name, gamma, repeat)
     if path.is_file():
         return BenchResult.from_dict(json.loads(path.read_text()))
-    draft = load_drafter(folder)
+    draft = load_drafter(folder, device=options.device)
     draft.model.eval()
     result = run_bench(target, draft, prompts, BenchOptions(
         gamma=gamma, max_new_tokens=options.budget.bench_new_tokens, seed=options.seed + repeat,
-        hf_assisted=False, estimate=repeat == 0))
+        hf_assisted=False, estimate=repeat == 0, device=options.device))
     write_json(path, result.to_dict())
     return result

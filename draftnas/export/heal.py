@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.machine import require_device
 from draftnas.core.records import Progress
 from draftnas.drafter.records import HealReading, HealResult, PruningPlan, load_plan
 from draftnas.export.folder import check_destination, export_drafter, load_drafter
@@ -23,6 +24,7 @@ def heal_from_request(request: HealRequest, *, progress: Progress | None = None,
     """Build (from a plan) or load (a folder) the drafter, heal it toward the teacher, and with
     `out_dir` export it."""
 
+    require_device(request.options.device)  # before any model is loaded
     if (request.plan_file is None) == (request.drafter is None):
         raise InvalidInputError("pass either --plan FILE [--base BASE] or --drafter FOLDER")
     if request.out_dir:

@@ -79,6 +79,7 @@ class ExportRequest(Record):
     force: bool = False
     push_to_hub: str | None = None
     seed: int = 0
+    device: str | None = None  # where healing trains (None: the study's device, else the CPU)
 
     def validate(self) -> ExportRequest:
         """Every out-of-range field at once, as one error (nothing is written)."""

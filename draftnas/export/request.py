@@ -13,6 +13,7 @@ from typing import Any
 from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.acceptance.traces import load_traces, split_traces
 from draftnas.core.errors import ExportError
+from draftnas.core.machine import require_device
 from draftnas.core.records import Progress
 from draftnas.drafter.build import build_drafter
 from draftnas.drafter.records import HealOptions, PruningPlan, load_plan, prompt_key
@@ -154,6 +155,8 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     """Resolve the plan, build the drafter from the base (healed unless 0 steps), export, push
     (optional)."""
     request.validate()
+    if request.device is not None:
+        require_device(request.device)
     check_destination(request.out_dir, request.force)  # fail before minutes of work
     source = _resolve_plan(request)
     plan, trial = source.plan, source.trial
@@ -170,8 +173,9 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     held = study_traces(source.info) if trial is not None else None
     options = None
     if steps > 0:
+        device = request.device or (source.info.device if source.info else "cpu")
         options = replace(request.heal or workload_heal_options(source.info, held), steps=steps,
-                          seed=request.seed)
+                          seed=request.seed, device=device)
     checkpoint = Path(request.out_dir + ".heal-checkpoint")
     scoring: dict[str, Any] = {}
     if held is not None and source.info is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option
 from draftnas.core.placement import Hardware
 from draftnas.core.records import CpuIdentity, Record
@@ -217,7 +218,6 @@ class SpecSheet(Record):
     source: str = ""
     hardware: Hardware | None = None
 Condition = tuple[int, int, int]  # (batch_size, new_tokens, context_tokens)
-DEVICES = ("cpu", "cuda")
 MODES = ("eager", "static", "cuda-graph")
 STATIC_MODES = ("static", "cuda-graph")
 DTYPES_BY_DEVICE = {"cpu": ("fp32", "bf16"), "cuda": ("fp16", "bf16")}

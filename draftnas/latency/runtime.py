@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from draftnas.core.errors import DeviceError
-from draftnas.core.machine import available_memory_bytes, cpu_count, cpu_model_name
+from draftnas.core.machine import available_memory_bytes, cpu_count, cpu_model_name, require_device
 from draftnas.core.registry import Architecture
 from draftnas.latency.records import STATIC_MODES, Condition, ProfileOptions
 from draftnas.models.decoder import StaticStep
@@ -36,9 +36,7 @@ class Runtime:
         self.torch = torch
         self.options = options
         self.cuda = options.device == "cuda"
-        if self.cuda and not torch.cuda.is_available():
-            raise DeviceError("--device cuda asked for, but torch sees no CUDA device here "
-                              f"(torch {torch.__version__}); use --device cpu")
+        require_device(options.device)
         if options.threads:
             torch.set_num_threads(options.threads)
         self.device = torch.device("cuda" if self.cuda else "cpu")

@@ -103,8 +103,8 @@ class WeightsEvaluator:
     calibration_seq_len = 96
 
     def __init__(self, base: str, base_arch: Architecture, traces_path: Path, space: SearchSpace,
-                 seed: int = 0, dtype: str = "fp32") -> None:
-        self.base, self.dtype = base, dtype
+                 seed: int = 0, dtype: str = "fp32", device: str = "cpu") -> None:
+        self.base, self.dtype, self.device = base, dtype, device
         self.base_arch = base_arch
         self.traces_path = traces_path
         self.space = space
@@ -121,7 +121,7 @@ class WeightsEvaluator:
         torch.manual_seed(self.seed)
         # healing trains in fp32 (the drafter is cast to the run's dtype before it is estimated)
         dtype = "fp32" if self.space.heal.steps else self.dtype
-        self._loaded = load_model(self.base, dtype=TORCH_DTYPES[dtype])
+        self._loaded = load_model(self.base, dtype=TORCH_DTYPES[dtype], device=self.device)
         self._loaded.model.eval()
         traces = load_traces(self.traces_path).select(temperature=self.space.workload.temperature)
         self._eval_traces, self._heal_traces = split_traces(traces)
@@ -141,7 +141,7 @@ class WeightsEvaluator:
             source=str(self.traces_path))
         options = heal_options(steps=h.steps, batch_size=h.batch_size, lr=h.learning_rate, seq_len=h.seq_len,
                                seed=self.seed, n_records=len(self._heal_traces.records),
-                               max_seconds=h.max_seconds)
+                               max_seconds=h.max_seconds, device=self.device)
         if options is not None and self._heal_data is None:  # the same data for every trial
             self._heal_data = data_from_traces(self._heal_traces, options)
         built = build_drafter(plan, self._loaded, heal=options, teacher=self._heal_traces,
@@ -158,7 +158,7 @@ class WeightsEvaluator:
         acceptance on the same held-out trace records the trials are scored on."""
         self._setup()
         started = time.perf_counter()
-        loaded = load_model(candidate.name, dtype=TORCH_DTYPES[self.dtype])
+        loaded = load_model(candidate.name, dtype=TORCH_DTYPES[self.dtype], device=self.device)
         estimate = estimate_acceptance(loaded.model, self._eval_traces, max_gamma=self.space.gamma.max,
                                        temperature=self.space.workload.temperature)
         del loaded

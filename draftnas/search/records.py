@@ -254,6 +254,7 @@ class StudyInfo(Record):
     traces: str | None = None  # the target traces acceptance was measured on (absolute path)
     dtype: str = "fp32"  # the weights' dtype everything was timed and estimated in
     references: tuple[str, ...] = ()  # drafters a user would otherwise pick, priced beside the trials
+    device: str = "cpu"  # where drafters were built, healed and scored (and a calibration timed)
 
     def fingerprint(self) -> dict[str, Any]:
         space = {k: v for k, v in self.space.to_dict().items() if k not in ("source", "description")}
@@ -337,6 +338,7 @@ class SearchOptions:
     engine: str | None = None  # the loop engine the calibration timed (None: the profile as it is)
     dtype: str = "fp32"  # the weights' dtype the latency was calibrated and acceptance estimated in
     references: tuple[str, ...] = ()  # the space's references and --reference: priced beside the trials
+    device: str = "cpu"  # where drafters were built, healed and scored (and a calibration timed)
 
     @property
     def study_name(self) -> str:

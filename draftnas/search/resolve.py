@@ -19,7 +19,7 @@ from draftnas.acceptance.records import TraceOptions
 from draftnas.acceptance.traces import tokenizer_fingerprint
 from draftnas.acceptance.tracing import build_traces
 from draftnas.core.errors import InvalidInputError
-from draftnas.core.machine import cpu_has_native_bf16, cpu_identity
+from draftnas.core.machine import cpu_has_native_bf16, cpu_identity, require_device
 from draftnas.core.placement import Placement, place
 from draftnas.core.prompts import Prompt, load_prompts, subsample
 from draftnas.core.registry import Architecture
@@ -67,6 +67,7 @@ class SearchRequest:
     memory_margin: float = 0.1  # share of each GPU's memory kept free
     engine: str = "static"  # the loop the calibration times: "static" (draftnas's decoder) or "hf"
     references: tuple[str, ...] = ()  # more drafters a user would otherwise pick (beside the space's)
+    device: str = "cpu"  # where traces are written, drafters built, healed and scored, and calibration timed
 
 
 def fingerprint_text(data: Any) -> str:
@@ -91,19 +92,21 @@ def host_cpu_profile(engine: str = "static", dtype: str | None = None) -> str:
 
 
 def resolve_profile(spec: str | None, space: SearchSpace, dtype: str | None = None,
-                    engine: str = "static", calibrating: bool = False) -> tuple[str, LatencyProfile]:
+                    engine: str = "static", calibrating: bool = False,
+                    device: str = "cpu") -> tuple[str, LatencyProfile]:
     """A label naming the profile (file, device, kind) and the profile. `dtype`: a shipped spec-sheet
     profile is re-derived for it; a measured profile must have been measured in it. The name
     "cpu" (the spaces' default) is the shipped CPU profile measured on this host, when one is
-    (`host_cpu_profile`, for the loop `engine` and `dtype`). `calibrating`: a measured CPU profile in
-    another dtype is a prior the calibration corrects in `dtype`, not an error."""
+    (`host_cpu_profile`, for the loop `engine` and `dtype`). `calibrating`: a measured profile of `device`
+    (the one the calibration times) in another dtype is a prior the calibration corrects in `dtype`,
+    not an error."""
 
     name = spec or space.profile or "cpu"
     if name == "cpu":
         name = host_cpu_profile(engine, dtype)
     path = Path(name).expanduser()
     profile = load_profile(path) if path.suffix == ".json" or path.is_file() else default_profile(name)
-    corrected = calibrating and profile.device == "cpu" and profile.kind == "measured"
+    corrected = calibrating and profile.device == device and profile.kind == "measured"
     if dtype is not None and dtype != profile.dtype and not corrected:
         if profile.kind == "spec-sheet" and name.lower() in SPEC_SHEETS and name.lower() in SHIPPED_PROFILES:
             profile = spec_sheet_profile(name.lower(), dtype)
@@ -124,20 +127,26 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     min for SmolLM2-135M on 2 cores in the static engine). `dtype` None: the faster of fp32 and (on a
     CPU with native bf16) bf16 for the target's decode and verify, timed first (`choose_dtype`).
     Returns the model, the one-line summary of what was measured against what the profile said, and
-    the dtype."""
+    the dtype.
+
+    On the profile's device: a CPU here, or the present GPU for a CUDA profile, where the static
+    engine's steps are timed as CUDA graphs (what bench replays there) and the dtype is the faster
+    of bf16 and fp16."""
     g = space.gamma
     counts = [n + 1 for n in range(max(1, g.min), g.max + 1)]
-    mode = "static" if engine == "static" else "eager"
-    options = ProfileOptions(device="cpu", dtype=dtype or profile.dtype, mode=mode, repeats=5, warmup=1)
+    cuda = profile.device == "cuda"
+    mode = ("cuda-graph" if cuda else "static") if engine == "static" else "eager"
+    options = ProfileOptions(device=profile.device, dtype=dtype or profile.dtype, mode=mode, repeats=5,
+                             warmup=1)
     dtype_ms: dict[str, dict[int, float]] = {}
     if dtype is None:
-        candidates = ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",)
+        candidates = dtype_candidates(profile.device)
         if len(candidates) > 1:
             chosen, dtype_ms = choose_dtype(options, target, max(counts), candidates,
                                             context_tokens=space.workload.context_tokens)
             options = replace(options, dtype=chosen)
         else:
-            options = replace(options, dtype="fp32")
+            options = replace(options, dtype=candidates[0])
     heads = [v for v in space.vocab_sizes if v > 0]
     calibration = calibrate_host(options, target, counts, context_tokens=space.workload.context_tokens,
                                  progress=progress, prompt_tokens=space.workload.prompt_tokens,
@@ -145,6 +154,14 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     calibration = replace(calibration, dtype_ms=dtype_ms)
     model = CalibratedModel(LatencyModel.from_profile(profile), calibration, target)
     return model, model.summary(), options.resolved_dtype()
+
+
+def dtype_candidates(device: str) -> tuple[str, ...]:
+    """The dtypes a calibrating search times on `device`: bf16 and fp16 on a GPU; fp32 and, on a CPU
+    with native bf16 instructions, bf16."""
+    if device == "cuda":
+        return ("bf16", "fp16")
+    return ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",)
 
 
 def trace_prompts(space: SearchSpace) -> list[Prompt]:
@@ -162,7 +179,7 @@ def trace_prompts(space: SearchSpace) -> list[Prompt]:
 def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
                    progress: Callable[[int, int], None] | None = None, dtype: str = "fp32") -> Path:
     """Traces of the target over the space's prompt set, in `dtype` (greedy tokens differ between
-    dtypes), built once and cached in the run folder."""
+    dtypes), built once on the request's device and cached in the run folder."""
     w, t = space.workload, space.traces
     prompts = trace_prompts(space)
     key = fingerprint_text([request.target, w.prompt_set, w.domain, t.prompts, t.max_new_tokens,
@@ -172,7 +189,8 @@ def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     options = TraceOptions(max_new_tokens=t.max_new_tokens, temperatures=(w.temperature,),
-                           batch_size=min(len(prompts), 16), shard_size=min(len(prompts), 16), dtype=dtype)
+                           batch_size=min(len(prompts), 16), shard_size=min(len(prompts), 16), dtype=dtype,
+                           device=request.device)
     log.info("building traces of %s over %d %s prompts into %s", request.target, len(prompts),
              w.prompt_set, out)
     return build_traces(request.target, prompts, options, out, prompt_set=w.prompt_set, progress=progress)
@@ -187,6 +205,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         space = request.space
     else:
         space = load_search_space(request.space) if request.space else default_space_for(request.target)
+    require_device(request.device)
     target_arch = resolve_architecture(request.target)
     base = request.base_shape or request.base or space.base
     base_arch = resolve_architecture(base)
@@ -197,7 +216,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     if problems:
         raise InvalidInputError("; ".join(problems))
     profile, latency_profile = resolve_profile(request.profile, space, request.dtype, request.engine,
-                                               calibrating=request.calibrate)
+                                               calibrating=request.calibrate, device=request.device)
     _check_dtype(request.dtype, latency_profile.device)
     predictor: LatencyPredictor = LatencyModel.from_profile(latency_profile)
     profile_note = host_mismatch(latency_profile)
@@ -220,7 +239,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     if request.engine not in ENGINES:
         raise InvalidInputError(f"--engine {request.engine!r} is not known (allowed: {', '.join(ENGINES)})")
     engine, dtype = None, request.dtype or latency_profile.dtype
-    if request.calibrate and latency_profile.device == "cpu" and latency_profile.kind == "measured":
+    if request.calibrate and latency_profile.device == request.device and latency_profile.kind == "measured":
         engine = request.engine
         stacks = [base_arch, *(resolve_architecture(r) for r in references if has_weights(r))]
         predictor, profile_note, dtype = calibrated_predictor(
@@ -239,7 +258,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
         profile=profile, study=request.study, acceptance_prior=request.acceptance_prior,
         profile_note=profile_note, placement=placement, acceptance_model=model_label, engine=engine,
-        dtype=dtype, references=references)
+        dtype=dtype, references=references, device=request.device)
     if request.acceptance_model is not None:
         return options, predictor, evaluator
     if request.acceptance_prior is not None:
@@ -333,7 +352,7 @@ def _measuring_evaluator(request: SearchRequest, options: SearchOptions,
     if not traces.is_file():
         raise InvalidInputError(f"--traces {traces} is not a file")
     return WeightsEvaluator(options.base, options.base_arch, traces, space, seed=request.study.seed or 0,
-                            dtype=options.dtype)
+                            dtype=options.dtype, device=options.device)
 
 
 def search(request: SearchRequest, *, progress: Callable[[int, int], None] | None = None,

@@ -128,3 +128,18 @@ def test_tokenizer_mismatch_is_refused(tiny_target, tmp_path):
         check_compatible(traces, vocab_size=128, fingerprint=tokenizer_fingerprint(TinyTokenizer(shift=1)))
     with pytest.raises(TraceError, match="vocabulary of 256 ids"):
         check_compatible(traces, vocab_size=256)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_traces_written_on_cuda_equal_the_cpus(tiny_target, tmp_path):
+    import copy
+    import dataclasses
+
+    options = TraceOptions(max_new_tokens=10, temperatures=(0.0, 1.0), top_k=4, seed=1)
+    cpu = load_traces(build_traces(tiny_target, PROMPTS, options, tmp_path / "cpu.safetensors"))
+    on_gpu = dataclasses.replace(tiny_target, model=copy.deepcopy(tiny_target.model).to("cuda"))
+    gpu = load_traces(build_traces(on_gpu, PROMPTS, TraceOptions(**{**options.to_dict(), "device": "cuda"}),
+                                   tmp_path / "gpu.safetensors"))
+    for a, b in zip(cpu.records, gpu.records, strict=True):  # fp32: the same tokens, host tensors
+        assert a.continuation_ids.tolist() == b.continuation_ids.tolist()
+        assert b.topk_probs.device.type == "cpu"

@@ -107,3 +107,20 @@ def test_help_reads_as_sentences(command):
         flat = " ".join(text.replace("│", " ").split())
         assert (f"Default: {DEFAULT_EXPORT_HEAL_STEPS} (toward the target's top-{EXPORT_TEACHER_TOPK}, "
                 f"on the workload's prompts and {EXPORT_WRITTEN_PROMPTS} more") in flat
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal where CUDA is absent")
+@pytest.mark.parametrize("args", [
+    ["trace", "-t", "smollm2-135m", "-o", "{tmp}/traces.safetensors"],
+    ["heal", "--plan", "{tmp}/plan.json", "--out", "{tmp}/healed"],
+    ["search", "-t", "smollm2-135m", "--trials", "1", "--run-dir", "{tmp}/runs"],
+    ["export", "--plan", "{tmp}/plan.json", "--out", "{tmp}/exported"],
+    ["e2e", "--out", "{tmp}/e2e"],
+])
+def test_device_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path, args):
+    """Every stage takes --device cuda; where torch sees no GPU it is refused before any work."""
+    out = run(*(a.format(tmp=tmp_path) for a in args), "--device", "cuda")
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "--device cuda asked for" in lines[0] and "use --device cpu" in lines[0]
+    assert list(tmp_path.iterdir()) == []

@@ -267,3 +267,20 @@ def test_the_target_writes_training_prompts_that_open_like_the_set(smollm2):
     assert [s.input_ids for s in more.heldout] == [s.input_ids for s in plain.heldout]
     assert more.train[:len(plain.train)] == plain.train
     assert more.n_written == len(more.train) - len(plain.train) > 0 and plain.n_written == 0
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("teacher", ["live", "topk"])
+def test_heal_on_cuda_moves_the_drafter_and_teaches_it(tiny_llama_config, teacher):
+    from draftnas.drafter.heal import heal
+    from draftnas.drafter.records import VocabSubset
+    from draftnas.drafter.vocab import apply_vocab_subset
+
+    target, drafter = _models(tiny_llama_config)
+    apply_vocab_subset(drafter, VocabSubset(ids=tuple(range(0, 128, 2)), vocab_size=128))  # reduced head too
+    data = _data(target, top_k=8 if teacher == "topk" else None, memorize=True)
+    source = target if teacher == "live" else type("T", (), {"records": [], "metadata": None})()
+    result = heal(drafter, source, HealOptions(steps=30, batch_size=4, lr=1e-2, eval_every=0, train="all",
+                                               device="cuda"), data=data)
+    assert next(drafter.parameters()).device.type == "cuda"
+    assert result.top1_after > result.top1_before

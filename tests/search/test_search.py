@@ -471,7 +471,8 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     space = load_search_space("smollm2-135m")  # workload: chat prompts
     best = NS(candidate=NS(plan=object(), name="L1bi-x-v4096", head_vocab_size=4096), number=3,
               primary=NS(gamma=2))
-    info = NS(acceptance_assumed=False, target="smollm2-135m", engine="static", space=space, dtype="fp32")
+    info = NS(acceptance_assumed=False, target="smollm2-135m", engine="static", space=space, dtype="fp32",
+              device="cpu")
     lines = next_commands(NS(best=best, info=info, study_name="s", storage="sqlite:///s.db", references=()))
     bench = next(line for line in lines if "draftnas bench" in line)
     assert bench.strip() == ("draftnas bench --target smollm2-135m --draft drafters/L1bi-x-v4096 --gamma 2 "
@@ -486,6 +487,9 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     uncalibrated = next_commands(NS(best=best, info=NS(**{**vars(info), "engine": None}), study_name="s",
                                     storage="sqlite:///s.db", references=()))
     assert "--engine" not in next(line for line in uncalibrated if "draftnas bench" in line)
+    on_gpu = next_commands(NS(best=best, info=NS(**{**vars(info), "device": "cuda"}), study_name="s",
+                              storage="sqlite:///s.db", references=()))
+    assert "--device cuda" in next(line for line in on_gpu if "draftnas bench" in line)  # where it was priced
 
 
 def test_the_result_json_carries_the_export_after_export(tmp_path):
@@ -546,3 +550,23 @@ def test_bf16_is_refused_where_the_cpu_has_no_native_bf16(monkeypatch):
         resolve._check_dtype("bf16", "cpu")
     resolve._check_dtype("fp32", "cpu")
     resolve._check_dtype("bf16", "cuda")  # judged on the GPU's own terms
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_a_search_on_cuda_calibrates_the_gpu_profile_and_scores_drafters_there(tmp_path):
+    """--device cuda: the measured H100 profile is calibrated on the present GPU (CUDA graphs, the faster
+    of bf16 and fp16), traces are written and drafters healed and scored there."""
+    from draftnas.latency.files import profiles_dir
+    from draftnas.search.records import StudySettings
+    from draftnas.search.resolve import SearchRequest, search
+
+    space = parse_search_space({"schema_version": 1, "name": "tiny-gpu", "target": "smollm2-135m",
+                                "base": "smollm2-135m", "depth": {"min": 1, "max": 3},
+                                "gamma": {"min": 1, "max": 4}, "traces": {"prompts": 4, "max_new_tokens": 16},
+                                "heal": {"steps": 2, "batch_size": 1, "seq_len": 64}})
+    result = search(SearchRequest(target="smollm2-135m", space=space, device="cuda",
+                                  profile=str(profiles_dir() / "h100-bf16-cuda-graph.json"),
+                                  study=StudySettings(n_trials=2, run_dir=str(tmp_path), study_name="g")))
+    assert result.info.device == "cuda" and result.info.dtype in ("bf16", "fp16")
+    assert (result.profile_note or "").startswith("calibrated") and result.best is not None
