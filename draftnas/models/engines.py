@@ -73,7 +73,8 @@ class StaticEngine:
             return self.decoder(ids, positions, self.cache, keep=keep, slots=start + t)[0]
         step = self.steps.get(t)
         if step is None:
-            step = self.steps[t] = StaticStep(self.decoder, self.cache, ids, positions, capture=True)
+            # the step owns its input buffers (ids may be a view of the loop's drafted tokens)
+            step = self.steps[t] = StaticStep(self.decoder, self.cache, ids.clone(), positions, capture=True)
         else:
             step.input_ids.copy_(ids)
             step.positions.copy_(positions)
