@@ -8,37 +8,54 @@
 #   phase           planned s  what
 #   setup                  30  install the wheelhouse into .whl/site (--no-index), join the model parts
 #   tests                  90  the CUDA tests: captured steps equal eager ones, every family's capture
-#   profile-graph         240  draftnas profile, bf16, CUDA graphs (held-out error in the profile)
-#   profile-static        240  the same without graphs (what capture buys)
-#   bench-bf16            240  SmolLM2-135M + each packed drafter, 3 runs (median, min, max in summary)
-#   bench-fp32            240  the same in fp32 (the exact lossless check), 3 runs
-#   gemma                 180  Gemma-3-270M captured and benched, drafting for itself (capture and exactness, not speed)
-#   batched               240  bench --batch-size 1..64: measured crossover beside the graph profile's
+#   profile-graph         200  draftnas profile, bf16, CUDA graphs (held-out error in the profile)
+#   profile-static        160  the same without graphs (what capture buys)
+#   bench-bf16            220  SmolLM2-135M + each packed drafter, 3 runs (median, min, max in summary)
+#   bench-fp32            220  the same in fp32 (the exact lossless check), 3 runs
+#   gemma                 120  Gemma-3-270M captured and benched, drafting for itself (capture and exactness, not speed)
+#   batched               200  bench --batch-size 1..64: measured crossover beside the graph profile's
+#   search-cuda           180  search --device cuda on the graph profile (calibrated on the GPU), export,
+#                              bench the winner: predicted beside measured tokens/s
+#   e2e                   240  draftnas e2e --device cuda (quick budget, the graph profile)
 #   summary                 5  one JSON of every figure above ($OUT/summary.json, also printed)
-#   total                1505  about 25 min, inside the session's 30 min of device time
+#   total                1665  about 28 min, inside the session's 30 min of device time
 #
 #   bash scripts/gpu_measure.sh setup tests profile-graph     (one call; the next call goes on)
 #   DRY_RUN=1 bash scripts/gpu_measure.sh all                 (on a CPU: every phase, tiny sizes;
 #                                                              fp32 for bf16 where the CPU has no bf16)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-gpu-out}
+OUT=$(realpath -m "${OUT:-gpu-out}")
 mkdir -p "$OUT/done"
 export PYTHONPATH="$PWD/.whl/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 PY=${PYTHON:-python3}
-ALL="setup tests profile-graph profile-static bench-bf16 bench-fp32 gemma batched summary"
-declare -A PLANNED=([setup]=30 [tests]=90 [profile-graph]=240 [profile-static]=240 [bench-bf16]=240
-                    [bench-fp32]=240 [gemma]=180 [batched]=240 [summary]=5)
+case $PY in */*) PY=$(realpath -s "$PY") ;; esac  # a path stays valid in phases that change folder
+ALL="setup tests profile-graph profile-static bench-bf16 bench-fp32 gemma batched search-cuda e2e summary"
+declare -A PLANNED=([setup]=30 [tests]=90 [profile-graph]=200 [profile-static]=160 [bench-bf16]=220
+                    [bench-fp32]=220 [gemma]=120 [batched]=200 [search-cuda]=180 [e2e]=240 [summary]=5)
 if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny sizes
     DEVICE=cpu TARGET=smollm2-135m GEMMA=gemma-3-270m NEW=4 PER=1 BATCHES=1,2 PROMPTS=chat
     PROFILE_ARGS=(--device cpu --dtype fp32 --from draftnas/data/profiles/cpu-amd-2core-fp32-static.json
                   --target smollm2-135m --layers 1,2 --batch-sizes 1 --max-gamma 1 --context 16 --repeats 3)
-    GRAPH_MODE=static HALF=bf16
+    GRAPH_MODE=static HALF=bf16 TRIALS=2 E2E_BUDGET=smoke
+    cat > "$OUT/dry-space.yaml" <<'YAML'
+schema_version: 1
+name: dry-run
+target: smollm2-135m
+base: smollm2-135m
+depth: {min: 1, max: 2}
+gamma: {min: 1, max: 3}
+heal: {steps: 0}
+traces: {prompts: 3, max_new_tokens: 8}
+workload: {prompt_set: chat}
+YAML
+    SEARCH_ARGS=(--space "$OUT/dry-space.yaml" --no-calibrate)  # the GPU's calibration has no CPU stand-in
     grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null || HALF=fp32  # a CPU without bf16 kernels refuses bf16
 else
     export DRAFTNAS_CACHE="$PWD/.whl/cache"
     DEVICE=cuda TARGET=.whl/smollm2.gguf GEMMA=.whl/gemma3.gguf NEW=64 PER=3 BATCHES=1,2,4,8,16,32,64
-    PROMPTS=all PROFILE_ARGS=(--device cuda --dtype bf16) GRAPH_MODE=cuda-graph HALF=bf16
+    PROMPTS=all PROFILE_ARGS=(--device cuda --dtype bf16) GRAPH_MODE=cuda-graph HALF=bf16 TRIALS=8 E2E_BUDGET=quick
+    SEARCH_ARGS=(--space smollm2-135m)
 fi
 
 drafters() {  # the drafters to bench: each packed one, unpacked; in a dry run the target itself
@@ -49,6 +66,11 @@ drafters() {  # the drafters to bench: each packed one, unpacked; in a dry run t
         [ -d "$dest" ] || "$PY" scripts/drafter_delta.py unpack "$packed" "$TARGET" "$dest" >&2
         echo "$dest"
     done
+}
+
+as_folder() {  # as_folder SPEC: the model's local folder (a GGUF or an embedded package converted once)
+    "$PY" -c 'import sys; from draftnas.models.sources import ensure_local_folder
+print(ensure_local_folder(sys.argv[1])[1])' "$1"
 }
 
 join_parts() {  # join_parts NAME DEST: .whl/gpu/NAME.NN in order, sha256 checked
@@ -100,6 +122,27 @@ phase() {
         "$PY" -m draftnas bench --target "$TARGET" --draft "$(drafters | head -1)" --device "$DEVICE" \
             --dtype "$HALF" --gamma 3 --per-domain "$PER" --prompts "$PROMPTS" --max-new-tokens "$NEW" \
             --batch-size "$BATCHES" "${profile[@]}" --out-json "$OUT/batched.json" ;;
+    search-cuda)  # the target as a folder, its own layers the base; the winner is exported under
+        local folder  # $OUT/drafters (the search runs in $OUT)
+        folder=$(as_folder "$TARGET") || return 1
+        cd "$OUT" || return 1
+        "$PY" -m draftnas search --target "$folder" --base "$folder" "${SEARCH_ARGS[@]}" --device "$DEVICE" \
+            --profile "$OUT/profile-graph.json" --trials "$TRIALS" --run-dir "$OUT/runs" --export \
+            --out-json "$OUT/search-cuda.json" || return 1
+        "$PY" - "$OUT/search-cuda.json" > "$OUT/search-cuda.args" <<'PYEOF' || return 1
+import json, sys
+data = json.load(open(sys.argv[1]))
+print(data["export"]["folder"], data["export"]["gamma"], data["info"]["dtype"])
+PYEOF
+        read -r drafter gamma dtype < "$OUT/search-cuda.args"
+        "$PY" -m draftnas bench --target "$folder" --draft "$drafter" --device "$DEVICE" --dtype "$dtype" \
+            --engine static --gamma "$gamma" --per-domain "$PER" --prompts "$PROMPTS" --max-new-tokens "$NEW" \
+            --no-hf-routed --out-json "$OUT/search-cuda-bench.json" ;;
+    e2e)
+        local folder
+        folder=$(as_folder "$TARGET") || return 1
+        "$PY" -m draftnas e2e --target "$folder" --space smollm2-135m --device "$DEVICE" --budget "$E2E_BUDGET" \
+            --profile "$OUT/profile-graph.json" --out "$OUT/e2e" --out-json "$OUT/e2e.json" ;;
     summary) "$PY" scripts/gpu_summary.py "$OUT" ;;
     *) echo "[gpu] unknown phase $1 (phases: $ALL)"; return 2 ;;
     esac
@@ -111,8 +154,9 @@ for name in "$@"; do
         echo "[gpu] $name: done already ($(cat "$OUT/done/$name"))"; continue
     fi
     started=$SECONDS
-    timeout "${PLANNED[$name]:-60}" bash -c "$(declare -f phase drafters join_parts bench3); $(declare -p \
-        PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE HALF ALL); phase $name" \
+    timeout "${PLANNED[$name]:-60}" bash -c "$(declare -f phase drafters as_folder join_parts bench3); $(declare -p \
+        PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE HALF TRIALS E2E_BUDGET SEARCH_ARGS ALL); \
+        phase $name" \
         > "$OUT/$name.log" 2>&1
     status=$?
     took=$((SECONDS - started))

@@ -51,7 +51,36 @@ def summarize(out: Path) -> dict[str, Any]:
                        for p in data["points"]],
             "measured_crossover": data["measured_crossover"],
             "predicted_crossover": data["predicted_crossover"], "profile": data["profile"]}
+    if (out / "search-cuda.json").is_file() and (out / "search-cuda-bench.json").is_file():
+        searched, benched = (json.loads((out / f"{n}.json").read_text())
+                             for n in ("search-cuda", "search-cuda-bench"))
+        summary["search_cuda"] = search_against_bench(searched, benched)
+    if (out / "e2e.json").is_file():
+        data = json.loads((out / "e2e.json").read_text())
+        summary["e2e"] = {
+            "wall_s": data["wall_s"], "target_tokens_per_s": data["target_tokens_per_s"],
+            "target_predicted_tokens_per_s": data["target_predicted_tokens_per_s"],
+            "drafters": {r["role"]: {g: {"predicted_speedup": r["predicted"][g]["speedup"],
+                                         "measured_speedup": m["speedup"], "lossless": m["lossless"]}
+                                     for g, m in r["measured"].items() if g in r["predicted"]}
+                         for r in data["rows"]}}
     return summary
+
+
+def search_against_bench(search: dict[str, Any], bench: dict[str, Any]) -> dict[str, Any]:
+    """The calibrated search's predicted tokens/s for the target alone and its winner beside what the
+    bench of the exported winner measured (the prediction at the export's gamma, as exported)."""
+    said = search["export"]["record"]["prediction"]
+    arms = {a["name"]: a for a in bench["arms"]}
+    predicted = {"target": said["baseline_tokens_per_s"], "draftnas": said["tokens_per_s"]}
+    rows = {}
+    for arm, said in predicted.items():
+        measured = arms[arm]["tokens_per_s"]
+        rows[arm] = {"predicted_tokens_per_s": said, "measured_tokens_per_s": measured,
+                     "error_pct": 100.0 * (said - measured) / measured if measured else None}
+    return {"winner": search["export"]["folder"], "dtype": search["info"]["dtype"],
+            "calibration": search.get("profile_note"), "gamma": bench["gamma"], "arms": rows,
+            "measured_speedup": arms["draftnas"].get("speedup")}
 
 
 def main() -> None:

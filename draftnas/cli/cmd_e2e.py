@@ -33,8 +33,8 @@ def results_table(result: E2EResult) -> Table:
 def e2e(
     target: str = typer.Option("smollm2-135m", "--target", "-t", help="Target (and base) with weights."),
     out: str = typer.Option("runs/e2e", "--out", help="Run folder (re-running resumes from it)."),
-    budget: str = typer.Option("quick", "--budget", help="quick (minutes, proves the machinery) | full "
-                               "(the README figures)."),
+    budget: str = typer.Option("quick", "--budget", help="smoke (every stage runs here, no figures) | quick "
+                               "(minutes, proves the machinery) | full (the README figures)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the search, healing and benches."),
     repeats: int | None = typer.Option(None, "--repeats", help="Bench repeats (median); default: budget's."),
     profile: str | None = typer.Option(None, "--profile", help="Latency profile JSON or shipped name "

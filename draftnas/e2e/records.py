@@ -45,6 +45,11 @@ class Budget(Record):
             extra.append(("fixed_gamma", f"must be <= max_gamma {self.max_gamma}, got {self.fixed_gamma}"))
         return check_options(self, extra)
 BUDGETS: dict[str, Budget] = {
+    # a couple of minutes on a 2-core CPU: every stage runs on this machine (a device's shakedown), no figures
+    "smoke": Budget(name="smoke", trace_per_domain=3, trace_new_tokens=10, trials=2, depth_max=2,
+                    search_heal_steps=1, search_heal_seconds=5.0, heal_steps=2, heal_batch_size=2,
+                    heal_seq_len=32, bench_per_domain=1, bench_new_tokens=8, repeats=1, fixed_gamma=2,
+                    max_gamma=3, term_repeats=3),
     # minutes on a loaded 2-core CPU: proves the machinery, not the figures
     "quick": Budget(name="quick", trace_per_domain=3, trace_new_tokens=32, trials=4, depth_max=6,
                     search_heal_steps=4, search_heal_seconds=20.0, heal_steps=12, bench_per_domain=1,
