@@ -1,10 +1,12 @@
-"""Per-domain draft heads: one exported drafter's plan with its reduced head chosen from the
-target's code-only, chat-only or all traces, decoded for real on held-out prompts of each domain.
+"""Per-domain drafters: one exported drafter's plan with its reduced head chosen from the
+target's code-only, chat-only or all traces and, with --heal-steps N, its layers healed (distilled
+toward the target's top-k) on those same traces, decoded for real on held-out prompts of each domain.
 
-The drafters differ only in which vocabulary rows their head keeps (the same number), so their
-draft latency is the same and tokens per step says which head helps where. Prompts the drafter's
-search traced (its `searched_prompts`) are left out; each prompt is decoded once per head in
-draftnas's loop (static engine) after one warm-up.
+The drafters differ only in which vocabulary rows their head keeps (the same number) and, when
+healed, in the text they were distilled on, so their draft latency is the same and tokens per
+step says which helps where. Prompts the drafter's search traced (its `searched_prompts`, the
+traces healed on) are left out; each prompt is decoded once per drafter in draftnas's loop
+(static engine) after one warm-up.
 
     python benchmarks/domain_heads.py --drafter drafters/L24bi-h14kv2-i4864-v32768 \
         --traces runs/qwen2.5-coder-1.5b/traces-*.safetensors --dtype bf16 --per-domain 3 \
@@ -32,7 +34,7 @@ def main() -> None:
     from draftnas.bench.run import unseen_prompts
     from draftnas.core.machine import cpu_identity, load_average
     from draftnas.core.prompts import load_prompts
-    from draftnas.drafter.build import build_drafter, choose_head
+    from draftnas.drafter.build import build_drafter, choose_head, heal_options
     from draftnas.drafter.records import PruningPlan
     from draftnas.export.folder import exported_record, load_drafter
     from draftnas.models.decoder import StaticDecoder
@@ -49,6 +51,11 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="bf16", choices=("fp32", "bf16"))
+    parser.add_argument("--heal-steps", type=int, default=0,
+                        help="distillation steps per drafter (0: heads only)")
+    parser.add_argument("--heal-lr", type=float, default=1e-4)
+    parser.add_argument("--heal-batch-size", type=int, default=4)
+    parser.add_argument("--heal-seq-len", type=int, default=256)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -61,13 +68,24 @@ def main() -> None:
     target = load_model(record["target"], dtype=dtype)
     base = load_model(record["base"])  # the plan is applied in fp32, then cast
     traces = load_traces(args.traces)
-    plans = {h: choose_head(plan, plan.vocab.size, traces if h == "all" else traces.select(domains=[h]),
-                            base.tokenizer, source=f"{args.traces} ({h})") for h in HEADS}
+    chosen = {h: traces if h == "all" else traces.select(domains=[h]) for h in HEADS}
+    plans = {h: choose_head(plan, plan.vocab.size, chosen[h], base.tokenizer, source=f"{args.traces} ({h})")
+             for h in HEADS}
     engines: dict[str, Any] = {}
+    healed: dict[str, Any] = {}
     slots = 4096
     for head, p in plans.items():
-        model = build_drafter(p, base, dtype=args.dtype).model
-        engines[head] = StaticEngine(StaticDecoder.from_hf(model), slots)
+        options = heal_options(steps=args.heal_steps, batch_size=args.heal_batch_size, lr=args.heal_lr,
+                               seq_len=args.heal_seq_len, seed=0, n_records=len(chosen[head].records))
+        built = build_drafter(p, base, heal=options, teacher=chosen[head] if options else None,
+                              dtype=args.dtype)
+        if built.heal is not None:
+            healed[head] = {"records": len(chosen[head].records), "top1_before": built.heal.top1_before,
+                            "top1_after": built.heal.top1_after, "train_s": built.heal.train_s}
+            print(f"{head}: healed {args.heal_steps} steps on {len(chosen[head].records)} trace records, "
+                  f"held-out top-1 {built.heal.top1_before:.3f} -> {built.heal.top1_after:.3f} "
+                  f"({built.heal.train_s:.0f} s)", flush=True)
+        engines[head] = StaticEngine(StaticDecoder.from_hf(built.model), slots)
     del base
     t_engine = StaticEngine(StaticDecoder.from_hf(target.model), slots)
     prompts, encoded, left_out = unseen_prompts(load_prompts(args.prompts), target.tokenizer,
@@ -101,6 +119,7 @@ def main() -> None:
         print(f"{domain:8s} " + " ".join(cells))
     result = {"drafter": args.drafter, "target": record["target"], "traces": args.traces,
               "head_rows": plan.vocab.size, "coverage": coverage, "gamma": args.gamma,
+              "heal_steps": args.heal_steps, "heal_lr": args.heal_lr, "healed": healed,
               "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "threads": torch.get_num_threads(),
               "prompts": [p.id for p in prompts], "left_out": list(left_out), "table": table,
               "host": cpu_identity().label(), "load_average_before": load_before,
