@@ -207,9 +207,9 @@ def test_rerun_resumes_from_the_run_folder(tiny_run):
 
 
 def test_budget_presets_and_bad_budgets():
-    assert budget_preset("quick").trials < budget_preset("full").trials
+    assert budget_preset("smoke").trials < budget_preset("quick").trials < budget_preset("full").trials
     assert budget_preset("full", repeats=5).repeats == 5
-    with pytest.raises(InvalidInputError, match="allowed: quick, full"):
+    with pytest.raises(InvalidInputError, match="allowed: smoke, quick, full"):
         budget_preset("huge")
     with pytest.raises(InvalidInputError, match="fixed_gamma must be <= max_gamma 4, got 5"):
         budget_preset("quick", fixed_gamma=5, max_gamma=4)
