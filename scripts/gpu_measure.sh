@@ -7,7 +7,8 @@
 #
 #   phase           planned s  what
 #   setup                  30  install the wheelhouse into .whl/site (--no-index), join the model parts
-#   tests                  90  the CUDA tests: captured steps equal eager ones, every family's capture
+#   tests                  90  the CUDA tests: captured steps equal eager ones, every family's capture,
+#                              traces and healing on CUDA
 #   profile-graph         200  draftnas profile, bf16, CUDA graphs (held-out error in the profile)
 #   profile-static        160  the same without graphs (what capture buys)
 #   bench-bf16            220  SmolLM2-135M + each packed drafter, 3 runs (median, min, max in summary)
@@ -106,7 +107,8 @@ phase() {
             > "$OUT/env.txt" 2>&1 ;;
     tests)
         "$PY" -m pytest -q -p no:cacheprovider tests/models/test_decoder.py tests/models/test_batched.py \
-            tests/models/test_speculative.py tests/latency/test_measure.py -k "cuda or captured or capture" ;;
+            tests/models/test_speculative.py tests/latency/test_measure.py tests/acceptance/test_traces.py \
+            tests/drafter/test_heal.py tests/search/test_search.py -k "cuda or captured or capture" ;;
     profile-graph|profile-static)
         local mode=${1#profile-}; [ "$mode" = graph ] && mode=$GRAPH_MODE
         "$PY" -m draftnas profile "${PROFILE_ARGS[@]}" --mode "$mode" --out "$OUT/$1.json" ;;
