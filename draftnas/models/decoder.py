@@ -221,6 +221,14 @@ class StaticDecoder(nn.Module):
     def head_rows(self) -> int:
         return int(self.lm_head.weight.shape[0])
 
+    def quantize_weights(self) -> StaticDecoder:
+        """Multiply every linear layer and the head in int8 from now on (`MatmulChooser.quantize`;
+        CPU only): a drafter's weight format "int8". The dense weights stay (healing reads them)."""
+        for weights in self.matmul.by_shape.values():
+            for weight in weights:
+                self.matmul.quantize(weight)
+        return self
+
     def init_random(self, seed: int, std: float = 0.02) -> StaticDecoder:
         """Random weights (N(0, std); norms at their identity), generated on the device."""
         gen = torch.Generator(device=self.device).manual_seed(seed)

@@ -14,7 +14,7 @@ pays for the cheap verify as well (44.4 and 46.5 ms there, same outputs;
 `benchmarks/hf_assisted_parts.py`).
 
     from draftnas.linears import route_linears
-    route_linears(target); route_linears(drafter)
+    route_linears(target); route_linears(drafter)   # int8=True for a drafter exported in int8
 
 A row count is timed on its second product with a weight (F.linear until then): the steps of a
 decode repeat, a prompt's prefill mostly does not, and one timing costs tens of passes over the
@@ -90,7 +90,8 @@ class LinearRouting:
         self.detach()
 
 
-def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = True) -> LinearRouting:
+def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = True,
+                  int8: bool = False) -> LinearRouting:
     """Route `model`'s CPU `nn.Linear` layers through the fastest small-batch product here.
 
     Products of more than 16 rows (a prompt's prefill) keep `F.linear`; each (rows, shape) is
@@ -101,6 +102,8 @@ def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = 
 
     `own_weights`: first copy each routed weight into memory this process allocated
     (`copy_weights`: faster to stream than the file mapping `from_pretrained` leaves).
+    `int8`: multiply every routed layer in int8 (weight-only, one scale per output row: a drafter
+    exported with weights "int8"; `MatmulChooser.quantize`). The model's own weights stay as they are.
     """
     layers: list[nn.Linear] = []
     for module in model.modules():
@@ -113,6 +116,8 @@ def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = 
     routing = LinearRouting(layers)
     for weight in weights:
         routing.chooser.register(weight)
+        if int8:
+            routing.chooser.quantize(weight)
     return routing.attach() if attach else routing
 
 

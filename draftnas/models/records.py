@@ -103,6 +103,9 @@ def dtype_name(torch_dtype: object) -> str:
 #: Products of up to this many rows take the small-batch forms of `decoder.MatmulChooser` on CPU;
 #: above it, F.linear (whose blocking already reads each weight about once).
 MAX_WEIGHT_ONCE_ROWS = 16
+#: how a drafter's linear layers hold their weights at run time: "dense" in the run's dtype, or "int8"
+#: (weight-only, one scale per output row; CPU only; see `models.matmul.quantize_int8`)
+WEIGHT_FORMATS = ("dense", "int8")
 
 #: the module a reduced-head drafter folder ships (a copy of draftnas/models/hf_head.py) and its
 #: config's auto_map names

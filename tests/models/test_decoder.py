@@ -224,3 +224,22 @@ def test_a_step_creates_no_tensor_from_python_values_and_copies_nothing_from_the
             step()
             step()
     assert mode.seen == [], f"{family}: {mode.seen}"
+
+
+def test_an_int8_decoder_decodes_as_its_dense_twin_within_quantization_error() -> None:
+    from tests.helpers import tiny_qwen2
+
+    model = tiny_qwen2(seed=3, layers=3, vocab=96)
+    dense = StaticDecoder.from_hf(model, max_positions=64)
+    quantized = StaticDecoder.from_hf(model, max_positions=64).quantize_weights()
+    assert len(quantized.matmul.int8) == 3 * 7 + 1  # every linear layer and the head
+    ids = torch.tensor([[5, 17, 33, 2, 71, 9]])
+    positions = torch.arange(6)
+    with torch.inference_mode():
+        a = dense(ids, positions, dense.new_cache(1, 16))
+        b = quantized(ids, positions, quantized.new_cache(1, 16))
+    assert not torch.equal(a, b)
+    assert (a - b).abs().max() < 0.05 * a.abs().max()
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 5 / 6
+    quantized.matmul.prepare([1, 2, 3])
+    assert not quantized.matmul.form  # quantized shapes are never timed

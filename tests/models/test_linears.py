@@ -138,3 +138,48 @@ def test_routing_copies_each_weight_once_into_own_memory_and_keeps_ties(tiny_lla
     b.weight = nn.Parameter(a.weight.data)  # two Parameters over one storage share one copy
     copy_weights([a.weight, b.weight])
     assert a.weight.data_ptr() == b.weight.data_ptr()
+
+
+def test_int8_quantization_round_trips_within_half_a_step_per_row():
+    from draftnas.models.matmul import quantize_int8
+
+    torch.manual_seed(0)
+    w = torch.randn(48, 32) * torch.linspace(0.01, 3.0, 48)[:, None]  # rows of very different scales
+    values, scales = quantize_int8(w)
+    assert values.dtype == torch.int8 and scales.shape == (48,)
+    assert int(values.abs().max()) == 127  # each row's largest |w| maps to 127
+    error = (values.float() * scales[:, None] - w).abs()
+    assert bool((error <= scales[:, None] / 2 + 1e-6).all())
+
+
+def test_int8_routing_multiplies_by_the_quantized_weights_at_any_row_count(tiny):
+    from draftnas.models.matmul import quantize_int8
+
+    layer = tiny.model.layers[0].mlp.up_proj
+    x = torch.randn(1, 40, layer.in_features)  # 40 rows: past the limit where dense products keep F.linear
+    values, scales = quantize_int8(layer.weight)
+    expected = x @ (values.float() * scales[:, None]).T
+    routing = route_linears(tiny, int8=True, own_weights=False)
+    try:
+        with torch.inference_mode():
+            got = layer(x)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        assert not torch.equal(got, x @ layer.weight.T)  # not the dense product
+        with torch.inference_mode():
+            ids = torch.tensor([[3, 14, 15, 92, 65]])
+            routed = tiny(ids).logits
+        routing.detach()
+        with torch.inference_mode():
+            dense = tiny(ids).logits
+        # int8 weights move the logits a little, not the model
+        assert (routed - dense).abs().max() < 0.05 * dense.abs().max()
+    finally:
+        routing.detach()
+
+
+def test_int8_is_refused_where_products_are_not_chosen_here():
+    from draftnas.core.errors import InvalidInputError
+    from draftnas.models.matmul import MatmulChooser
+
+    with pytest.raises(InvalidInputError, match="CPU only"):
+        MatmulChooser(enabled=False).quantize(torch.zeros(4, 4))
