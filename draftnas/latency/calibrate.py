@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,8 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
                    prefix_layers: Sequence[int] = (1, 2), context_tokens: int = 128,
                    progress: Progress | None = None, overheads: bool = True,
                    prompt_tokens: int = 0, head_rows: Sequence[int] = (),
-                   stacks: Sequence[Architecture] = ()) -> HostCalibration:
+                   stacks: Sequence[Architecture] = (), int8_stacks: Sequence[Architecture] = ()
+                   ) -> HostCalibration:
     """Time `target` (random weights) on this machine: every count in `new_tokens` at full depth,
     and one new token through its first k layers for k in `prefix_layers` — seconds, not the
     minutes of a profile. Timed the way `options.mode` runs steps (eager: transformers' forward,
@@ -67,10 +69,15 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     time a smaller head saves is measured (`HostCalibration.head_saving_ms`). `stacks`: more shapes
     timed alike (a drafter's base, a reference drafter): their first layers, full depth and reduced
     heads at one new token (`HostCalibration.stacks`), so drafters of their width are priced from
-    their own kernels.
+    their own kernels. `int8_stacks`: drafter bases timed alike with int8 weights
+    (`HostCalibration.int8_stacks`; draftnas's static decoder on the CPU only), so int8 drafters cut
+    from them are priced from int8 kernels.
     """
     started = time.perf_counter()
     rt = Runtime(options.validate())
+    if int8_stacks and (rt.cuda or options.mode not in STATIC_MODES):
+        raise DeviceError("int8 drafters run in draftnas's static decoder on the CPU only: calibrate them in "
+                          "static mode on the CPU")
     full = target.num_hidden_layers
     prefixes = tuple(k for k in sorted(set(prefix_layers) | ({1} if overheads else set())) if k < full)
     counts = tuple(sorted(set(new_tokens) | {1} | ({2, 3, 4} if overheads else set())))
@@ -88,7 +95,9 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     extra_stacks = {a.name: a for a in stacks if a.with_shape(name="") != target.with_shape(name="")}
     stack_groups = {name: _stack_groups(rt, a, prefixes, rows, context_tokens)
                     for name, a in extra_stacks.items()}
-    all_groups = groups + [g for gs in stack_groups.values() for g in gs]
+    int8_groups = {a.name: _stack_groups(rt, a, prefixes, rows, context_tokens, int8=True)
+                   for a in int8_stacks}
+    all_groups = groups + [g for gs in (*stack_groups.values(), *int8_groups.values()) for g in gs]
     n_jobs = sum(len(g.jobs) for g in all_groups)
     skipped = run_round_robin(rt, all_groups, ticker(progress, n_jobs * calls_per_job(options)))
     if skipped:
@@ -111,22 +120,34 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
         head_saving_ms={r: max(0.0, target_ms[1] - ms) for r, ms in reduced.items()},
         head_saving_prefix_ms={r: max(0.0, prefix_ms[1] - ms) for r, ms in reduced_first.items()},
         dtype=options.resolved_dtype(), cpu=None if rt.cuda else cpu_identity(),
-        stacks={name: _stack_calibration(extra_stacks[name], gs, rows) for name, gs in stack_groups.items()})
+        stacks={name: _stack_calibration(extra_stacks[name], gs, rows) for name, gs in stack_groups.items()},
+        int8_stacks={a.name: _stack_calibration(a, int8_groups[a.name], rows) for a in int8_stacks})
 
 
 def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head_rows: Sequence[int],
-                  context: int) -> list[Group]:
+                  context: int, int8: bool = False) -> list[Group]:
     """One more shape's jobs: its first layers and full depth at one new token, then under each
-    reduced head its full depth and first layer."""
+    reduced head its full depth and first layer (`int8`: built with int8 weights)."""
     full = arch.num_hidden_layers
     depths = [k for k in prefixes if k < full] + [full]
-    groups = [Group(functools.partial(rt.build, arch), model_bytes(rt, arch),
+    build = _build_int8 if int8 else _build_dense
+    groups = [Group(functools.partial(build, rt, arch), model_bytes(rt, arch),
                     [model_job(rt, arch, k, (1, 1, context), "calibration") for k in depths])]
     for r in (r for r in head_rows if r < arch.vocab_size):
         shape = arch.with_shape(vocab_size=r)
         jobs = [model_job(rt, shape, k, (1, 1, context), "calibration") for k in (full, 1)]
-        groups.append(Group(functools.partial(rt.build, shape), model_bytes(rt, shape), jobs))
+        groups.append(Group(functools.partial(build, rt, shape), model_bytes(rt, shape), jobs))
     return groups
+
+
+def _build_dense(rt: Runtime, arch: Architecture) -> Any:
+    return rt.build(arch)
+
+
+def _build_int8(rt: Runtime, arch: Architecture) -> Any:
+    """A random-weight static decoder of `arch` multiplying in int8 (its dense weights stay: the bytes
+    a calibration budgets for it are an upper bound)."""
+    return rt.build(arch).quantize_weights()
 
 
 def _stack_calibration(arch: Architecture, groups: Sequence[Group],

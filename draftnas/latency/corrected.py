@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from draftnas.core.errors import ProfileError
+from draftnas.core.errors import InfeasibleCandidateError, ProfileError
 from draftnas.core.registry import Architecture
 from draftnas.latency.records import HostCalibration, TargetTiming
 
@@ -44,6 +44,13 @@ class TargetTimedModel:
                                                  head_vocab_size=head_vocab_size)
         return float(self.model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
                                            context_tokens=context_tokens, head_vocab_size=head_vocab_size))
+
+
+def head_share(arch: Architecture, rows: int) -> float:
+    """The share of the weights one decode step of `arch` streams (its layers and its full head) that a
+    head of `rows` rows leaves out."""
+    streamed = arch.non_embedding_parameters() + arch.vocab_size * arch.hidden_size
+    return max(0, arch.vocab_size - rows) * arch.hidden_size / streamed
 
 
 class _Line:
@@ -112,22 +119,46 @@ class CalibratedModel:
       (`verify_overhead_ms`), one new token of anything else is a draft step
       (`draft_overhead_ms`).
 
+    - A reduced head never saves more than its share of the weights a decode step streams (the rows
+      it drops over the layers' weights and the full head): a saving measured as the difference of
+      two noisy timings once swallowed a 0.5B drafter's whole cost (priced at 5% of it).
+    - `weights="int8"` (`for_weights`): drafters run with int8 weights, priced from the bases timed
+      that way (`HostCalibration.int8_stacks`); a drafter of another layer shape is refused.
+
     `predict_ms` has `LatencyModel`'s signature, so the search uses it unchanged.
     """
 
-    def __init__(self, model: Any, calibration: HostCalibration, target: Architecture) -> None:
+    def __init__(self, model: Any, calibration: HostCalibration, target: Architecture,
+                 weights: str = "dense") -> None:
         if not calibration.target_ms or not calibration.prefix_ms:
             raise ProfileError("a host calibration needs target and prefix timings")
-        self.model, self.calibration, self.target = model, calibration, target
+        self.model, self.calibration, self.target, self.weights = model, calibration, target, weights
         c, ctx = calibration, calibration.context_tokens
         own = {**c.prefix_ms, **({target.num_hidden_layers: c.target_ms[1]} if 1 in c.target_ms else {})}
         self._target_line = _Line(model, target, own, ctx, c.head_saving_ms, c.head_saving_prefix_ms)
+        stacks = c.int8_stacks if weights == "int8" else c.stacks
         self._stacks = [(s, _Line(model, s.arch, {**s.prefix_ms, s.arch.num_hidden_layers: s.full_ms}, ctx,
-                                  s.head_saving_ms, s.head_saving_prefix_ms)) for s in c.stacks.values()]
+                                  s.head_saving_ms, s.head_saving_prefix_ms)) for s in stacks.values()]
+
+    def for_weights(self, weights: str) -> CalibratedModel:
+        """This calibration pricing drafters whose linear layers run as `weights` ("dense" / "int8")."""
+        if weights == self.weights:
+            return self
+        if weights == "int8" and not self.calibration.int8_stacks:
+            raise InfeasibleCandidateError("int8 drafters are priced only by a calibration that timed "
+                                           "their base with int8 weights (a search offering weights: [int8] "
+                                           "on CPU)")
+        return CalibratedModel(self.model, self.calibration, self.target, weights)
 
     def _line(self, arch: Architecture) -> _Line:
-        """The stack `arch` is cut from: a timed base of its layer shape, else the target."""
-        return next((line for _, line in self._stacks if line.matches(arch)), self._target_line)
+        """The stack `arch` is cut from: a timed base of its layer shape, else the target (dense only)."""
+        line = next((line for _, line in self._stacks if line.matches(arch)), None)
+        if line is not None:
+            return line
+        if self.weights == "int8":
+            raise InfeasibleCandidateError(f"no base of {arch.name}'s layer shape was timed with int8 "
+                                           "weights")
+        return self._target_line
 
     def ratio(self, layers: int) -> float:
         """Measured over predicted time of the target's stack cut to `layers` layers."""
@@ -141,8 +172,8 @@ class CalibratedModel:
 
     def predict_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
                    context_tokens: int = 128, head_vocab_size: int | None = None) -> float:
-        same = (arch.with_shape(name="") == self.target.with_shape(name="") and head_vocab_size in
-                (None, self.target.vocab_size))
+        same = (self.weights == "dense" and arch.with_shape(name="") == self.target.with_shape(name="")
+                and head_vocab_size in (None, self.target.vocab_size))
         c = self.calibration
         if same and batch_size == 1 and context_tokens == 0 and new_tokens in c.prefill_ms:
             return c.prefill_ms[new_tokens]
@@ -164,7 +195,7 @@ class CalibratedModel:
         if saving is not None:
             full = (self.model.predict_ms(arch, context_tokens=context_tokens)
                     * line.ratio(arch.num_hidden_layers))
-            return max(full - saving, 0.05 * full) + overhead
+            return full - min(saving, head_share(arch, rows) * full) + overhead
         predicted = self.model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
                                           context_tokens=context_tokens, head_vocab_size=head_vocab_size)
         return predicted * line.ratio(arch.num_hidden_layers) + overhead
@@ -188,6 +219,8 @@ class CalibratedModel:
         stacks = "".join(f"; {name} decode {st.full_ms:.1f} ms (profile: "
                          f"{self.model.predict_ms(st.arch, context_tokens=c.context_tokens):.1f})"
                          for name, st in c.stacks.items())
+        stacks += "".join(f"; {name} with int8 weights decode {st.full_ms:.1f} ms"
+                          for name, st in c.int8_stacks.items())
         chose = ("; dtype " + c.dtype + " chosen by timing: " + ", ".join(
             f"{d} decode {ms.get(1, float('nan')):.1f} / verify {ms[max(ms)]:.1f} ms"
             for d, ms in c.dtype_ms.items()) if c.dtype_ms else "")

@@ -200,6 +200,8 @@ class HostCalibration(Record):
     head_saving_prefix_ms: dict[int, float] = field(default_factory=dict)
     dtype: str = "fp32"  # the weights' dtype every step was timed in
     stacks: dict[str, StackCalibration] = field(default_factory=dict)  # bases and references by name
+    # drafter bases timed alike with int8 weights (their int8 drafters are priced from these), by name
+    int8_stacks: dict[str, StackCalibration] = field(default_factory=dict)
     cpu: CpuIdentity | None = None
     # dtype -> its target decode and verify, timed to choose the dtype (empty: the dtype was given)
     dtype_ms: dict[str, dict[int, float]] = field(default_factory=dict)

@@ -63,3 +63,18 @@ def test_a_base_is_timed_beside_the_target_and_prices_the_drafters_of_its_width(
         _flat_model().predict_ms(cut, context_tokens=128) * base_ratio, rel=0.35)
     assert model.predict_ms(cut, context_tokens=128) != pytest.approx(
         _flat_model().predict_ms(cut, context_tokens=128) * model.ratio(2), rel=1e-3)
+
+
+def test_a_base_is_timed_with_int8_weights_beside_its_dense_stack_and_only_in_the_static_cpu_engine():
+    from draftnas.core.errors import DeviceError
+
+    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, head_rows=[64], stacks=[BASE],
+                                 int8_stacks=[BASE])
+    dense, int8 = calibration.stacks["base"], calibration.int8_stacks["base"]
+    assert int8.full_ms > 0 and set(int8.prefix_ms) == {1, 2} and set(int8.head_saving_ms) == {64}
+    assert int8 != dense  # timed on its own models, not a copy of the dense figures
+    model = CalibratedModel(_flat_model(), calibration, TARGET)
+    assert model.for_weights("int8").predict_ms(BASE, context_tokens=128) == pytest.approx(int8.full_ms)
+    with pytest.raises(DeviceError, match="static"):
+        eager = ProfileOptions(device="cpu", dtype="fp32", mode="eager", repeats=3, warmup=1, threads=1)
+        calibrate_host(eager, TARGET, [2], overheads=False, int8_stacks=[BASE])

@@ -249,7 +249,7 @@ def test_calibration_replaces_the_target_and_rescales_everything_else_by_depth()
 
 def test_a_reduced_head_is_priced_by_the_time_it_saved_here():
     from draftnas.core.registry import get_architecture
-    from draftnas.latency.corrected import CalibratedModel
+    from draftnas.latency.corrected import CalibratedModel, head_share
     from draftnas.latency.records import HostCalibration
 
     target = get_architecture("smollm2-135m")  # vocabulary 49,152
@@ -261,10 +261,16 @@ def test_a_reduced_head_is_priced_by_the_time_it_saved_here():
     assert model.head_saving_ms(4096) == 40.0 and model.head_saving_ms(49152) is None
     assert model.head_saving_ms(32768) == pytest.approx(30.0 * (49152 - 32768) / (49152 - 16384))
     assert model.head_saving_ms(1024) == 40.0  # below the smallest measured: no more than measured
-    assert model.predict_ms(drafter, head_vocab_size=4096) == pytest.approx(0.05 * 18.0)  # floor, not < 0
-    assert model.predict_ms(target.with_shape(num_hidden_layers=20), head_vocab_size=4096) == pytest.approx(
-        2.0 * 41.0 - 40.0)
-    assert model.predict_ms(target, head_vocab_size=16384) == pytest.approx(2.0 * 61.0 - 30.0)
+    # a measured saving never exceeds the head's share of the weights a step streams: these made-up
+    # savings are larger than that share, so the share bounds them (never a price near 0)
+    deep = target.with_shape(num_hidden_layers=20)
+    assert 40.0 > head_share(drafter, 4096) * 18.0
+    share = head_share(drafter, 4096)
+    assert model.predict_ms(drafter, head_vocab_size=4096) == pytest.approx(18.0 * (1 - share))
+    assert model.predict_ms(deep, head_vocab_size=4096) == pytest.approx(
+        82.0 - min(40.0, head_share(deep, 4096) * 82.0))
+    assert model.predict_ms(target, head_vocab_size=16384) == pytest.approx(
+        122.0 - min(30.0, head_share(target, 16384) * 122.0))
     # a verify (3 tokens) is not corrected by the 1-token head saving
     assert model.predict_ms(drafter, new_tokens=3, head_vocab_size=4096) == pytest.approx(2.0 * 10.0)
     # measured under the first layer too: linear in depth between that saving and the full-depth one
@@ -275,6 +281,54 @@ def test_a_reduced_head_is_priced_by_the_time_it_saved_here():
     assert both.head_saving_ms(4096) == 40.0  # no depth given: the target's own
     one = target.with_shape(num_hidden_layers=1)
     assert both.predict_ms(one, head_vocab_size=4096) == pytest.approx(6.0 - 4.0)  # its measured prefix, less
+
+
+def test_a_head_saving_bigger_than_the_head_cannot_swallow_a_drafters_cost():
+    """The defect seen on the AMD EPYC host: a 0.5B drafter under a 16,384-row head priced at 5% of its
+    41.7 ms because the measured saving (two noisy timings apart) exceeded the whole stack's time."""
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.corrected import CalibratedModel, head_share
+    from draftnas.latency.records import HostCalibration, StackCalibration
+
+    target, base = get_architecture("qwen2.5-coder-1.5b"), get_architecture("qwen2.5-coder-0.5b")
+    stack = StackCalibration(arch=base, prefix_ms={1: 10.0, 2: 11.5}, full_ms=41.7,
+                             head_saving_ms={16384: 45.0})  # inflated: more than the whole decode
+    cal = HostCalibration(target=target.name, device_name="here", threads=2, context_tokens=128,
+                          target_ms={1: 110.0, 3: 112.0}, prefix_ms={1: 12.0, 2: 14.0},
+                          stacks={base.name: stack})
+    model = CalibratedModel(_LinearModel(), cal, target)
+    share = head_share(base, 16384)
+    assert 0.2 < share < 0.3  # 135,552 of 151,936 rows x 896 against ~494M streamed weights
+    price = model.predict_ms(base.with_shape(name="cut"), head_vocab_size=16384)
+    full = model.predict_ms(base.with_shape(name="cut"))
+    assert price == pytest.approx(full * (1 - share), rel=1e-3) and price > 0.7 * full
+
+
+def test_int8_drafters_are_priced_from_the_base_timed_with_int8_weights():
+    from draftnas.core.errors import InfeasibleCandidateError
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.corrected import CalibratedModel
+    from draftnas.latency.records import HostCalibration, StackCalibration
+
+    target, base = get_architecture("qwen2.5-coder-1.5b"), get_architecture("qwen2.5-coder-0.5b")
+    dense = StackCalibration(arch=base, prefix_ms={1: 4.0, 2: 5.5}, full_ms=40.0)
+    int8 = StackCalibration(arch=base, prefix_ms={1: 2.5, 2: 3.2}, full_ms=20.0)
+    cal = HostCalibration(target=target.name, device_name="here", threads=2, context_tokens=128,
+                          target_ms={1: 110.0, 3: 112.0}, prefix_ms={1: 12.0, 2: 14.0},
+                          stacks={base.name: dense})
+    model = CalibratedModel(_LinearModel(), cal, target)
+    with pytest.raises(InfeasibleCandidateError, match="int8"):
+        model.for_weights("int8")  # no int8 timings: int8 drafters cannot be priced
+    both = CalibratedModel(_LinearModel(), dataclasses.replace(cal, int8_stacks={base.name: int8}), target)
+    quantized = both.for_weights("int8")
+    assert quantized.for_weights("int8") is quantized and both.for_weights("dense") is both
+    assert both.predict_ms(base) == pytest.approx(40.0) and quantized.predict_ms(base) == pytest.approx(20.0)
+    cut = base.with_shape(num_hidden_layers=12, name="cut")
+    assert quantized.predict_ms(cut) < 0.7 * both.predict_ms(cut)
+    other = target.with_shape(num_hidden_layers=4, name="from-target")  # no int8 stack of its shape
+    with pytest.raises(InfeasibleCandidateError, match="int8"):
+        quantized.predict_ms(other)
+    assert "with int8 weights decode 20.0 ms" in both.summary()
 
 
 def test_a_tiny_calibration_runs_here_and_feeds_the_model():
