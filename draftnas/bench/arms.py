@@ -65,17 +65,18 @@ class Drafter:
     subset: VocabSubset | None = None
     full_head: Any = None
     reduced_head: Any = None
+    weights: str = "dense"  # how its linear layers run in the static engine and the routed arm
 
     @classmethod
-    def of(cls, label: str, loaded: LoadedModel) -> Drafter:
+    def of(cls, label: str, loaded: LoadedModel, weights: str = "dense") -> Drafter:
         subset = model_subset(loaded.model)
         if subset is not None or loaded.folder is None:
-            return cls(label, loaded, subset)
+            return cls(label, loaded, subset, weights=weights)
         full = loaded.model.get_output_embeddings()
         subset = maybe_apply_saved_subset(loaded.model, loaded.folder)
         if subset is None:
-            return cls(label, loaded)
-        return cls(label, loaded, subset, full, loaded.model.get_output_embeddings())
+            return cls(label, loaded, weights=weights)
+        return cls(label, loaded, subset, full, loaded.model.get_output_embeddings(), weights)
 
     @contextlib.contextmanager
     def full_vocabulary(self, model: Any) -> Any:
@@ -151,7 +152,9 @@ class Bench:
     def routing(self, key: str) -> LinearRouting:
         """The (detached) routing of a routed copy's linear layers."""
         if key not in self._routings:  # the copy is this process's memory already
-            self._routings[key] = route_linears(self.routed_model(key), attach=False, own_weights=False)
+            int8 = key != "target" and self.drafters[key].weights == "int8"
+            self._routings[key] = route_linears(self.routed_model(key), attach=False, own_weights=False,
+                                                int8=int8)
         return self._routings[key]
 
     def build_engines(self, max_tokens: int) -> None:
@@ -160,6 +163,9 @@ class Bench:
         models = {"target": self.target.model} | {k: d.loaded.model for k, d in self.drafters.items()}
         self.engines = {k: StaticEngine(StaticDecoder.from_hf(m, max_positions=max_tokens), max_tokens,
                                         capture=capture) for k, m in models.items()}
+        for k, d in self.drafters.items():
+            if d.weights == "int8":
+                self.engines[k].decoder.quantize_weights()
 
     def choosers(self) -> list[Any]:
         """The CPU product choosers in play: the static engines' and, routed, transformers' models'."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, parse_ints
 from draftnas.core.records import Record
-from draftnas.models.records import ENGINES, TORCH_DTYPES
+from draftnas.models.records import ENGINES, TORCH_DTYPES, WEIGHT_FORMATS
 
 
 def _per_domain(value: int | None) -> int | None:
@@ -34,6 +34,15 @@ class BenchOptions(Record):
     device: str = option("cpu", help="Device to run on.", choices=DEVICES)
     dtype: str = option("fp32", help="Weights' dtype (in fp32 outputs must match exactly).",
                         choices=tuple(TORCH_DTYPES))
+    draft_weights: str | None = option(
+        None, help="How the drafter's linear layers run: dense (in --dtype) or int8 (weight-only, one scale "
+                   "per output row; CPU; the static engine and the routed transformers arm, plain "
+                   "transformers runs dense). Default: as the drafter folder's draftnas.json says (dense "
+                   "otherwise).",
+        choices=WEIGHT_FORMATS)
+    reference_weights: str = option(
+        "dense", help="How the reference drafter's linear layers run (int8: to see what the weight format "
+                      "alone buys the reference).", choices=WEIGHT_FORMATS)
     engine: str | None = option(
         None, help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's "
                    "decoder over a cache allocated once, with CUDA graphs on a GPU. Default: static on cuda, "
@@ -65,6 +74,8 @@ class BenchOptions(Record):
             extra.append(("batch_sizes", "runs greedy decoding only; drop --temperature"))
         if self.batch_sizes and self.engine == "hf":
             extra.append(("batch_sizes", "runs in the static engine; drop --engine hf"))
+        if "int8" in (self.draft_weights, self.reference_weights) and self.device != "cpu":
+            extra.append(("draft_weights", "int8 weights run on the CPU only; use dense on " + self.device))
         return check_options(self, extra)
 
 
@@ -117,6 +128,7 @@ class ArmResult(Record):
     draft_acceptance_rate: float | None = None
     draft_ms_per_token: float | None = None
     draft_vocab_size: int | None = None  # rows of a reduced draft head; None = the full vocabulary
+    draft_weights: str | None = None  # how the drafter's linear layers ran: "dense" or "int8"
     lossless: bool | None = None  # greedy: equal to the baseline's output on every prompt
     exact_match_rate: float | None = None  # greedy: share of prompts whose output equals the baseline's
     divergence_margins: tuple[float, ...] = ()  # target's top-1 minus top-2 logit at each divergence

@@ -130,20 +130,41 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
         draft_acceptance_rate=sum(r.accepted for r in runs) / drafted if loop else None,
         draft_ms_per_token=1000 * sum(r.draft_s for r in runs) / drafted if loop else None,
         draft_vocab_size=d.subset.size if d.subset is not None else None,
+        draft_weights=d.weights if arm.engine in ("static", "hf-routed") else "dense",
         lossless=all(bool(r.lossless) for r in runs) if greedy else None,
         exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs) if greedy else None,
         divergence_margins=tuple(r.divergence_margin for r in runs if r.divergence_margin is not None))
 
 
 def _load_drafters(draft: str | LoadedModel, reference: str | LoadedModel | None, target: LoadedModel,
-                   load: dict[str, Any]) -> list[Drafter]:
+                   load: dict[str, Any], options: BenchOptions) -> list[Drafter]:
     specs = {MAIN: draft} | ({REFERENCE: reference} if reference is not None else {})
     out = []
     for label, spec in specs.items():
         loaded = load_drafter(spec, **load) if isinstance(spec, str) else spec
         _check_same_tokenizer(target, loaded)
-        out.append(Drafter.of(label, loaded))
+        out.append(Drafter.of(label, loaded, _weights(label, loaded, options)))
     return out
+
+
+def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:
+    """How a drafter's linear layers run: the reference's as asked; the drafter's as asked, else as its
+    folder's draftnas.json records (an export of an int8 trial says "int8")."""
+    if label != MAIN:
+        weights = options.reference_weights
+    elif options.draft_weights is not None:
+        weights = options.draft_weights
+    else:
+        record = exported_record(loaded.folder) if loaded.folder is not None else None
+        weights = str((record or {}).get("weights", "dense"))
+    if weights == "int8" and options.resolved_engine() != "static":
+        how = "pass --draft-weights dense" if label == MAIN else "drop --reference-weights int8"
+        raise InvalidInputError(f"the {label} drafter's weights are int8, which draftnas's loop runs in its "
+                                f"static engine: pass --engine static (or {how})")
+    if weights == "int8" and options.device != "cpu":
+        raise InvalidInputError(f"the {label} drafter's weights are int8, which run on the CPU only: pass "
+                                "--draft-weights dense on " + options.device)
+    return weights
 
 
 def _load_for_bench(target: str | LoadedModel, draft: str | LoadedModel, reference: str | LoadedModel | None,
@@ -158,7 +179,7 @@ def _load_for_bench(target: str | LoadedModel, draft: str | LoadedModel, referen
     require_device(options.device)
     load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
     t_model = load_model(target, **load) if isinstance(target, str) else target
-    drafters = _load_drafters(draft, reference, t_model, load)
+    drafters = _load_drafters(draft, reference, t_model, load, options)
     kept, encoded, left_out = unseen_prompts(prompts, t_model.tokenizer, [d.loaded for d in drafters],
                                              options.per_domain)
     return t_model, drafters, kept, encoded, left_out

@@ -45,7 +45,7 @@ def _match(arm: ArmResult) -> str:
 
 def arms_table(result: BenchResult) -> Table:
     """Every arm: tokens/s, speedup over its baseline, tokens per step (measured and estimated),
-    losslessness against the baseline's greedy output."""
+    losslessness against the baseline's greedy output (a drafter run with int8 weights says so)."""
     table = Table(title=f"Speculative decoding, gamma={result.gamma}, T={result.temperature:g} "
                         f"({result.n_prompts} prompts x {result.max_new_tokens} tokens, {result.device}, "
                         f"{result.dtype}, {result.threads} threads, loop engine {result.engine})",
@@ -55,7 +55,8 @@ def arms_table(result: BenchResult) -> Table:
         table.add_column(col, justify="left" if col in ("arm", "engine", "over") else "right")
     for a in result.arms:
         speedup = f"{a.speedup:.3f}x" if a.speedup is not None else "-"
-        table.add_row(a.name, a.engine, f"{a.tokens_per_s:.2f}", speedup, a.baseline or "-",
+        engine = a.engine + (" int8" if a.draft_weights == "int8" else "")
+        table.add_row(a.name, engine, f"{a.tokens_per_s:.2f}", speedup, a.baseline or "-",
                       _fmt(a.tokens_per_step, ".3f"), _fmt(a.predicted_tokens_per_step, ".3f"),
                       _flag(a.lossless), _match(a), _fmt(a.draft_ms_per_token))
     return table

@@ -152,3 +152,27 @@ def test_prompts_the_drafter_was_healed_on_are_left_out_before_the_per_domain_ch
         unseen_prompts(prompts[:1], tok, [drafter], per_domain=None)
     (tmp_path / "draftnas.json").write_text(json.dumps({"heal": {"trained_prompts": trained, "kept": False}}))
     assert unseen_prompts(prompts, tok, [drafter], per_domain=None)[2] == ()  # unhealed weights exported
+
+
+def test_an_int8_drafter_runs_int8_in_the_static_engine_and_the_routed_arm_only(tiny_pair):
+    target, draft = tiny_pair
+    other = _loaded(truncated(target.model, 1), "tiny-reference")
+    options = BenchOptions(gamma=3, max_new_tokens=12, engine="static", draft_weights="int8")
+    result = run_bench(target, draft, PROMPTS[:2], options, reference=other)
+    own, ref = result.arm("draftnas"), result.arm("reference")
+    assert own.draft_weights == "int8" and result.arm("hf_routed").draft_weights == "int8"
+    assert result.arm("hf").draft_weights == "dense"  # plain transformers runs the weights as loaded
+    assert ref.draft_weights == "dense" and result.arm("reference_hf_routed").draft_weights == "dense"
+    assert own.lossless is True  # the target decides every token, whatever the drafter's weights
+    assert not any("forward" in vars(m) for m in draft.model.modules())  # the drafter as loaded is untouched
+    dense = run_bench(target, draft, PROMPTS[:2], BenchOptions(gamma=3, max_new_tokens=12, engine="static",
+                                                               hf_assisted=False))
+    assert dense.arm("draftnas").draft_weights == "dense"
+
+
+def test_int8_weights_outside_the_static_engine_or_on_cuda_are_one_line(tiny_pair):
+    target, draft = tiny_pair
+    with pytest.raises(InvalidInputError, match="--engine static"):
+        run_bench(target, draft, PROMPTS[:1], BenchOptions(max_new_tokens=4, draft_weights="int8"))
+    with pytest.raises(InvalidInputError, match="CPU only"):
+        BenchOptions(max_new_tokens=4, device="cuda", engine="static", reference_weights="int8").validate()
