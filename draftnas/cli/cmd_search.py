@@ -187,7 +187,8 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
         f"  in transformers: target.generate(..., assistant_model={load})",
         "  on CPU, route both models' small products first (a multi-token verify can cost far more than a "
         "decode with the default kernel): from draftnas.models.linears import route_linears; "
-        "route_linears(target); route_linears(drafter)",
+        "route_linears(target); route_linears(drafter"
+        + (", int8=True)  # it runs with int8 weights" if b.candidate.choice.weights == "int8" else ")"),
     ]
 
 

@@ -12,6 +12,7 @@ heal` and e2e all build drafters here; `heal_options` is the one place a budget 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -38,6 +39,7 @@ from draftnas.drafter.records import (
 )
 from draftnas.drafter.surgery import apply_plan
 from draftnas.drafter.vocab import subset_from_traces
+from draftnas.models.linears import route_linears
 from draftnas.models.records import TORCH_DTYPES
 
 if TYPE_CHECKING:
@@ -88,10 +90,11 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
                   max_gamma: int = 8, temperature: float = 0.0, checkpoint_dir: str | Path | None = None,
                   progress: Progress | None = None, data_progress: Progress | None = None,
                   on_reading: Callable[[HealReading], None] | None = None,
-                  dtype: str | None = None) -> BuiltDrafter:
+                  dtype: str | None = None, weights: str = "dense") -> BuiltDrafter:
     """apply the plan to `base` -> heal toward `teacher` (traces or a live model; skipped when
     `heal` is None) -> cast to `dtype` (the dtype it will draft in; None keeps the base's) ->
-    estimate acceptance on `held` traces (skipped when None).
+    estimate acceptance on `held` traces (skipped when None), with its linear layers multiplied in
+    int8 when `weights` is "int8" (how it will draft; the model returned keeps its dense weights).
 
     `data`: heal data already built from the same teacher (the search reuses it across trials).
     Deterministic for a given plan, base, teacher and options: the plan carries every index,
@@ -114,7 +117,10 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
     if held is not None and result is not None:
         held = unseen_records(held, result)
     if held is not None and held.records:
-        estimate = estimate_acceptance(drafter, held, max_gamma=max_gamma, temperature=temperature)
+        routing = route_linears(drafter, attach=False, own_weights=False, int8=True) if weights == "int8" \
+            else contextlib.nullcontext()
+        with routing:
+            estimate = estimate_acceptance(drafter, held, max_gamma=max_gamma, temperature=temperature)
     parameters = sum(p.numel() for p in {id(p): p for p in drafter.parameters()}.values())
     return BuiltDrafter(plan=plan, heal=result, estimate=estimate, parameters=parameters, model=drafter)
 

@@ -50,8 +50,9 @@ def drafter_shape(base: Architecture, choice: CandidateChoice, channel_multiple:
 
 
 def _label(choice: CandidateChoice, heads: int, kv: int, intermediate_size: int) -> str:
-    return drafter_label(choice.depth, choice.layer_selection, heads, kv, intermediate_size,
-                         choice.vocab_size, choice.hidden_ratio)
+    label = drafter_label(choice.depth, choice.layer_selection, heads, kv, intermediate_size,
+                          choice.vocab_size, choice.hidden_ratio)
+    return label + ("-int8" if choice.weights == "int8" else "")
 
 
 def shape_plan(base: Architecture, base_spec: str, choice: CandidateChoice,

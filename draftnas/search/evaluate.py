@@ -146,7 +146,8 @@ class WeightsEvaluator:
             self._heal_data = data_from_traces(self._heal_traces, options)
         built = build_drafter(plan, self._loaded, heal=options, teacher=self._heal_traces,
                               data=self._heal_data, held=self._eval_traces, max_gamma=self.space.gamma.max,
-                              temperature=self.space.workload.temperature, dtype=self.dtype)
+                              temperature=self.space.workload.temperature, dtype=self.dtype,
+                              weights=choice.weights)
         estimate = built.estimate
         assert estimate is not None
         reading = measured_acceptance(estimate, built.heal, round(time.perf_counter() - started, 3))

@@ -55,6 +55,7 @@ from draftnas.search.scoring import (
     predict_workload,
     read_latency,
     target_latency,
+    weights_predictor,
 )
 from draftnas.search.space import SearchSpace
 from draftnas.search.storage import (
@@ -84,7 +85,8 @@ def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
     w = space.width
     for name, values in (("layer_selection", space.layer_selection), ("kv_head_ratio", w.kv_head_ratios),
                          ("query_head_ratio", w.query_head_ratios), ("mlp_ratio", w.mlp_ratios),
-                         ("hidden_ratio", w.hidden_ratios), ("vocab_size", space.vocab_sizes)):
+                         ("hidden_ratio", w.hidden_ratios), ("vocab_size", space.vocab_sizes),
+                         ("weights", space.weights)):
         if len(values) > 1:
             out[name] = CategoricalDistribution(list(values))
     return out
@@ -299,14 +301,16 @@ def _evaluate_trial(run: _Run, trial: optuna.Trial,
 
 def _read(run: _Run, candidate: Candidate) -> LatencyReading:
     o = run.options
-    return read_latency(run.predictor, o.profile, candidate.arch, o.space.workload, run.target_latency,
+    predictor = weights_predictor(run.predictor, candidate.choice.weights)
+    return read_latency(predictor, o.profile, candidate.arch, o.space.workload, run.target_latency,
                         candidate.head_vocab_size, placement=o.placement, target_arch=o.target_arch,
                         target_predictor=run.target_predictor)
 
 
 def _economics(run: _Run, candidate: Candidate, acceptance: AcceptanceReading) -> BatchEconomics:
     o = run.options
-    return batch_economics(run.predictor, run.target_predictor, o.profile, candidate.arch, o.target_arch,
+    predictor = weights_predictor(run.predictor, candidate.choice.weights)
+    return batch_economics(predictor, run.target_predictor, o.profile, candidate.arch, o.target_arch,
                            o.space.workload, o.space.gamma, acceptance, candidate.head_vocab_size,
                            o.placement)
 

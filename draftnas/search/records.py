@@ -27,6 +27,7 @@ class CandidateChoice(Record):
     mlp_ratio: float = 1.0
     hidden_ratio: float = 1.0
     vocab_size: int = 0  # rows of a reduced draft head (draftnas.drafter.vocab); 0 = the full vocabulary
+    weights: str = "dense"  # how its linear layers run: "dense" or "int8" (models.records.WEIGHT_FORMATS)
 
     @classmethod
     def from_params(cls, params: dict[str, Any], space: SearchSpace) -> CandidateChoice:
@@ -40,6 +41,7 @@ class CandidateChoice(Record):
             mlp_ratio=float(params.get("mlp_ratio", w.mlp_ratios[0])),
             hidden_ratio=float(params.get("hidden_ratio", w.hidden_ratios[0])),
             vocab_size=int(params.get("vocab_size", space.vocab_sizes[0])),
+            weights=str(params.get("weights", space.weights[0])),
         )
 
 
@@ -64,7 +66,8 @@ class Candidate(Record):
         a = self.arch
         key = (f"{a.num_hidden_layers}|{self.choice.layer_selection}|{a.hidden_size}|"
                f"{a.num_attention_heads}|{a.num_key_value_heads}|{a.intermediate_size}")
-        return key + (f"|v{self.choice.vocab_size}" if self.choice.vocab_size else "")
+        key += f"|v{self.choice.vocab_size}" if self.choice.vocab_size else ""
+        return key + ("|int8" if self.choice.weights == "int8" else "")
 
     @property
     def built_key(self) -> str:
@@ -75,7 +78,7 @@ class Candidate(Record):
         layers = self.plan.layers
         a = self.arch
         return (f"layers={','.join(map(str, layers))}|{a.hidden_size}|{a.num_attention_heads}|"
-                f"{a.num_key_value_heads}|{a.intermediate_size}|v{self.choice.vocab_size}")
+                f"{a.num_key_value_heads}|{a.intermediate_size}|v{self.choice.vocab_size}|{self.choice.weights}")
 
     @property
     def parameters(self) -> int:

@@ -118,8 +118,8 @@ def resolve_profile(spec: str | None, space: SearchSpace, dtype: str | None = No
 
 def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: SearchSpace,
                          progress: Callable[[int, int], None] | None = None, engine: str = "static",
-                         dtype: str | None = None, stacks: Sequence[Architecture] = ()
-                         ) -> tuple[LatencyPredictor, str, str]:
+                         dtype: str | None = None, stacks: Sequence[Architecture] = (),
+                         int8_stacks: Sequence[Architecture] = ()) -> tuple[LatencyPredictor, str, str]:
     """The profile's model corrected by timing `target`'s decode, its verify at every gamma + 1
     the space considers, drafter-sized prefixes of it and of each of `stacks` (a base the drafters
     are cut from, a reference drafter), the time the space's reduced heads save and the work outside
@@ -131,7 +131,8 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
 
     On the profile's device: a CPU here, or the present GPU for a CUDA profile, where the static
     engine's steps are timed as CUDA graphs (what bench replays there) and the dtype is the faster
-    of bf16 and fp16."""
+    of bf16 and fp16. `int8_stacks`: bases timed with int8 weights too, pricing the space's int8
+    drafters (`CalibratedModel.for_weights`)."""
     g = space.gamma
     counts = [n + 1 for n in range(max(1, g.min), g.max + 1)]
     cuda = profile.device == "cuda"
@@ -150,10 +151,16 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     heads = [v for v in space.vocab_sizes if v > 0]
     calibration = calibrate_host(options, target, counts, context_tokens=space.workload.context_tokens,
                                  progress=progress, prompt_tokens=space.workload.prompt_tokens,
-                                 head_rows=heads, stacks=stacks)
+                                 head_rows=heads, stacks=stacks, int8_stacks=int8_stacks)
     calibration = replace(calibration, dtype_ms=dtype_ms)
     model = CalibratedModel(LatencyModel.from_profile(profile), calibration, target)
     return model, model.summary(), options.resolved_dtype()
+
+
+def _times_int8(space: SearchSpace, device: str, engine: str) -> bool:
+    """Whether the calibration times the base with int8 weights: the space offers int8 drafters and they
+    can run here (draftnas's static engine on the CPU; elsewhere int8 trials are pruned as unpriced)."""
+    return "int8" in space.weights and device == "cpu" and engine == "static"
 
 
 def dtype_candidates(device: str) -> tuple[str, ...]:
@@ -244,7 +251,8 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         stacks = [base_arch, *(resolve_architecture(r) for r in references if has_weights(r))]
         predictor, profile_note, dtype = calibrated_predictor(
             latency_profile, target_arch, space, calibration_progress, engine=engine, dtype=request.dtype,
-            stacks=stacks)
+            stacks=stacks,
+            int8_stacks=[base_arch] if _times_int8(space, latency_profile.device, engine) else [])
     evaluator: Evaluator
     model_label = None
     if request.acceptance_model is not None:

@@ -44,6 +44,19 @@ def measured_acceptance(estimate: AcceptanceEstimate, heal: HealResult | None = 
                              estimate=estimate, heal=heal, evaluate_s=evaluate_s)
 
 
+def weights_predictor(predictor: LatencyPredictor, weights: str) -> LatencyPredictor:
+    """The latency model pricing drafters whose linear layers run as `weights`: `predictor` for dense
+    ones; for int8 ones the host calibration's int8 timings (`CalibratedModel.for_weights`), which no
+    profile or spec sheet has."""
+    if weights == "dense":
+        return predictor
+    for_weights = getattr(predictor, "for_weights", None)
+    if for_weights is None:
+        raise InfeasibleCandidateError(f"{weights} drafters are priced only by a calibration on this host "
+                                       "(a CPU search in the static engine)")
+    return for_weights(weights)  # type: ignore[no-any-return]
+
+
 def target_latency(predictor: LatencyPredictor, target: Architecture, workload: Workload,
                    gamma: GammaRange) -> TargetLatency:
     """Target decode ms per batch size, verify ms per (batch size, gamma 0..max), and the prefill of

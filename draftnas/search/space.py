@@ -132,6 +132,9 @@ class SearchSpace(Record):
     source: str = ""
     vocab_sizes: tuple[int, ...] = (0,)  # draft-head rows to try; 0 = the full vocabulary
     references: tuple[str, ...] = ()  # published drafters (registry names) ranked beside the searched ones
+    # how the drafters' linear layers may run: "dense" (the run's dtype) and/or "int8" (weight-only, CPU;
+    # priced by the host calibration, which times the base's stack both ways)
+    weights: tuple[str, ...] = ("dense",)
 
     def problems_for_base(self, base: Architecture) -> list[str]:
         """Problems that only show against the base's shape (depth beyond its layers)."""
@@ -146,6 +149,6 @@ class SearchSpace(Record):
         w = self.width
         return (len(self.depth.values()) * len(self.layer_selection) * len(w.kv_head_ratios)
                 * len(w.query_head_ratios) * len(w.mlp_ratios) * len(w.hidden_ratios)
-                * len(self.vocab_sizes))
+                * len(self.vocab_sizes) * len(self.weights))
 
 

@@ -14,6 +14,7 @@ import yaml
 
 from draftnas.core.errors import SearchSpaceError
 from draftnas.core.registry import load_registry
+from draftnas.models.records import WEIGHT_FORMATS
 from draftnas.search.space import (
     LAYER_SELECTIONS,
     MAX_GAMMA,
@@ -29,7 +30,7 @@ from draftnas.search.space import (
 
 _TOP_FIELDS = ("schema_version", "name", "description", "target", "base", "latency_only", "profile",
                "depth", "layer_selection", "width", "gamma", "heal", "workload", "traces", "vocab",
-               "references")
+               "references", "weights")
 _SECTION_FIELDS: dict[str, tuple[str, ...]] = {
     "depth": ("min", "max", "step"),
     "width": ("kv_head_ratios", "query_head_ratios", "mlp_ratios", "hidden_ratios", "channel_multiple"),
@@ -136,6 +137,7 @@ def parse_search_space(data: Any, source: str = "<search space>") -> SearchSpace
     traces = _parse_traces(c, top.get("traces"))
     vocab_sizes = _parse_vocab(c, top.get("vocab"))
     references = _parse_references(c, top.get("references", []))
+    weights = _parse_weights(c, top.get("weights", ["dense"]))
     if c.problems:
         n = len(c.problems)
         raise SearchSpaceError(f"search space {source} has {n} problem{'s' if n > 1 else ''}: "
@@ -145,7 +147,7 @@ def parse_search_space(data: Any, source: str = "<search space>") -> SearchSpace
         layer_selection=selection, width=width, gamma=gamma, heal=heal, workload=workload,
         traces=traces, latency_only=latency_only, profile=profile,
         description=str(top.get("description", "")).strip(), source=source, vocab_sizes=vocab_sizes,
-        references=references,
+        references=references, weights=weights,
     )
 
 
@@ -182,6 +184,16 @@ def _parse_selection(c: _Checker, raw: Any) -> tuple[str, ...]:
         return ("first",)
     out = [c.str_(f"layer_selection[{i}]", v, LAYER_SELECTIONS) for i, v in enumerate(items)]
     return tuple(dict.fromkeys(v for v in out if v is not None)) or ("first",)
+
+
+def _parse_weights(c: _Checker, raw: Any) -> tuple[str, ...]:
+    """How the drafters' linear layers may run: dense and/or int8 (weight-only, CPU)."""
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list | tuple) or not items:
+        c.add("weights", f"{raw!r} is not a non-empty list (allowed: {', '.join(WEIGHT_FORMATS)})")
+        return ("dense",)
+    out = [c.str_(f"weights[{i}]", v, WEIGHT_FORMATS) for i, v in enumerate(items)]
+    return tuple(dict.fromkeys(v for v in out if v is not None)) or ("dense",)
 
 
 def _parse_width(c: _Checker, raw: Any, latency_only: bool) -> WidthChoices:

@@ -102,3 +102,18 @@ def test_the_same_kept_layers_are_one_drafter_whichever_rule_picked_them():
     assert planned.built_key == first.built_key  # both keep layer 0: one row in the ranking
     other = planned.with_plan(replace(first.plan, layers=(29,)))
     assert other.built_key != first.built_key
+
+
+def test_an_int8_drafter_is_its_own_candidate_with_one_name_in_the_search_and_its_export():
+    from draftnas.export.folder import drafter_name
+    from draftnas.export.records import ExportInfo
+
+    space = load_search_space("smollm2-135m")
+    dense = build_candidate(space, SMOL, "smollm2-135m", CandidateChoice(depth=4), target=SMOL)
+    int8 = build_candidate(space, SMOL, "smollm2-135m", CandidateChoice(depth=4, weights="int8"), target=SMOL)
+    assert int8.name == dense.name + "-int8" == "L4f-h9kv3-i1536-int8"
+    assert int8.key != dense.key and int8.built_key != dense.built_key  # priced and ranked apart
+    assert int8.plan == dense.plan  # the same pruning: only how its products run differs
+    info = ExportInfo(base="smollm2-135m", target="t", plan=int8.plan, weights="int8")
+    assert drafter_name(info) == "smollm2-135m-" + int8.name
+    assert Candidate.from_dict(int8.to_dict()) == int8

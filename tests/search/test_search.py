@@ -469,11 +469,12 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     from draftnas.cli.cmd_search import next_commands
 
     space = load_search_space("smollm2-135m")  # workload: chat prompts
-    best = NS(candidate=NS(plan=object(), name="L1bi-x-v4096", head_vocab_size=4096), number=3,
-              primary=NS(gamma=2))
+    best = NS(candidate=NS(plan=object(), name="L1bi-x-v4096", head_vocab_size=4096,
+                           choice=NS(weights="dense")), number=3, primary=NS(gamma=2))
     info = NS(acceptance_assumed=False, target="smollm2-135m", engine="static", space=space, dtype="fp32",
               device="cpu")
     lines = next_commands(NS(best=best, info=info, study_name="s", storage="sqlite:///s.db", references=()))
+    assert lines[-1].endswith("route_linears(drafter)")
     bench = next(line for line in lines if "draftnas bench" in line)
     assert bench.strip() == ("draftnas bench --target smollm2-135m --draft drafters/L1bi-x-v4096 --gamma 2 "
                              "--engine static --prompts chat --per-domain 8")
@@ -490,6 +491,11 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     on_gpu = next_commands(NS(best=best, info=NS(**{**vars(info), "device": "cuda"}), study_name="s",
                               storage="sqlite:///s.db", references=()))
     assert "--device cuda" in next(line for line in on_gpu if "draftnas bench" in line)  # where it was priced
+    # an int8 winner is routed in int8 in transformers too
+    int8 = NS(**{**vars(best), "candidate": NS(**{**vars(best.candidate), "choice": NS(weights="int8")})})
+    int8_lines = next_commands(NS(best=int8, info=info, study_name="s", storage="sqlite:///s.db",
+                                  references=()))
+    assert "route_linears(drafter, int8=True)" in int8_lines[-1]
 
 
 def test_the_result_json_carries_the_export_after_export(tmp_path):

@@ -110,3 +110,16 @@ def test_depth_beyond_the_base_is_a_problem():
     space = parse_search_space({**GOOD, "depth": {"min": 1, "max": 40}})
     problems = space.problems_for_base(get_architecture("smollm2-135m"))
     assert problems == ["depth.max: 40 but base smollm2-135m has 30 layers (allowed: 1..30)"]
+
+
+def test_weight_formats_are_a_searched_choice_with_the_allowed_values_named():
+    from draftnas.search.loop import distributions
+
+    assert parse_search_space(GOOD).weights == ("dense",)  # dense unless the space says more
+    space = parse_search_space({**GOOD, "weights": ["dense", "int8"]})
+    assert space.weights == ("dense", "int8") and space.size() == 2 * parse_search_space(GOOD).size()
+    assert list(distributions(space)["weights"].choices) == ["dense", "int8"]
+    refused = r"weights\[0\]: 'int4' is not allowed \(allowed: dense, int8\)"
+    with pytest.raises(SearchSpaceError, match=refused):
+        parse_search_space({**GOOD, "weights": ["int4"]})
+    assert "int8" in load_search_space("qwen2.5-coder-1.5b").weights
