@@ -202,9 +202,16 @@ def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
         "",
         "```python",
         "from draftnas.models.linears import route_linears",
-        "route_linears(target); route_linears(drafter)",
+        f"route_linears(target); route_linears(drafter{', int8=True' if info.weights == 'int8' else ''})",
         "```",
         "",
+        *([
+            "This drafter was searched to run with **int8 weights** (weight-only, one scale per output row, "
+            "on CPU): the folder holds its dense weights, and `route_linears(drafter, int8=True)` multiplies "
+            "its linear layers in int8 (`draftnas bench` does the same in its static engine and routed arm). "
+            "Loaded plainly it runs dense, at the speed of its dense weights.",
+            "",
+        ] if info.weights == "int8" else []),
         "`draftnas bench` measures assisted generation both ways (\"HF assisted generate\" and \"HF "
         "assisted, linears routed\").",
         "",

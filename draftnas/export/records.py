@@ -57,6 +57,9 @@ class ExportInfo(Record):
     # `prompt_key`s of every prompt the study's traces hold (acceptance was scored and the reduced
     # head's rows chosen on them): a bench leaves them out, as it leaves out those healed on
     searched_prompts: tuple[str, ...] = ()
+    # how the drafter's linear layers run: "dense" (the folder's dtype) or "int8" (weight-only, CPU; the
+    # folder holds the dense weights, quantized when loaded: draftnas.models.linears.route_linears(int8=True))
+    weights: str = "dense"
 
 
 @dataclass(frozen=True)
@@ -126,4 +129,4 @@ def drafter_name(info: ExportInfo) -> str:
     """The drafter's name: its base and `PruningPlan.label` (with the reduced head's rows), the
     name the search's table gives the same drafter."""
     label = info.plan.label() if info.plan else "drafter"
-    return f"{info.base}-{label}"
+    return f"{info.base}-{label}" + ("-int8" if info.weights == "int8" else "")
