@@ -66,17 +66,18 @@ class Drafter:
     full_head: Any = None
     reduced_head: Any = None
     weights: str = "dense"  # how its linear layers run in the static engine and the routed arm
+    gamma: int = 4  # draft tokens per step, in every arm of this drafter
 
     @classmethod
-    def of(cls, label: str, loaded: LoadedModel, weights: str = "dense") -> Drafter:
+    def of(cls, label: str, loaded: LoadedModel, weights: str = "dense", gamma: int = 4) -> Drafter:
         subset = model_subset(loaded.model)
         if subset is not None or loaded.folder is None:
-            return cls(label, loaded, subset, weights=weights)
+            return cls(label, loaded, subset, weights=weights, gamma=gamma)
         full = loaded.model.get_output_embeddings()
         subset = maybe_apply_saved_subset(loaded.model, loaded.folder)
         if subset is None:
-            return cls(label, loaded, weights=weights)
-        return cls(label, loaded, subset, full, loaded.model.get_output_embeddings(), weights)
+            return cls(label, loaded, weights=weights, gamma=gamma)
+        return cls(label, loaded, subset, full, loaded.model.get_output_embeddings(), weights, gamma)
 
     @contextlib.contextmanager
     def full_vocabulary(self, model: Any) -> Any:
@@ -128,7 +129,7 @@ class Bench:
             self.gen_kwargs.update(temperature=options.temperature, top_k=0, top_p=1.0)
         for d in drafters:  # a constant gamma and no confidence cut-off, as the loop drafts
             cfg = d.loaded.model.generation_config
-            cfg.num_assistant_tokens = options.gamma
+            cfg.num_assistant_tokens = d.gamma
             cfg.num_assistant_tokens_schedule = "constant"
             cfg.assistant_confidence_threshold = 0.0
         self.engines: dict[str, StaticEngine] = {}  # "target" / drafter label -> engine
@@ -157,6 +158,10 @@ class Bench:
                                                 int8=int8)
         return self._routings[key]
 
+    @property
+    def max_gamma(self) -> int:
+        return max((d.gamma for d in self.drafters.values()), default=self.options.gamma)
+
     def build_engines(self, max_tokens: int) -> None:
         """Static engines (one KV cache each, `max_tokens` slots) for engine "static"."""
         capture = self.options.device == "cuda"
@@ -178,7 +183,7 @@ class Bench:
         """Time every product the runs will meet (`product_rows`) before any run is timed. One
         timing costs many passes over the weights; met first inside a timed run, it would be
         charged to that run."""
-        rows = product_rows(encoded, self.options.gamma)
+        rows = product_rows(encoded, self.max_gamma)
         for chooser in self.choosers():
             chooser.prepare(rows)
 
@@ -267,7 +272,7 @@ class LoopArm(Arm):
         b, d = self.bench, self.bench.drafters[self.drafter or ""]
         target = b.engines.get("target", b.target.model)
         drafter = b.engines.get(d.label, d.loaded.model)
-        out = speculative_generate(target, drafter, ids, gamma=b.options.gamma, max_new_tokens=max_new_tokens,
+        out = speculative_generate(target, drafter, ids, gamma=d.gamma, max_new_tokens=max_new_tokens,
                                    temperature=b.options.temperature, eos_token_ids=b.eos,
                                    generator=torch.Generator().manual_seed(seed), vocab_subset=d.subset)
         return Run(tokens=out.tokens, elapsed_s=out.elapsed_s, steps=out.steps, accepted=sum(out.accepted),

@@ -20,6 +20,9 @@ class BenchOptions(Record):
     """What `draftnas bench` is asked (its flags are built from these fields)."""
 
     gamma: int = option(4, help="Draft tokens per step.", short="-g", low=1, high=32)
+    reference_gamma: int | None = option(
+        None, help="Draft tokens per step of the reference drafter (default: --gamma). Run it at the gamma "
+                   "its users would pick (the search prints its best), not at the winner's.", low=1, high=32)
     temperature: float = option(0.0, help="0 = greedy (checked lossless).", low=0.0, high=10.0)
     max_new_tokens: int = option(64, help="New tokens per prompt.", short="-n", low=1, high=8192)
     seed: int = option(0, help="Seed of sampling runs.")
@@ -74,6 +77,9 @@ class BenchOptions(Record):
             extra.append(("batch_sizes", "runs greedy decoding only; drop --temperature"))
         if self.batch_sizes and self.engine == "hf":
             extra.append(("batch_sizes", "runs in the static engine; drop --engine hf"))
+        if self.batch_sizes and self.reference_gamma not in (None, self.gamma):
+            extra.append(("reference_gamma", "applies to the arms bench; --batch-size runs every drafter "
+                                             "at --gamma"))
         if "int8" in (self.draft_weights, self.reference_weights) and self.device != "cpu":
             extra.append(("draft_weights", "int8 weights run on the CPU only; use dense on " + self.device))
         return check_options(self, extra)
@@ -129,6 +135,7 @@ class ArmResult(Record):
     draft_ms_per_token: float | None = None
     draft_vocab_size: int | None = None  # rows of a reduced draft head; None = the full vocabulary
     draft_weights: str | None = None  # how the drafter's linear layers ran: "dense" or "int8"
+    gamma: int | None = None  # the drafter's tokens per step (a reference may run at its own)
     lossless: bool | None = None  # greedy: equal to the baseline's output on every prompt
     exact_match_rate: float | None = None  # greedy: share of prompts whose output equals the baseline's
     divergence_margins: tuple[float, ...] = ()  # target's top-1 minus top-2 logit at each divergence

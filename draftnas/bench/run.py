@@ -130,7 +130,7 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
         draft_acceptance_rate=sum(r.accepted for r in runs) / drafted if loop else None,
         draft_ms_per_token=1000 * sum(r.draft_s for r in runs) / drafted if loop else None,
         draft_vocab_size=d.subset.size if d.subset is not None else None,
-        draft_weights=d.weights if arm.engine in ("static", "hf-routed") else "dense",
+        draft_weights=d.weights if arm.engine in ("static", "hf-routed") else "dense", gamma=d.gamma,
         lossless=all(bool(r.lossless) for r in runs) if greedy else None,
         exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs) if greedy else None,
         divergence_margins=tuple(r.divergence_margin for r in runs if r.divergence_margin is not None))
@@ -143,7 +143,8 @@ def _load_drafters(draft: str | LoadedModel, reference: str | LoadedModel | None
     for label, spec in specs.items():
         loaded = load_drafter(spec, **load) if isinstance(spec, str) else spec
         _check_same_tokenizer(target, loaded)
-        out.append(Drafter.of(label, loaded, _weights(label, loaded, options)))
+        gamma = options.gamma if label == MAIN else options.reference_gamma or options.gamma
+        out.append(Drafter.of(label, loaded, _weights(label, loaded, options), gamma))
     return out
 
 
@@ -202,7 +203,7 @@ def run_bench(
                                                                     options)
     bench = Bench(t_model, drafters, options)
     if options.resolved_engine() == "static":
-        bench.build_engines(max(len(ids) for ids in encoded) + options.max_new_tokens + options.gamma + 1)
+        bench.build_engines(max(len(ids) for ids in encoded) + options.max_new_tokens + bench.max_gamma + 1)
     bench.prepare(encoded)
     arms = bench.arms()
     # warm-up; a static engine's full-length run also meets (and on CUDA captures) every step size
@@ -291,11 +292,10 @@ def _with_predictions(results: list[ArmResult], bench: Bench, prompts: Sequence[
     target's own runs. Greedy: the target's continuations; sampling: its sampled outputs are
     samples of p, which is what a sampled trace holds."""
     traces = bench_traces(bench.target, prompts, encoded, continuations, options)
-    g = str(options.gamma)
     by_name = {r.name: r for r in results}
     for d in bench.drafters.values():
-        name = arm_names(d.label)[0]
-        est = estimate_acceptance(d.loaded, traces, max_gamma=options.gamma, temperature=options.temperature)
+        name, g = arm_names(d.label)[0], str(d.gamma)
+        est = estimate_acceptance(d.loaded, traces, max_gamma=d.gamma, temperature=options.temperature)
         by_name[name] = replace(by_name[name], predicted_tokens_per_step=est.tokens_per_step[g],
                                 predicted_ci_low=est.ci_low[g], predicted_ci_high=est.ci_high[g],
                                 predicted_acceptance_rate=est.acceptance_rate, estimator_s=est.elapsed_s)

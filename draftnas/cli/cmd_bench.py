@@ -55,7 +55,8 @@ def arms_table(result: BenchResult) -> Table:
         table.add_column(col, justify="left" if col in ("arm", "engine", "over") else "right")
     for a in result.arms:
         speedup = f"{a.speedup:.3f}x" if a.speedup is not None else "-"
-        engine = a.engine + (" int8" if a.draft_weights == "int8" else "")
+        engine = a.engine + (" int8" if a.draft_weights == "int8" else "") + (
+            f" γ={a.gamma}" if a.gamma not in (None, result.gamma) else "")
         table.add_row(a.name, engine, f"{a.tokens_per_s:.2f}", speedup, a.baseline or "-",
                       _fmt(a.tokens_per_step, ".3f"), _fmt(a.predicted_tokens_per_step, ".3f"),
                       _flag(a.lossless), _match(a), _fmt(a.draft_ms_per_token))

@@ -156,8 +156,8 @@ def exportable(result: SearchResult) -> bool:
 
 def next_commands(result: SearchResult, exported: tuple[str, int] | None = None) -> list[str]:
     """What to run next with the best drafter: export it (unless `exported`: its folder and gamma),
-    bench it (beside the first reference with weights, in the dtype the search chose), use it from
-    transformers."""
+    bench it (beside the first reference with weights, at its own best gamma, in the dtype the search
+    chose), use it from transformers."""
     from draftnas.models.sources import has_weights
 
     b = result.best
@@ -173,8 +173,9 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
     export = [] if exported is not None else [
         f"  draftnas export --study {result.study_name} --storage {result.storage} --trial {b.number} "
         f"--out {folder}"]
-    reference = next((r.reference for r in result.references if r.reference and has_weights(r.reference)),
-                     None)
+    ref = next((r for r in result.references if r.reference and has_weights(r.reference)), None)
+    reference = ref.reference if ref is not None else None
+    ref_gamma = ref.primary.gamma if ref is not None else gamma  # the reference at its own best gamma
     return [
         "next:",
         *export,
@@ -183,6 +184,7 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
         + (f" --dtype {result.info.dtype}" if result.info.dtype != "fp32" else "")
         + (f" --device {result.info.device}" if result.info.device != "cpu" else "")
         + (f" --reference {reference}" if reference else "")
+        + (f" --reference-gamma {ref_gamma}" if ref_gamma != gamma else "")
         + (f" --prompts {w.prompt_set} --per-domain 8" if w.prompt_set != "all" else ""),
         f"  in transformers: target.generate(..., assistant_model={load})",
         "  on CPU, route both models' small products first (a multi-token verify can cost far more than a "

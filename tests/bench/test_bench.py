@@ -176,3 +176,20 @@ def test_int8_weights_outside_the_static_engine_or_on_cuda_are_one_line(tiny_pai
         run_bench(target, draft, PROMPTS[:1], BenchOptions(max_new_tokens=4, draft_weights="int8"))
     with pytest.raises(InvalidInputError, match="CPU only"):
         BenchOptions(max_new_tokens=4, device="cuda", engine="static", reference_weights="int8").validate()
+
+
+def test_the_reference_runs_at_its_own_gamma_in_every_arm(tiny_pair):
+    target, _ = tiny_pair
+    whole = _loaded(truncated(target.model, target.model.config.num_hidden_layers), "tiny-whole")
+    other = _loaded(truncated(target.model, 1), "tiny-reference")
+    options = BenchOptions(gamma=4, reference_gamma=1, max_new_tokens=12, engine="static", hf_routed=False)
+    result = run_bench(target, whole, PROMPTS[:2], options, reference=other)
+    assert result.gamma == 4 and result.arm("draftnas").gamma == 4 and result.arm("hf").gamma == 4
+    ref, ref_hf = result.arm("reference"), result.arm("reference_hf")
+    assert ref.gamma == 1 and ref_hf.gamma == 1 and ref.lossless is True
+    # one draft token a step: at most two tokens a step, measured and estimated, in both loops
+    assert ref.tokens_per_step <= 2.0 and ref_hf.tokens_per_step <= 2.0
+    assert ref.predicted_tokens_per_step is not None and ref.predicted_tokens_per_step <= 2.0
+    assert result.arm("draftnas").tokens_per_step > 2.0  # the target's own layers: every draft accepted
+    with pytest.raises(InvalidInputError, match="reference_gamma|reference-gamma"):
+        BenchOptions(gamma=2, reference_gamma=3, batch_sizes=(1, 2)).validate()

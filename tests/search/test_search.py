@@ -480,11 +480,16 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
                              "--engine static --prompts chat --per-domain 8")
     assert "trust_remote_code=True" in lines[-2]  # a reduced head loads through the shipped class
     # in the dtype the search chose, beside the reference with weights it priced
-    ref = NS(reference="smollm2-135m")
+    ref = NS(reference="smollm2-135m", primary=NS(gamma=2))
     chosen = next_commands(NS(best=best, info=NS(**{**vars(info), "dtype": "bf16"}), study_name="s",
                               storage="sqlite:///s.db", references=(ref,)))
     bench_bf16 = next(line for line in chosen if "draftnas bench" in line)
-    assert "--dtype bf16 --reference smollm2-135m" in bench_bf16
+    assert "--dtype bf16 --reference smollm2-135m --prompts" in bench_bf16  # same gamma: no flag
+    # the reference at its own best gamma, not the winner's
+    ref3 = NS(reference="smollm2-135m", primary=NS(gamma=3))
+    own_gamma = next_commands(NS(best=best, info=info, study_name="s", storage="sqlite:///s.db",
+                                 references=(ref3,)))
+    assert "--reference smollm2-135m --reference-gamma 3" in next(x for x in own_gamma if "bench" in x)
     uncalibrated = next_commands(NS(best=best, info=NS(**{**vars(info), "engine": None}), study_name="s",
                                     storage="sqlite:///s.db", references=()))
     assert "--engine" not in next(line for line in uncalibrated if "draftnas bench" in line)
