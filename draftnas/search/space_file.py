@@ -129,7 +129,8 @@ def parse_search_space(data: Any, source: str = "<search space>") -> SearchSpace
     if profile is not None:
         profile = c.str_("profile", profile)
     depth = _parse_depth(c, top.get("depth"))
-    selection = _parse_selection(c, top.get("layer_selection", ["first"]))
+    selection = _parse_choices(c, "layer_selection", top.get("layer_selection", ["first"]),
+                               LAYER_SELECTIONS, "first")
     width = _parse_width(c, top.get("width"), latency_only)
     gamma = _parse_gamma(c, top.get("gamma"))
     heal = _parse_heal(c, top.get("heal"))
@@ -137,7 +138,8 @@ def parse_search_space(data: Any, source: str = "<search space>") -> SearchSpace
     traces = _parse_traces(c, top.get("traces"))
     vocab_sizes = _parse_vocab(c, top.get("vocab"))
     references = _parse_references(c, top.get("references", []))
-    weights = _parse_weights(c, top.get("weights", ["dense"]))
+    # how the drafters' linear layers may run: dense and/or int8 (weight-only, CPU)
+    weights = _parse_choices(c, "weights", top.get("weights", ["dense"]), WEIGHT_FORMATS, "dense")
     if c.problems:
         n = len(c.problems)
         raise SearchSpaceError(f"search space {source} has {n} problem{'s' if n > 1 else ''}: "
@@ -177,23 +179,15 @@ def _parse_depth(c: _Checker, raw: Any) -> DepthRange:
     return DepthRange(low or 1, high or low or 1, step or 1)
 
 
-def _parse_selection(c: _Checker, raw: Any) -> tuple[str, ...]:
+def _parse_choices(c: _Checker, key: str, raw: Any, allowed: tuple[str, ...],
+                   default: str) -> tuple[str, ...]:
+    """A non-empty list of `allowed` names (a bare name counts as a list of one), duplicates dropped."""
     items = [raw] if isinstance(raw, str) else raw
     if not isinstance(items, list | tuple) or not items:
-        c.add("layer_selection", f"{raw!r} is not a non-empty list (allowed: {', '.join(LAYER_SELECTIONS)})")
-        return ("first",)
-    out = [c.str_(f"layer_selection[{i}]", v, LAYER_SELECTIONS) for i, v in enumerate(items)]
-    return tuple(dict.fromkeys(v for v in out if v is not None)) or ("first",)
-
-
-def _parse_weights(c: _Checker, raw: Any) -> tuple[str, ...]:
-    """How the drafters' linear layers may run: dense and/or int8 (weight-only, CPU)."""
-    items = [raw] if isinstance(raw, str) else raw
-    if not isinstance(items, list | tuple) or not items:
-        c.add("weights", f"{raw!r} is not a non-empty list (allowed: {', '.join(WEIGHT_FORMATS)})")
-        return ("dense",)
-    out = [c.str_(f"weights[{i}]", v, WEIGHT_FORMATS) for i, v in enumerate(items)]
-    return tuple(dict.fromkeys(v for v in out if v is not None)) or ("dense",)
+        c.add(key, f"{raw!r} is not a non-empty list (allowed: {', '.join(allowed)})")
+        return (default,)
+    out = [c.str_(f"{key}[{i}]", v, allowed) for i, v in enumerate(items)]
+    return tuple(dict.fromkeys(v for v in out if v is not None)) or (default,)
 
 
 def _parse_width(c: _Checker, raw: Any, latency_only: bool) -> WidthChoices:
