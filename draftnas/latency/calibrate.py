@@ -130,18 +130,14 @@ def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head
     reduced head its full depth and first layer (`int8`: built with int8 weights)."""
     full = arch.num_hidden_layers
     depths = [k for k in prefixes if k < full] + [full]
-    build = _build_int8 if int8 else _build_dense
-    groups = [Group(functools.partial(build, rt, arch), model_bytes(rt, arch),
+    build = functools.partial(_build_int8, rt) if int8 else rt.build
+    groups = [Group(functools.partial(build, arch), model_bytes(rt, arch),
                     [model_job(rt, arch, k, (1, 1, context), "calibration") for k in depths])]
     for r in (r for r in head_rows if r < arch.vocab_size):
         shape = arch.with_shape(vocab_size=r)
         jobs = [model_job(rt, shape, k, (1, 1, context), "calibration") for k in (full, 1)]
-        groups.append(Group(functools.partial(build, rt, shape), model_bytes(rt, shape), jobs))
+        groups.append(Group(functools.partial(build, shape), model_bytes(rt, shape), jobs))
     return groups
-
-
-def _build_dense(rt: Runtime, arch: Architecture) -> Any:
-    return rt.build(arch)
 
 
 def _build_int8(rt: Runtime, arch: Architecture) -> Any:
