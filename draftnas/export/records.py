@@ -11,7 +11,7 @@ from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.core.options import check_options, option
 from draftnas.core.records import Record
 from draftnas.drafter.records import HealOptions, HealResult, PruningPlan
-from draftnas.models.records import HEAD_MODULE
+from draftnas.models.records import HEAD_MODULE, weights_suffix
 from draftnas.search.records import RankedTrial, WorkloadPrediction
 
 DEFAULT_GAMMA = 4
@@ -129,4 +129,4 @@ def drafter_name(info: ExportInfo) -> str:
     """The drafter's name: its base and `PruningPlan.label` (with the reduced head's rows), the
     name the search's table gives the same drafter."""
     label = info.plan.label() if info.plan else "drafter"
-    return f"{info.base}-{label}" + ("-int8" if info.weights == "int8" else "")
+    return f"{info.base}-{label}{weights_suffix(info.weights)}"

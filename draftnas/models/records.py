@@ -107,6 +107,12 @@ MAX_WEIGHT_ONCE_ROWS = 16
 #: (weight-only, one scale per output row; CPU only; see `models.matmul.quantize_int8`)
 WEIGHT_FORMATS = ("dense", "int8")
 
+
+def weights_suffix(weights: str) -> str:
+    """What a drafter's name adds for its weight format: "-int8", nothing for dense (the search's
+    table and the exported folder name the same drafter alike)."""
+    return "" if weights == "dense" else f"-{weights}"
+
 #: the module a reduced-head drafter folder ships (a copy of draftnas/models/hf_head.py) and its
 #: config's auto_map names
 HEAD_MODULE = "modeling_draftnas_head"

@@ -18,6 +18,7 @@ from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.registry import Architecture, get_architecture, load_registry
 from draftnas.drafter.importance import layer_selection
 from draftnas.drafter.records import PruningPlan, drafter_label
+from draftnas.models.records import weights_suffix
 from draftnas.search.records import Candidate, CandidateChoice
 from draftnas.search.space import SearchSpace
 
@@ -52,7 +53,7 @@ def drafter_shape(base: Architecture, choice: CandidateChoice, channel_multiple:
 def _label(choice: CandidateChoice, heads: int, kv: int, intermediate_size: int) -> str:
     label = drafter_label(choice.depth, choice.layer_selection, heads, kv, intermediate_size,
                           choice.vocab_size, choice.hidden_ratio)
-    return label + ("-int8" if choice.weights == "int8" else "")
+    return label + weights_suffix(choice.weights)
 
 
 def shape_plan(base: Architecture, base_spec: str, choice: CandidateChoice,
