@@ -205,9 +205,17 @@ class StaticDecoder(nn.Module):
         if arch.tie_word_embeddings and rows == arch.vocab_size:
             self.lm_head.weight = self.embed_tokens.weight
         self.matmul.register(self.lm_head.weight)
-        self.rope_global = _rope_table(spec.rope_theta, spec.rope_factor, arch.head_dim, max_positions,
-                                       dtype, device)
-        self.rope_local = _rope_table(spec.local_rope_theta, 1.0, arch.head_dim, max_positions, dtype, device)
+        # buffers, so that moving the decoder (`.to("cuda")`) moves the tables with it
+        dim = arch.head_dim
+        tables = {"global": _rope_table(spec.rope_theta, spec.rope_factor, dim, max_positions, dtype, device),
+                  "local": _rope_table(spec.local_rope_theta, 1.0, dim, max_positions, dtype, device)}
+        for kind, (cos, sin) in tables.items():
+            self.register_buffer(f"rope_{kind}_cos", cos, persistent=False)
+            self.register_buffer(f"rope_{kind}_sin", sin, persistent=False)
+        self.rope_global_cos: torch.Tensor
+        self.rope_global_sin: torch.Tensor
+        self.rope_local_cos: torch.Tensor
+        self.rope_local_sin: torch.Tensor
 
     @property
     def dtype(self) -> torch.dtype:
@@ -275,8 +283,8 @@ class StaticDecoder(nn.Module):
         if self.spec.sliding_layers:
             window = causal & (slot > rows[..., None] - self.spec.sliding_window)
             masks[True] = torch.where(window, self.mask_open, self.mask_shut)[:, None]
-        ropes = {False: (self.rope_global[0][rows][:, None], self.rope_global[1][rows][:, None]),
-                 True: (self.rope_local[0][rows][:, None], self.rope_local[1][rows][:, None])}
+        ropes = {False: (self.rope_global_cos[rows][:, None], self.rope_global_sin[rows][:, None]),
+                 True: (self.rope_local_cos[rows][:, None], self.rope_local_sin[rows][:, None])}
         for i in range(n):
             layer = self.layers[i]
             assert isinstance(layer, DecoderLayer)

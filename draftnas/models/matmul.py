@@ -130,7 +130,7 @@ class MatmulChooser:
 
     def _transpose(self, weight: torch.Tensor) -> torch.Tensor:
         wt = self.transposed.get(id(weight))
-        if wt is None:
+        if wt is None or wt.dtype != weight.dtype or wt.device != weight.device:  # made before a `.to()`
             wt = self.transposed[id(weight)] = weight.detach().T.contiguous()
         return wt
 

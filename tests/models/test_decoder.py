@@ -156,6 +156,20 @@ def test_prepare_times_every_registered_shape_up_front_and_later_products_time_n
     assert off.form == {} and off.timing_s == 0.0
 
 
+def test_moving_the_decoder_moves_its_rope_tables() -> None:
+    """`.to()` carries every tensor a step reads (the rope tables once stayed behind, so a decoder
+    built on the CPU and moved to CUDA failed its first forward)."""
+    decoder = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu", max_positions=16).init_random(0)
+    ids, positions = torch.tensor([[1, 2, 3]]), torch.arange(3)
+    before = decoder(ids, positions, decoder.new_cache(1, 16))
+    moved = decoder.to(torch.float64)
+    assert {t.dtype for t in (moved.rope_global_cos, moved.rope_global_sin, moved.rope_local_cos,
+                              moved.rope_local_sin)} == {torch.float64}
+    after = moved(ids, positions, moved.new_cache(1, 16))
+    assert after.dtype == torch.float64 and torch.allclose(after.float(), before, atol=1e-4)
+    assert not any(name.startswith("rope_") for name in moved.state_dict())  # not saved with the weights
+
+
 def test_a_shorter_prefix_of_layers_equals_a_model_of_that_depth() -> None:
     hf = hf_llama(TINY_ARCH)
     full = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu").load_hf_weights(hf.state_dict())
