@@ -105,7 +105,7 @@ def field_problem(spec: Spec, value: Any) -> str | None:
     """What is wrong with `value` for an option of `spec` (None: nothing; None values are unset)."""
     if value is None:
         return None
-    if isinstance(value, tuple):
+    if isinstance(value, (tuple, list)):  # a list: the same values decoded from JSON
         if spec.nonempty and not value:
             return "must name at least one value"
         if spec.distinct and len(set(value)) != len(value):

@@ -138,7 +138,7 @@ def test_traces_written_on_cuda_equal_the_cpus(tiny_target, tmp_path):
     options = TraceOptions(max_new_tokens=10, temperatures=(0.0, 1.0), top_k=4, seed=1)
     cpu = load_traces(build_traces(tiny_target, PROMPTS, options, tmp_path / "cpu.safetensors"))
     on_gpu = dataclasses.replace(tiny_target, model=copy.deepcopy(tiny_target.model).to("cuda"))
-    gpu = load_traces(build_traces(on_gpu, PROMPTS, TraceOptions(**{**options.to_dict(), "device": "cuda"}),
+    gpu = load_traces(build_traces(on_gpu, PROMPTS, dataclasses.replace(options, device="cuda"),
                                    tmp_path / "gpu.safetensors"))
     for a, b in zip(cpu.records, gpu.records, strict=True):  # fp32: the same tokens, host tensors
         assert a.continuation_ids.tolist() == b.continuation_ids.tolist()

@@ -47,6 +47,10 @@ def test_good_values_and_unset_optionals_pass_and_tuples_are_checked_as_wholes()
         check_options(Asked(temperatures=()))
     with pytest.raises(OptionError, match="extra rule"):
         check_options(ok, [("gamma", "extra rule")])
+    # a list (the same values read back from JSON) is checked as a tuple is, not compared as one value
+    assert check_options(Asked(temperatures=[0.0, 0.7])).temperatures == [0.0, 0.7]  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match=r"temperatures must be in \[0, 10\], got 11"):
+        check_options(Asked(temperatures=[0.0, 11.0]))  # type: ignore[arg-type]
 
 
 def test_parse_floats_names_the_bad_item():
