@@ -11,26 +11,18 @@ runs in its own process, alternating, `--rounds` times: draftnas's static decode
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from benchmarks.fresh_process import decoder_parser, random_decoder, run_child
 
 
 def child(arch_name: str, dtype_name: str, rows: int, steps: int) -> None:
     import torch
 
-    from draftnas.core.registry import get_architecture
-    from draftnas.models.decoder import StaticDecoder
-    from draftnas.models.records import TORCH_DTYPES
-
-    arch = get_architecture(arch_name)
-    decoder = StaticDecoder(arch, dtype=getattr(torch, TORCH_DTYPES[dtype_name]), device="cpu",
-                            max_positions=256).init_random(0).eval()
+    arch, decoder = random_decoder(arch_name, dtype_name)
     context, times = 128, {1: [], rows: []}
     with torch.inference_mode():
         cache = decoder.new_cache(1, context + rows)
@@ -46,14 +38,9 @@ def child(arch_name: str, dtype_name: str, rows: int, steps: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--dtype", default="bf16", choices=("fp32", "bf16"))
+    parser = decoder_parser(__doc__.splitlines()[0], steps=10)
     parser.add_argument("--rows", type=int, default=5, help="tokens of the verify step timed beside a decode")
-    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.arch, args.dtype, args.rows, args.steps)
@@ -65,12 +52,9 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"huge_pages": [], "default_pages": []}
     for _ in range(args.rounds):
         for name, value in (("huge_pages", "1"), ("default_pages", "0")):
-            command = [sys.executable, __file__, "--child", "--arch", args.arch, "--dtype", args.dtype,
-                       "--rows", str(args.rows), "--steps", str(args.steps)]
-            out = subprocess.run(command,
-                                 env={**os.environ, "THP_MEM_ALLOC_ENABLE": value}, check=True,
-                                 capture_output=True, text=True)
-            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            runs[name].append(run_child(__file__, ["--arch", args.arch, "--dtype", args.dtype, "--rows",
+                                                   str(args.rows), "--steps", str(args.steps)],
+                                        env={"THP_MEM_ALLOC_ENABLE": value}))
     thp_mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     print_figures({
         **before, "arch": args.arch, "dtype": args.dtype, "steps": args.steps,

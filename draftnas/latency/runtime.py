@@ -86,9 +86,11 @@ class Runtime:
         torch = self.torch
         if self.options.mode in STATIC_MODES:
             from draftnas.models.decoder import StaticDecoder
+            from draftnas.models.row_padding import choose_row_padding
 
-            decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device)
-            return decoder.init_random(self.options.seed).eval()
+            decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device).init_random(self.options.seed)
+            choose_row_padding(decoder)  # as the bench's engines do (CPU only)
+            return decoder.eval()
 
         config = LlamaConfig(
             vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,

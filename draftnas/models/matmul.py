@@ -32,9 +32,11 @@ LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2  # F.linear(x, W), (W @ x.T).T, x @ W.
 class MatmulChooser:
     """Per (rows, out, in): F.linear(x, W), (W @ x.T).T, or x @ Wt with Wt a contiguous copy of
     W's transpose — the form that timed fastest here (another form must beat F.linear by 10%).
-    An odd row count may also be padded with one row whose output is dropped: on the AMD
-    EPYC host MKL's kernels are not monotonic in the row count ((W @ x.T).T with Gemma-3's
-    262,144-row head: 47 ms for 3 rows, 31 ms for 4), so the padded product is a candidate too.
+    An odd row count may also be padded with one row whose output is dropped, in every form: on
+    the AMD EPYC hosts the kernels are not monotonic in the row count ((W @ x.T).T with Gemma-3's
+    262,144-row head: 47 ms for 3 rows, 31 ms for 4 on the Zen 2 host), so the padded product is a
+    candidate too. A lone row padded to two helps some whole decode steps where no product timed
+    alone shows it: `models.row_padding.choose_row_padding` times that on whole steps (`pad_single_rows`).
 
     Enabled on CPU only (on CUDA F.linear is used as is). The first product of a new key
     times the forms (a few passes each, interleaved) on random inputs, each pass over
@@ -69,6 +71,18 @@ class MatmulChooser:
                                     "chosen here: another device, or matmul='linear')")
         if id(weight) not in self.int8:
             self.int8[id(weight)] = quantize_int8(weight)
+
+    def single_rows(self) -> list[tuple[int, int, int]]:
+        """The one-row products chosen as plain F.linear (padded or not): what `pad_single_rows` sets."""
+        return [k for k, form in self.form.items() if k[0] == 1 and form == LINEAR]
+
+    def pad_single_rows(self, padded: bool) -> None:
+        """Multiply each one-row F.linear product over two rows (the second dropped), or not."""
+        for key in self.single_rows():
+            if padded:
+                self.padded[key] = 2
+            else:
+                self.padded.pop(key, None)
 
     def register(self, weight: torch.Tensor) -> None:
         """A weight the model multiplies by (timed together with the others of its shape)."""
@@ -107,13 +121,15 @@ class MatmulChooser:
                 if seen < self.time_after:
                     return F.linear(x, weight)
             form = self._choose(key, weight)
-        if form == LINEAR:
+        computed = self.padded.get(key, rows)
+        if form == LINEAR and computed == rows:
             return F.linear(x, weight)
         flat = x.reshape(rows, x.shape[-1]).contiguous()
-        computed = self.padded.get(key, rows)
         if computed > rows:
             flat = F.pad(flat, (0, 0, 0, computed - rows))
-        if form == WEIGHT_ONCE:
+        if form == LINEAR:
+            out = F.linear(flat, weight)
+        elif form == WEIGHT_ONCE:
             out = torch.mm(weight, flat.T).T
         else:
             out = torch.mm(flat, self._transpose(weight))
@@ -158,7 +174,8 @@ class MatmulChooser:
         inputs = {n: torch.randn(n, weight.shape[1], dtype=weight.dtype, device=weight.device)
                   for n in counts}
         forms = ((WEIGHT_ONCE, weight_once), (TRANSPOSED, transposed))
-        candidates = [(LINEAR, rows, linear)] + [(f, n, fn) for n in counts for f, fn in forms]
+        candidates = ([(LINEAR, n, linear) for n in counts]
+                      + [(f, n, fn) for n in counts for f, fn in forms])
         times: list[list[float]] = [[] for _ in candidates]
         for i in range(7):
             for j, (_, n, fn) in enumerate(candidates):

@@ -9,6 +9,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.models.decoder import StaticDecoder, StaticStep, activation_bytes
 from draftnas.models.hf_head import CACHE_ARG
 from draftnas.models.matmul import MatmulChooser
+from draftnas.models.row_padding import choose_row_padding
 from tests.helpers import TINY_ARCH, FactoryCounter, hf_family, hf_gemma, hf_llama, hf_qwen2
 
 
@@ -117,7 +118,8 @@ def test_both_matmul_forms_give_the_same_product_and_the_choice_is_kept() -> Non
     never = MatmulChooser(enabled=True, margin=0.0)
     never(x, w)
     assert never.form == {(6, 300, 40): LINEAR} and never.transposed == {}
-    for form in (WEIGHT_ONCE, TRANSPOSED):  # an odd row count computed with one padded row, dropped
+    assert never.padded == {}
+    for form in (LINEAR, WEIGHT_ONCE, TRANSPOSED):  # an odd row count computed with one padded row, dropped
         padded = MatmulChooser(enabled=True, form={(3, 300, 40): form}, padded={(3, 300, 40): 4})
         three = torch.randn(1, 3, 40)
         expected3 = torch.nn.functional.linear(three, w)
@@ -133,6 +135,45 @@ def test_both_matmul_forms_give_the_same_product_and_the_choice_is_kept() -> Non
     many = torch.randn(40, 40)  # more rows than the other forms are ever tried for
     torch.testing.assert_close(timed(many, w), torch.nn.functional.linear(many, w))
     assert (40, 300, 40) not in timed.form
+
+
+def test_a_padded_linear_product_multiplies_two_rows_for_one_and_keeps_the_first() -> None:
+    """F.linear over one row ran slower than over two in some processes on the Zen 5 host: the
+    chooser may pad a lone row, and must then drop the padding's output."""
+    from unittest import mock
+
+    from draftnas.models.matmul import LINEAR
+
+    w, x = torch.randn(300, 40), torch.randn(1, 1, 40)
+    real, rows = torch.nn.functional.linear, []
+
+    def counting(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        rows.append(a.shape[0])
+        return real(a, b)
+
+    chooser = MatmulChooser(enabled=True, form={(1, 300, 40): LINEAR}, padded={(1, 300, 40): 2})
+    with mock.patch("draftnas.models.matmul.F.linear", side_effect=counting):
+        out = chooser(x, w)
+    assert rows == [2] and out.shape == (1, 1, 300)
+    torch.testing.assert_close(out, real(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_row_padding_is_timed_on_whole_steps_kept_only_where_it_pays_and_changes_no_logit() -> None:
+    decoder = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu", max_positions=64).init_random(0)
+    decoder.matmul.margin = 0.0  # every product stays F.linear, so each one-row product is a candidate
+    kept = choose_row_padding(decoder, steps=2, rounds=2)
+    singles = decoder.matmul.single_rows()
+    assert singles  # the one-row products were chosen while timing, and are the ones it toggles
+    assert all((decoder.matmul.padded.get(k) == 2) == kept for k in singles)
+    ids, cache = torch.tensor([[3, 1, 4]]), decoder.new_cache(1, 8)
+    decoder(ids, torch.arange(3), cache)
+    outs = []
+    for padded in (False, True):
+        decoder.matmul.pad_single_rows(padded)
+        outs.append(decoder(torch.tensor([[5]]), torch.tensor([3]), cache))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    on_gpu_or_linear = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu", matmul="linear")
+    assert choose_row_padding(on_gpu_or_linear) is False  # nothing chosen by timing: nothing to pad
 
 
 def test_prepare_times_every_registered_shape_up_front_and_later_products_time_nothing() -> None:

@@ -1,0 +1,47 @@
+"""One-token steps with each lone row padded to two, where whole steps time faster that way.
+
+On the AMD EPYC Zen 5 host Qwen2.5-Coder-1.5B's bf16 decode step took 139-143 ms unpadded and
+126-127 padded in one process, 116-119 against 113-116 in another (`benchmarks/row_padding.py`),
+while `MatmulChooser`, timing each shape's products on their own, had kept every form unpadded: the
+slow one-row mode shows on whole steps only. So the choice is made on whole steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from draftnas.models.decoder import StaticDecoder
+from draftnas.models.records import MAX_WEIGHT_ONCE_ROWS
+
+
+def choose_row_padding(decoder: StaticDecoder, steps: int = 4, rounds: int = 3) -> bool:
+    """CPU: time `decoder`'s one-token steps with every lone-row F.linear product as it is and padded
+    to two rows (`MatmulChooser.pad_single_rows`), alternating `rounds` times, `steps` steps each,
+    and keep padding if its median saves 3%. Returns whether padding was kept (False on a device
+    whose products are not chosen here)."""
+    if not decoder.matmul.enabled:
+        return False
+    context = MAX_WEIGHT_ONCE_ROWS + 1  # a context read by plain F.linear: it times no product form
+    with torch.inference_mode():
+        cache = decoder.new_cache(1, context + 1)
+        ids = torch.zeros((1, context), dtype=torch.long, device=decoder.device)
+        decoder(ids, torch.arange(context, device=decoder.device), cache)
+        token, position = ids[:, :1], torch.tensor([context], device=decoder.device)
+        decoder(token, position, cache)  # chooses each one-row product's form
+        if not decoder.matmul.single_rows():
+            return False
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(rounds):
+            for padded in (False, True):
+                decoder.matmul.pad_single_rows(padded)
+                decoder(token, position, cache)
+                started = time.perf_counter()
+                for _ in range(steps):
+                    decoder(token, position, cache)
+                times[padded].append((time.perf_counter() - started) / steps)
+    keep = statistics.median(times[True]) < 0.97 * statistics.median(times[False])
+    decoder.matmul.pad_single_rows(keep)
+    return keep
