@@ -8,7 +8,6 @@ import dataclasses
 import functools
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -130,7 +129,7 @@ def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head
     reduced head its full depth and first layer (`int8`: built with int8 weights)."""
     full = arch.num_hidden_layers
     depths = [k for k in prefixes if k < full] + [full]
-    build = functools.partial(_build_int8, rt) if int8 else rt.build
+    build = functools.partial(rt.build, int8=True) if int8 else rt.build
     groups = [Group(functools.partial(build, arch), model_bytes(rt, arch),
                     [model_job(rt, arch, k, (1, 1, context), "calibration") for k in depths])]
     for r in (r for r in head_rows if r < arch.vocab_size):
@@ -138,12 +137,6 @@ def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head
         jobs = [model_job(rt, shape, k, (1, 1, context), "calibration") for k in (full, 1)]
         groups.append(Group(functools.partial(build, shape), model_bytes(rt, shape), jobs))
     return groups
-
-
-def _build_int8(rt: Runtime, arch: Architecture) -> Any:
-    """A random-weight static decoder of `arch` multiplying in int8 (its dense weights stay: the bytes
-    a calibration budgets for it are an upper bound)."""
-    return rt.build(arch).quantize_weights()
 
 
 def _stack_calibration(arch: Architecture, groups: Sequence[Group],

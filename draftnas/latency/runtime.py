@@ -80,17 +80,23 @@ class Runtime:
         fn()
         return (time.perf_counter() - t0) * 1e3
 
-    def build(self, arch: Architecture) -> Any:
+    def build(self, arch: Architecture, int8: bool = False) -> Any:
         """A random-weight model of `arch`'s shape on the device, in eval mode: a transformers
-        LlamaForCausalLM in eager mode, a `draftnas.models.decoder.StaticDecoder` otherwise."""
+        LlamaForCausalLM in eager mode, a `draftnas.models.decoder.StaticDecoder` otherwise.
+        `int8` (static modes, CPU): the decoder multiplies in int8 (its dense weights stay, so the
+        bytes a calibration budgets for it are an upper bound)."""
         torch = self.torch
         if self.options.mode in STATIC_MODES:
             from draftnas.models.decoder import StaticDecoder
             from draftnas.models.row_padding import choose_row_padding
 
             decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device).init_random(self.options.seed)
-            choose_row_padding(decoder)  # as the bench's engines do (CPU only)
+            if int8:
+                decoder.quantize_weights()
+            choose_row_padding(decoder)  # as the bench's engines do (CPU only; nothing to choose in int8)
             return decoder.eval()
+        if int8:
+            raise DeviceError("int8 weights run in draftnas's static decoder only (--mode static)")
 
         config = LlamaConfig(
             vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,

@@ -21,9 +21,10 @@ def choose_row_padding(decoder: StaticDecoder, steps: int = 4, rounds: int = 3) 
     """CPU: time `decoder`'s one-token steps with every lone-row F.linear product as it is and padded
     to two rows (`MatmulChooser.pad_single_rows`), alternating `rounds` times, `steps` steps each,
     and keep padding if its median saves 3%. Returns whether padding was kept (False on a device
-    whose products are not chosen here)."""
-    if not decoder.matmul.enabled:
-        return False
+    whose products are not chosen here, or of an int8 decoder)."""
+    chooser = decoder.matmul
+    if not chooser.enabled or all(id(w) in chooser.int8 for ws in chooser.by_shape.values() for w in ws):
+        return False  # products not chosen here, or every one in int8: no F.linear row to pad
     context = MAX_WEIGHT_ONCE_ROWS + 1  # a context read by plain F.linear: it times no product form
     with torch.inference_mode():
         cache = decoder.new_cache(1, context + 1)
@@ -31,17 +32,17 @@ def choose_row_padding(decoder: StaticDecoder, steps: int = 4, rounds: int = 3) 
         decoder(ids, torch.arange(context, device=decoder.device), cache)
         token, position = ids[:, :1], torch.tensor([context], device=decoder.device)
         decoder(token, position, cache)  # chooses each one-row product's form
-        if not decoder.matmul.single_rows():
+        if not chooser.single_rows():
             return False
         times: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(rounds):
             for padded in (False, True):
-                decoder.matmul.pad_single_rows(padded)
+                chooser.pad_single_rows(padded)
                 decoder(token, position, cache)
                 started = time.perf_counter()
                 for _ in range(steps):
                     decoder(token, position, cache)
                 times[padded].append((time.perf_counter() - started) / steps)
     keep = statistics.median(times[True]) < 0.97 * statistics.median(times[False])
-    decoder.matmul.pad_single_rows(keep)
+    chooser.pad_single_rows(keep)
     return keep

@@ -174,6 +174,9 @@ def test_row_padding_is_timed_on_whole_steps_kept_only_where_it_pays_and_changes
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
     on_gpu_or_linear = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu", matmul="linear")
     assert choose_row_padding(on_gpu_or_linear) is False  # nothing chosen by timing: nothing to pad
+    int8 = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu", max_positions=64).init_random(0)
+    int8.quantize_weights()
+    assert choose_row_padding(int8) is False and int8.matmul.form == {}  # every product int8: not even a step
 
 
 def test_prepare_times_every_registered_shape_up_front_and_later_products_time_nothing() -> None:
