@@ -78,3 +78,25 @@ def test_a_base_is_timed_with_int8_weights_beside_its_dense_stack_and_only_in_th
     with pytest.raises(DeviceError, match="static"):
         eager = ProfileOptions(device="cpu", dtype="fp32", mode="eager", repeats=3, warmup=1, threads=1)
         calibrate_host(eager, TARGET, [2], overheads=False, int8_stacks=[BASE])
+
+
+def test_the_target_is_timed_at_the_start_and_again_at_the_end_of_a_calibration(monkeypatch):
+    """The host's speed moves over minutes: the target's steps are read in two passes, pooled."""
+    import draftnas.latency.calibrate as calibrate
+
+    seen = []
+    real = calibrate.run_round_robin
+
+    def spy(rt, groups, tick):
+        seen.append(groups)
+        return real(rt, groups, tick)
+
+    monkeypatch.setattr(calibrate, "run_round_robin", spy)
+    calibrate_host(OPTIONS, TARGET, [2], overheads=False, stacks=[BASE])
+    groups = seen[0]
+    assert len(groups) == 3 and groups[-1] is groups[0] and groups[1] is not groups[0]
+    assert all(len(job.times_ms) == 2 * OPTIONS.repeats for job in groups[0].jobs)
+    assert all(len(job.times_ms) == OPTIONS.repeats for job in groups[1].jobs)
+    seen.clear()
+    calibrate_host(OPTIONS, TARGET, [2], overheads=False)  # the target alone: one pass is all there is
+    assert len(seen[0]) == 1 and all(len(job.times_ms) == OPTIONS.repeats for job in seen[0][0].jobs)

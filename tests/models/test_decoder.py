@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -140,8 +142,6 @@ def test_both_matmul_forms_give_the_same_product_and_the_choice_is_kept() -> Non
 def test_a_padded_linear_product_multiplies_two_rows_for_one_and_keeps_the_first() -> None:
     """F.linear over one row ran slower than over two in some processes on the Zen 5 host: the
     chooser may pad a lone row, and must then drop the padding's output."""
-    from unittest import mock
-
     from draftnas.models.matmul import LINEAR
 
     w, x = torch.randn(300, 40), torch.randn(1, 1, 40)
@@ -158,7 +158,22 @@ def test_a_padded_linear_product_multiplies_two_rows_for_one_and_keeps_the_first
     torch.testing.assert_close(out, real(x, w), rtol=1e-5, atol=1e-5)
 
 
-def test_row_padding_is_timed_on_whole_steps_kept_only_where_it_pays_and_changes_no_logit() -> None:
+@pytest.mark.parametrize(("padded_cost", "kept"), [(0.01, True), (-0.10, True), (0.05, False)])
+def test_row_padding_is_kept_unless_it_costs_more_than_the_tolerance(padded_cost: float, kept: bool) -> None:
+    decoder = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu", max_positions=64).init_random(0)
+    decoder.matmul.margin = 0.0
+    clock = [0.0]
+
+    def fake_clock() -> float:  # each reading advances by one step's time, padded or not
+        clock[0] += 1.0 + (padded_cost if decoder.matmul.padded else 0.0)
+        return clock[0]
+
+    with mock.patch("draftnas.models.row_padding.time.perf_counter", side_effect=fake_clock):
+        assert choose_row_padding(decoder, steps=2, rounds=3, tolerance=0.02) is kept
+    assert bool(decoder.matmul.padded) is kept
+
+
+def test_row_padding_is_timed_on_whole_steps_and_changes_no_logit() -> None:
     decoder = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu", max_positions=64).init_random(0)
     decoder.matmul.margin = 0.0  # every product stays F.linear, so each one-row product is a candidate
     kept = choose_row_padding(decoder, steps=2, rounds=2)
