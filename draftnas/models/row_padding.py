@@ -5,9 +5,10 @@ On the AMD EPYC Zen 5 host Qwen2.5-Coder-1.5B's bf16 decode step took 139-143 ms
 while `MatmulChooser`, timing each shape's products on their own, had kept every form unpadded: the
 slow one-row mode shows on whole steps only. So the choice is made on whole steps.
 
-The slow mode also comes and goes inside one process, over tens of seconds to minutes: a process
-timed for four minutes read 112-122 ms unpadded and 112-126 padded in its fast spells, 147-179
-against 129-149 in its slow ones (`benchmarks/row_padding.py --timeline`). A choice made in a fast
+The slow mode also comes and goes inside one process, over seconds to minutes: a process timed for
+five minutes (`benchmarks/row_padding.py --timeline 300`) read medians of 115.6 ms unpadded and
+116.5 padded in its fast spells, 156.0 (144-165) unpadded against 127.0 (118-142) padded in its
+slow ones. A choice made in a fast
 spell would leave the run unpadded through every slow one, so padding is kept unless it costs more
 than `tolerance` at the moment of choice; where padding truly costs (the 1.5B in fp32: +35-40%;
 SmolLM2-135M in bf16: +5-10%; the 0.5B in bf16: +3-4%) it is still dropped.
