@@ -39,6 +39,23 @@ def random_decoder(arch_name: str, dtype_name: str) -> tuple[Any, Any]:
     return arch, decoder
 
 
+def prefilled(arch: Any, decoder: Any, context: int, extra: int) -> Any:
+    """A static cache of `context` + `extra` slots holding a random `context`-token prompt that
+    `decoder` has read (call under torch.inference_mode)."""
+    import torch
+
+    cache = decoder.new_cache(1, context + extra)
+    decoder(torch.randint(0, arch.vocab_size, (1, context)), torch.arange(context), cache)
+    return cache
+
+
+def step_inputs(context: int, new_tokens: int) -> tuple[Any, Any]:
+    """(token ids, positions) of a step of `new_tokens` tokens after a `context`-token prompt."""
+    import torch
+
+    return torch.full((1, new_tokens), 7), torch.arange(context, context + new_tokens)
+
+
 def run_child(script: str, args: list[str], env: dict[str, str] | None = None) -> Any:
     """`script --child ARGS` in a fresh Python process; its last line of output, as JSON."""
     out = subprocess.run([sys.executable, script, "--child", *args], env={**os.environ, **(env or {})},

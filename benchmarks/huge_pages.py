@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.fresh_process import decoder_parser, random_decoder, run_child
+from benchmarks.fresh_process import decoder_parser, prefilled, random_decoder, run_child, step_inputs
 
 
 def child(arch_name: str, dtype_name: str, rows: int, steps: int) -> None:
@@ -25,13 +25,12 @@ def child(arch_name: str, dtype_name: str, rows: int, steps: int) -> None:
     arch, decoder = random_decoder(arch_name, dtype_name)
     context, times = 128, {1: [], rows: []}
     with torch.inference_mode():
-        cache = decoder.new_cache(1, context + rows)
-        decoder(torch.randint(0, arch.vocab_size, (1, context)), torch.arange(context), cache)
+        cache = prefilled(arch, decoder, context, rows)
         decoder.matmul.prepare(sorted(times))
         for i in range(steps + 2):
             for n in times:
                 started = time.perf_counter()
-                decoder(torch.full((1, n), 7), torch.arange(context, context + n), cache)
+                decoder(*step_inputs(context, n), cache)
                 if i >= 2:
                     times[n].append(1000 * (time.perf_counter() - started))
     print(json.dumps({str(n): statistics.median(t) for n, t in times.items()}))

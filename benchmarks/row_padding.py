@@ -17,8 +17,19 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from typing import Any
 
-from benchmarks.fresh_process import decoder_parser, random_decoder, run_child
+from benchmarks.fresh_process import decoder_parser, prefilled, random_decoder, run_child, step_inputs
+
+
+def _median_ms(decoder: Any, inputs: tuple[Any, Any], cache: Any, steps: int) -> float:
+    """Median of `steps` timed forwards of `inputs` through `decoder`, in ms."""
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        decoder(*inputs, cache)
+        times.append(1000 * (time.perf_counter() - started))
+    return round(statistics.median(times), 1)
 
 
 def child(arch_name: str, dtype_name: str, steps: int, rounds: int) -> None:
@@ -30,20 +41,15 @@ def child(arch_name: str, dtype_name: str, steps: int, rounds: int) -> None:
     context = 64
     pairs = []
     with torch.inference_mode():
-        cache = decoder.new_cache(1, context + 1)
-        decoder(torch.randint(0, arch.vocab_size, (1, context)), torch.arange(context), cache)
-        token, position = torch.full((1, 1), 7), torch.tensor([context])
-        decoder(token, position, cache)
+        cache = prefilled(arch, decoder, context, 1)
+        one = step_inputs(context, 1)
+        decoder(*one, cache)
         for _ in range(rounds):
             pair = []
             for padded in (False, True):
                 decoder.matmul.pad_single_rows(padded)
-                times = []
-                for _ in range(steps + 1):
-                    started = time.perf_counter()
-                    decoder(token, position, cache)
-                    times.append(1000 * (time.perf_counter() - started))
-                pair.append(round(statistics.median(times[1:]), 1))
+                decoder(*one, cache)  # untimed: the first step after a switch
+                pair.append(_median_ms(decoder, one, cache, steps))
             pairs.append(pair)
     kept = choose_row_padding(decoder)
     print(json.dumps({"unpadded_padded_ms": pairs, "choose_row_padding_keeps": kept}))
@@ -56,25 +62,18 @@ def timeline(arch_name: str, dtype_name: str, steps: int, seconds: float) -> Non
     context, verify = 64, 5
     blocks = []
     with torch.inference_mode():
-        cache = decoder.new_cache(1, context + verify)
-        decoder(torch.randint(0, arch.vocab_size, (1, context)), torch.arange(context), cache)
-        one = (torch.full((1, 1), 7), torch.tensor([context]))
-        five = (torch.full((1, verify), 7), torch.arange(context, context + verify))
+        cache = prefilled(arch, decoder, context, verify)
+        one, five = step_inputs(context, 1), step_inputs(context, verify)
         decoder(*one, cache)
         decoder(*five, cache)
         started = time.perf_counter()
         while time.perf_counter() - started < seconds:
             block = {"t_s": round(time.perf_counter() - started, 1)}
             kinds = (("unpadded", False, one), ("padded", True, one), ("verify", None, five))
-            for name, padded, step in kinds:
+            for name, padded, inputs in kinds:
                 if padded is not None:
                     decoder.matmul.pad_single_rows(padded)
-                times = []
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    decoder(*step, cache)
-                    times.append(1000 * (time.perf_counter() - t0))
-                block[f"{name}_ms"] = round(statistics.median(times), 1)
+                block[f"{name}_ms"] = _median_ms(decoder, inputs, cache, steps)
             blocks.append(block)
     print(json.dumps({"blocks": blocks}))
 

@@ -8,10 +8,10 @@ slow one-row mode shows on whole steps only. So the choice is made on whole step
 The slow mode also comes and goes inside one process, over seconds to minutes: a process timed for
 five minutes (`benchmarks/row_padding.py --timeline 300`) read medians of 115.6 ms unpadded and
 116.5 padded in its fast spells, 156.0 (144-165) unpadded against 127.0 (118-142) padded in its
-slow ones. A choice made in a fast
-spell would leave the run unpadded through every slow one, so padding is kept unless it costs more
-than `tolerance` at the moment of choice; where padding truly costs (the 1.5B in fp32: +35-40%;
-SmolLM2-135M in bf16: +5-10%; the 0.5B in bf16: +3-4%) it is still dropped.
+slow ones. A choice made in a fast spell would leave the run unpadded through every slow one, so
+padding is kept unless it costs more than `tolerance` at the moment of choice; where padding truly
+costs (the 1.5B in fp32: +35-40%; SmolLM2-135M in bf16: +5-10%; the 0.5B in bf16: +3-4%) it is
+still dropped.
 """
 
 from __future__ import annotations

@@ -32,20 +32,27 @@ def test_choose_dtype_times_every_dtype_and_picks_the_fastest():
     assert chosen == min(timings, key=lambda d: sum(timings[d].values()))
 
 
-def test_choose_dtype_times_the_dtypes_round_robin_in_one_pass(monkeypatch):
-    """A burst of other work must hit every dtype alike: one interleaved pass over both models."""
+def _round_robin_passes(monkeypatch) -> list:
+    """Every group list `run_round_robin` is called with from the calibration, in order (each is
+    still timed for real)."""
     import draftnas.latency.calibrate as calibrate
 
-    passes = []
+    seen = []
     real = calibrate.run_round_robin
 
     def spy(rt, groups, tick):
-        passes.append(len(groups))
+        seen.append(groups)
         return real(rt, groups, tick)
 
     monkeypatch.setattr(calibrate, "run_round_robin", spy)
+    return seen
+
+
+def test_choose_dtype_times_the_dtypes_round_robin_in_one_pass(monkeypatch):
+    """A burst of other work must hit every dtype alike: one interleaved pass over both models."""
+    passes = _round_robin_passes(monkeypatch)
     _, timings = choose_dtype(OPTIONS, TARGET, 3, ("fp32", "bf16"), repeats=4)
-    assert passes == [2] and set(timings) == {"fp32", "bf16"}
+    assert [len(groups) for groups in passes] == [2] and set(timings) == {"fp32", "bf16"}
 
 
 def test_a_base_is_timed_beside_the_target_and_prices_the_drafters_of_its_width():
@@ -82,16 +89,7 @@ def test_a_base_is_timed_with_int8_weights_beside_its_dense_stack_and_only_in_th
 
 def test_the_target_is_timed_at_the_start_and_again_at_the_end_of_a_calibration(monkeypatch):
     """The host's speed moves over minutes: the target's steps are read in two passes, pooled."""
-    import draftnas.latency.calibrate as calibrate
-
-    seen = []
-    real = calibrate.run_round_robin
-
-    def spy(rt, groups, tick):
-        seen.append(groups)
-        return real(rt, groups, tick)
-
-    monkeypatch.setattr(calibrate, "run_round_robin", spy)
+    seen = _round_robin_passes(monkeypatch)
     calibrate_host(OPTIONS, TARGET, [2], overheads=False, stacks=[BASE])
     groups = seen[0]
     assert len(groups) == 3 and groups[-1] is groups[0] and groups[1] is not groups[0]
