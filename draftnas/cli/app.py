@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 app = typer.Typer(
     name="draftnas",
@@ -60,24 +50,6 @@ def fmt_params(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(n)
-
-
-@contextlib.contextmanager
-def progress_bars(quiet: bool) -> Iterator[Callable[[str], Callable[[int, int], None]]]:
-    """Rich progress bars on stderr with elapsed time and an ETA, one per named phase: `on(name)` gives
-    the phase's `progress(done, total)` callback (stdout stays clean for --json)."""
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err_console,
-                  transient=True, disable=quiet) as bar:
-        tasks: dict[str, Any] = {}
-
-        def on(name: str) -> Callable[[int, int], None]:
-            def update(done: int, total: int) -> None:
-                if name not in tasks:
-                    tasks[name] = bar.add_task(name, total=total)
-                bar.update(tasks[name], completed=done, total=total)
-            return update
-        yield on
 
 
 def parse_ints(flag: str, text: str, example: str = "") -> list[int]:

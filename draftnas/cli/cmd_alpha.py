@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from draftnas.cli.app import app, console, parse_ints, print_json, progress_bars
+from draftnas.cli.app import app, console, parse_ints, print_json
+from draftnas.cli.progress import progress_bars
 from draftnas.core.errors import InvalidInputError
 
 alpha_app = typer.Typer(

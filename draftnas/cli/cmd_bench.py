@@ -8,19 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from draftnas.bench.records import BatchedBenchResult, BenchOptions
-from draftnas.cli.app import app, console, err_console, print_json
+from draftnas.cli.app import app, console, print_json
 from draftnas.cli.flags import options_command
+from draftnas.cli.progress import progress_bars
 
 if TYPE_CHECKING:
     from draftnas.bench.records import ArmResult, BenchResult
@@ -141,11 +134,8 @@ def bench(
     prompt_list = load_prompts(prompts)
     options.validate()
     run = run_batch_sizes if options.batch_sizes else run_bench
-    with Progress(TextColumn("[bold]bench[/bold]"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  TimeElapsedColumn(), console=err_console) as bar:
-        task = bar.add_task("bench", total=None)
-        result = run(target, draft, prompt_list, options, reference=reference,
-                     progress=lambda done, total: bar.update(task, completed=done, total=total))
+    with progress_bars(json_out) as on:
+        result = run(target, draft, prompt_list, options, reference=reference, progress=on("bench"))
     if out_json is not None:
         out_json.parent.mkdir(parents=True, exist_ok=True)
         out_json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")

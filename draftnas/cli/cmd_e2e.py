@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from draftnas.cli.app import app, console, err_console, print_json
+from draftnas.cli.app import app, console, print_json
+from draftnas.cli.progress import progress_bars
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.e2e.records import E2EResult
@@ -61,14 +61,13 @@ def e2e(
                          profile=profile, space=space, threads=threads, device=device,
                          tuned_domain=None if tuned_domain.lower() == "none" else tuned_domain)
     quiet = json_out
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, disable=quiet) as bar:
-        tasks: dict[str, Any] = {}
+    with progress_bars(quiet) as on_stage:
+        stages: dict[str, Any] = {}
 
         def on(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done, total=total)
+            if stage not in stages:
+                stages[stage] = on_stage(stage)
+            stages[stage](done, total)
 
         result = run_e2e(options, progress=on)
     if out_json is not None:

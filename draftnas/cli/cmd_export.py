@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from draftnas.cli.app import app, console, fmt_params, print_json, progress_bars
+from draftnas.cli.app import app, console, fmt_params, print_json
 from draftnas.cli.cmd_heal import render_heal
+from draftnas.cli.progress import progress_bars
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.export.records import ExportResult

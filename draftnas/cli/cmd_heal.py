@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
-from draftnas.cli.app import app, console, fmt_params, print_json, progress_bars
+from draftnas.cli.app import app, console, fmt_params, print_json
 from draftnas.cli.flags import options_command
+from draftnas.cli.progress import progress_bars
 from draftnas.drafter.records import HealOptions
 
 if TYPE_CHECKING:

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import (
-    BarColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
-from draftnas.cli.app import app, console, err_console, fmt_params, parse_ints, print_json
+from draftnas.cli.app import app, console, fmt_params, parse_ints, print_json
 from draftnas.cli.flags import options_command
+from draftnas.cli.progress import progress_bars
 from draftnas.latency.records import ProfileOptions
 
 if TYPE_CHECKING:
@@ -72,9 +63,8 @@ def profile(
         path = from_file
     else:
         options.validate()
-        with _progress_bar() as (bar, task):
-            prof = measure_profile(options, progress=lambda done, total: bar.update(
-                task, completed=done, total=total))
+        with progress_bars() as on:
+            prof = measure_profile(options, progress=on("profiling"))
         prof = dataclasses.replace(prof, command=" ".join(["draftnas", *sys.argv[1:]]))
         path = out or Path(f"draftnas-profile-{options.device}-{options.resolved_dtype()}"
                            f"{'' if options.mode == 'eager' else '-' + options.mode}.json")
@@ -110,10 +100,10 @@ def _profile_target(target: str, from_file: Path | None, out: Path | None, asked
         raise InvalidInputError(f"--batch-sizes {batch_sizes!r}: give batch sizes >= 1")
     path = out or Path(f"draftnas-profile-{device}-{base.dtype}-{arch.name}.json")
     counts = parse_ints("--layers", layers)
-    with _progress_bar() as (bar, task):
+    with progress_bars() as on:
         timing = measure_target(options, arch, layer_counts=counts, batch_sizes=batches,
                                 max_gamma=max_gamma, context_tokens=context, gpus=tp,
-                                progress=lambda done, total: bar.update(task, completed=done, total=total))
+                                progress=on("profiling"))
     key = arch.name if tp == 1 else f"{arch.name}/tp{tp}"
     prof = dataclasses.replace(base, targets={**base.targets, key: timing})
     save_profile(prof, path)
@@ -139,15 +129,6 @@ def _render_target(prof: LatencyProfile, path: Path) -> None:
         else:
             console.print(f"{key}: no deeper stack fits here to check the method on")
     console.print(f"next: draftnas search --target {next(iter(prof.targets)).split('/')[0]} --profile {path}")
-
-
-@contextlib.contextmanager
-def _progress_bar() -> Iterator[tuple[Progress, TaskID]]:
-    """A rich progress bar on stderr (stdout stays clean for --json)."""
-    with Progress(TextColumn("profiling"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
-                  transient=True) as bar:
-        yield bar, bar.add_task("profile", total=None)
 
 
 def _render_summary(prof: LatencyProfile, path: Path) -> None:

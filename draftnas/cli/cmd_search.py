@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.table import Table
 
-from draftnas.cli.app import app, console, err_console, fmt_params, print_json, progress_bars
+from draftnas.cli.app import app, console, err_console, fmt_params, print_json
 from draftnas.cli.cmd_export import render_export
+from draftnas.cli.progress import progress_bars
 from draftnas.core.errors import InvalidInputError
 
 if TYPE_CHECKING:  # pragma: no cover

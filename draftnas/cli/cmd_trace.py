@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from draftnas.acceptance.records import TraceOptions
-from draftnas.cli.app import app, console, err_console, print_json
+from draftnas.cli.app import app, console, print_json
 from draftnas.cli.flags import options_command
+from draftnas.cli.progress import progress_bars
 
 
 @app.command()
@@ -34,14 +34,8 @@ def trace(
     prompt_list = load_prompts(prompts, per_domain=per_domain)
     options.validate()
     require_device(options.device)
-    with Progress(TextColumn("[bold]tracing[/bold]"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=json_out) as bar:
-        task = bar.add_task("trace", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        path = build_traces(target, prompt_list, options, out, prompt_set=prompts, progress=progress)
+    with progress_bars(json_out) as on:
+        path = build_traces(target, prompt_list, options, out, prompt_set=prompts, progress=on("tracing"))
     meta = load_traces(path).metadata
     if json_out:
         print_json({**meta.to_dict(), "path": str(path), "file_bytes": path.stat().st_size})

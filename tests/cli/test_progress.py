@@ -1,0 +1,73 @@
+"""Progress in a log: a line per stage, a heartbeat at least every interval, elapsed and ETA."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from draftnas.cli.progress import LogProgress, clock_text
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lines(stream: io.StringIO) -> list[str]:
+    return stream.getvalue().splitlines()
+
+
+def test_a_stage_prints_its_start_its_progress_with_an_eta_and_its_end():
+    clock, out = FakeClock(), io.StringIO()
+    p = LogProgress(out, clock=clock, interval_s=30)
+    step = p.on("trials")
+    step(0, 16)
+    assert lines(out) == ["[draftnas 0s] trials: started (16 steps)"]
+    clock.now += 10
+    step(4, 16)
+    p.tick()  # not due: 10 s since the last line
+    assert len(lines(out)) == 1
+    clock.now += 20
+    p.tick()  # 30 s: 4 of 16 done in 30 s, 12 left at that rate
+    assert lines(out)[-1] == "[draftnas 30s] trials: 4/16, 30s in this stage, eta 1m30s"
+    clock.now += 5
+    step(16, 16)
+    assert lines(out)[-1] == "[draftnas 35s] trials: done, 35s"
+
+
+def test_between_stages_the_heartbeat_says_what_the_library_last_logged():
+    clock, out = FakeClock(), io.StringIO()
+    p = LogProgress(out, clock=clock, interval_s=30)
+    logging.getLogger("draftnas").addHandler(p.info)
+    try:
+        logging.getLogger("draftnas.search").warning("building traces of qwen")
+    finally:
+        logging.getLogger("draftnas").removeHandler(p.info)
+    clock.now += 31
+    p.tick()
+    assert lines(out) == ["[draftnas 31s] working: building traces of qwen"]
+    clock.now += 29
+    p.tick()
+    assert len(lines(out)) == 1  # one line per interval, no more
+
+
+def test_the_heartbeat_thread_prints_without_any_progress_call():
+    out = io.StringIO()
+    p = LogProgress(out, interval_s=0.05)
+    p.start()
+    try:
+        import time
+
+        time.sleep(0.4)
+    finally:
+        p.stop()
+    body = lines(out)
+    assert sum("working" in line for line in body) >= 2, body
+    assert body[-1].split("] ")[1].startswith("finished in")
+
+
+def test_clock_text():
+    assert [clock_text(s) for s in (3, 123, 3723)] == ["3s", "2m03s", "1h02m03s"]
