@@ -26,6 +26,10 @@ class BenchOptions(Record):
     temperature: float = option(0.0, help="0 = greedy (checked lossless).", low=0.0, high=10.0)
     max_new_tokens: int = option(64, help="New tokens per prompt.", short="-n", low=1, high=8192)
     seed: int = option(0, help="Seed of sampling runs.")
+    rounds: int = option(
+        3, help="Interleaved rounds over the prompts: every arm runs every prompt once per round; figures "
+                "are medians over rounds, then over prompts, with 95% bootstrap intervals over prompts.",
+        low=1, high=100)
     hf_assisted: bool = option(True, flag="--hf/--no-hf", help="Run transformers' assisted generation.")
     hf_routed: bool = option(
         True, flag="--hf-routed/--no-hf-routed",
@@ -112,6 +116,7 @@ class BenchPrompt(Record):
     domain: str
     prompt_tokens: int
     runs: tuple[ArmRun, ...]
+    round: int = 0  # which of the bench's interleaved rounds over the prompts
 
     def run(self, arm: str) -> ArmRun:
         return next(r for r in self.runs if r.arm == arm)
@@ -121,11 +126,19 @@ class BenchPrompt(Record):
 class ArmResult(Record):
     """One arm over every prompt: tokens/s and, for a speculative arm, its speedup over its baseline
     (the target alone in the same engine), tokens per step, acceptance and losslessness, and the
-    estimator's prediction for its drafter on these prompts."""
+    estimator's prediction for its drafter on these prompts.
+
+    `tokens_per_s` and `speedup` are medians over prompts of each prompt's median over the rounds
+    (a speedup is taken per prompt and round against the baseline's run of that prompt in that round);
+    `*_interval` is the 95% bootstrap interval of that median, resampling prompts (`bench.stats`).
+    `pooled_tokens_per_s`: every new token over every second, all rounds."""
 
     name: str
     engine: str  # "hf" | "static" | "hf-routed" (and later engines)
     tokens_per_s: float
+    tokens_per_s_interval: tuple[float, ...] = ()  # (low, high)
+    pooled_tokens_per_s: float | None = None
+    speedup_interval: tuple[float, ...] = ()  # (low, high)
     drafter: str | None = None  # the drafter's spec; None for the target alone
     baseline: str | None = None  # the arm the speedup is against
     speedup: float | None = None
@@ -144,6 +157,21 @@ class ArmResult(Record):
     predicted_ci_high: float | None = None
     predicted_acceptance_rate: float | None = None
     estimator_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Comparison(Record):
+    """One arm's tokens/s over another's in the same run: per prompt and round, then the median over
+    rounds and over prompts, with its 95% bootstrap interval over prompts. `verdict`: "ahead" only when
+    the interval's lower bound is above 1, "behind" when its upper bound is below 1, else "not
+    separable on this host"."""
+
+    numerator: str
+    denominator: str
+    ratio: float
+    interval: tuple[float, ...]  # (low, high)
+    verdict: str
+    prompts: int
 
 
 @dataclass(frozen=True)
@@ -175,6 +203,8 @@ class BenchResult(Record):
     choice_timing_s: float = 0.0
     host: str = ""  # the CPU (vendor, family, model, the ISA that decides its kernels) or the GPU
     load_average_before: str = ""
+    rounds: int = 1  # interleaved rounds over the prompts (each prompt ran once per arm per round)
+    comparisons: tuple[Comparison, ...] = ()  # the drafter's loop over the reference's, with its interval
 
     def arm(self, name: str) -> ArmResult:
         for a in self.arms:

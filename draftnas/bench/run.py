@@ -38,7 +38,9 @@ from draftnas.bench.records import (
     BenchOptions,
     BenchPrompt,
     BenchResult,
+    Comparison,
 )
+from draftnas.bench.stats import median_interval, per_prompt_median, verdict
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
 from draftnas.core.prompts import Prompt, encode_prompt, subsample
@@ -109,23 +111,41 @@ def bench_traces(target: LoadedModel, prompts: Sequence[Prompt], encoded: Sequen
     return Traces(replace(meta, n_records=len(records)), records)
 
 
+def _tokens_per_s(run: ArmRun) -> float:
+    return run.new_tokens / run.seconds if run.seconds > 0 else 0.0
+
+
+def _interval_of(rows: Sequence[BenchPrompt], value: Any) -> tuple[float, tuple[float, float]]:
+    """The median over prompts of each prompt's median over rounds of `value(row)`, and its 95%
+    bootstrap interval over prompts (`bench.stats`)."""
+    by_prompt: dict[str, list[float]] = {}
+    for row in rows:
+        by_prompt.setdefault(row.prompt_id, []).append(float(value(row)))
+    mid, low, high = median_interval(per_prompt_median(by_prompt))
+    return mid, (low, high)
+
+
 def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResult:
-    """One arm's figures over every prompt (its speedup against its baseline's tokens/s)."""
+    """One arm's figures over every prompt and round (its speedup against its baseline's run of the same
+    prompt in the same round)."""
     runs = [p.run(arm.name) for p in rows]
     tokens = sum(r.new_tokens for r in runs)
-    tps = tokens / sum(r.seconds for r in runs)
-    result = ArmResult(name=arm.name, engine=arm.engine, tokens_per_s=tps, baseline=arm.baseline)
+    tps, tps_interval = _interval_of(rows, lambda p: _tokens_per_s(p.run(arm.name)))
+    result = ArmResult(name=arm.name, engine=arm.engine, tokens_per_s=tps, tokens_per_s_interval=tps_interval,
+                       pooled_tokens_per_s=tokens / sum(r.seconds for r in runs), baseline=arm.baseline)
     if arm.baseline is None:
         return result
-    base = [p.run(arm.baseline) for p in rows]
-    base_tps = sum(r.new_tokens for r in base) / sum(r.seconds for r in base)
+    base = arm.baseline
+    speedup, speedup_interval = _interval_of(
+        rows, lambda p: _tokens_per_s(p.run(arm.name)) / max(_tokens_per_s(p.run(base)), 1e-12))
     steps = max(sum(r.steps for r in runs), 1)
     drafted = max(sum(r.drafted for r in runs), 1)
     greedy = runs[0].lossless is not None
     d = bench.drafters[arm.drafter or ""]
     loop = arm.name == arm_names(d.label)[0]
     return replace(
-        result, drafter=d.loaded.source.spec, speedup=tps / base_tps, tokens_per_step=tokens / steps,
+        result, drafter=d.loaded.source.spec, speedup=speedup, speedup_interval=speedup_interval,
+        tokens_per_step=tokens / steps,
         mean_accepted_per_step=sum(r.accepted for r in runs) / steps if loop else None,
         draft_acceptance_rate=sum(r.accepted for r in runs) / drafted if loop else None,
         draft_ms_per_token=1000 * sum(r.draft_s for r in runs) / drafted if loop else None,
@@ -134,6 +154,23 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
         lossless=all(bool(r.lossless) for r in runs) if greedy else None,
         exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs) if greedy else None,
         divergence_margins=tuple(r.divergence_margin for r in runs if r.divergence_margin is not None))
+
+
+def compare_arms(rows: Sequence[BenchPrompt], numerator: str, denominator: str) -> Comparison:
+    """`numerator`'s tokens/s over `denominator`'s, per prompt and round, as a median with its interval
+    and the verdict it supports (ahead only when the whole interval lies above 1)."""
+    ratio, (low, high) = _interval_of(
+        rows, lambda p: _tokens_per_s(p.run(numerator)) / max(_tokens_per_s(p.run(denominator)), 1e-12))
+    return Comparison(numerator=numerator, denominator=denominator, ratio=ratio, interval=(low, high),
+                      verdict=verdict(low, high), prompts=len({p.prompt_id for p in rows}))
+
+
+def _comparisons(arms: Sequence[Arm], rows: Sequence[BenchPrompt]) -> tuple[Comparison, ...]:
+    """The drafter's arms over the reference's, engine by engine (loop, transformers, routed)."""
+    names = {a.name for a in arms}
+    return tuple(compare_arms(rows, mine, theirs)
+                 for mine, theirs in zip(arm_names(MAIN), arm_names(REFERENCE), strict=True)
+                 if mine in names and theirs in names)
 
 
 def _load_drafters(draft: str | LoadedModel, reference: str | LoadedModel | None, target: LoadedModel,
@@ -210,15 +247,18 @@ def run_bench(
     warm_tokens = options.max_new_tokens if bench.engines else min(8, options.max_new_tokens)
     for arm in arms:
         arm.run(encoded[0], options.seed, warm_tokens)
-    rows, continuations = [], []
+    rows: list[BenchPrompt] = []
+    continuations: list[list[int]] = []
     timing_before = bench.choice_timing_s()
-    total = len(prompts) + (1 if options.estimate else 0)
-    for i, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
-        row, tokens = _bench_prompt(bench, arms, prompt, ids, i)
-        rows.append(row)
-        continuations.append(tokens)
-        if progress:
-            progress(i + 1, total)
+    total = options.rounds * len(prompts) + (1 if options.estimate else 0)
+    for r in range(options.rounds):
+        for i, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
+            row, tokens = _bench_prompt(bench, arms, prompt, ids, i + r)  # the arms' order rotates by round
+            rows.append(replace(row, round=r))
+            if r == 0:
+                continuations.append(tokens)
+            if progress:
+                progress(r * len(prompts) + i + 1, total)
     results = [_arm_result(arm, rows, bench) for arm in arms]
     choice_timing = bench.choice_timing_s() - timing_before
     if choice_timing > 0:
@@ -236,7 +276,7 @@ def run_bench(
         threads=torch.get_num_threads(), engine=options.resolved_engine(), arms=tuple(results),
         prompts=tuple(rows), versions=package_versions(), left_out=left_out,
         choice_timing_s=round(choice_timing, 3), load_average_before=load_before,
-        host=host_label(options.device),
+        host=host_label(options.device), rounds=options.rounds, comparisons=_comparisons(arms, rows),
         wall_s=round(time.perf_counter() - started, 2),
     )
 

@@ -36,33 +36,51 @@ def _match(arm: ArmResult) -> str:
     return text
 
 
+def _with_interval(value: float | None, interval: tuple[float, ...], spec: str, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    text = f"{value:{spec}}{unit}"
+    return text + (f" [{interval[0]:{spec}}, {interval[1]:{spec}}]" if len(interval) == 2 else "")
+
+
 def arms_table(result: BenchResult) -> Table:
-    """Every arm: tokens/s, speedup over its baseline, tokens per step (measured and estimated),
-    losslessness against the baseline's greedy output (a drafter run with int8 weights says so)."""
+    """Every arm: tokens/s and speedup over its baseline (medians over prompts, 95% intervals),
+    tokens per step (measured and estimated), losslessness against the baseline's greedy output (a
+    drafter run with int8 weights says so)."""
+    rounds = f"{result.rounds} rounds, " if result.rounds > 1 else ""
     table = Table(title=f"Speculative decoding, gamma={result.gamma}, T={result.temperature:g} "
-                        f"({result.n_prompts} prompts x {result.max_new_tokens} tokens, {result.device}, "
-                        f"{result.dtype}, {result.threads} threads, loop engine {result.engine})",
+                        f"({result.n_prompts} prompts x {result.max_new_tokens} tokens, {rounds}"
+                        f"{result.device}, {result.dtype}, {result.threads} threads, "
+                        f"loop engine {result.engine}); "
+                        "tokens/s and speedup: median over prompts [95% interval]",
                   header_style="bold")
     for col in ("arm", "engine", "tokens/s", "speedup", "over", "tok/step", "estimated", "lossless",
                 "exact match", "ms/draft"):
         table.add_column(col, justify="left" if col in ("arm", "engine", "over") else "right")
     for a in result.arms:
-        speedup = f"{a.speedup:.3f}x" if a.speedup is not None else "-"
         engine = a.engine + (" int8" if a.draft_weights == "int8" else "") + (
             f" γ={a.gamma}" if a.gamma not in (None, result.gamma) else "")
-        table.add_row(a.name, engine, f"{a.tokens_per_s:.2f}", speedup, a.baseline or "-",
+        table.add_row(a.name, engine, _with_interval(a.tokens_per_s, a.tokens_per_s_interval, ".2f"),
+                      _with_interval(a.speedup, a.speedup_interval, ".3f", "x"), a.baseline or "-",
                       _fmt(a.tokens_per_step, ".3f"), _fmt(a.predicted_tokens_per_step, ".3f"),
                       _flag(a.lossless), _match(a), _fmt(a.draft_ms_per_token))
     return table
 
 
+def comparison_lines(result: BenchResult) -> list[str]:
+    """One line per drafter-over-reference comparison: the ratio, its interval, the verdict."""
+    return [f"{c.numerator} / {c.denominator}: {c.ratio:.3f}x [{c.interval[0]:.3f}, {c.interval[1]:.3f}] "
+            f"over {c.prompts} prompts: {c.verdict}" for c in result.comparisons]
+
+
 def prompts_table(result: BenchResult) -> Table:
     table = Table(title="Per prompt (seconds, prefill included)", header_style="bold")
     names = [a.name for a in result.arms]
+    table.add_column("round", justify="right")
     for col in ("prompt", "domain", "new tok", *names):
         table.add_column(col, justify="left" if col in ("prompt", "domain") else "right")
     for p in result.prompts:
-        table.add_row(p.prompt_id, p.domain, str(p.run("target").new_tokens),
+        table.add_row(str(p.round), p.prompt_id, p.domain, str(p.run("target").new_tokens),
                       *(f"{p.run(n).seconds:.2f}" for n in names))
     return table
 
@@ -149,6 +167,8 @@ def bench(
         return
     console.print(prompts_table(result))
     console.print(arms_table(result))
+    for line in comparison_lines(result):
+        console.print(line, highlight=False, soft_wrap=True)
     for label, spec in result.drafters.items():
         console.print(f"{label}: {spec}", highlight=False, soft_wrap=True)
     if result.host:

@@ -270,6 +270,6 @@ def bench_one(target: LoadedModel, folder: str, prompts: Sequence[Prompt], gamma
     draft.model.eval()
     result = run_bench(target, draft, prompts, BenchOptions(
         gamma=gamma, max_new_tokens=options.budget.bench_new_tokens, seed=options.seed + repeat,
-        hf_assisted=False, estimate=repeat == 0, device=options.device))
+        hf_assisted=False, estimate=repeat == 0, device=options.device, rounds=1))  # e2e repeats itself
     write_json(path, result.to_dict())
     return result

@@ -30,16 +30,22 @@ PROMPTS = (Prompt(id="a", domain="x", text="speculate "), Prompt(id="b", domain=
 
 def test_greedy_bench_is_lossless_and_the_estimate_is_exact(tiny_pair):
     target, draft = tiny_pair
-    result = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16))
+    result = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16, rounds=2))
     assert [a.name for a in result.arms] == ["target", "draftnas", "hf", "hf_routed_target", "hf_routed"]
     own, hf, routed = result.arm("draftnas"), result.arm("hf"), result.arm("hf_routed")
     assert own.lossless is True and hf.lossless is True and routed.lossless is True
     assert own.baseline == "target" and hf.baseline == "target" and routed.baseline == "hf_routed_target"
-    assert all(p.run("draftnas").lossless for p in result.prompts) and len(result.prompts) == 3
+    assert all(p.run("draftnas").lossless for p in result.prompts)
+    assert result.rounds == 2 and [(p.round, p.prompt_id) for p in result.prompts] == [
+        (0, "a"), (0, "b"), (0, "c"), (1, "a"), (1, "b"), (1, "c")]  # every run kept
     assert own.predicted_tokens_per_step == pytest.approx(own.tokens_per_step, rel=1e-9)
     assert 1.0 <= result.tokens_per_step <= 4.0
     assert own.mean_accepted_per_step == pytest.approx(result.tokens_per_step - 1.0)
-    assert own.speedup == pytest.approx(own.tokens_per_s / result.arm("target").tokens_per_s)
+    for a in result.arms:  # medians over prompts inside their 95% intervals
+        low, high = a.tokens_per_s_interval
+        assert low <= a.tokens_per_s <= high and a.pooled_tokens_per_s
+    low, high = own.speedup_interval
+    assert own.speedup is not None and low <= own.speedup <= high
     assert hf.tokens_per_s > 0 and hf.tokens_per_step and routed.speedup
     assert result.arm("target").speedup is None and result.arm("target").drafter is None
     assert not any("forward" in vars(m) for m in target.model.modules())  # the routed arms run a copy
@@ -58,6 +64,12 @@ def test_a_reference_drafter_gets_the_same_arms_in_the_same_run(tiny_pair):
     assert ref.predicted_tokens_per_step == pytest.approx(ref.tokens_per_step, rel=1e-9)
     # the two drafters differ, so their acceptance does: each arm ran its own drafter
     assert ref.tokens_per_step != result.arm("draftnas").tokens_per_step
+    loop = result.comparisons[0]  # the drafter over the reference, per prompt and round, with its interval
+    assert (loop.numerator, loop.denominator, loop.prompts) == ("draftnas", "reference", 2)
+    assert [(c.numerator, c.denominator) for c in result.comparisons] == [("draftnas", "reference"),
+                                                                          ("hf", "reference_hf")]
+    assert loop.interval[0] <= loop.ratio <= loop.interval[1] and loop.verdict in (
+        "ahead", "behind", "not separable on this host")
     assert all({r.arm for r in p.runs} == {a.name for a in result.arms} for p in result.prompts)
 
 
@@ -104,7 +116,7 @@ def test_sampling_bench_runs_without_a_lossless_claim(tiny_pair):
     own = result.arm("draftnas")
     assert own.lossless is None and not result.has("hf")
     assert own.predicted_tokens_per_step is not None and 1.0 <= own.predicted_tokens_per_step <= 3.0
-    assert progress[-1] == (3, 3)
+    assert progress[-1] == (7, 7)  # 3 rounds x 2 prompts, then the estimate
 
 
 def test_other_tokenizer_and_bad_options_are_refused(tiny_pair):
@@ -123,7 +135,8 @@ def test_smollm2_bench_is_lossless_and_matches_the_estimate(smollm2):
     draft = LoadedModel(drafter, smollm2.tokenizer, ModelSource(spec="first4", kind="folder", location="-"),
                         None, 0.0, True)
     prompts = (Prompt(id="m", domain="math", text="What is 12 times 12?"),)
-    result = run_bench(smollm2, draft, prompts, BenchOptions(gamma=3, max_new_tokens=10, hf_assisted=False))
+    result = run_bench(smollm2, draft, prompts, BenchOptions(gamma=3, max_new_tokens=10, hf_assisted=False,
+                                                             rounds=1))
     own = result.arm("draftnas")
     assert own.lossless is True
     assert own.predicted_tokens_per_step == pytest.approx(own.tokens_per_step, rel=1e-6)

@@ -1,0 +1,64 @@
+"""Medians and bootstrap intervals of a bench's figures (pure: numpy only).
+
+A bench runs every arm over the same prompts in several interleaved rounds. A figure of an arm
+(tokens/s, a speedup, one drafter's tokens/s over another's) is first taken per prompt, as the median
+over that prompt's rounds; the arm's figure is the median over prompts, and its 95% interval is a
+percentile bootstrap of that median, resampling prompts (the unit a user's workload varies in; rounds
+of one prompt only measure the host's noise, which the per-prompt median already damps).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+RESAMPLES = 4000
+LEVEL = 0.95
+
+
+def median_interval(values: Sequence[float], level: float = LEVEL, resamples: int = RESAMPLES,
+                    seed: int = 0) -> tuple[float, float, float]:
+    """(median, low, high): the median of `values` and the percentile bootstrap interval of the median
+    at `level` (`resamples` resamples with replacement, seeded: the same values give the same
+    interval). One value gives a zero-width interval at it."""
+    if not values:
+        raise ValueError("no values")
+    data = np.asarray(values, dtype=float)
+    mid = float(statistics.median(data.tolist()))
+    if len(data) == 1:
+        return mid, mid, mid
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(data), size=(resamples, len(data)))
+    medians = np.median(data[picks], axis=1)
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return mid, float(low), float(high)
+
+
+def per_prompt_median(by_prompt: dict[str, list[float]]) -> list[float]:
+    """Each prompt's median over its rounds, in the order given."""
+    return [float(statistics.median(v)) for v in by_prompt.values() if v]
+
+
+def verdict(low: float, high: float, what: str = "ahead") -> str:
+    """'ahead' when the interval lies above 1, 'behind' below it, else 'not separable on this host'."""
+    if low > 1.0:
+        return what
+    if high < 1.0:
+        return "behind"
+    return "not separable on this host"
+
+
+def interval_text(median: float, low: float, high: float, spec: str = ".3f", unit: str = "") -> str:
+    """'1.234x [1.100, 1.300]'."""
+    return f"{median:{spec}}{unit} [{low:{spec}}, {high:{spec}}]"
+
+
+def relative_error(predicted: float | None, measured: float | None) -> float | None:
+    """(predicted - measured) / measured, or None without both."""
+    if predicted is None or not measured:
+        return None
+    return (predicted - measured) / measured
+
