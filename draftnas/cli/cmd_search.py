@@ -296,6 +296,15 @@ def search(
         help="The speculative loop the calibration times and the printed bench command runs: static "
              "(draftnas's decoder over caches allocated once; its target alone is faster too) or hf "
              "(transformers models over a growing cache)."),
+    calibration: str | None = typer.Option(
+        None, "--calibration",
+        help="A stored calibration of this host (a JSON file the search wrote under ~/.cache/draftnas/"
+             "calibrations/) to use instead of timing; one from another CPU, thread count or torch version "
+             "is refused. Default: the stored one for this host and request when its target decode and "
+             "verify still re-time within 10%, else a new calibration, stored for the next run."),
+    threads: int | None = typer.Option(
+        None, "--threads", help="torch's CPU threads for the whole search (default: torch's own, the "
+                                "number of cores); part of the stored calibration's key."),
     export: bool = typer.Option(
         False, "--export",
         help="Then export the best drafter to drafters/<name> as `draftnas export` does (healed by "
@@ -318,7 +327,8 @@ def search(
                             traces=traces, study=settings, acceptance_prior=prior, calibrate=calibrate,
                             acceptance_model=model, acceptance_anchor=acceptance_anchor, gpus=gpus,
                             draft_tp=draft_tp, dtype=dtype, memory_margin=memory_margin, engine=engine,
-                            references=tuple(reference), device=device)
+                            references=tuple(reference), device=device, calibration=calibration,
+                            threads=threads)
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
     with progress_bars(json_out) as on:
         result = run(request, progress=on("trials"), trace_progress=on("tracing target"),

@@ -48,8 +48,9 @@ def _decode(tp: Any, value: Any) -> Any:
         item_tp = args[0] if args else Any
         return tuple(_decode(item_tp, v) for v in value)
     if origin is dict:
-        _, val_tp = typing.get_args(tp) or (Any, Any)
-        return {k: _decode(val_tp, v) for k, v in value.items()}
+        key_tp, val_tp = typing.get_args(tp) or (Any, Any)
+        # JSON keys are strings: a dict[int, ...] gets its int keys back
+        return {(int(k) if key_tp is int else k): _decode(val_tp, v) for k, v in value.items()}
     return value
 
 

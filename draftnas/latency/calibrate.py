@@ -6,15 +6,28 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from draftnas.core.errors import DeviceError
+from draftnas.core.errors import DeviceError, InvalidInputError
 from draftnas.core.machine import cpu_count, cpu_identity
 from draftnas.core.records import Progress
 from draftnas.core.registry import Architecture
+from draftnas.latency.calibration_store import (
+    StoredCalibration,
+    check_here,
+    drift,
+    drifted,
+    host_key,
+    read_calibration,
+    store_path,
+    write_calibration,
+)
 from draftnas.latency.records import (
     STATIC_MODES,
     HostCalibration,
@@ -26,6 +39,8 @@ from draftnas.latency.runtime import Runtime, model_bytes
 from draftnas.latency.timing import Group, calls_per_job, model_job, run_round_robin, ticker
 from draftnas.models.engines import StaticEngine
 from draftnas.models.speculative import greedy_decode, speculative_generate
+
+log = logging.getLogger(__name__)
 
 
 def host_mismatch(profile: LatencyProfile) -> str | None:
@@ -246,3 +261,43 @@ def decoding_overheads(rt: Runtime, target: Architecture, context_tokens: int, t
         residuals.append(out.elapsed_s * 1e3 - forward)
     _, per_step = np.linalg.lstsq(np.array(rows), np.array(residuals), rcond=None)[0]
     return generate, per_draft, max(0.0, float(per_step))
+
+
+def stored_or_calibrated(options: ProfileOptions, target: Architecture, request: dict[str, Any],
+                         calibrate: Callable[[], HostCalibration], given: Path | None = None,
+                         progress: Progress | None = None) -> tuple[HostCalibration, str]:
+    """This host's calibration for `request` (what is timed, as a dict): the stored one when it still
+    holds here (`calibration_store`), else `calibrate()`'s, then stored. -> (calibration, one line
+    saying where it came from).
+
+    Stored: the target's decode and largest verify are re-timed (seconds) and the stored figures
+    stand when both read within the drift tolerance. `given` (--calibration FILE): that file, which
+    must belong to this host, CPU, threads and torch, and to `target`; it is used even when it drifted,
+    and the line says by how much."""
+    host = host_key()
+    path = given or store_path(host, request)
+    stored = None
+    if given is not None:
+        stored = read_calibration(given)
+        check_here(stored, given)
+        if stored.calibration.target != target.name:
+            raise InvalidInputError(f"--calibration {given} calibrates {stored.calibration.target}, not "
+                                    f"{target.name}")
+    elif path.is_file():
+        stored = read_calibration(path, flag="the stored calibration")
+    redo = ""
+    if stored is not None:
+        c = stored.calibration
+        log.info("re-timing the target's decode and verify against the stored calibration %s", path)
+        retimed = calibrate_host(dataclasses.replace(options, dtype=c.dtype), target, (max(c.target_ms),),
+                                 prefix_layers=(), overheads=False, context_tokens=c.context_tokens,
+                                 progress=progress).target_ms
+        changes = drift(c, retimed)
+        said = ", ".join(f"{k} {v:+.1%}" for k, v in changes.items())
+        if given is not None or not drifted(changes):
+            return c, f"calibration reused from {path} (re-timed here: {said})"
+        redo = f"; the stored calibration drifted ({said}), so it was timed again"
+    calibration = calibrate()
+    write_calibration(store_path(host, request), StoredCalibration(host=host, request=request,
+                                                                   calibration=calibration))
+    return calibration, f"calibration stored in {store_path(host, request)}{redo}"

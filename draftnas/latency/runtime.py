@@ -23,6 +23,7 @@ from draftnas.models.matmul import MatmulChooser
 
 CUDA_MARGIN_BYTES = 1 << 30  # the CUDA context, allocator rounding and cuBLAS workspaces
 RAM_FRACTION = 0.5  # of available RAM: the rest stays with the OS and other processes
+RANDOM_POOL = 4_194_301  # a prime: random weights for timing are filled from this many values
 
 
 class Runtime:
@@ -90,7 +91,8 @@ class Runtime:
             from draftnas.models.decoder import StaticDecoder
             from draftnas.models.row_padding import choose_row_padding
 
-            decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device).init_random(self.options.seed)
+            decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device).init_random(
+                self.options.seed, pool=RANDOM_POOL)
             if int8:
                 decoder.quantize_weights()
             choose_row_padding(decoder)  # as the bench's engines do (CPU only; nothing to choose in int8)

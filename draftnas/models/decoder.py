@@ -167,6 +167,15 @@ class DecoderLayer(nn.Module):
         return x + self._mlp(self.post_attention_layernorm(x))
 
 
+def _fill_from(flat: torch.Tensor, values: torch.Tensor, offset: int) -> None:
+    """`flat` filled with `values` repeated from `offset` on (memory-speed copies)."""
+    done, n = 0, values.numel()
+    while done < flat.numel():
+        k = min(flat.numel() - done, n - offset)
+        flat[done:done + k].copy_(values[offset:offset + k])
+        done, offset = done + k, 0
+
+
 class StaticDecoder(nn.Module):
     """A causal LM whose forward writes into a preallocated `KVCache` at given positions.
 
@@ -237,15 +246,26 @@ class StaticDecoder(nn.Module):
                 self.matmul.quantize(weight)
         return self
 
-    def init_random(self, seed: int, std: float = 0.02) -> StaticDecoder:
-        """Random weights (N(0, std); norms at their identity), generated on the device."""
+    def init_random(self, seed: int, std: float = 0.02, pool: int | None = None) -> StaticDecoder:
+        """Random weights (N(0, std); norms at their identity), generated on the device.
+
+        `pool`: draw only that many values (a prime count) and fill every weight with copies of them
+        from a different offset: for timing, where only shapes matter and drawing 1.5B normal values
+        took most of a calibration's model builds; rows of a matrix still all differ (the pool's length
+        is prime and larger than any row), so no two logits tie by construction."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         with torch.no_grad():
-            for name, p in self.named_parameters():
+            values = None
+            if pool is not None:
+                values = torch.empty(pool, dtype=self.dtype, device=self.device)
+                values.normal_(0.0, std, generator=gen)
+            for i, (name, p) in enumerate(self.named_parameters()):
                 if name.endswith("norm.weight"):
                     p.fill_(0.0 if self.arch.family == "gemma3" else 1.0)
-                else:
+                elif values is None:
                     p.normal_(0.0, std, generator=gen)
+                else:
+                    _fill_from(p.view(-1), values, (i * 7919) % values.numel())
         return self
 
     def new_cache(self, batch_size: int, slots: int, layers: int | None = None) -> KVCache:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from draftnas.core.errors import InvalidInputError
+from draftnas.models import kernel_choices
 from draftnas.models.records import MAX_WEIGHT_ONCE_ROWS
 
 LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2  # F.linear(x, W), (W @ x.T).T, x @ W.T.contiguous()
@@ -136,8 +137,21 @@ class MatmulChooser:
         return out[:rows].reshape(*x.shape[:-1], weight.shape[0])
 
     def _choose(self, key: tuple[int, int, int], weight: torch.Tensor) -> int:
+        """The form for `key`: kept from an earlier timing on this host (`kernel_choices`), else timed."""
+        store = kernel_choices.active()
+        n_weights = len(self.by_shape.get((key[1], key[2]), [weight]))
+        store_key = store.key("matmul", str(weight.dtype), *key, n_weights) if store else ""
+        kept = store.get(store_key) if store else None
+        if kept is not None:
+            form, computed = int(kept[0]), int(kept[1])
+            self.form[key] = form
+            if computed > key[0]:
+                self.padded[key] = computed
+            return form
         started = time.perf_counter()
         form, computed = self._time(key[0], weight)
+        if store:
+            store.put(store_key, [form, computed])
         self.form[key] = form
         if computed > key[0]:
             self.padded[key] = computed

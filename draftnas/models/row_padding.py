@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from draftnas.models import kernel_choices
 from draftnas.models.decoder import StaticDecoder
 from draftnas.models.records import MAX_WEIGHT_ONCE_ROWS
 
@@ -30,7 +31,8 @@ def choose_row_padding(decoder: StaticDecoder, steps: int = 4, rounds: int = 3,
     """CPU: time `decoder`'s one-token steps with every lone-row F.linear product as it is and padded
     to two rows (`MatmulChooser.pad_single_rows`), alternating `rounds` times, `steps` steps each,
     and keep padding unless its median costs more than `tolerance` (a fraction) over the unpadded
-    one. Returns whether padding was kept (False on a device whose products are not chosen here, or
+    one; inside `kernel_choices.kept_choices()` a choice made for the same shapes on this host is reused.
+    Returns whether padding was kept (False on a device whose products are not chosen here, or
     of an int8 decoder)."""
     chooser = decoder.matmul
     if not chooser.enabled or all(id(w) in chooser.int8 for ws in chooser.by_shape.values() for w in ws):
@@ -44,6 +46,14 @@ def choose_row_padding(decoder: StaticDecoder, steps: int = 4, rounds: int = 3,
         decoder(token, position, cache)  # chooses each one-row product's form
         if not chooser.single_rows():
             return False
+        store = kernel_choices.active()
+        shapes = sorted((k[1], k[2], len(chooser.by_shape.get((k[1], k[2]), [])))
+                        for k in chooser.single_rows())
+        store_key = store.key("row-padding", str(decoder.dtype), shapes) if store else ""
+        kept = store.get(store_key) if store else None
+        if kept is not None:
+            chooser.pad_single_rows(bool(kept))
+            return bool(kept)
         times: dict[bool, list[float]] = {False: [], True: []}
         for _ in range(rounds):
             for padded in (False, True):
@@ -55,4 +65,6 @@ def choose_row_padding(decoder: StaticDecoder, steps: int = 4, rounds: int = 3,
                 times[padded].append((time.perf_counter() - started) / steps)
     keep = statistics.median(times[True]) <= (1.0 + tolerance) * statistics.median(times[False])
     chooser.pad_single_rows(keep)
+    if store:
+        store.put(store_key, keep)
     return keep

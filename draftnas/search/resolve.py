@@ -8,8 +8,8 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,15 +23,15 @@ from draftnas.core.machine import cpu_has_native_bf16, cpu_identity, require_dev
 from draftnas.core.placement import Placement, place
 from draftnas.core.prompts import Prompt, load_prompts, subsample
 from draftnas.core.registry import Architecture
-from draftnas.latency.calibrate import calibrate_host, choose_dtype, host_mismatch
-from draftnas.latency.corrected import CalibratedModel, TargetTimedModel
+from draftnas.latency.calibrate import host_mismatch
+from draftnas.latency.corrected import TargetTimedModel
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
 from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
 from draftnas.latency.model import LatencyModel
-from draftnas.latency.records import ProfileOptions
 from draftnas.models.records import ENGINES
 from draftnas.models.sources import ensure_local_folder, has_weights
 from draftnas.search.alpha import load_alpha_model
+from draftnas.search.calibration import calibrated_predictor, times_int8
 from draftnas.search.candidate import reference_candidate, resolve_architecture
 from draftnas.search.evaluate import Evaluator, ModelEvaluator, PriorEvaluator, WeightsEvaluator
 from draftnas.search.loop import SAMPLERS, SearchOptions, run_search
@@ -68,15 +68,13 @@ class SearchRequest:
     engine: str = "static"  # the loop the calibration times: "static" (draftnas's decoder) or "hf"
     references: tuple[str, ...] = ()  # more drafters a user would otherwise pick (beside the space's)
     device: str = "cpu"  # where traces are written, drafters built, healed and scored, and calibration timed
+    calibration: str | None = None  # a stored calibration of this host to use (--calibration FILE)
+    threads: int | None = None  # torch's CPU threads for the whole search (None: torch's default)
 
 
 def fingerprint_text(data: Any) -> str:
     """Short stable hash of JSON-able data (for cache file names)."""
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-
-
-
-
 
 
 def host_cpu_profile(engine: str = "static", dtype: str | None = None) -> str:
@@ -116,61 +114,6 @@ def resolve_profile(spec: str | None, space: SearchSpace, dtype: str | None = No
     return f"{name} ({profile.device_name}, {profile.kind}, {profile.dtype})", profile
 
 
-def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: SearchSpace,
-                         progress: Callable[[int, int], None] | None = None, engine: str = "static",
-                         dtype: str | None = None, stacks: Sequence[Architecture] = (),
-                         int8_stacks: Sequence[Architecture] = ()) -> tuple[LatencyPredictor, str, str]:
-    """The profile's model corrected by timing `target`'s decode, its verify at every gamma + 1
-    the space considers, drafter-sized prefixes of it and of each of `stacks` (a base the drafters
-    are cut from, a reference drafter), the time the space's reduced heads save and the work outside
-    the forward on this machine, in the loop `engine` that bench then runs (`calibrate_host`, about 1
-    min for SmolLM2-135M on 2 cores in the static engine). `dtype` None: the faster of fp32 and (on a
-    CPU with native bf16) bf16 for the target's decode and verify, timed first (`choose_dtype`).
-    Returns the model, the one-line summary of what was measured against what the profile said, and
-    the dtype.
-
-    On the profile's device: a CPU here, or the present GPU for a CUDA profile, where the static
-    engine's steps are timed as CUDA graphs (what bench replays there) and the dtype is the faster
-    of bf16 and fp16. `int8_stacks`: bases timed with int8 weights too, pricing the space's int8
-    drafters (`CalibratedModel.for_weights`)."""
-    g = space.gamma
-    counts = [n + 1 for n in range(max(1, g.min), g.max + 1)]
-    cuda = profile.device == "cuda"
-    mode = ("cuda-graph" if cuda else "static") if engine == "static" else "eager"
-    options = ProfileOptions(device=profile.device, dtype=dtype or profile.dtype, mode=mode, repeats=5,
-                             warmup=1)
-    dtype_ms: dict[str, dict[int, float]] = {}
-    if dtype is None:
-        candidates = dtype_candidates(profile.device)
-        if len(candidates) > 1:
-            chosen, dtype_ms = choose_dtype(options, target, max(counts), candidates,
-                                            context_tokens=space.workload.context_tokens)
-            options = replace(options, dtype=chosen)
-        else:
-            options = replace(options, dtype=candidates[0])
-    heads = [v for v in space.vocab_sizes if v > 0]
-    calibration = calibrate_host(options, target, counts, context_tokens=space.workload.context_tokens,
-                                 progress=progress, prompt_tokens=space.workload.prompt_tokens,
-                                 head_rows=heads, stacks=stacks, int8_stacks=int8_stacks)
-    calibration = replace(calibration, dtype_ms=dtype_ms)
-    model = CalibratedModel(LatencyModel.from_profile(profile), calibration, target)
-    return model, model.summary(), options.resolved_dtype()
-
-
-def _times_int8(space: SearchSpace, device: str, engine: str) -> bool:
-    """Whether the calibration times the base with int8 weights: the space offers int8 drafters and they
-    can run here (draftnas's static engine on the CPU; elsewhere int8 trials are pruned as unpriced)."""
-    return "int8" in space.weights and device == "cpu" and engine == "static"
-
-
-def dtype_candidates(device: str) -> tuple[str, ...]:
-    """The dtypes a calibrating search times on `device`: bf16 and fp16 on a GPU; fp32 and, on a CPU
-    with native bf16 instructions, bf16."""
-    if device == "cuda":
-        return ("bf16", "fp16")
-    return ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",)
-
-
 def trace_prompts(space: SearchSpace) -> list[Prompt]:
     """The workload's prompts the search traces: `traces.prompts` of its set, spread evenly over its
     domains (every domain of a mixed set gets its share)."""
@@ -208,6 +151,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
                 ) -> tuple[SearchOptions, LatencyPredictor, Evaluator]:
     """Resolve the request: shapes, space, profile, and measured or assumed acceptance."""
 
+    _set_threads(request.threads)
     if isinstance(request.space, SearchSpace):
         space = request.space
     else:
@@ -251,8 +195,8 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         stacks = [base_arch, *(resolve_architecture(r) for r in references if has_weights(r))]
         predictor, profile_note, dtype = calibrated_predictor(
             latency_profile, target_arch, space, calibration_progress, engine=engine, dtype=request.dtype,
-            stacks=stacks,
-            int8_stacks=[base_arch] if _times_int8(space, latency_profile.device, engine) else [])
+            stacks=stacks, given=Path(request.calibration).expanduser() if request.calibration else None,
+            int8_stacks=[base_arch] if times_int8(space, latency_profile.device, engine) else [])
     evaluator: Evaluator
     model_label = None
     if request.acceptance_model is not None:
@@ -272,6 +216,17 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     if request.acceptance_prior is not None:
         return options, predictor, PriorEvaluator(request.acceptance_prior)
     return options, predictor, _measuring_evaluator(request, options, trace_progress)
+
+
+def _set_threads(threads: int | None) -> None:
+    """torch's CPU threads for the search (each figure records the count it ran with)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise InvalidInputError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def _check_dtype(dtype: str | None, device: str) -> None:

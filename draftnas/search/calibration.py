@@ -1,0 +1,94 @@
+"""A search's latency model calibrated on this machine: the dtype chosen by timing, the target and the
+drafters' bases timed here (or a stored calibration of this host reused), the profile corrected by them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from draftnas.core.machine import cpu_has_native_bf16
+from draftnas.core.registry import Architecture
+from draftnas.latency.calibrate import calibrate_host, choose_dtype, stored_or_calibrated
+from draftnas.latency.corrected import CalibratedModel
+from draftnas.latency.model import LatencyModel
+from draftnas.latency.records import HostCalibration, LatencyProfile, ProfileOptions
+from draftnas.models.kernel_choices import kept_choices
+from draftnas.search.records import LatencyPredictor
+from draftnas.search.space import SearchSpace
+
+log = logging.getLogger(__name__)
+
+
+def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: SearchSpace,
+                         progress: Callable[[int, int], None] | None = None, engine: str = "static",
+                         dtype: str | None = None, stacks: Sequence[Architecture] = (),
+                         int8_stacks: Sequence[Architecture] = (), given: Path | None = None
+                         ) -> tuple[LatencyPredictor, str, str]:
+    """The profile's model corrected by timing `target`'s decode, its verify at every gamma + 1
+    the space considers, drafter-sized prefixes of it and of each of `stacks` (a base the drafters
+    are cut from, a reference drafter), the time the space's reduced heads save and the work outside
+    the forward on this machine, in the loop `engine` that bench then runs (`calibrate_host`, about 1
+    min for SmolLM2-135M on 2 cores in the static engine). `dtype` None: the faster of fp32 and (on a
+    CPU with native bf16) bf16 for the target's decode and verify, timed first (`choose_dtype`).
+    Returns the model, the one-line summary of what was measured against what the profile said, and
+    the dtype.
+
+    On the profile's device: a CPU here, or the present GPU for a CUDA profile, where the static
+    engine's steps are timed as CUDA graphs (what bench replays there) and the dtype is the faster
+    of bf16 and fp16. `int8_stacks`: bases timed with int8 weights too, pricing the space's int8
+    drafters (`CalibratedModel.for_weights`). The calibration is kept per host and reused after a drift
+    check (`latency.calibrate.stored_or_calibrated`; `given`: --calibration FILE), and every kernel
+    choice made while timing is kept for this host too (`models.kernel_choices`)."""
+    g = space.gamma
+    counts = [n + 1 for n in range(max(1, g.min), g.max + 1)]
+    cuda = profile.device == "cuda"
+    mode = ("cuda-graph" if cuda else "static") if engine == "static" else "eager"
+    options = ProfileOptions(device=profile.device, dtype=dtype or profile.dtype, mode=mode, repeats=5,
+                             warmup=1)
+    heads = [v for v in space.vocab_sizes if v > 0]
+    w = space.workload
+
+    def calibrate() -> HostCalibration:
+        chosen = options
+        dtype_ms: dict[str, dict[int, float]] = {}
+        if dtype is None:
+            candidates = dtype_candidates(profile.device)
+            if len(candidates) > 1:
+                log.info("timing the target in %s to choose the dtype", " and ".join(candidates))
+                best, dtype_ms = choose_dtype(options, target, max(counts), candidates,
+                                              context_tokens=w.context_tokens)
+                chosen = replace(options, dtype=best)
+            else:
+                chosen = replace(options, dtype=candidates[0])
+        log.info("calibrating %s in %s on this machine", target.name, chosen.resolved_dtype())
+        calibration = calibrate_host(chosen, target, counts, context_tokens=w.context_tokens,
+                                     progress=progress, prompt_tokens=w.prompt_tokens, head_rows=heads,
+                                     stacks=stacks, int8_stacks=int8_stacks)
+        return replace(calibration, dtype_ms=dtype_ms)
+
+    request = {"target": target.to_dict(), "dtype": dtype or "auto", "mode": mode, "device": profile.device,
+               "counts": counts, "context": w.context_tokens, "prompt_tokens": w.prompt_tokens,
+               "heads": heads, "stacks": [a.to_dict() for a in stacks],
+               "int8_stacks": [a.to_dict() for a in int8_stacks]}
+    with kept_choices():
+        calibration, where = stored_or_calibrated(options, target, request, calibrate, given=given,
+                                                  progress=progress)
+    model = CalibratedModel(LatencyModel.from_profile(profile), calibration, target)
+    return model, f"{model.summary()}; {where}", calibration.dtype
+
+
+def times_int8(space: SearchSpace, device: str, engine: str) -> bool:
+    """Whether the calibration times the base with int8 weights: the space offers int8 drafters and they
+    can run here (draftnas's static engine on the CPU; elsewhere int8 trials are pruned as unpriced)."""
+    return "int8" in space.weights and device == "cpu" and engine == "static"
+
+
+def dtype_candidates(device: str) -> tuple[str, ...]:
+    """The dtypes a calibrating search times on `device`: bf16 and fp16 on a GPU; fp32 and, on a CPU
+    with native bf16 instructions, bf16."""
+    if device == "cuda":
+        return ("bf16", "fp16")
+    return ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",)
