@@ -67,6 +67,10 @@ class BenchOptions(Record):
              "and put the measured crossover (the first B where speculative decoding stops paying) beside "
              "the latency profile's.", low=1, high=1024, distinct=True, cli_type=str, cli_default="",
         parse=parse_ints)
+    predictions: str | None = option(
+        None, help="A search's predictions.json (it prints the path): each arm's predicted tokens/s and "
+                   "speedup beside the measured ones, with the error, and apart from them the held-out "
+                   "prediction (the latency model on a shape the calibration did not time).")
     profile: str | None = option(
         None, help="Latency profile the batch sizes' predictions use (a shipped name or a JSON file). "
                    "Default: on CPU the shipped profile measured on this host; on CUDA the spec sheet "
@@ -175,6 +179,26 @@ class Comparison(Record):
 
 
 @dataclass(frozen=True)
+class PredictionCheck(Record):
+    """A search's prediction for one arm beside what the bench measured (medians over prompts); errors
+    are predicted / measured - 1. `held_out`: the latency model priced a shape the calibration did not
+    time. `source`: "search" (its ranking) or "export" (the winner re-priced at its exported
+    acceptance, from its folder's draftnas.json)."""
+
+    arm: str
+    role: str
+    name: str
+    predicted_tokens_per_s: float
+    measured_tokens_per_s: float
+    tokens_per_s_error: float
+    predicted_speedup: float | None = None
+    measured_speedup: float | None = None
+    speedup_error: float | None = None
+    held_out: bool = False
+    source: str = "search"
+
+
+@dataclass(frozen=True)
 class BenchResult(Record):
     """A bench: every arm's result (`arms`) and every prompt's runs, with the host it ran on.
 
@@ -205,6 +229,7 @@ class BenchResult(Record):
     load_average_before: str = ""
     rounds: int = 1  # interleaved rounds over the prompts (each prompt ran once per arm per round)
     comparisons: tuple[Comparison, ...] = ()  # the drafter's loop over the reference's, with its interval
+    predictions: tuple[PredictionCheck, ...] = ()  # the search's predictions beside the measured figures
 
     def arm(self, name: str) -> ArmResult:
         for a in self.arms:

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from draftnas.acceptance.traces import Traces, make_metadata, model_vocab_size, 
 from draftnas.acceptance.tracing import record_from_continuation
 from draftnas.bench.arms import MAIN, Arm, Bench, Drafter, Run, arm_names
 from draftnas.bench.batched import host_label, run_batched_bench
+from draftnas.bench.predicted import check_predictions, exported_prediction
 from draftnas.bench.records import (
     ArmResult,
     ArmRun,
@@ -48,8 +50,10 @@ from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
 from draftnas.drafter.records import prompt_key
 from draftnas.export.folder import exported_record, load_drafter
+from draftnas.models.kernel_choices import kept_choices
 from draftnas.models.records import TORCH_DTYPES
 from draftnas.models.sources import LoadedModel, load_model
+from draftnas.search.predictions import read_predictions
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +240,26 @@ def run_bench(
     compare. progress(done, total) is called after each prompt (total = prompts + 1 for the estimate).
     """
     started, load_before = time.perf_counter(), load_average()
+    predictions = read_predictions(options.predictions) if options.predictions else None
+    with kept_choices():  # the kernel choices a calibration on this host made are reused, and kept
+        result = _run_bench(target, draft, prompts, options, reference, progress, started, load_before)
+    if predictions is None:
+        return result
+    folder = _folder(draft)
+    record = exported_record(folder) if folder is not None else None
+    return replace(result, predictions=check_predictions(result, predictions, exported_prediction(record)))
+
+
+def _folder(draft: str | LoadedModel) -> Path | None:
+    if isinstance(draft, LoadedModel):
+        return draft.folder
+    path = Path(draft).expanduser()
+    return path if path.is_dir() else None
+
+
+def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Sequence[Prompt],
+               options: BenchOptions, reference: str | LoadedModel | None, progress: Progress | None,
+               started: float, load_before: str) -> BenchResult:
     t_model, drafters, prompts, encoded, left_out = _load_for_bench(target, draft, reference, prompts,
                                                                     options)
     bench = Bench(t_model, drafters, options)

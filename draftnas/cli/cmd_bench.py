@@ -67,6 +67,27 @@ def arms_table(result: BenchResult) -> Table:
     return table
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def predictions_table(result: BenchResult) -> Table:
+    """The search's predictions beside the bench's medians: tokens/s and speedup, each with its error;
+    the held-out row (the latency model on a shape the calibration did not time) marked."""
+    table = Table(title="Predicted by the search against measured here (medians over prompts; error = "
+                        "predicted / measured - 1)", header_style="bold")
+    for col in ("arm", "predicted", "tokens/s predicted", "measured", "error", "speedup predicted",
+                "measured", "error"):
+        table.add_column(col, justify="left" if col in ("arm", "predicted") else "right")
+    for c in result.predictions:
+        what = f"{c.name}" + (" (held out: untimed shape)" if c.held_out else "") + (
+            " (as exported)" if c.source == "export" else "")
+        table.add_row(c.arm, what, f"{c.predicted_tokens_per_s:.2f}", f"{c.measured_tokens_per_s:.2f}",
+                      _pct(c.tokens_per_s_error), _fmt(c.predicted_speedup, ".3f"),
+                      _fmt(c.measured_speedup, ".3f"), _pct(c.speedup_error))
+    return table
+
+
 def comparison_lines(result: BenchResult) -> list[str]:
     """One line per drafter-over-reference comparison: the ratio, its interval, the verdict."""
     return [f"{c.numerator} / {c.denominator}: {c.ratio:.3f}x [{c.interval[0]:.3f}, {c.interval[1]:.3f}] "
@@ -169,6 +190,8 @@ def bench(
     console.print(arms_table(result))
     for line in comparison_lines(result):
         console.print(line, highlight=False, soft_wrap=True)
+    if result.predictions:
+        console.print(predictions_table(result))
     for label, spec in result.drafters.items():
         console.print(f"{label}: {spec}", highlight=False, soft_wrap=True)
     if result.host:

@@ -149,7 +149,9 @@ def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head
     """One more shape's jobs: its first layers and full depth at one new token, then under each
     reduced head its full depth and first layer (`int8`: built with int8 weights)."""
     full = arch.num_hidden_layers
-    depths = [k for k in prefixes if k < full] + [full]
+    # and its middle depth: the line that prices its cuts then spans the stack, and its full depth can be
+    # predicted from the prefixes alone (`CalibratedModel.without_full_depth`) to check that line
+    depths = sorted({k for k in prefixes if k < full} | ({full // 2} if full >= 4 else set())) + [full]
     build = functools.partial(rt.build, int8=True) if int8 else rt.build
     groups = [Group(functools.partial(build, arch), model_bytes(rt, arch),
                     [model_job(rt, arch, k, (1, 1, context), "calibration") for k in depths])]

@@ -129,16 +129,19 @@ class CalibratedModel:
     """
 
     def __init__(self, model: Any, calibration: HostCalibration, target: Architecture,
-                 weights: str = "dense") -> None:
+                 weights: str = "dense", held_out: frozenset[str] = frozenset()) -> None:
         if not calibration.target_ms or not calibration.prefix_ms:
             raise ProfileError("a host calibration needs target and prefix timings")
         self.model, self.calibration, self.target, self.weights = model, calibration, target, weights
+        self.held_out = held_out
         c, ctx = calibration, calibration.context_tokens
         own = {**c.prefix_ms, **({target.num_hidden_layers: c.target_ms[1]} if 1 in c.target_ms else {})}
         self._target_line = _Line(model, target, own, ctx, c.head_saving_ms, c.head_saving_prefix_ms)
         stacks = c.int8_stacks if weights == "int8" else c.stacks
-        self._stacks = [(s, _Line(model, s.arch, {**s.prefix_ms, s.arch.num_hidden_layers: s.full_ms}, ctx,
-                                  s.head_saving_ms, s.head_saving_prefix_ms)) for s in stacks.values()]
+        self._stacks = [(s, _Line(model, s.arch, {**s.prefix_ms, **({} if name in held_out else
+                                                                    {s.arch.num_hidden_layers: s.full_ms})},
+                                  ctx, s.head_saving_ms, s.head_saving_prefix_ms))
+                        for name, s in stacks.items()]
 
     def for_weights(self, weights: str) -> CalibratedModel:
         """This calibration pricing drafters whose linear layers run as `weights` ("dense" / "int8")."""
@@ -148,7 +151,13 @@ class CalibratedModel:
             raise InfeasibleCandidateError("int8 drafters are priced only by a calibration that timed "
                                            "their base with int8 weights (a search offering weights: [int8] "
                                            "on CPU)")
-        return CalibratedModel(self.model, self.calibration, self.target, weights)
+        return CalibratedModel(self.model, self.calibration, self.target, weights, self.held_out)
+
+    def without_full_depth(self, names: frozenset[str]) -> CalibratedModel:
+        """This calibration with the full-depth timings of the stacks `names` left out: their full depth
+        (and every drafter of their layer shape) priced from the line through their prefixes alone, a
+        prediction of a shape the calibration did not time, to check the model's error on."""
+        return CalibratedModel(self.model, self.calibration, self.target, self.weights, names)
 
     def _line(self, arch: Architecture) -> _Line:
         """The stack `arch` is cut from: a timed base of its layer shape, else the target (dense only)."""
@@ -185,7 +194,8 @@ class CalibratedModel:
             if measured is not None:
                 return measured + overhead
         bare = arch.with_shape(name="")
-        timed = next((s for s, _ in self._stacks if s.arch.with_shape(name="") == bare), None)
+        timed = next((s for s, _ in self._stacks if s.arch.with_shape(name="") == bare
+                      and s.arch.name not in self.held_out), None)
         if timed is not None and exact and new_tokens == 1 and head_vocab_size in (None, arch.vocab_size):
             return timed.full_ms + overhead
         line = self._line(arch)

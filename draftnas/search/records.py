@@ -316,6 +316,7 @@ class SearchResult(Record):
     interrupted_trial: int | None = None  # the trial in flight at Ctrl-C (told FAIL), if any
     profile_note: str | None = None  # calibration summary, or: the profile was not measured here
     references: tuple[RankedTrial, ...] = ()  # the space's published drafters, priced the same way
+    predictions_file: str | None = None  # predictions.json beside the study (`draftnas bench --predictions`)
 
     @property
     def best(self) -> RankedTrial | None:

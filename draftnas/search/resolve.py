@@ -9,7 +9,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,8 @@ from draftnas.search.calibration import calibrated_predictor, times_int8
 from draftnas.search.candidate import reference_candidate, resolve_architecture
 from draftnas.search.evaluate import Evaluator, ModelEvaluator, PriorEvaluator, WeightsEvaluator
 from draftnas.search.loop import SAMPLERS, SearchOptions, run_search
+from draftnas.search.predictions import FILE_NAME as PREDICTIONS_FILE
+from draftnas.search.predictions import search_predictions, write_predictions
 from draftnas.search.records import LatencyPredictor, SearchResult, StudySettings
 from draftnas.search.space import SearchSpace
 from draftnas.search.space_file import default_space_for, load_search_space
@@ -323,4 +325,9 @@ def search(request: SearchRequest, *, progress: Callable[[int, int], None] | Non
            calibration_progress: Callable[[int, int], None] | None = None) -> SearchResult:
     """`draftnas search`: resolve the request, then run (or resume, or join) the study."""
     options, predictor, evaluator = plan_search(request, trace_progress, calibration_progress)
-    return run_search(options, predictor, evaluator, progress=progress)
+    result = run_search(options, predictor, evaluator, progress=progress)
+    if result.best is None or result.interrupted:
+        return result
+    path = write_predictions(Path(result.run_dir) / PREDICTIONS_FILE,
+                             search_predictions(result, predictor, options))
+    return replace(result, predictions_file=str(path))

@@ -98,3 +98,17 @@ def test_the_target_is_timed_at_the_start_and_again_at_the_end_of_a_calibration(
     seen.clear()
     calibrate_host(OPTIONS, TARGET, [2], overheads=False)  # the target alone: one pass is all there is
     assert len(seen[0]) == 1 and all(len(job.times_ms) == OPTIONS.repeats for job in seen[0][0].jobs)
+
+
+def test_a_stack_held_out_is_priced_from_its_prefixes_not_from_its_timed_full_depth():
+    deep = BASE.with_shape(name="deep", num_hidden_layers=6)
+    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, stacks=[deep])
+    stack = calibration.stacks["deep"]
+    assert set(stack.prefix_ms) == {1, 2, 3}  # its first layers and its middle depth: the line spans it
+    model = CalibratedModel(_flat_model(), calibration, TARGET)
+    assert model.predict_ms(deep) == pytest.approx(stack.full_ms)  # timed: read back
+    held = model.without_full_depth(frozenset({"deep"}))
+    predicted = held.predict_ms(deep)
+    assert predicted != pytest.approx(stack.full_ms) and predicted > stack.prefix_ms[3]
+    # the held-out model still reads every other timed shape as measured
+    assert held.predict_ms(TARGET, new_tokens=2) == pytest.approx(model.predict_ms(TARGET, new_tokens=2))

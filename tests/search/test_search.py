@@ -473,7 +473,7 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
                            choice=NS(weights="dense")), number=3, primary=NS(gamma=2))
     info = NS(acceptance_assumed=False, target="smollm2-135m", engine="static", space=space, dtype="fp32",
               device="cpu")
-    lines = next_commands(NS(best=best, info=info, study_name="s", storage="sqlite:///s.db", references=()))
+    lines = next_commands(NS(best=best, info=info, study_name="s", storage="sqlite:///s.db", predictions_file=None, references=()))
     assert lines[-1].endswith("route_linears(drafter)")
     bench = next(line for line in lines if "draftnas bench" in line)
     assert bench.strip() == ("draftnas bench --target smollm2-135m --draft drafters/L1bi-x-v4096 --gamma 2 "
@@ -482,7 +482,7 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     # in the dtype the search chose, beside the reference with weights it priced
     ref = NS(reference="smollm2-135m", primary=NS(gamma=2))
     chosen = next_commands(NS(best=best, info=NS(**{**vars(info), "dtype": "bf16"}), study_name="s",
-                              storage="sqlite:///s.db", references=(ref,)))
+                              storage="sqlite:///s.db", predictions_file=None, references=(ref,)))
     bench_bf16 = next(line for line in chosen if "draftnas bench" in line)
     assert "--dtype bf16 --reference smollm2-135m --prompts" in bench_bf16  # same gamma: no flag
     # the reference at its own best gamma, not the winner's
@@ -491,10 +491,10 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
                                  references=(ref3,)))
     assert "--reference smollm2-135m --reference-gamma 3" in next(x for x in own_gamma if "bench" in x)
     uncalibrated = next_commands(NS(best=best, info=NS(**{**vars(info), "engine": None}), study_name="s",
-                                    storage="sqlite:///s.db", references=()))
+                                    storage="sqlite:///s.db", predictions_file=None, references=()))
     assert "--engine" not in next(line for line in uncalibrated if "draftnas bench" in line)
     on_gpu = next_commands(NS(best=best, info=NS(**{**vars(info), "device": "cuda"}), study_name="s",
-                              storage="sqlite:///s.db", references=()))
+                              storage="sqlite:///s.db", predictions_file=None, references=()))
     assert "--device cuda" in next(line for line in on_gpu if "draftnas bench" in line)  # where it was priced
     # an int8 winner is routed in int8 in transformers too
     int8 = NS(**{**vars(best), "candidate": NS(**{**vars(best.candidate), "choice": NS(weights="int8")})})

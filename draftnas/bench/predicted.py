@@ -1,0 +1,56 @@
+"""A search's predictions (`search.predictions`) beside what a bench measured, arm by arm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftnas.bench.arms import MAIN
+from draftnas.bench.records import BenchResult, PredictionCheck
+from draftnas.bench.stats import relative_error
+from draftnas.search.predictions import ArmPrediction, SearchPredictions
+from draftnas.search.records import WorkloadPrediction
+
+REFERENCE = "reference"
+
+
+def exported_prediction(record: dict[str, Any] | None) -> WorkloadPrediction | None:
+    """The winner's prediction as its export re-priced it (draftnas.json), if the folder has one."""
+    data = (record or {}).get("prediction")
+    return WorkloadPrediction.from_dict(data) if isinstance(data, dict) else None
+
+
+def _check(result: BenchResult, arm: str, p: ArmPrediction, source: str = "search") -> PredictionCheck | None:
+    if not result.has(arm):
+        return None
+    measured = result.arm(arm)
+    error = relative_error(p.tokens_per_s, measured.tokens_per_s)
+    assert error is not None
+    return PredictionCheck(arm=arm, role=p.role, name=p.name, predicted_tokens_per_s=p.tokens_per_s,
+                           measured_tokens_per_s=measured.tokens_per_s, tokens_per_s_error=error,
+                           predicted_speedup=p.speedup, measured_speedup=measured.speedup,
+                           speedup_error=relative_error(p.speedup, measured.speedup), held_out=p.held_out,
+                           source=source)
+
+
+def check_predictions(result: BenchResult, predictions: SearchPredictions,
+                      exported: WorkloadPrediction | None = None) -> tuple[PredictionCheck, ...]:
+    """The target alone, the winner (as exported when its folder says) and the bench's reference (when
+    the search priced a reference of that name), then that reference held out."""
+    rows: list[PredictionCheck | None] = []
+    target = predictions.get("target")
+    if target is not None:
+        rows.append(_check(result, "target", target))
+    winner = predictions.get("winner")
+    if winner is not None and exported is not None:
+        e = exported.primary()
+        winner = ArmPrediction(role="winner", name=winner.name, tokens_per_s=exported.tokens_per_s,
+                               speedup=exported.speedup, gamma=e.gamma, tokens_per_step=e.tokens_per_step,
+                               draft_ms=e.draft_ms, verify_ms=e.verify_ms, target_ms=e.target_ms)
+    if winner is not None:
+        rows.append(_check(result, MAIN, winner, "export" if exported is not None else "search"))
+    spec = result.drafters.get(REFERENCE)
+    for held_out in (False, True):
+        ref = predictions.get(REFERENCE, held_out, spec) if spec is not None else None
+        if ref is not None:
+            rows.append(_check(result, REFERENCE, ref))
+    return tuple(r for r in rows if r is not None)

@@ -1,0 +1,67 @@
+"""A search's predictions written beside the study and read back by a bench, arm by arm."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftnas.bench.predicted import check_predictions
+from draftnas.bench.records import ArmResult, BenchResult
+from draftnas.core.errors import InvalidInputError
+from draftnas.search.loop import run_search
+from draftnas.search.predictions import (
+    ArmPrediction,
+    SearchPredictions,
+    read_predictions,
+    search_predictions,
+    write_predictions,
+)
+from tests.helpers import FakeMeasured, StubLatency, smol_options
+
+
+def bench(target_tps: float, winner_tps: float, reference_tps: float) -> BenchResult:
+    arms = (ArmResult(name="target", engine="static", tokens_per_s=target_tps),
+            ArmResult(name="draftnas", engine="static", tokens_per_s=winner_tps, baseline="target",
+                      speedup=winner_tps / target_tps),
+            ArmResult(name="reference", engine="static", tokens_per_s=reference_tps, baseline="target",
+                      speedup=reference_tps / target_tps))
+    return BenchResult(target="t", drafters={"draftnas": "drafters/w", "reference": "ref-0.5b"}, gamma=4,
+                       temperature=0.0, max_new_tokens=64, n_prompts=9, device="cpu", dtype="bf16", threads=2,
+                       engine="static", arms=arms)
+
+
+PREDICTED = SearchPredictions(study="s", target="t", dtype="bf16", engine="static", calibration="", arms=(
+    ArmPrediction(role="target", name="t", tokens_per_s=8.0),
+    ArmPrediction(role="winner", name="w", tokens_per_s=16.0, speedup=2.0, gamma=4),
+    ArmPrediction(role="reference", name="ref-0.5b", tokens_per_s=11.0, speedup=1.375, gamma=2),
+    ArmPrediction(role="reference", name="ref-0.5b", tokens_per_s=12.0, speedup=1.5, gamma=2, held_out=True),
+    ArmPrediction(role="reference", name="another", tokens_per_s=99.0, speedup=9.0, gamma=2)))
+
+
+def test_each_arm_gets_its_prediction_and_error_and_the_held_out_one_comes_apart():
+    checks = check_predictions(bench(10.0, 16.0, 10.0), PREDICTED)
+    assert [(c.arm, c.held_out) for c in checks] == [("target", False), ("draftnas", False),
+                                                     ("reference", False), ("reference", True)]
+    target, winner, ref, held = checks
+    assert target.tokens_per_s_error == pytest.approx(-0.2) and target.speedup_error is None
+    assert winner.tokens_per_s_error == pytest.approx(0.0)
+    assert winner.speedup_error == pytest.approx(2.0 / 1.6 - 1)
+    assert ref.tokens_per_s_error == pytest.approx(0.1) and held.tokens_per_s_error == pytest.approx(0.2)
+    assert all(c.name != "another" for c in checks)  # only the reference this bench ran
+
+
+def test_a_search_writes_its_predictions_and_they_read_back(tmp_path):
+    options = smol_options(tmp_path, n_trials=3)
+    result = run_search(options, StubLatency(), FakeMeasured())
+    predictions = search_predictions(result, StubLatency(), options)
+    assert [a.role for a in predictions.arms][:2] == ["target", "winner"]
+    winner = predictions.get("winner")
+    assert winner is not None and result.best is not None
+    assert winner.tokens_per_s == result.best.throughput.tokens_per_s
+    assert predictions.get("target").tokens_per_s == result.best.throughput.baseline_tokens_per_s
+    path = write_predictions(tmp_path / "predictions.json", predictions)
+    assert read_predictions(path) == predictions
+    (tmp_path / "bad.json").write_text("[1, 2")
+    with pytest.raises(InvalidInputError, match="--predictions .*bad.json: not a search's predictions"):
+        read_predictions(tmp_path / "bad.json")
+    with pytest.raises(InvalidInputError, match="no such file"):
+        read_predictions(tmp_path / "none.json")
