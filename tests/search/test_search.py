@@ -468,12 +468,15 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
 
     from draftnas.cli.cmd_search import next_commands
 
+    S = {"study_name": "s", "predictions_file": None}  # noqa: N806
+
     space = load_search_space("smollm2-135m")  # workload: chat prompts
     best = NS(candidate=NS(plan=object(), name="L1bi-x-v4096", head_vocab_size=4096,
                            choice=NS(weights="dense")), number=3, primary=NS(gamma=2))
     info = NS(acceptance_assumed=False, target="smollm2-135m", engine="static", space=space, dtype="fp32",
               device="cpu")
-    lines = next_commands(NS(best=best, info=info, study_name="s", storage="sqlite:///s.db", predictions_file=None, references=()))
+    lines = next_commands(NS(best=best, info=info, **S,
+                             storage="sqlite:///s.db", references=()))
     assert lines[-1].endswith("route_linears(drafter)")
     bench = next(line for line in lines if "draftnas bench" in line)
     assert bench.strip() == ("draftnas bench --target smollm2-135m --draft drafters/L1bi-x-v4096 --gamma 2 "
@@ -481,24 +484,28 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     assert "trust_remote_code=True" in lines[-2]  # a reduced head loads through the shipped class
     # in the dtype the search chose, beside the reference with weights it priced
     ref = NS(reference="smollm2-135m", primary=NS(gamma=2))
-    chosen = next_commands(NS(best=best, info=NS(**{**vars(info), "dtype": "bf16"}), study_name="s",
-                              storage="sqlite:///s.db", predictions_file=None, references=(ref,)))
+    chosen = next_commands(NS(best=best, info=NS(**{**vars(info), "dtype": "bf16"}), **S,
+                              storage="sqlite:///s.db", references=(ref,)))
     bench_bf16 = next(line for line in chosen if "draftnas bench" in line)
     assert "--dtype bf16 --reference smollm2-135m --prompts" in bench_bf16  # same gamma: no flag
     # the reference at its own best gamma, not the winner's
     ref3 = NS(reference="smollm2-135m", primary=NS(gamma=3))
-    own_gamma = next_commands(NS(best=best, info=info, study_name="s", storage="sqlite:///s.db",
+    own_gamma = next_commands(NS(best=best, info=info, **S, storage="sqlite:///s.db",
                                  references=(ref3,)))
     assert "--reference smollm2-135m --reference-gamma 3" in next(x for x in own_gamma if "bench" in x)
-    uncalibrated = next_commands(NS(best=best, info=NS(**{**vars(info), "engine": None}), study_name="s",
-                                    storage="sqlite:///s.db", predictions_file=None, references=()))
+    uncalibrated = next_commands(NS(best=best, info=NS(**{**vars(info), "engine": None}), **S,
+                                    storage="sqlite:///s.db", references=()))
     assert "--engine" not in next(line for line in uncalibrated if "draftnas bench" in line)
-    on_gpu = next_commands(NS(best=best, info=NS(**{**vars(info), "device": "cuda"}), study_name="s",
-                              storage="sqlite:///s.db", predictions_file=None, references=()))
+    on_gpu = next_commands(NS(best=best, info=NS(**{**vars(info), "device": "cuda"}), **S,
+                              storage="sqlite:///s.db", references=()))
     assert "--device cuda" in next(line for line in on_gpu if "draftnas bench" in line)  # where it was priced
+    predicted = next_commands(NS(best=best, info=info, study_name="s", storage="sqlite:///s.db",
+                                 references=(),
+                                 predictions_file="runs/s/predictions.json"))
+    assert next(x for x in predicted if "bench" in x).endswith("--predictions runs/s/predictions.json")
     # an int8 winner is routed in int8 in transformers too
     int8 = NS(**{**vars(best), "candidate": NS(**{**vars(best.candidate), "choice": NS(weights="int8")})})
-    int8_lines = next_commands(NS(best=int8, info=info, study_name="s", storage="sqlite:///s.db",
+    int8_lines = next_commands(NS(best=int8, info=info, **S, storage="sqlite:///s.db",
                                   references=()))
     assert "route_linears(drafter, int8=True)" in int8_lines[-1]
 
