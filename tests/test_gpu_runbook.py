@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def test_the_dry_run_walks_every_phase_and_a_second_call_resumes(tmp_path):
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path / "out"), "PYTHON": sys.executable}
     first = subprocess.run(["bash", "scripts/gpu_measure.sh", "all"], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=900)
+                           text=True, timeout=3600)  # a hang guard, not a speed goal
     assert first.returncode == 0, first.stdout + first.stderr
     phases = [line for line in first.stdout.splitlines() if line.startswith("[gpu] ")]
     assert len(phases) == 11 and all(": exit 0 in " in line for line in phases), phases

@@ -51,8 +51,24 @@ def _round_robin_passes(monkeypatch) -> list:
 def test_choose_dtype_times_the_dtypes_round_robin_in_one_pass(monkeypatch):
     """A burst of other work must hit every dtype alike: one interleaved pass over both models."""
     passes = _round_robin_passes(monkeypatch)
-    _, timings = choose_dtype(OPTIONS, TARGET, 3, ("fp32", "bf16"), repeats=4)
-    assert [len(groups) for groups in passes] == [2] and set(timings) == {"fp32", "bf16"}
+    _, timings = choose_dtype(OPTIONS, TARGET, 3, ("fp32", "bf16"), repeats=4, drop_above=1e9)
+    # the probe, then the repeats: each pass interleaves both dtypes
+    assert [len(groups) for groups in passes] == [2, 2] and set(timings) == {"fp32", "bf16"}
+
+
+def test_a_dtype_that_loses_badly_on_the_probe_is_not_timed_to_the_end(monkeypatch):
+    import draftnas.latency.calibrate as calibrate
+
+    calls = []
+
+    def fake(options, target, new_tokens, dtypes, context_tokens, repeats):
+        calls.append((tuple(dtypes), repeats))
+        return {"fp32": {1: 300.0, 3: 900.0}, "bf16": {1: 100.0, 3: 110.0}}
+
+    monkeypatch.setattr(calibrate, "_time_dtypes", fake)
+    chosen, timings = choose_dtype(OPTIONS, TARGET, 3, ("fp32", "bf16"))
+    assert chosen == "bf16" and calls == [(("fp32", "bf16"), 3)]  # no repeats for either: fp32 is 5.7x
+    assert timings["fp32"] == {1: 300.0, 3: 900.0}  # its probe stands as its timing
 
 
 def test_a_base_is_timed_beside_the_target_and_prices_the_drafters_of_its_width():
