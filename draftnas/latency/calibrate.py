@@ -71,8 +71,8 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
                    prefix_layers: Sequence[int] = (1, 2), context_tokens: int = 128,
                    progress: Progress | None = None, overheads: bool = True,
                    prompt_tokens: int = 0, head_rows: Sequence[int] = (),
-                   stacks: Sequence[Architecture] = (), int8_stacks: Sequence[Architecture] = ()
-                   ) -> HostCalibration:
+                   stacks: Sequence[Architecture] = (), int8_stacks: Sequence[Architecture] = (),
+                   target_heads: bool = True) -> HostCalibration:
     """Time `target` (random weights) on this machine: every count in `new_tokens` at full depth,
     and one new token through its first k layers for k in `prefix_layers` — seconds, not the
     minutes of a profile. Timed the way `options.mode` runs steps (eager: transformers' forward,
@@ -86,7 +86,9 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     their own kernels. `int8_stacks`: drafter bases timed alike with int8 weights
     (`HostCalibration.int8_stacks`; draftnas's static decoder on the CPU only), so int8 drafters cut
     from them are priced from int8 kernels. With more than the target's own jobs, the target is timed
-    at the start and again at the end, and its medians pool both passes.
+    at the start and again at the end, and its medians pool both passes. `target_heads` False: the
+    reduced heads are timed under the stacks only (drafters are cut from a base timed as a stack, so
+    the target's own body under each head decides nothing and cost a full-size build per head).
     """
     started = time.perf_counter()
     rt = Runtime(options.validate())
@@ -102,7 +104,8 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
         jobs.append(model_job(rt, target, full, (1, prompt_tokens, 0), "calibration"))
     groups = [Group(functools.partial(rt.build, target), model_bytes(rt, target), jobs)]
     rows = sorted({r for r in head_rows if 0 < r < target.vocab_size})
-    for r in rows:  # the target's body under an r-row head: full depth and (when timed) its first layer
+    target_rows = rows if target_heads else []
+    for r in target_rows:  # the target's body under an r-row head: full depth and (if timed) its first layer
         shape = target.with_shape(vocab_size=r)
         depths = (full, 1) if 1 in prefixes else (full,)
         jobs_r = [model_job(rt, shape, k, (1, 1, context_tokens), "calibration") for k in depths]
@@ -122,9 +125,9 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     skipped = run_round_robin(rt, all_groups, ticker(progress, n_jobs * calls_per_job(options)))
     if skipped:
         raise DeviceError(f"calibrating {target.name} here: {skipped[0].reason}")
-    reduced = {r: g.jobs[0].measurement().median_ms for r, g in zip(rows, groups[1:], strict=True)}
-    reduced_first = {r: g.jobs[1].measurement().median_ms for r, g in zip(rows, groups[1:], strict=True)
-                     if len(g.jobs) > 1}
+    reduced = {r: g.jobs[0].measurement().median_ms for r, g in zip(target_rows, groups[1:], strict=True)}
+    reduced_first = {r: g.jobs[1].measurement().median_ms
+                     for r, g in zip(target_rows, groups[1:], strict=True) if len(g.jobs) > 1}
     medians = {(j.layers, j.cond[1]): j.measurement().median_ms for j in jobs if j.cond[2] == context_tokens}
     prefill = {j.cond[1]: j.measurement().median_ms for j in jobs if j.cond[2] == 0}
     target_ms = {n: medians[(full, n)] for n in counts}

@@ -66,10 +66,12 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
         log.info("calibrating %s in %s on this machine", target.name, chosen.resolved_dtype())
         calibration = calibrate_host(chosen, target, counts, context_tokens=w.context_tokens,
                                      progress=progress, prompt_tokens=w.prompt_tokens, head_rows=heads,
-                                     stacks=stacks, int8_stacks=int8_stacks)
+                                     stacks=stacks, int8_stacks=int8_stacks,
+                                     target_heads=not stacks or _shape(stacks[0]) == _shape(target))
         return replace(calibration, dtype_ms=dtype_ms)
 
-    request = {"target": target.to_dict(), "dtype": dtype or "auto", "mode": mode, "device": profile.device,
+    request = {"target": target.to_dict(), "format": 2, "dtype": dtype or "auto", "mode": mode,
+               "device": profile.device,
                "counts": counts, "context": w.context_tokens, "prompt_tokens": w.prompt_tokens,
                "heads": heads, "stacks": [a.to_dict() for a in stacks],
                "int8_stacks": [a.to_dict() for a in int8_stacks]}
@@ -92,3 +94,7 @@ def dtype_candidates(device: str) -> tuple[str, ...]:
     if device == "cuda":
         return ("bf16", "fp16")
     return ("fp32", "bf16") if cpu_has_native_bf16() else ("fp32",)
+
+
+def _shape(arch: Architecture) -> Architecture:
+    return arch.with_shape(name="")
