@@ -41,6 +41,10 @@ def export(
                                           "(default: the best for the drafter as exported when the study "
                                           "measured acceptance, else the searched best, else 4)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out folder."),
+    full_head: bool = typer.Option(
+        False, "--full-head",
+        help="A reduced-head drafter also gets a plain full-vocabulary copy in full-head/ (loads with no "
+             "remote code, e.g. as a serving engine's draft model; as large as the base)."),
     push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Upload to this hub repo (online)."),
     seed: int = typer.Option(0, "--seed"),
     device: str | None = typer.Option(None, "--device", help="cpu | cuda: where healing trains (default: "
@@ -54,7 +58,8 @@ def export(
     request = ExportRequest(out_dir=str(out), study=study, storage=storage, trial=trial,
                             plan_file=str(plan) if plan else None, base=base, target=target,
                             traces=str(traces) if traces else None, heal_steps=heal_steps, gamma=gamma,
-                            force=force, push_to_hub=push_to_hub, seed=seed, device=device)
+                            force=force, push_to_hub=push_to_hub, seed=seed, device=device,
+                            full_head=full_head)
     with progress_bars(json_out) as on:
         result = export_from_request(request, progress=on("healing"),
                                      data_progress=on("target continuations"))

@@ -263,14 +263,17 @@ def _vocab_section(subset: Any, info: ExportInfo, parameters: int = 0,
         "short greedy loop of its own instead of transformers' full `generate` (same tokens; "
         "`drafter.fast_assistant = False` turns it off). Load it with "
         "`trust_remote_code=True`; that file imports only torch and transformers.",
-        f"- **`{FULL_HEAD_DIR}/`** ({full} parameters): the same drafter with a plain "
-        "full-vocabulary, untied LM head (kept rows = the reduced head, the other rows = the input "
-        "embedding). It loads anywhere with no remote code and stays lossless, but every drafted token "
-        "pays for the full head." + cost,
+        (f"- **`{FULL_HEAD_DIR}/`** ({full} parameters): the same drafter with a plain "
+         "full-vocabulary, untied LM head (kept rows = the reduced head, the other rows = the input "
+         "embedding). It loads anywhere with no remote code and stays lossless, but every drafted token "
+         "pays for the full head." + cost) if full_parameters else
+        (f"- **A full-head copy** is not in this folder (export with `--full-head` to write one into "
+         f"`{FULL_HEAD_DIR}/`: the same drafter with a plain full-vocabulary LM head, for engines without "
+         "remote code)." + cost),
         "- **vLLM / SGLang**: vLLM's draft-model method needs the draft and target vocabulary sizes to be "
         "equal, and neither engine reads `draft_vocab.json` for a plain draft model (their reduced "
-        f"vocabularies are for EAGLE-family heads). Serve `{FULL_HEAD_DIR}/` there as an ordinary draft "
-        "model; draftnas has not tested it in either engine.",
+        f"vocabularies are for EAGLE-family heads). Serve a full-head copy (`{FULL_HEAD_DIR}/`) there as "
+        "an ordinary draft model; draftnas has not tested it in either engine.",
         "",
     ]
 

@@ -1,11 +1,12 @@
 """The exported folder's format, written and read in one place.
 
 The folder holds `config.json` (written by transformers from the model, whose config
-`apply_plan` set from the tensor shapes), `model.safetensors`, the tokenizer files,
-`generation_config.json` (assisted-generation settings for the drafter), a model card
-`README.md` and `draftnas.json` (candidate, plan, profile, estimates, seed, versions). A reduced
-draft head is saved as `models.hf_head`'s class (its copy shipped as
-`modeling_draftnas_head.py`) with `draft_vocab.json`, and a plain full-head variant beside it.
+`apply_plan` set from the tensor shapes), `model.safetensors` (in the dtype the drafter runs in),
+the tokenizer files, `generation_config.json` (assisted-generation settings for the drafter), a
+model card `README.md` and `draftnas.json` (candidate, plan, profile, estimates, seed, versions). A
+reduced draft head is saved as `models.hf_head`'s class (its copy shipped as
+`modeling_draftnas_head.py`) with `draft_vocab.json`, and, when asked for, a plain full-head variant
+beside it.
 
 It is written into a temporary folder next to the destination and renamed into place at the
 end, so a crash never leaves a half-written drafter; a non-empty destination is refused unless
@@ -51,13 +52,15 @@ def check_destination(out_dir: str | Path, force: bool) -> Path:
 
 
 def export_drafter(model: Any, tokenizer: Any, out_dir: str | Path, info: ExportInfo,
-                   force: bool = False) -> Path:
-    """Write `model` + `tokenizer` as a loadable HF folder at `out_dir` (atomically). Returns it."""
+                   force: bool = False, full_head: bool = False) -> Path:
+    """Write `model` + `tokenizer` as a loadable HF folder at `out_dir` (atomically). Returns it.
+    `full_head`: a reduced-head drafter also gets a plain full-vocabulary copy in `full-head/` (for
+    engines that run no remote code; it is as large as the base)."""
     out = check_destination(out_dir, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        _write_folder(model, tokenizer, tmp, info)
+        _write_folder(model, tokenizer, tmp, info, full_head)
         _replace(tmp, out)
     finally:
         if tmp.exists():
@@ -77,13 +80,15 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo) -> None:
+def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo,
+                  full_head: bool = False) -> None:
     _set_generation_config(model, info.gamma)
     subset = model_subset(model)
     full_parameters = None
-    if subset is not None:  # the reduced head as it is, and a plain full-head variant beside it
+    if subset is not None:  # the reduced head as it is, and (asked for) a plain full-head variant beside it
         _save_reduced_head(model, subset, folder)
-        full_parameters = _save_full_head(model, subset, tokenizer, folder / FULL_HEAD_DIR)
+        if full_head:
+            full_parameters = _save_full_head(model, subset, tokenizer, folder / FULL_HEAD_DIR)
         subset.save(folder)
     else:
         model.save_pretrained(folder, safe_serialization=True)

@@ -83,6 +83,7 @@ class ExportRequest(Record):
     push_to_hub: str | None = None
     seed: int = 0
     device: str | None = None  # where healing trains (None: the study's device, else the CPU)
+    full_head: bool = False  # a reduced-head drafter also gets a plain full-vocabulary copy (full-head/)
 
     def validate(self) -> ExportRequest:
         """Every out-of-range field at once, as one error (nothing is written)."""

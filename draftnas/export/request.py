@@ -207,7 +207,10 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         measured=measured, acceptance=built.estimate, prediction=prediction,
         searched_prompts=searched_prompts(source.info), weights=weights,
     )
-    out = export_drafter(built.model, loaded.tokenizer, request.out_dir, info, force=request.force)
+    # stored in the dtype the drafter runs in (healing trains in fp32; a bf16 search's drafter runs in bf16)
+    model = built.model.to(TORCH_DTYPES[dtype])
+    out = export_drafter(model, loaded.tokenizer, request.out_dir, info, force=request.force,
+                         full_head=request.full_head)
     if heal_result is not None:
         shutil.rmtree(checkpoint, ignore_errors=True)
     hub_url = push_to_hub(out, request.push_to_hub) if request.push_to_hub else None

@@ -170,7 +170,7 @@ def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
     assert result.top1_after >= result.top1_before
 
 
-def _exported_reduced(tmp_path, tiny_llama_config, model=None):
+def _exported_reduced(tmp_path, tiny_llama_config, model=None, full_head=True):
     from draftnas.export.folder import export_drafter
     from draftnas.export.records import ExportInfo
 
@@ -179,7 +179,8 @@ def _exported_reduced(tmp_path, tiny_llama_config, model=None):
     apply_vocab_subset(model, s)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(1.5)  # as if healed: differs from the embedding
-    out = export_drafter(model, None, tmp_path / "d", ExportInfo(base="tiny", target="tiny"))
+    out = export_drafter(model, None, tmp_path / "d", ExportInfo(base="tiny", target="tiny"),
+                         full_head=full_head)
     return model, s, out
 
 
@@ -215,6 +216,17 @@ def test_export_of_a_reduced_head_keeps_it_reduced_and_writes_a_plain_full_head_
     assert meta["parameters"] < meta["full_head_parameters"]
     card = (out / "README.md").read_text()
     assert "trust_remote_code=True" in card and FULL_HEAD_DIR in card and "-row LM head" in card
+
+
+def test_the_full_head_copy_is_written_only_when_asked_for(tmp_path, tiny_llama_config):
+    import json
+
+    from draftnas.export.folder import FULL_HEAD_DIR
+
+    _, _, out = _exported_reduced(tmp_path, tiny_llama_config, full_head=False)
+    assert not (out / FULL_HEAD_DIR).exists() and (out / "model.safetensors").is_file()
+    assert "full_head_parameters" not in json.loads((out / "draftnas.json").read_text())
+    assert "export with `--full-head`" in (out / "README.md").read_text()
 
 
 def test_draftnas_loads_its_own_reduced_head_class_and_refuses_an_altered_folder(tmp_path, tiny_llama_config,
