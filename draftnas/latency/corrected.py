@@ -147,10 +147,18 @@ class CalibratedModel:
         """This calibration pricing drafters whose linear layers run as `weights` ("dense" / "int8")."""
         if weights == self.weights:
             return self
-        if weights == "int8" and not self.calibration.int8_stacks:
+        c = self.calibration
+        if weights == "int8" and not c.int8_stacks:
             raise InfeasibleCandidateError("int8 drafters are priced only by a calibration that timed "
                                            "their base with int8 weights (a search offering weights: [int8] "
                                            "on CPU)")
+        slower = [f"{name} {st.full_ms:.1f} ms in int8 against {c.stacks[name].full_ms:.1f} dense"
+                  for name, st in c.int8_stacks.items()
+                  if name in c.stacks and st.full_ms >= c.stacks[name].full_ms]
+        if weights == "int8" and slower:
+            # e.g. an AVX2 host with fp32 activations, where torch's int8 product runs a scalar loop
+            raise InfeasibleCandidateError("int8 weights are not offered on this host: they timed slower "
+                                           "than dense here (" + "; ".join(slower) + ")")
         return CalibratedModel(self.model, self.calibration, self.target, weights, self.held_out)
 
     def without_full_depth(self, names: frozenset[str]) -> CalibratedModel:

@@ -329,6 +329,11 @@ def test_int8_drafters_are_priced_from_the_base_timed_with_int8_weights():
     with pytest.raises(InfeasibleCandidateError, match="int8"):
         quantized.predict_ms(other)
     assert "with int8 weights decode 20.0 ms" in both.summary()
+    # where int8 timed slower than dense (an AVX2 host's fp32 activations), int8 is not offered at all
+    slow = StackCalibration(arch=base, prefix_ms={1: 9.0, 2: 12.0}, full_ms=130.0)
+    scalar = CalibratedModel(_LinearModel(), dataclasses.replace(cal, int8_stacks={base.name: slow}), target)
+    with pytest.raises(InfeasibleCandidateError, match=r"timed slower than dense here .*130.0 ms in int8"):
+        scalar.for_weights("int8")
 
 
 def test_a_tiny_calibration_runs_here_and_feeds_the_model():
