@@ -91,7 +91,7 @@ class Runtime:
             from draftnas.models.decoder import StaticDecoder
             from draftnas.models.row_padding import choose_row_padding
 
-            decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device).init_random(
+            decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device, skip_init=True).init_random(
                 self.options.seed, pool=RANDOM_POOL)
             if int8:
                 decoder.quantize_weights()

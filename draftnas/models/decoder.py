@@ -24,8 +24,9 @@ dim, h hidden size, V head rows. torch is imported at module level: import this 
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -167,6 +168,17 @@ class DecoderLayer(nn.Module):
         return x + self._mlp(self.post_attention_layernorm(x))
 
 
+@contextlib.contextmanager
+def _no_reset() -> Iterator[None]:
+    """nn.Linear and nn.Embedding built without their default random init while inside."""
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved  # type: ignore[method-assign]
+
+
 def _fill_from(flat: torch.Tensor, values: torch.Tensor, offset: int) -> None:
     """`flat` filled with `values` repeated from `offset` on (memory-speed copies)."""
     done, n = 0, values.numel()
@@ -184,8 +196,16 @@ class StaticDecoder(nn.Module):
     """
 
     def __init__(self, spec: DecoderSpec | Architecture, *, dtype: torch.dtype, device: torch.device | str,
-                 max_positions: int = 16384, matmul: str = "auto") -> None:
+                 max_positions: int = 16384, matmul: str = "auto", skip_init: bool = False) -> None:
+        """`skip_init`: leave the linear and embedding weights uninitialized (their default random
+        init drew every value, a large part of building a 1.5B model for timing); for callers that
+        write every parameter next (`init_random`)."""
         super().__init__()
+        with _no_reset() if skip_init else contextlib.nullcontext():
+            self._build(spec, dtype=dtype, device=device, max_positions=max_positions, matmul=matmul)
+
+    def _build(self, spec: DecoderSpec | Architecture, *, dtype: torch.dtype, device: torch.device | str,
+               max_positions: int, matmul: str) -> None:
         spec = spec if isinstance(spec, DecoderSpec) else DecoderSpec(arch=spec)
         problems = spec.problems()
         if problems:
