@@ -178,18 +178,20 @@ def _stack_calibration(arch: Architecture, groups: Sequence[Group],
 
 
 def choose_dtype(options: ProfileOptions, target: Architecture, new_tokens: int, dtypes: Sequence[str],
-                 context_tokens: int = 128, repeats: int = 5, drop_above: float = 1.5
+                 context_tokens: int = 128, repeats: int = 5, drop_above: float = 2.0
                  ) -> tuple[str, dict[str, dict[int, float]]]:
     """The dtype whose decode plus verify of `new_tokens` tokens of `target` (random weights) is the
     fastest on this machine, and each dtype's two timings (medians of `repeats`): the dtype speculative
     decoding will run in.
 
-    A first probe times each dtype three times; one that takes over `drop_above` times the fastest there is
-    dropped without its repeats (its probe stands as its timing). The rest are timed round-robin in one
+    A first probe times each dtype three times with plain kernels (choosing each product's form for a
+    dtype about to lose took most of the choice on the Intel host); one that takes over `drop_above`
+    times the fastest there is dropped (its probe stands as its timing), the others are timed again
+    with their kernels chosen. The rest are timed round-robin in one
     pass (when both models fit the memory budget together), so a burst of other work on the host slows
     all of them alike: timed one after the other, a test suite running beside the search once made
     bf16's decode read 1,795 ms and fp32 win."""
-    probe = _time_dtypes(options, target, new_tokens, dtypes, context_tokens, repeats=3)
+    probe = _time_dtypes(options, target, new_tokens, dtypes, context_tokens, repeats=3, kernels="linear")
     if not probe:
         raise DeviceError(f"{target.name} fits in none of {', '.join(dtypes)} here")
     fastest = min(sum(ms.values()) for ms in probe.values())
@@ -205,11 +207,14 @@ def choose_dtype(options: ProfileOptions, target: Architecture, new_tokens: int,
 
 
 def _time_dtypes(options: ProfileOptions, target: Architecture, new_tokens: int, dtypes: Sequence[str],
-                 context_tokens: int, repeats: int) -> dict[str, dict[int, float]]:
+                 context_tokens: int, repeats: int, kernels: str = "auto") -> dict[str, dict[int, float]]:
     """Each dtype's decode and `new_tokens`-token verify of `target`, medians of `repeats`, timed
-    round-robin in one pass; a dtype that fits nowhere is left out."""
+    round-robin in one pass (`kernels`: "linear" for plain F.linear products); a dtype that fits
+    nowhere is left out."""
     runtimes = {d: Runtime(dataclasses.replace(options, dtype=d, repeats=repeats, warmup=1).validate())
                 for d in dtypes}
+    for rt in runtimes.values():
+        rt.kernels = kernels
     full = target.num_hidden_layers
     jobs = {d: [model_job(rt, target, full, (1, n, context_tokens), "calibration")
                 for n in sorted({1, new_tokens})] for d, rt in runtimes.items()}

@@ -45,6 +45,7 @@ class Runtime:
                       "bf16": torch.bfloat16}[options.resolved_dtype()]
         self.dtype_bytes = 4 if options.resolved_dtype() == "fp32" else 2
         self.generator = torch.Generator(device=self.device).manual_seed(options.seed)
+        self.kernels = "auto"  # "linear": decoders multiply with plain F.linear (no per-host choice)
 
     def randint(self, high: int, shape: tuple[int, ...]) -> Any:
         return self.torch.randint(0, high, shape, generator=self.generator, device=self.device)
@@ -91,8 +92,8 @@ class Runtime:
             from draftnas.models.decoder import StaticDecoder
             from draftnas.models.row_padding import choose_row_padding
 
-            decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device, skip_init=True).init_random(
-                self.options.seed, pool=RANDOM_POOL)
+            decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device, skip_init=True,
+                                    matmul=self.kernels).init_random(self.options.seed, pool=RANDOM_POOL)
             if int8:
                 decoder.quantize_weights()
             choose_row_padding(decoder)  # as the bench's engines do (CPU only; nothing to choose in int8)

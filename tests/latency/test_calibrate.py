@@ -61,7 +61,7 @@ def test_a_dtype_that_loses_badly_on_the_probe_is_not_timed_to_the_end(monkeypat
 
     calls = []
 
-    def fake(options, target, new_tokens, dtypes, context_tokens, repeats):
+    def fake(options, target, new_tokens, dtypes, context_tokens, repeats, kernels="auto"):
         calls.append((tuple(dtypes), repeats))
         return {"fp32": {1: 300.0, 3: 900.0}, "bf16": {1: 100.0, 3: 110.0}}
 
