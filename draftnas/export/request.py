@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.acceptance.traces import load_traces, split_traces
 from draftnas.core.errors import ExportError
@@ -208,7 +210,7 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         searched_prompts=searched_prompts(source.info), weights=weights,
     )
     # stored in the dtype the drafter runs in (healing trains in fp32; a bf16 search's drafter runs in bf16)
-    model = built.model.to(TORCH_DTYPES[dtype])
+    model = built.model.to(getattr(torch, TORCH_DTYPES[dtype]))
     out = export_drafter(model, loaded.tokenizer, request.out_dir, info, force=request.force,
                          full_head=request.full_head)
     if heal_result is not None:
