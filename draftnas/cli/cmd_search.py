@@ -186,7 +186,7 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
         + (f" --device {result.info.device}" if result.info.device != "cpu" else "")
         + (f" --reference {reference}" if reference else "")
         + (f" --reference-gamma {ref_gamma}" if ref_gamma != gamma else "")
-        + (f" --prompts {w.prompt_set} --per-domain 8" if w.prompt_set != "all" else "")
+        + (f" --prompts {w.prompt_set} --per-domain 3" if w.prompt_set != "all" else "")
         + (f" --predictions {result.predictions_file}" if result.predictions_file else ""),
         f"  in transformers: target.generate(..., assistant_model={load})",
         "  on CPU, route both models' small products first (a multi-token verify can cost far more than a "

@@ -108,7 +108,9 @@ class LogProgress:
             if self.current is not None:
                 self._print(self._state(self.current))
             else:
-                self._print("working" + (f": {self.info.message}" if self.info.message else ""))
+                said = self.info.message
+                said = said if len(said) <= 100 else said[:97] + "..."
+                self._print("working" + (f": {said}" if said else ""))
 
     def start(self) -> None:
         logging.getLogger("draftnas").addHandler(self.info)

@@ -12,6 +12,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 R = TypeVar("R", bound="Record")
@@ -112,3 +113,21 @@ class MachineInfo(Record):
     load_average_after: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     cpu: CpuIdentity | None = None
+
+
+def write_json_file(path: str | Path, data: Any, indent: int | None = 1) -> Path:
+    """`data` as JSON at `path`, written whole to a temporary file beside it and renamed over it (a
+    reader never sees half a file; a crash leaves the old one), readable by all like a plain write."""
+    import json
+    import os
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=indent, sort_keys=True, default=str)
+        f.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path

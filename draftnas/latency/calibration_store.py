@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_count, cpu_identity
-from draftnas.core.records import CpuIdentity, Record
+from draftnas.core.records import CpuIdentity, Record, write_json_file
 from draftnas.latency.records import HostCalibration
 
 FORMAT = 1
@@ -102,12 +100,8 @@ def check_here(stored: StoredCalibration, path: Path, flag: str = "--calibration
 
 
 def write_calibration(path: Path, stored: StoredCalibration) -> None:
-    """Written whole to a temporary file in the same folder, then renamed over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(stored.to_dict(), f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    """Written whole, then renamed over `path`."""
+    write_json_file(path, stored.to_dict())
 
 
 def drift(stored: HostCalibration, retimed: dict[int, float]) -> dict[str, float]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,6 +37,7 @@ from torch import nn
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.registry import Architecture
 from draftnas.models.matmul import MatmulChooser
+from draftnas.models.random_weights import fill_random, no_default_init
 from draftnas.models.spec import DecoderSpec, spec_from_hf_config
 
 
@@ -168,26 +169,6 @@ class DecoderLayer(nn.Module):
         return x + self._mlp(self.post_attention_layernorm(x))
 
 
-@contextlib.contextmanager
-def _no_reset() -> Iterator[None]:
-    """nn.Linear and nn.Embedding built without their default random init while inside."""
-    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
-    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None  # type: ignore[method-assign, assignment]
-    try:
-        yield
-    finally:
-        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved  # type: ignore[method-assign]
-
-
-def _fill_from(flat: torch.Tensor, values: torch.Tensor, offset: int) -> None:
-    """`flat` filled with `values` repeated from `offset` on (memory-speed copies)."""
-    done, n = 0, values.numel()
-    while done < flat.numel():
-        k = min(flat.numel() - done, n - offset)
-        flat[done:done + k].copy_(values[offset:offset + k])
-        done, offset = done + k, 0
-
-
 class StaticDecoder(nn.Module):
     """A causal LM whose forward writes into a preallocated `KVCache` at given positions.
 
@@ -201,7 +182,7 @@ class StaticDecoder(nn.Module):
         init drew every value, a large part of building a 1.5B model for timing); for callers that
         write every parameter next (`init_random`)."""
         super().__init__()
-        with _no_reset() if skip_init else contextlib.nullcontext():
+        with no_default_init() if skip_init else contextlib.nullcontext():
             self._build(spec, dtype=dtype, device=device, max_positions=max_positions, matmul=matmul)
 
     def _build(self, spec: DecoderSpec | Architecture, *, dtype: torch.dtype, device: torch.device | str,
@@ -267,25 +248,8 @@ class StaticDecoder(nn.Module):
         return self
 
     def init_random(self, seed: int, std: float = 0.02, pool: int | None = None) -> StaticDecoder:
-        """Random weights (N(0, std); norms at their identity), generated on the device.
-
-        `pool`: draw only that many values (a prime count) and fill every weight with copies of them
-        from a different offset: for timing, where only shapes matter and drawing 1.5B normal values
-        took most of a calibration's model builds; rows of a matrix still all differ (the pool's length
-        is prime and larger than any row), so no two logits tie by construction."""
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        with torch.no_grad():
-            values = None
-            if pool is not None:
-                values = torch.empty(pool, dtype=self.dtype, device=self.device)
-                values.normal_(0.0, std, generator=gen)
-            for i, (name, p) in enumerate(self.named_parameters()):
-                if name.endswith("norm.weight"):
-                    p.fill_(0.0 if self.arch.family == "gemma3" else 1.0)
-                elif values is None:
-                    p.normal_(0.0, std, generator=gen)
-                else:
-                    _fill_from(p.view(-1), values, (i * 7919) % values.numel())
+        """Random weights (`models.random_weights.fill_random`; norms at their identity)."""
+        fill_random(self, seed, std, pool, norm_value=0.0 if self.arch.family == "gemma3" else 1.0)
         return self
 
     def new_cache(self, batch_size: int, slots: int, layers: int | None = None) -> KVCache:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from typing import Any
 import torch
 
 from draftnas.core.machine import cpu_identity
+from draftnas.core.records import write_json_file
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +74,9 @@ class KernelChoices:
         self.save()
 
     def save(self) -> None:
-        """Written whole to a temporary file, then renamed over the old one."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"host": host_fingerprint(), "torch": torch.__version__,
-                       "cpu": cpu_identity().label(), "choices": self.choices}, f, indent=0, sort_keys=True)
-        os.replace(tmp, self.path)
+        """Written whole, then renamed over the old file."""
+        write_json_file(self.path, {"host": host_fingerprint(), "torch": torch.__version__,
+                                    "cpu": cpu_identity().label(), "choices": self.choices}, indent=0)
 
 
 def active() -> KernelChoices | None:

@@ -13,13 +13,11 @@ latency model itself, each reference is priced a second time as if its full dept
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.core.records import Record
+from draftnas.core.records import Record, write_json_file
 from draftnas.latency.corrected import CalibratedModel
 from draftnas.search.records import RankedTrial, SearchOptions, SearchResult
 from draftnas.search.scoring import predict_workload, weights_predictor
@@ -104,12 +102,7 @@ def search_predictions(result: SearchResult, predictor: object, options: SearchO
 
 
 def write_predictions(path: Path, predictions: SearchPredictions) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(predictions.to_dict(), f, indent=1)
-    os.replace(tmp, path)
-    return path
+    return write_json_file(path, predictions.to_dict())
 
 
 def read_predictions(path: str | Path) -> SearchPredictions:

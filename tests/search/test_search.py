@@ -480,7 +480,7 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     assert lines[-1].endswith("route_linears(drafter)")
     bench = next(line for line in lines if "draftnas bench" in line)
     assert bench.strip() == ("draftnas bench --target smollm2-135m --draft drafters/L1bi-x-v4096 --gamma 2 "
-                             "--engine static --prompts chat --per-domain 8")
+                             "--engine static --prompts chat --per-domain 3")
     assert "trust_remote_code=True" in lines[-2]  # a reduced head loads through the shipped class
     # in the dtype the search chose, beside the reference with weights it priced
     ref = NS(reference="smollm2-135m", primary=NS(gamma=2))
