@@ -7,6 +7,9 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# stored calibrations and kernel choices of this test session only (subprocesses inherit it): a test
+# never reads what an earlier run on this machine stored; converted models stay in the user's cache
+os.environ.setdefault("DRAFTNAS_STATE", __import__("tempfile").mkdtemp(prefix="draftnas-test-state-"))
 
 import pytest  # noqa: E402
 

@@ -69,10 +69,10 @@ def host_key(threads: int | None = None) -> HostKey:
 
 def store_path(host: HostKey, request: dict[str, Any]) -> Path:
     """Where the calibration for `request` on `host` is kept (one file each, under the cache)."""
-    from draftnas.models.sources import cache_dir
+    from draftnas.models.sources import state_dir
 
     text = json.dumps([host.to_dict(), request, FORMAT], sort_keys=True, default=str)
-    return cache_dir() / "calibrations" / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    return state_dir() / "calibrations" / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
 
 
 def read_calibration(path: Path, flag: str = "--calibration") -> StoredCalibration:

@@ -38,9 +38,9 @@ def host_fingerprint() -> str:
 
 
 def kernel_choices_path() -> Path:
-    from draftnas.models.sources import cache_dir
+    from draftnas.models.sources import state_dir
 
-    return cache_dir() / "kernels" / f"{host_fingerprint()}.json"
+    return state_dir() / "kernels" / f"{host_fingerprint()}.json"
 
 
 class KernelChoices:

@@ -49,6 +49,13 @@ def cache_dir() -> Path:
     return Path(base) / "draftnas"
 
 
+def state_dir() -> Path:
+    """Where measurements of this host are kept (stored calibrations, kernel choices): $DRAFTNAS_STATE,
+    else the cache root (`cache_dir`)."""
+    env = os.environ.get("DRAFTNAS_STATE")
+    return Path(env) if env else cache_dir()
+
+
 def _locate_chunk(model: EmbeddedModel, chunk: GgufChunk) -> Path | str:
     """The chunk's file, or why it cannot be used (a missing package, another version, no such file)."""
     try:

@@ -23,7 +23,7 @@ HERE = HostKey(cpu=CpuIdentity(vendor="GenuineIntel", family=6, model=143, isa=(
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DRAFTNAS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DRAFTNAS_STATE", str(tmp_path / "cache"))
     monkeypatch.setattr(store, "host_key", lambda threads=None: HERE)
     monkeypatch.setattr(calibrate, "host_key", lambda threads=None: HERE)
     return tmp_path
