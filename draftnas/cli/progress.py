@@ -5,7 +5,9 @@ gets a bar with its elapsed time and ETA. When stderr is not a terminal (a log f
 would print nothing readable, so each stage gets a line when it starts and ends, and a heartbeat prints
 a line at least every `interval_s` seconds while the command runs: the stage in flight, done/total,
 elapsed and ETA, or, between stages, what the library last said it was doing (its INFO log records,
-kept, not printed).
+kept, not printed). The lines are written by a small child process (`python -m draftnas.cli.heartbeat`)
+that the command feeds its progress: a thread in the command itself cannot print while a long C call
+holds the GIL (converting a GGUF once left a log 61 s without a line that way).
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ class _LastInfo(logging.Handler):
 class LogProgress:
     """Progress as lines: a stage's start and end, and a heartbeat line every `interval_s` seconds.
 
-    `clock` and `stream` are injectable (tests feed a fake clock and read the lines); `start()` runs the
-    heartbeat thread, `tick()` prints one heartbeat when one is due (the thread calls it).
+    `clock` and `stream` are injectable (tests feed a fake clock and read the lines); `tick()` prints one
+    heartbeat when one is due (the heartbeat child calls it every second).
     """
 
     def __init__(self, stream: TextIO, clock: Callable[[], float] = time.monotonic,
@@ -69,8 +71,6 @@ class LogProgress:
         self.current: str | None = None
         self.info = _LastInfo()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def _print(self, text: str) -> None:
         now = self.clock()
@@ -112,34 +112,33 @@ class LogProgress:
                 said = said if len(said) <= 100 else said[:97] + "..."
                 self._print("working" + (f": {said}" if said else ""))
 
-    def start(self) -> None:
-        logging.getLogger("draftnas").addHandler(self.info)
-        if logging.getLogger("draftnas").getEffectiveLevel() > logging.INFO:
-            logging.getLogger("draftnas").setLevel(logging.INFO)
-            # records at INFO now reach the root logger's handler too: keep them out of the log unless asked
-            self._filter = _BelowWarning()
-            for handler in logging.getLogger().handlers:
-                handler.addFilter(self._filter)
-
-        def beat() -> None:
-            while not self._stop.wait(min(1.0, self.interval_s / 4)):
-                self.tick()
-
-        self._thread = threading.Thread(target=beat, name="draftnas-progress", daemon=True)
-        self._thread.start()
-
     def stop(self, report: bool = True) -> None:
-        """End the heartbeat; with `report` and after any line, one more with the total time."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-        logging.getLogger("draftnas").removeHandler(self.info)
-        if hasattr(self, "_filter"):
-            logging.getLogger("draftnas").setLevel(logging.NOTSET)
-            for handler in logging.getLogger().handlers:
-                handler.removeFilter(self._filter)
+        """With `report` and after any line, one more with the total time."""
         if report and self.last_line > self.started:
             self._print(f"finished in {clock_text(self.clock() - self.started)}")
+
+
+class _QuietInfo:
+    """Lets draftnas's INFO records reach a handler (the heartbeat's) without printing them: the
+    command's own log level (WARNING unless --verbose) still decides what the log shows."""
+
+    def start(self, handler: logging.Handler) -> None:
+        logger = logging.getLogger("draftnas")
+        logger.addHandler(handler)
+        self.level = logger.level
+        self.filter = _BelowWarning() if logger.getEffectiveLevel() > logging.INFO else None
+        if self.filter is not None:
+            logger.setLevel(logging.INFO)
+            for h in logging.getLogger().handlers:
+                h.addFilter(self.filter)
+
+    def stop(self, handler: logging.Handler) -> None:
+        logger = logging.getLogger("draftnas")
+        logger.removeHandler(handler)
+        if self.filter is not None:
+            logger.setLevel(self.level)
+            for h in logging.getLogger().handlers:
+                h.removeFilter(self.filter)
 
 
 class _BelowWarning(logging.Filter):
@@ -149,19 +148,104 @@ class _BelowWarning(logging.Filter):
         return record.levelno >= logging.WARNING or not record.name.startswith("draftnas")
 
 
+class ChildProgress:
+    """The command's side of the heartbeat child: progress and INFO messages sent as JSON lines."""
+
+    def __init__(self, interval_s: float = LOG_INTERVAL_S) -> None:
+        import subprocess
+        import sys
+
+        self.child = subprocess.Popen([sys.executable, "-m", "draftnas.cli.heartbeat", str(interval_s)],
+                                      stdin=subprocess.PIPE, text=True)
+        self.info = _Forward(self._send)
+        self.quiet_logs = _QuietInfo()
+
+    def _send(self, *event: Any) -> None:
+        import json
+
+        with contextlib.suppress(OSError, ValueError):  # the child is gone: progress is not worth a crash
+            assert self.child.stdin is not None
+            self.child.stdin.write(json.dumps(event) + "\n")
+            self.child.stdin.flush()
+
+    def on(self, name: str) -> Callable[[int, int], None]:
+        return lambda done, total: self._send("on", name, done, total)
+
+    def start(self) -> None:
+        self.quiet_logs.start(self.info)
+
+    def stop(self, report: bool = True) -> None:
+        self.quiet_logs.stop(self.info)
+        self._send("stop", report)
+        with contextlib.suppress(OSError, ValueError):
+            assert self.child.stdin is not None
+            self.child.stdin.close()
+        try:
+            self.child.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - a stuck heartbeat must not keep the command alive
+            self.child.kill()
+
+
+class _Forward(logging.Handler):
+    """Sends each INFO (or higher) message of draftnas's loggers to the child."""
+
+    def __init__(self, send: Callable[..., None]) -> None:
+        super().__init__(level=logging.INFO)
+        self.send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            self.send("info", record.getMessage())
+
+
+def child_main(interval_s: float) -> None:
+    """The heartbeat child (`python -m draftnas.cli.heartbeat`): apply the command's events from stdin,
+    tick every second, print to stderr. A thread reads stdin (lines already buffered are invisible to
+    select), so the loop never waits on a line that has arrived."""
+    import json
+    import queue
+    import sys
+
+    events: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in sys.stdin:
+            events.put(line)
+        events.put("")  # the command closed its end
+
+    threading.Thread(target=read, daemon=True).start()
+    progress = LogProgress(sys.stderr, interval_s=interval_s)
+    while True:
+        try:
+            line = events.get(timeout=min(1.0, interval_s / 4))
+        except queue.Empty:
+            progress.tick()
+            continue
+        if not line:
+            return  # the command ended without a word: print nothing more
+        event = json.loads(line)
+        if event[0] == "on":
+            progress.on(event[1])(event[2], event[3])
+        elif event[0] == "info":
+            progress.info.message = str(event[1])
+        elif event[0] == "stop":
+            progress.stop(report=bool(event[1]))
+            return
+        progress.tick()
+
+
 @contextlib.contextmanager
-def progress_bars(quiet: bool = False, stream: Any = None) -> Iterator[StageCallbacks]:
+def progress_bars(quiet: bool = False) -> Iterator[StageCallbacks]:
     """Progress of named stages on stderr: `on(name)` gives the stage's `progress(done, total)`.
 
-    A terminal gets one rich bar per stage (elapsed, ETA); a log (or `stream`) gets `LogProgress` lines.
+    A terminal gets one rich bar per stage (elapsed, ETA); a log gets `LogProgress` lines from the
+    heartbeat child (`ChildProgress`).
     `quiet` (--json) shows neither."""
-    if not err_console.is_terminal or stream is not None:
+    if not err_console.is_terminal:
         if quiet:
             yield lambda name: (lambda done, total: None)
             return
-        import sys
-
-        log_progress = LogProgress(stream or sys.stderr)
+        log_progress = ChildProgress()
         log_progress.start()
         try:
             yield log_progress.on
@@ -182,3 +266,4 @@ def progress_bars(quiet: bool = False, stream: Any = None) -> Iterator[StageCall
                 bar.update(tasks[name], completed=done, total=total or None)
             return update
         yield on
+

@@ -47,6 +47,23 @@ def test_bad_input_one_line_exit_2(args, needle):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["search", "--target", "smollm2-135m", "--threads", "0"], "--threads must be >= 1, got 0"),
+    (["search", "--target", "smollm2-135m", "--calibration", "{dir}/corrupt.json"],
+     "corrupt.json: not a readable calibration"),
+    (["bench", "-t", "smollm2-135m", "-d", "x", "--rounds", "0"], "--rounds must be in [1, 100]"),
+    (["bench", "-t", "smollm2-135m", "-d", "x", "--predictions", "{dir}/corrupt.json"],
+     "not a search's predictions"),
+])
+def test_bad_calibration_threads_rounds_or_predictions_are_one_line_and_write_nothing(tmp_path, args, needle):
+    (tmp_path / "corrupt.json").write_text('{"format": 1, "host"')
+    out = subprocess.run([sys.executable, "-m", "draftnas", *(a.format(dir=tmp_path) for a in args)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.json"]  # no runs/, nothing else
+
+
 def test_e2e_refuses_an_unknown_tuned_domain_before_writing_anything(tmp_path):
     out = run("e2e", "--tuned-domain", "poetry", "--out", str(tmp_path / "run"))
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

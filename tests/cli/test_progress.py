@@ -54,19 +54,25 @@ def test_between_stages_the_heartbeat_says_what_the_library_last_logged():
     assert len(lines(out)) == 1  # one line per interval, no more
 
 
-def test_the_heartbeat_thread_prints_without_any_progress_call():
-    out = io.StringIO()
-    p = LogProgress(out, interval_s=0.05)
-    p.start()
-    try:
-        import time
+def test_the_heartbeat_child_prints_stages_and_beats_on_its_own(capfd):
+    """The lines come from a child process: it beats while the command sends nothing."""
+    import time
 
-        time.sleep(0.4)
-    finally:
-        p.stop()
-    body = lines(out)
-    assert sum("working" in line for line in body) >= 2, body
-    assert body[-1].split("] ")[1].startswith("finished in")
+    from draftnas.cli.progress import ChildProgress
+
+    child = ChildProgress(interval_s=0.3)
+    child.start()
+    child.on("trials")(0, 4)
+    child.on("trials")(1, 4)
+    time.sleep(1.5)  # no event for 5 intervals: the child says where the stage stands
+    child.on("trials")(4, 4)
+    child.stop()
+    err = capfd.readouterr().err.splitlines()
+    body = [line.split("] ", 1)[1] for line in err if line.startswith("[draftnas")]
+    assert body[0] == "trials: started (4 steps)" and body[-2].startswith("trials: done")
+    beats = [line for line in body if line.startswith("trials: 1/4")]
+    assert len(beats) >= 2 and "eta" in beats[0], body
+    assert body[-1].startswith("finished in")
 
 
 def test_clock_text():
