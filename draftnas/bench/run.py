@@ -182,11 +182,23 @@ def _load_drafters(draft: str | LoadedModel, reference: str | LoadedModel | None
     specs = {MAIN: draft} | ({REFERENCE: reference} if reference is not None else {})
     out = []
     for label, spec in specs.items():
-        loaded = load_drafter(spec, **load) if isinstance(spec, str) else spec
+        own = {**load, "dtype": TORCH_DTYPES[_drafter_dtype(label, spec, options)]}
+        loaded = load_drafter(spec, **own) if isinstance(spec, str) else spec
         _check_same_tokenizer(target, loaded)
         gamma = options.gamma if label == MAIN else options.reference_gamma or options.gamma
         out.append(Drafter.of(label, loaded, _weights(label, loaded, options), gamma))
     return out
+
+
+def _drafter_dtype(label: str, spec: str | LoadedModel, options: BenchOptions) -> str:
+    """The dtype a drafter runs in: the bench's, but an int8 drafter whose folder records other
+    activations (bf16 beside an fp32 target, where the int8 kernel is fast that way) runs in those."""
+    if label != MAIN or not isinstance(spec, str) or options.draft_weights == "dense" \
+            or not Path(spec).expanduser().is_dir():
+        return options.dtype
+    record = exported_record(Path(spec).expanduser()) or {}
+    dtype = record.get("dtype")
+    return str(dtype) if record.get("weights") == "int8" and dtype in TORCH_DTYPES else options.dtype
 
 
 def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:

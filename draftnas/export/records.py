@@ -54,6 +54,7 @@ class ExportInfo(Record):
     gamma: int = 4
     acceptance: AcceptanceEstimate | None = None  # this folder's drafter on the study's scored traces
     prediction: WorkloadPrediction | None = None  # the trial's latency at that acceptance
+    dtype: str | None = None  # the activations' (and stored weights') dtype it drafts in
     # `prompt_key`s of every prompt the study's traces hold (acceptance was scored and the reduced
     # head's rows chosen on them): a bench leaves them out, as it leaves out those healed on
     searched_prompts: tuple[str, ...] = ()

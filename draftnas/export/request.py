@@ -180,6 +180,9 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
                           seed=request.seed, device=device)
     checkpoint = Path(request.out_dir + ".heal-checkpoint")
     weights = trial.candidate.choice.weights if trial is not None else "dense"  # how it was searched to run
+    draft_dtype = dtype  # its activations: an int8 drafter's may be bf16 beside an fp32 target
+    if weights == "int8" and source.info is not None and source.info.int8_dtype:
+        draft_dtype = source.info.int8_dtype
     scoring: dict[str, Any] = {}
     if held is not None and source.info is not None:
         scoring = {"held": held, "max_gamma": max(source.info.space.gamma.max, 1),
@@ -187,13 +190,13 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     teacher = teacher_for(request.traces, target, base, loaded, dtype) if options else None
     built = build_drafter(plan, loaded, heal=options, teacher=teacher,
                           checkpoint_dir=checkpoint, progress=progress, data_progress=data_progress,
-                          dtype=dtype, weights=weights, **scoring)
+                          dtype=draft_dtype, weights=weights, **scoring)
     heal_result = built.heal
     if heal_result is not None and heal_result.top1_after < heal_result.top1_before:
         # healing made it worse on held-out text: export the pruned weights, and say so in the card
         log.warning("healing lowered held-out top-1 agreement (%.3f -> %.3f): exporting the unhealed "
                     "drafter", heal_result.top1_before, heal_result.top1_after)
-        built = build_drafter(plan, loaded, dtype=dtype, weights=weights, **scoring)
+        built = build_drafter(plan, loaded, dtype=draft_dtype, weights=weights, **scoring)
         heal_result = replace(heal_result, kept=False)
     prediction = None
     if built.estimate is not None and trial is not None and source.info is not None:
@@ -207,10 +210,10 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         profile=source.info.profile if source.info else None,
         heal=heal_result, source=source.label, seed=request.seed, gamma=_gamma(request, trial, prediction),
         measured=measured, acceptance=built.estimate, prediction=prediction,
-        searched_prompts=searched_prompts(source.info), weights=weights,
+        searched_prompts=searched_prompts(source.info), weights=weights, dtype=draft_dtype,
     )
     # stored in the dtype the drafter runs in (healing trains in fp32; a bf16 search's drafter runs in bf16)
-    model = built.model.to(getattr(torch, TORCH_DTYPES[dtype]))
+    model = built.model.to(getattr(torch, TORCH_DTYPES[draft_dtype]))
     out = export_drafter(model, loaded.tokenizer, request.out_dir, info, force=request.force,
                          full_head=request.full_head)
     if heal_result is not None:

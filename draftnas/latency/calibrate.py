@@ -72,7 +72,7 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
                    progress: Progress | None = None, overheads: bool = True,
                    prompt_tokens: int = 0, head_rows: Sequence[int] = (),
                    stacks: Sequence[Architecture] = (), int8_stacks: Sequence[Architecture] = (),
-                   target_heads: bool = True) -> HostCalibration:
+                   target_heads: bool = True, int8_dtype: str | None = None) -> HostCalibration:
     """Time `target` (random weights) on this machine: every count in `new_tokens` at full depth,
     and one new token through its first k layers for k in `prefix_layers` — seconds, not the
     minutes of a profile. Timed the way `options.mode` runs steps (eager: transformers' forward,
@@ -89,6 +89,8 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     at the start and again at the end, and its medians pool both passes. `target_heads` False: the
     reduced heads are timed under the stacks only (drafters are cut from a base timed as a stack, so
     the target's own body under each head decides nothing and cost a full-size build per head).
+    `int8_dtype`: the activation dtype the int8 stacks run in, when it is not the target's (an fp32
+    target with bf16-activation int8 drafters, where that int8 kernel is the fast one).
     """
     started = time.perf_counter()
     rt = Runtime(options.validate())
@@ -113,7 +115,10 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     extra_stacks = {a.name: a for a in stacks if a.with_shape(name="") != target.with_shape(name="")}
     stack_groups = {name: _stack_groups(rt, a, prefixes, rows, context_tokens)
                     for name, a in extra_stacks.items()}
-    int8_groups = {a.name: _stack_groups(rt, a, prefixes, rows, context_tokens, int8=True)
+    # int8 drafters may run with activations in another dtype than the target's (`int8_dtype`)
+    rt8 = rt if int8_dtype in (None, options.resolved_dtype()) else \
+        Runtime(dataclasses.replace(options, dtype=int8_dtype).validate())
+    int8_groups = {a.name: _stack_groups(rt8, a, prefixes, rows, context_tokens, int8=True)
                    for a in int8_stacks}
     all_groups = groups + [g for gs in (*stack_groups.values(), *int8_groups.values()) for g in gs]
     if len(all_groups) > 1:
@@ -144,7 +149,8 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
         head_saving_prefix_ms={r: max(0.0, prefix_ms[1] - ms) for r, ms in reduced_first.items()},
         dtype=options.resolved_dtype(), cpu=None if rt.cuda else cpu_identity(),
         stacks={name: _stack_calibration(extra_stacks[name], gs, rows) for name, gs in stack_groups.items()},
-        int8_stacks={a.name: _stack_calibration(a, int8_groups[a.name], rows) for a in int8_stacks})
+        int8_stacks={a.name: _stack_calibration(a, int8_groups[a.name], rows) for a in int8_stacks},
+        int8_dtype=rt8.options.resolved_dtype() if int8_stacks else "")
 
 
 def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head_rows: Sequence[int],

@@ -237,7 +237,8 @@ class CalibratedModel:
         stacks = "".join(f"; {name} decode {st.full_ms:.1f} ms (profile: "
                          f"{self.model.predict_ms(st.arch, context_tokens=c.context_tokens):.1f})"
                          for name, st in c.stacks.items())
-        stacks += "".join(f"; {name} with int8 weights decode {st.full_ms:.1f} ms"
+        acts = f" and {c.int8_dtype} activations" if c.int8_dtype and c.int8_dtype != c.dtype else ""
+        stacks += "".join(f"; {name} with int8 weights{acts} decode {st.full_ms:.1f} ms"
                           for name, st in c.int8_stacks.items())
         chose = ("; dtype " + c.dtype + " chosen by timing: " + ", ".join(
             f"{d} decode {ms.get(1, float('nan')):.1f} / verify {ms[max(ms)]:.1f} ms"

@@ -205,6 +205,7 @@ class HostCalibration(Record):
     cpu: CpuIdentity | None = None
     # dtype -> its target decode and verify, timed to choose the dtype (empty: the dtype was given)
     dtype_ms: dict[str, dict[int, float]] = field(default_factory=dict)
+    int8_dtype: str = ""  # the activation dtype int8 stacks were timed in ("" none timed; else may differ)
 
 
 @dataclass(frozen=True)

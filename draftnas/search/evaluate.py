@@ -103,8 +103,10 @@ class WeightsEvaluator:
     calibration_seq_len = 96
 
     def __init__(self, base: str, base_arch: Architecture, traces_path: Path, space: SearchSpace,
-                 seed: int = 0, dtype: str = "fp32", device: str = "cpu") -> None:
+                 seed: int = 0, dtype: str = "fp32", device: str = "cpu",
+                 int8_dtype: str | None = None) -> None:
         self.base, self.dtype, self.device = base, dtype, device
+        self.int8_dtype = int8_dtype or dtype  # int8 drafters' activations (bf16 beside an fp32 target)
         self.base_arch = base_arch
         self.traces_path = traces_path
         self.space = space
@@ -146,7 +148,8 @@ class WeightsEvaluator:
             self._heal_data = data_from_traces(self._heal_traces, options)
         built = build_drafter(plan, self._loaded, heal=options, teacher=self._heal_traces,
                               data=self._heal_data, held=self._eval_traces, max_gamma=self.space.gamma.max,
-                              temperature=self.space.workload.temperature, dtype=self.dtype,
+                              temperature=self.space.workload.temperature,
+                              dtype=self.int8_dtype if choice.weights == "int8" else self.dtype,
                               weights=choice.weights)
         estimate = built.estimate
         assert estimate is not None

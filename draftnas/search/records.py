@@ -258,6 +258,7 @@ class StudyInfo(Record):
     dtype: str = "fp32"  # the weights' dtype everything was timed and estimated in
     references: tuple[str, ...] = ()  # drafters a user would otherwise pick, priced beside the trials
     device: str = "cpu"  # where drafters were built, healed and scored (and a calibration timed)
+    int8_dtype: str | None = None  # int8 drafters' activation dtype where it is not `dtype`
 
     def fingerprint(self) -> dict[str, Any]:
         space = {k: v for k, v in self.space.to_dict().items() if k not in ("source", "description")}
@@ -266,7 +267,8 @@ class StudyInfo(Record):
                 "acceptance_model": self.acceptance_model,
                 "placement": self.placement.to_dict() if self.placement else None,
                 **({"engine": self.engine} if self.engine else {}),
-                **({"dtype": self.dtype} if self.dtype != "fp32" else {})}
+                **({"dtype": self.dtype} if self.dtype != "fp32" else {}),
+                **({"int8_dtype": self.int8_dtype} if self.int8_dtype else {})}
 
     @property
     def note(self) -> str:
@@ -341,6 +343,7 @@ class SearchOptions:
     acceptance_model: str | None = None  # label of the alpha(drafter) model the evaluator predicts with
     engine: str | None = None  # the loop engine the calibration timed (None: the profile as it is)
     dtype: str = "fp32"  # the weights' dtype the latency was calibrated and acceptance estimated in
+    int8_dtype: str | None = None  # int8 drafters' activation dtype where it is not `dtype`
     references: tuple[str, ...] = ()  # the space's references and --reference: priced beside the trials
     device: str = "cpu"  # where drafters were built, healed and scored (and a calibration timed)
 

@@ -24,7 +24,7 @@ from draftnas.core.placement import Placement, place
 from draftnas.core.prompts import Prompt, load_prompts, subsample
 from draftnas.core.registry import Architecture
 from draftnas.latency.calibrate import host_mismatch
-from draftnas.latency.corrected import TargetTimedModel
+from draftnas.latency.corrected import CalibratedModel, TargetTimedModel
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
 from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
 from draftnas.latency.model import LatencyModel
@@ -199,6 +199,9 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
             latency_profile, target_arch, space, calibration_progress, engine=engine, dtype=request.dtype,
             stacks=stacks, given=Path(request.calibration).expanduser() if request.calibration else None,
             int8_stacks=[base_arch] if times_int8(space, latency_profile.device, engine) else [])
+    int8_dtype = None
+    if isinstance(predictor, CalibratedModel) and predictor.calibration.int8_dtype not in ("", dtype):
+        int8_dtype = predictor.calibration.int8_dtype  # int8 drafters beside an fp32 target: bf16 activations
     evaluator: Evaluator
     model_label = None
     if request.acceptance_model is not None:
@@ -212,7 +215,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
         profile=profile, study=request.study, acceptance_prior=request.acceptance_prior,
         profile_note=profile_note, placement=placement, acceptance_model=model_label, engine=engine,
-        dtype=dtype, references=references, device=request.device)
+        dtype=dtype, references=references, device=request.device, int8_dtype=int8_dtype)
     if request.acceptance_model is not None:
         return options, predictor, evaluator
     if request.acceptance_prior is not None:
@@ -317,7 +320,7 @@ def _measuring_evaluator(request: SearchRequest, options: SearchOptions,
     if not traces.is_file():
         raise InvalidInputError(f"--traces {traces} is not a file")
     return WeightsEvaluator(options.base, options.base_arch, traces, space, seed=request.study.seed or 0,
-                            dtype=options.dtype, device=options.device)
+                            dtype=options.dtype, device=options.device, int8_dtype=options.int8_dtype)
 
 
 def search(request: SearchRequest, *, progress: Callable[[int, int], None] | None = None,

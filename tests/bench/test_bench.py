@@ -206,3 +206,17 @@ def test_the_reference_runs_at_its_own_gamma_in_every_arm(tiny_pair):
     assert result.arm("draftnas").tokens_per_step > 2.0  # the target's own layers: every draft accepted
     with pytest.raises(InvalidInputError, match="reference_gamma|reference-gamma"):
         BenchOptions(gamma=2, reference_gamma=3, batch_sizes=(1, 2)).validate()
+
+
+def test_an_int8_drafter_folder_that_records_bf16_activations_runs_in_bf16_beside_the_benchs_dtype(tmp_path):
+    import json
+
+    from draftnas.bench.run import _drafter_dtype
+
+    (tmp_path / "draftnas.json").write_text(json.dumps({"weights": "int8", "dtype": "bf16"}))
+    fp32 = BenchOptions(dtype="fp32", engine="static")
+    assert _drafter_dtype("draftnas", str(tmp_path), fp32) == "bf16"
+    assert _drafter_dtype("reference", str(tmp_path), fp32) == "fp32"  # the reference runs as users run it
+    assert _drafter_dtype("draftnas", str(tmp_path), BenchOptions(draft_weights="dense")) == "fp32"
+    (tmp_path / "draftnas.json").write_text(json.dumps({"weights": "dense", "dtype": "bf16"}))
+    assert _drafter_dtype("draftnas", str(tmp_path), fp32) == "fp32"  # a dense drafter: the bench's dtype

@@ -134,3 +134,21 @@ def test_a_stack_held_out_is_priced_from_its_prefixes_not_from_its_timed_full_de
     assert predicted != pytest.approx(stack.full_ms) and predicted > stack.prefix_ms[3]
     # the held-out model still reads every other timed shape as measured
     assert held.predict_ms(TARGET, new_tokens=2) == pytest.approx(model.predict_ms(TARGET, new_tokens=2))
+
+
+def test_int8_stacks_may_run_bf16_activations_beside_an_fp32_target(monkeypatch):
+    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, stacks=[BASE], int8_stacks=[BASE],
+                                 int8_dtype="bf16")
+    assert calibration.dtype == "fp32" and calibration.int8_dtype == "bf16"
+    assert calibration.int8_stacks["base"].full_ms > 0
+    assert calibrate_host(OPTIONS, TARGET, [2], overheads=False, int8_stacks=[BASE]).int8_dtype == "fp32"
+    # the choice: beside an fp32 target, whichever activations the int8 product timed faster in
+    import draftnas.search.calibration as search_calibration
+    from draftnas.models.matmul import faster_int8_activations
+
+    best, times = faster_int8_activations(32, 64, repeats=3)
+    assert best in times and set(times) == {"fp32", "bf16"} and all(t > 0 for t in times.values())
+    monkeypatch.setattr(search_calibration, "faster_int8_activations", lambda i, o: ("bf16", {}))
+    assert search_calibration.int8_activations("fp32", [BASE]) == "bf16"
+    assert search_calibration.int8_activations("bf16", [BASE]) is None  # the target's own dtype
+    assert search_calibration.int8_activations("fp32", []) is None  # no int8 drafters offered

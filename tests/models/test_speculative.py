@@ -235,3 +235,22 @@ def test_a_greedy_step_is_read_by_the_host_once(pair, engines):
         sampled = speculative_generate(target, drafter, PROMPTS[0], gamma=3, max_new_tokens=8,
                                        temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert reads.count >= sampled.steps and sampled.host_reads > sampled.steps
+
+
+def test_an_int8_drafter_with_bf16_activations_beside_an_fp32_target_stays_lossless(pair):
+    """The mix an AVX2 host needs (int8 products are fast there with bf16 activations only): the
+    drafter's dtype is its own, the target verifies in fp32, greedy output is the target's."""
+    import copy
+
+    from draftnas.models.decoder import StaticDecoder
+    from draftnas.models.engines import StaticEngine
+
+    target, drafter = pair
+    t_engine = _static(target)
+    d_decoder = StaticDecoder.from_hf(copy.deepcopy(drafter).to(torch.bfloat16), max_positions=96)
+    d_decoder.quantize_weights()
+    d_engine = StaticEngine(d_decoder, 96)
+    assert d_decoder.dtype == torch.bfloat16 and t_engine.decoder.dtype == torch.float32
+    for prompt in PROMPTS:
+        out = speculative_generate(t_engine, d_engine, prompt, gamma=3, max_new_tokens=25)
+        assert out.tokens == greedy_generate(target, prompt, max_new_tokens=25)
