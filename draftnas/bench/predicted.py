@@ -25,11 +25,17 @@ def _check(result: BenchResult, arm: str, p: ArmPrediction, source: str = "searc
     measured = result.arm(arm)
     error = relative_error(p.tokens_per_s, measured.tokens_per_s)
     assert error is not None
+    pooled = measured.pooled_tokens_per_s
+    base = result.arm(measured.baseline).pooled_tokens_per_s if measured.baseline else None
+    pooled_speedup = pooled / base if pooled and base else None
     return PredictionCheck(arm=arm, role=p.role, name=p.name, predicted_tokens_per_s=p.tokens_per_s,
                            measured_tokens_per_s=measured.tokens_per_s, tokens_per_s_error=error,
                            predicted_speedup=p.speedup, measured_speedup=measured.speedup,
                            speedup_error=relative_error(p.speedup, measured.speedup), held_out=p.held_out,
-                           source=source)
+                           source=source, pooled_tokens_per_s=pooled,
+                           pooled_tokens_per_s_error=relative_error(p.tokens_per_s, pooled),
+                           pooled_speedup=pooled_speedup,
+                           pooled_speedup_error=relative_error(p.speedup, pooled_speedup))
 
 
 def check_predictions(result: BenchResult, predictions: SearchPredictions,

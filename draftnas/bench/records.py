@@ -54,8 +54,6 @@ class BenchOptions(Record):
         None, help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's "
                    "decoder over a cache allocated once, with CUDA graphs on a GPU. Default: static on cuda, "
                    "hf on cpu.", choices=ENGINES)
-    # at most this many prompts per domain (evenly spaced), chosen after leaving out the prompts
-    # a drafter was healed on (None: every prompt given that none was healed on)
     per_domain: int | None = option(
         None, help="At most this many prompts per domain, evenly spaced (0 = all); prompts a drafter was "
                    "healed on are left out first.", low=1, cli_default=2, parse=_per_domain)
@@ -165,10 +163,9 @@ class ArmResult(Record):
 
 @dataclass(frozen=True)
 class Comparison(Record):
-    """One arm's tokens/s over another's in the same run: per prompt and round, then the median over
-    rounds and over prompts, with its 95% bootstrap interval over prompts. `verdict`: "ahead" only when
-    the interval's lower bound is above 1, "behind" when its upper bound is below 1, else "not
-    separable on this host"."""
+    """One arm's tokens/s over another's per prompt and round, the median over rounds and prompts with its
+    95% bootstrap interval over prompts; `verdict`: "ahead" only when the interval lies above 1,
+    "behind" below it, else "not separable on this host"."""
 
     numerator: str
     denominator: str
@@ -180,10 +177,9 @@ class Comparison(Record):
 
 @dataclass(frozen=True)
 class PredictionCheck(Record):
-    """A search's prediction for one arm beside what the bench measured (medians over prompts); errors
-    are predicted / measured - 1. `held_out`: the latency model priced a shape the calibration did not
-    time. `source`: "search" (its ranking) or "export" (the winner re-priced at its exported
-    acceptance, from its folder's draftnas.json)."""
+    """A search's prediction for one arm beside the bench's median over prompts and its pooled figure (all
+    tokens over all seconds: what the model predicts); errors: predicted / measured - 1. `held_out`: a
+    shape the calibration did not time; `source`: "search", or "export" (re-priced as exported)."""
 
     arm: str
     role: str
@@ -196,6 +192,10 @@ class PredictionCheck(Record):
     speedup_error: float | None = None
     held_out: bool = False
     source: str = "search"
+    pooled_tokens_per_s: float | None = None
+    pooled_tokens_per_s_error: float | None = None
+    pooled_speedup: float | None = None
+    pooled_speedup_error: float | None = None
 
 
 @dataclass(frozen=True)

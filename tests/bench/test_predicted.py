@@ -19,11 +19,13 @@ from tests.helpers import FakeMeasured, StubLatency, smol_options
 
 
 def bench(target_tps: float, winner_tps: float, reference_tps: float) -> BenchResult:
-    arms = (ArmResult(name="target", engine="static", tokens_per_s=target_tps),
+    # pooled figures (all tokens over all seconds) 10% below the medians, as when prompts differ
+    arms = (ArmResult(name="target", engine="static", tokens_per_s=target_tps,
+                      pooled_tokens_per_s=target_tps),
             ArmResult(name="draftnas", engine="static", tokens_per_s=winner_tps, baseline="target",
-                      speedup=winner_tps / target_tps),
+                      speedup=winner_tps / target_tps, pooled_tokens_per_s=0.9 * winner_tps),
             ArmResult(name="reference", engine="static", tokens_per_s=reference_tps, baseline="target",
-                      speedup=reference_tps / target_tps))
+                      speedup=reference_tps / target_tps, pooled_tokens_per_s=0.9 * reference_tps))
     return BenchResult(target="t", drafters={"draftnas": "drafters/w", "reference": "ref-0.5b"}, gamma=4,
                        temperature=0.0, max_new_tokens=64, n_prompts=9, device="cpu", dtype="bf16", threads=2,
                        engine="static", arms=arms)
@@ -47,6 +49,11 @@ def test_each_arm_gets_its_prediction_and_error_and_the_held_out_one_comes_apart
     assert winner.speedup_error == pytest.approx(2.0 / 1.6 - 1)
     assert ref.tokens_per_s_error == pytest.approx(0.1) and held.tokens_per_s_error == pytest.approx(0.2)
     assert all(c.name != "another" for c in checks)  # only the reference this bench ran
+    # beside the pooled figures too: the winner's 16.0 predicted against 14.4 pooled, speedup 2.0 vs 1.44
+    assert winner.pooled_tokens_per_s == pytest.approx(14.4)
+    assert winner.pooled_tokens_per_s_error == pytest.approx(16.0 / 14.4 - 1)
+    assert winner.pooled_speedup == pytest.approx(1.44) and target.pooled_speedup is None
+    assert winner.pooled_speedup_error == pytest.approx(2.0 / 1.44 - 1)
 
 
 def test_a_search_writes_its_predictions_and_they_read_back(tmp_path):
