@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: label of the drafter the bench is for; further drafters (the reference) bring their own arms
 MAIN = "draftnas"
+#: label of the drafter a user would otherwise pick, benched beside it
+REFERENCE = "reference"
 
 
 @dataclass

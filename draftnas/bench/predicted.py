@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftnas.bench.arms import MAIN
+from draftnas.bench.arms import MAIN, REFERENCE
 from draftnas.bench.records import BenchResult, PredictionCheck
 from draftnas.bench.stats import relative_error
 from draftnas.search.predictions import ArmPrediction, SearchPredictions
 from draftnas.search.records import WorkloadPrediction
-
-REFERENCE = "reference"
 
 
 def exported_prediction(record: dict[str, Any] | None) -> WorkloadPrediction | None:

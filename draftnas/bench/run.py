@@ -30,7 +30,7 @@ from draftnas.acceptance.estimate import estimate_acceptance
 from draftnas.acceptance.records import TraceOptions
 from draftnas.acceptance.traces import Traces, make_metadata, model_vocab_size, tokenizer_fingerprint
 from draftnas.acceptance.tracing import record_from_continuation
-from draftnas.bench.arms import MAIN, Arm, Bench, Drafter, Run, arm_names
+from draftnas.bench.arms import MAIN, REFERENCE, Arm, Bench, Drafter, Run, arm_names
 from draftnas.bench.batched import host_label, run_batched_bench
 from draftnas.bench.predicted import check_predictions, exported_prediction
 from draftnas.bench.records import (
@@ -56,8 +56,6 @@ from draftnas.models.sources import LoadedModel, load_model
 from draftnas.search.predictions import read_predictions
 
 log = logging.getLogger(__name__)
-
-REFERENCE = "reference"
 
 
 def _check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
@@ -139,16 +137,14 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
                        pooled_tokens_per_s=tokens / sum(r.seconds for r in runs), baseline=arm.baseline)
     if arm.baseline is None:
         return result
-    base = arm.baseline
-    speedup, speedup_interval = _interval_of(
-        rows, lambda p: _tokens_per_s(p.run(arm.name)) / max(_tokens_per_s(p.run(base)), 1e-12))
+    speedup = compare_arms(rows, arm.name, arm.baseline)
     steps = max(sum(r.steps for r in runs), 1)
     drafted = max(sum(r.drafted for r in runs), 1)
     greedy = runs[0].lossless is not None
     d = bench.drafters[arm.drafter or ""]
     loop = arm.name == arm_names(d.label)[0]
     return replace(
-        result, drafter=d.loaded.source.spec, speedup=speedup, speedup_interval=speedup_interval,
+        result, drafter=d.loaded.source.spec, speedup=speedup.ratio, speedup_interval=speedup.interval,
         tokens_per_step=tokens / steps,
         mean_accepted_per_step=sum(r.accepted for r in runs) / steps if loop else None,
         draft_acceptance_rate=sum(r.accepted for r in runs) / drafted if loop else None,
@@ -193,10 +189,10 @@ def _load_drafters(draft: str | LoadedModel, reference: str | LoadedModel | None
 def _drafter_dtype(label: str, spec: str | LoadedModel, options: BenchOptions) -> str:
     """The dtype a drafter runs in: the bench's, but an int8 drafter whose folder records other
     activations (bf16 beside an fp32 target, where the int8 kernel is fast that way) runs in those."""
-    if label != MAIN or not isinstance(spec, str) or options.draft_weights == "dense" \
-            or not Path(spec).expanduser().is_dir():
+    folder = _folder(spec) if isinstance(spec, str) else None  # a loaded drafter keeps its dtype
+    if label != MAIN or folder is None or options.draft_weights == "dense":
         return options.dtype
-    record = exported_record(Path(spec).expanduser()) or {}
+    record = exported_record(folder) or {}
     dtype = record.get("dtype")
     return str(dtype) if record.get("weights") == "int8" and dtype in TORCH_DTYPES else options.dtype
 

@@ -42,18 +42,13 @@ def per_prompt_median(by_prompt: dict[str, list[float]]) -> list[float]:
     return [float(statistics.median(v)) for v in by_prompt.values() if v]
 
 
-def verdict(low: float, high: float, what: str = "ahead") -> str:
+def verdict(low: float, high: float) -> str:
     """'ahead' when the interval lies above 1, 'behind' below it, else 'not separable on this host'."""
     if low > 1.0:
-        return what
+        return "ahead"
     if high < 1.0:
         return "behind"
     return "not separable on this host"
-
-
-def interval_text(median: float, low: float, high: float, spec: str = ".3f", unit: str = "") -> str:
-    """'1.234x [1.100, 1.300]'."""
-    return f"{median:{spec}}{unit} [{low:{spec}}, {high:{spec}}]"
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:

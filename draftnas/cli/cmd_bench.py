@@ -93,7 +93,7 @@ def predictions_table(result: BenchResult) -> Table:
 
 def comparison_lines(result: BenchResult) -> list[str]:
     """One line per drafter-over-reference comparison: the ratio, its interval, the verdict."""
-    return [f"{c.numerator} / {c.denominator}: {c.ratio:.3f}x [{c.interval[0]:.3f}, {c.interval[1]:.3f}] "
+    return [f"{c.numerator} / {c.denominator}: {_with_interval(c.ratio, c.interval, '.3f', 'x')} "
             f"over {c.prompts} prompts: {c.verdict}" for c in result.comparisons]
 
 

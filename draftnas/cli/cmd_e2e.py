@@ -62,14 +62,7 @@ def e2e(
                          tuned_domain=None if tuned_domain.lower() == "none" else tuned_domain)
     quiet = json_out
     with progress_bars(quiet) as on_stage:
-        stages: dict[str, Any] = {}
-
-        def on(stage: str, done: int, total: int) -> None:
-            if stage not in stages:
-                stages[stage] = on_stage(stage)
-            stages[stage](done, total)
-
-        result = run_e2e(options, progress=on)
+        result = run_e2e(options, progress=lambda stage, done, total: on_stage(stage)(done, total))
     if out_json is not None:
         import json
 

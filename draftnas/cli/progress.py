@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,23 +45,12 @@ def clock_text(seconds: float) -> str:
     return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
-class _LastInfo(logging.Handler):
-    """Keeps the last INFO (or higher) message of draftnas's loggers for the heartbeat."""
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.INFO)
-        self.message = ""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        with contextlib.suppress(Exception):
-            self.message = record.getMessage()
-
-
 class LogProgress:
     """Progress as lines: a stage's start and end, and a heartbeat line every `interval_s` seconds.
 
     `clock` and `stream` are injectable (tests feed a fake clock and read the lines); `tick()` prints one
-    heartbeat when one is due (the heartbeat child calls it every second).
+    heartbeat when one is due (the heartbeat child calls it every second); `said` is the library's last
+    message (`_Forward` brings it).
     """
 
     def __init__(self, stream: TextIO, clock: Callable[[], float] = time.monotonic,
@@ -69,8 +60,7 @@ class LogProgress:
         self.last_line = self.started
         self.stages: dict[str, tuple[int, int, float]] = {}  # name -> (done, total, started)
         self.current: str | None = None
-        self.info = _LastInfo()
-        self._lock = threading.Lock()
+        self.said = ""
 
     def _print(self, text: str) -> None:
         now = self.clock()
@@ -89,28 +79,25 @@ class LogProgress:
 
     def on(self, name: str) -> Callable[[int, int], None]:
         def update(done: int, total: int) -> None:
-            with self._lock:
-                first = name not in self.stages
-                began = self.clock() if first else self.stages[name][2]
-                self.stages[name] = (done, total, began)
-                self.current = name
-                if first:
-                    self._print(f"{name}: started ({total} steps)" if total else f"{name}: started")
-                elif total and done >= total:
-                    self._print(f"{name}: done, {clock_text(self.clock() - began)}")
-                    self.current = None
+            first = name not in self.stages
+            began = self.clock() if first else self.stages[name][2]
+            self.stages[name] = (done, total, began)
+            self.current = name
+            if first:
+                self._print(f"{name}: started ({total} steps)" if total else f"{name}: started")
+            elif total and done >= total:
+                self._print(f"{name}: done, {clock_text(self.clock() - began)}")
+                self.current = None
         return update
 
     def tick(self) -> None:
-        with self._lock:
-            if self.clock() - self.last_line < self.interval_s:
-                return
-            if self.current is not None:
-                self._print(self._state(self.current))
-            else:
-                said = self.info.message
-                said = said if len(said) <= 100 else said[:97] + "..."
-                self._print("working" + (f": {said}" if said else ""))
+        if self.clock() - self.last_line < self.interval_s:
+            return
+        if self.current is not None:
+            self._print(self._state(self.current))
+        else:
+            said = self.said if len(self.said) <= 100 else self.said[:97] + "..."
+            self._print("working" + (f": {said}" if said else ""))
 
     def stop(self, report: bool = True) -> None:
         """With `report` and after any line, one more with the total time."""
@@ -152,9 +139,6 @@ class ChildProgress:
     """The command's side of the heartbeat child: progress and INFO messages sent as JSON lines."""
 
     def __init__(self, interval_s: float = LOG_INTERVAL_S) -> None:
-        import subprocess
-        import sys
-
         self.child = subprocess.Popen([sys.executable, "-m", "draftnas.cli.heartbeat", str(interval_s)],
                                       stdin=subprocess.PIPE, text=True)
         self.info = _Forward(self._send)
@@ -182,7 +166,7 @@ class ChildProgress:
             self.child.stdin.close()
         try:
             self.child.wait(timeout=5)
-        except Exception:  # noqa: BLE001 - a stuck heartbeat must not keep the command alive
+        except subprocess.TimeoutExpired:  # a stuck heartbeat must not keep the command alive
             self.child.kill()
 
 
@@ -204,7 +188,6 @@ def child_main(interval_s: float) -> None:
     select), so the loop never waits on a line that has arrived."""
     import json
     import queue
-    import sys
 
     events: queue.Queue[str] = queue.Queue()
 
@@ -227,7 +210,7 @@ def child_main(interval_s: float) -> None:
         if event[0] == "on":
             progress.on(event[1])(event[2], event[3])
         elif event[0] == "info":
-            progress.info.message = str(event[1])
+            progress.said = str(event[1])
         elif event[0] == "stop":
             progress.stop(report=bool(event[1]))
             return

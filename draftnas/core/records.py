@@ -126,7 +126,7 @@ def write_json_file(path: str | Path, data: Any, indent: int | None = 1) -> Path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=indent, sort_keys=True, default=str)
+        json.dump(data, f, indent=indent, default=str)
         f.write("\n")
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)

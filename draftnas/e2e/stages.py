@@ -20,6 +20,7 @@ from draftnas.bench.records import BenchOptions, BenchResult
 from draftnas.bench.run import run_bench
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.prompts import DOMAINS, load_prompts
+from draftnas.core.records import write_json_file
 from draftnas.core.registry import Architecture
 from draftnas.drafter.build import build_drafter, choose_head, heal_options
 from draftnas.drafter.heal_data import HealData, data_from_traces
@@ -51,11 +52,8 @@ log = logging.getLogger(__name__)
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (a temporary file renamed over the target)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    """Write JSON atomically (`core.records.write_json_file`, indented as e2e's files always were)."""
+    write_json_file(path, data, indent=2)
 
 
 def stage_profile(options: E2EOptions, out: Path, tick: Callable[[int, int], None]

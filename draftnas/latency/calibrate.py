@@ -310,7 +310,8 @@ def stored_or_calibrated(options: ProfileOptions, target: Architecture, request:
     must belong to this host, CPU, threads and torch, and to `target`; it is used even when it drifted,
     and the line says by how much."""
     host = host_key()
-    path = given or store_path(host, request)
+    keep = store_path(host, request)
+    path = given or keep
     stored = None
     if given is not None:
         stored = read_calibration(given)
@@ -333,6 +334,5 @@ def stored_or_calibrated(options: ProfileOptions, target: Architecture, request:
             return c, f"calibration reused from {path} (re-timed here: {said})"
         redo = f"; the stored calibration drifted ({said}), so it was timed again"
     calibration = calibrate()
-    write_calibration(store_path(host, request), StoredCalibration(host=host, request=request,
-                                                                   calibration=calibration))
-    return calibration, f"calibration stored in {store_path(host, request)}{redo}"
+    write_calibration(keep, StoredCalibration(host=host, request=request, calibration=calibration))
+    return calibration, f"calibration stored in {keep}{redo}"

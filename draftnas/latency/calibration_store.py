@@ -3,7 +3,7 @@
 A calibration is the slow part of a search's set-up. What it measures belongs to the host (CPU
 vendor, family, model and instruction sets), the thread count, the torch version and the shapes it
 timed, so it is stored under the cache keyed by all of them, and a later search or bench on the same
-host reuses it after re-timing the target's decode and largest verify (`drift_check`): when both
+host reuses it after re-timing the target's decode and largest verify (`drift`): when both
 still read within `DRIFT_TOLERANCE` of the stored figures the stored calibration stands, otherwise
 the host has changed (another load, another spell) and it is timed again.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,20 +50,19 @@ class HostKey(Record):
 @dataclass(frozen=True)
 class StoredCalibration(Record):
     """A calibration as stored: the host it belongs to, what was asked (the shapes, counts, dtype
-    asked for and mode, as a dict), the calibration itself and, after a reuse, the last drift check."""
+    asked for and mode, as a dict) and the calibration itself."""
 
     host: HostKey
     request: dict[str, Any]
     calibration: HostCalibration
     format: int = FORMAT
-    drift: dict[str, float] = field(default_factory=dict)  # "decode" / "verify" -> re-timed / stored - 1
 
 
-def host_key(threads: int | None = None) -> HostKey:
-    """This host now: its CPU, the threads torch runs (or `threads`), torch's version."""
+def host_key() -> HostKey:
+    """This host now: its CPU, the threads torch runs, torch's version."""
     import torch
 
-    return HostKey(cpu=cpu_identity(), threads=threads or torch.get_num_threads() or cpu_count(),
+    return HostKey(cpu=cpu_identity(), threads=torch.get_num_threads() or cpu_count(),
                    torch=torch.__version__)
 
 

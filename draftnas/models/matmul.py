@@ -145,18 +145,15 @@ class MatmulChooser:
         kept = store.get(store_key) if store else None
         if kept is not None:
             form, computed = int(kept[0]), int(kept[1])
-            self.form[key] = form
-            if computed > key[0]:
-                self.padded[key] = computed
-            return form
-        started = time.perf_counter()
-        form, computed = self._time(key[0], weight)
-        if store:
-            store.put(store_key, [form, computed])
+        else:
+            started = time.perf_counter()
+            form, computed = self._time(key[0], weight)
+            self.timing_s += time.perf_counter() - started
+            if store:
+                store.put(store_key, [form, computed])
         self.form[key] = form
         if computed > key[0]:
             self.padded[key] = computed
-        self.timing_s += time.perf_counter() - started
         return form
 
     def _transpose(self, weight: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import logging
 
-from draftnas.cli.progress import LogProgress, clock_text
+from draftnas.cli.progress import LogProgress, _Forward, clock_text
 
 
 class FakeClock:
@@ -41,11 +41,12 @@ def test_a_stage_prints_its_start_its_progress_with_an_eta_and_its_end():
 def test_between_stages_the_heartbeat_says_what_the_library_last_logged():
     clock, out = FakeClock(), io.StringIO()
     p = LogProgress(out, clock=clock, interval_s=30)
-    logging.getLogger("draftnas").addHandler(p.info)
+    forward = _Forward(lambda kind, message: setattr(p, "said", message))  # what the child is sent
+    logging.getLogger("draftnas").addHandler(forward)
     try:
         logging.getLogger("draftnas.search").warning("building traces of qwen")
     finally:
-        logging.getLogger("draftnas").removeHandler(p.info)
+        logging.getLogger("draftnas").removeHandler(forward)
     clock.now += 31
     p.tick()
     assert lines(out) == ["[draftnas 31s] working: building traces of qwen"]
