@@ -53,7 +53,13 @@ class BenchOptions(Record):
     engine: str | None = option(
         None, help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's "
                    "decoder over a cache allocated once, with CUDA graphs on a GPU. Default: static on cuda, "
-                   "hf on cpu.", choices=ENGINES)
+                   "hf on cpu. llama.cpp: the target's GGUF alone and with each drafter's GGUF in "
+                   "llama.cpp's "
+                   "own server (a build from `draftnas engines --build` or --llama-cpp), greedy, the draft "
+                   "length fixed at --gamma.", choices=(*ENGINES, "llama.cpp"))
+    llama_cpp: str | None = option(
+        None, help="With --engine llama.cpp: the folder of a llama.cpp build's tools (default: the one "
+                   "`draftnas engines --build` made, or $DRAFTNAS_LLAMA_CPP).")
     per_domain: int | None = option(
         None, help="At most this many prompts per domain, evenly spaced (0 = all); prompts a drafter was "
                    "healed on are left out first.", low=1, cli_default=2, parse=_per_domain)
@@ -86,6 +92,11 @@ class BenchOptions(Record):
         if self.batch_sizes and self.reference_gamma not in (None, self.gamma):
             extra.append(("reference_gamma", "applies to the arms bench; --batch-size runs every drafter "
                                              "at --gamma"))
+        if self.engine == "llama.cpp" and (self.batch_sizes or self.device != "cpu"):
+            extra.append(("engine", "llama.cpp is benched on the CPU, one sequence at a time "
+                                    "(no --batch-size, --device cpu)"))
+        if self.engine == "llama.cpp" and self.temperature > 0:
+            extra.append(("engine", "llama.cpp is benched greedy (temperature 0)"))
         if "int8" in (self.draft_weights, self.reference_weights) and self.device != "cpu":
             extra.append(("draft_weights", "int8 weights run on the CPU only; use dense on " + self.device))
         return check_options(self, extra)

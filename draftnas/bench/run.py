@@ -230,7 +230,7 @@ def _load_for_bench(target: str | LoadedModel, draft: str | LoadedModel, referen
     load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
     t_model = load_model(target, **load) if isinstance(target, str) else target
     drafters = _load_drafters(draft, reference, t_model, load, options)
-    kept, encoded, left_out = unseen_prompts(prompts, t_model.tokenizer, [d.loaded for d in drafters],
+    kept, encoded, left_out = unseen_prompts(prompts, t_model.tokenizer, [d.loaded.folder for d in drafters],
                                              options.per_domain)
     return t_model, drafters, kept, encoded, left_out
 
@@ -328,15 +328,16 @@ def run_batch_sizes(
     return run_batched_bench(t_model, drafters, kept, encoded, options, progress=progress)
 
 
-def unseen_prompts(prompts: Sequence[Prompt], tokenizer: Any, drafters: Sequence[LoadedModel],
+def unseen_prompts(prompts: Sequence[Prompt], tokenizer: Any, folders: Sequence[Path | None],
                    per_domain: int | None) -> tuple[list[Prompt], list[list[int]], tuple[str, ...]]:
-    """The prompts no drafter folder's healing trained on and its search did not trace (by token ids,
+    """The prompts no drafter folder (`folders`: None for a drafter without one) healed on and whose
+    search did not trace them (by token ids,
     as `draftnas.json` records them), then at most `per_domain` of each domain -> (prompts, their
     ids, ids left out). A bench on a drafter's own training or scoring text would overstate its
     acceptance."""
     trained: set[str] = set()
-    for drafter in drafters:
-        record = exported_record(drafter.folder) if drafter.folder is not None else None
+    for folder in folders:
+        record = exported_record(folder) if folder is not None else None
         heal = (record or {}).get("heal") or {}
         trained |= set(heal.get("trained_prompts") or ()) if heal.get("kept", True) else set()
         trained |= set((record or {}).get("searched_prompts") or ())

@@ -175,7 +175,10 @@ def bench(
 
     prompt_list = load_prompts(prompts)
     options.validate()
-    run = run_batch_sizes if options.batch_sizes else run_bench
+    if options.engine == "llama.cpp":
+        from draftnas.bench.llama_cpp import run_llama_cpp_bench as run
+    else:
+        run = run_batch_sizes if options.batch_sizes else run_bench  # type: ignore[assignment]
     with progress_bars(json_out) as on:
         result = run(target, draft, prompt_list, options, reference=reference, progress=on("bench"))
     if out_json is not None:

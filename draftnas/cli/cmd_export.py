@@ -45,21 +45,42 @@ def export(
         False, "--full-head",
         help="A reduced-head drafter also gets a plain full-vocabulary copy in full-head/ (loads with no "
              "remote code, e.g. as a serving engine's draft model; as large as the base)."),
+    fmt: str = typer.Option(
+        "hf", "--format",
+        help="hf: the Hugging Face folder alone. gguf: also OUT/<name>-<quant>.gguf, a file llama.cpp loads "
+             "as the target's drafter (the target's tokenizer, full vocabulary; a trial searched with "
+             "--engine llama.cpp gets one in its searched type without asking)."),
+    quant: str | None = typer.Option(
+        None, "--quant",
+        help="The GGUF's ggml type with --format gguf: Q8_0, Q4_0, F16, BF16 or F32 are written directly; "
+             "other llama.cpp types (Q4_K_M, Q6_K, ...) through llama-quantize from a llama.cpp build. "
+             "Default: the type the trial was searched in, else Q8_0."),
+    llama_cpp: str | None = typer.Option(
+        None, "--llama-cpp", help="The llama.cpp build for llama-quantize (default: the one "
+                                  "`draftnas engines --build` made)."),
     push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Upload to this hub repo (online)."),
     seed: int = typer.Option(0, "--seed"),
     device: str | None = typer.Option(None, "--device", help="cpu | cuda: where healing trains (default: "
                                       "the study's device, else cpu). The folder is written from the host."),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Export a drafter (from a study trial or a plan) as a Hugging Face folder."""
+    """Export a drafter (from a study trial or a plan) as a Hugging Face folder, and as a GGUF for
+    llama.cpp with --format gguf."""
+    from draftnas.core.errors import InvalidInputError
     from draftnas.export.records import ExportRequest
     from draftnas.export.request import export_from_request
+
+    if fmt not in ("hf", "gguf"):
+        raise InvalidInputError(f"--format {fmt!r} is not known (allowed: hf, gguf)")
+    if quant is not None and fmt != "gguf":
+        raise InvalidInputError("--quant is the GGUF's type: pass --format gguf with it")
+    gguf = (quant or "default") if fmt == "gguf" else None
 
     request = ExportRequest(out_dir=str(out), study=study, storage=storage, trial=trial,
                             plan_file=str(plan) if plan else None, base=base, target=target,
                             traces=str(traces) if traces else None, heal_steps=heal_steps, gamma=gamma,
                             force=force, push_to_hub=push_to_hub, seed=seed, device=device,
-                            full_head=full_head)
+                            full_head=full_head, gguf=gguf, llama_cpp=llama_cpp)
     with progress_bars(json_out) as on:
         result = export_from_request(request, progress=on("healing"),
                                      data_progress=on("target continuations"))
@@ -80,5 +101,7 @@ def render_export(result: ExportResult) -> None:
     if result.prediction is not None and result.acceptance is not None:
         for line in rescored_lines(result.prediction, result.acceptance, result.searched_tokens_per_step):
             console.print(line, highlight=False, soft_wrap=True)
+    if result.gguf:
+        console.print(f"GGUF for llama.cpp: [bold]{result.gguf}[/bold]")
     if result.hub_url:
         console.print(f"pushed to {result.hub_url}")

@@ -45,10 +45,30 @@ def profile(
     max_gamma: int = typer.Option(4, "--max-gamma", help="With --target: verify steps of up to this many "
                                                          "drafted tokens (+1) are timed."),
     context: int = typer.Option(128, "--context", help="With --target: context tokens before each step."),
+    engine: str = typer.Option(
+        "torch", "--engine",
+        help="torch: draftnas's own runtime (the default). llama.cpp: time --model (a GGUF) in llama.cpp's "
+             "stock llama-bench: decode and a batch of k = 2..--max-gamma+1 tokens after --context tokens; "
+             "with --base and --quants also random-weight GGUF drafters of that base at three depths per "
+             "quant type, lines fitted."),
+    model: Path | None = typer.Option(None, "--model",
+                                      help="With --engine llama.cpp: the GGUF file to time."),
+    base: str | None = typer.Option(
+        None, "--base", help="With --engine llama.cpp: the registry shape of the drafters' base (e.g. "
+                             "qwen2.5-coder-0.5b)."),
+    quants: str = typer.Option(
+        "", "--quants", help="With --engine llama.cpp and --base: quant types of the random drafters, e.g. "
+                             "Q8_0,Q4_0."),
+    llama_cpp: str | None = typer.Option(
+        None, "--llama-cpp", help="With --engine llama.cpp: the folder of the build's tools."),
 ) -> None:
     """Time decoder shapes (draft and verify steps) on this device and fit its latency model."""
     from draftnas.latency.files import load_profile, save_profile
     from draftnas.latency.measure import measure_profile
+
+    if engine != "torch":
+        _profile_llama_cpp(engine, model, base, quants, context, max_gamma, llama_cpp, out, json_out)
+        return
 
     if target is not None:
         path, prof = _profile_target(target, from_file, out, options, layers, tp, batch_sizes, max_gamma,
@@ -184,3 +204,58 @@ def _report(prof: LatencyProfile, png: Path, quiet: bool) -> Path:
                   f"{rep.ms_per_million_layer_params * 1e3:.3f} ms per billion layer parameters (batch 1). "
                   f"Plot: {png}")
     return png
+
+
+def _profile_llama_cpp(engine: str, model: Path | None, base: str | None, quants: str, context: int,
+                       max_gamma: int, build: str | None, out: Path | None, json_out: bool) -> None:
+    """`profile --engine llama.cpp`: the file (and random drafters of --base per quant type) timed by
+    llama-bench; written as JSON, printed as a table with each batch's cost over a decode."""
+    import os
+
+    from draftnas.core.errors import InvalidInputError
+    from draftnas.core.records import write_json_file
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.llama_cpp import calibrate_llama_cpp, probe_flags
+    from draftnas.models.ggml_quants import WRITTEN
+    from draftnas.models.gguf_file import random_tensors, write_gguf
+    from draftnas.models.llama_cpp import find_llama_cpp
+    from draftnas.models.sources import state_dir
+
+    if engine != "llama.cpp":
+        raise InvalidInputError(f"--engine {engine!r} is not known (allowed: torch, llama.cpp)")
+    if model is None or not model.is_file() or model.suffix != ".gguf":
+        raise InvalidInputError(f"--engine llama.cpp times a GGUF file: --model {model} is not one")
+    kinds = [q.strip().upper() for q in quants.split(",") if q.strip()]
+    if [q for q in kinds if q not in WRITTEN]:
+        raise InvalidInputError(f"--quants {quants!r}: random drafters are written in {', '.join(WRITTEN)}")
+    if kinds and base is None:
+        raise InvalidInputError("--quants times random drafters of a base: pass --base (a registry shape)")
+    arch = get_architecture(base) if base else None
+    threads = len(os.sched_getaffinity(0))
+    llama = probe_flags(find_llama_cpp(build), model, threads)
+
+    def write_random(path: Path, shape: object, quant: str) -> Path:
+        return write_gguf(path, shape, random_tensors(shape), quant, model, "random")  # type: ignore[arg-type]
+
+    with progress_bars(json_out) as on:
+        calibration = calibrate_llama_cpp(llama, model, arch or get_architecture("qwen2.5-coder-0.5b"),
+                                          kinds if arch else [], context, max_gamma + 1, {},
+                                          state_dir() / "llama-cpp-random", threads, write_random,
+                                          on("llama-bench"))
+    path = out or Path(f"draftnas-profile-llama-cpp-{model.stem}.json")
+    write_json_file(path, calibration.to_dict())
+    if json_out:
+        print_json({"path": str(path), **calibration.to_dict()})
+        return
+    t = calibration.target
+    table = Table(title=f"{model.name} in llama.cpp ({calibration.version}), {threads} threads, "
+                        f"context {context}", header_style="bold")
+    for col in ("tokens", "ms", "over a decode"):
+        table.add_column(col, justify="right")
+    for k, ms in t.batch_ms.items():
+        table.add_row(str(k), f"{ms:.1f}", f"{ms / t.decode_ms:.2f}x")
+    console.print(table)
+    for q, points in calibration.quants.items():
+        console.print(f"random {base} drafters in {q}: decode " + ", ".join(
+            f"{n} layers {p.decode_ms:.1f} ms" for n, p in points.items()), highlight=False)
+    console.print(f"written to {path}", highlight=False)

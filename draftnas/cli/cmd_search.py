@@ -295,8 +295,14 @@ def search(
     engine: str = typer.Option(
         "static", "--engine",
         help="The speculative loop the calibration times and the printed bench command runs: static "
-             "(draftnas's decoder over caches allocated once; its target alone is faster too) or hf "
-             "(transformers models over a growing cache)."),
+             "(draftnas's decoder over caches allocated once; its target alone is faster too), hf "
+             "(transformers models over a growing cache) or llama.cpp (GGUF drafters timed, ranked and "
+             "exported for llama.cpp's own tools; the target must be a GGUF, the default space is the "
+             "target's -llama-cpp one, and the search says when no drafter can pay there)."),
+    llama_cpp: str | None = typer.Option(
+        None, "--llama-cpp", help="With --engine llama.cpp: the folder of a llama.cpp build's tools "
+                                  "(default: the one `draftnas engines --build` made, or "
+                                  "$DRAFTNAS_LLAMA_CPP)."),
     calibration: str | None = typer.Option(
         None, "--calibration",
         help="A stored calibration of this host (a JSON file the search wrote under ~/.cache/draftnas/"
@@ -329,7 +335,7 @@ def search(
                             acceptance_model=model, acceptance_anchor=acceptance_anchor, gpus=gpus,
                             draft_tp=draft_tp, dtype=dtype, memory_margin=memory_margin, engine=engine,
                             references=tuple(reference), device=device, calibration=calibration,
-                            threads=threads)
+                            threads=threads, llama_cpp=llama_cpp)
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
     with progress_bars(json_out) as on:
         result = run(request, progress=on("trials"), trace_progress=on("tracing target"),
@@ -386,6 +392,11 @@ def _render(result: SearchResult, top: int) -> None:
     console.print(ranked_table(result, top))
     for line in summary_lines(result):
         console.print(line, highlight=False, soft_wrap=True)
+    if result.verdict is not None:
+        from draftnas.search.engine import Verdict
+
+        for line in Verdict.from_dict(result.verdict).lines():
+            console.print(line, highlight=False, soft_wrap=True)
     if any(r.economics is not None for r in result.ranked):
         from draftnas.report.study import save_batch_plot
 

@@ -85,6 +85,10 @@ class ExportRequest(Record):
     seed: int = 0
     device: str | None = None  # where healing trains (None: the study's device, else the CPU)
     full_head: bool = False  # a reduced-head drafter also gets a plain full-vocabulary copy (full-head/)
+    # a GGUF file for llama.cpp beside the folder, in this ggml type (None: only when the trial was searched
+    # for llama.cpp, in its type); `llama_cpp`: the build llama-quantize comes from (K-quants)
+    gguf: str | None = None
+    llama_cpp: str | None = None
 
     def validate(self) -> ExportRequest:
         """Every out-of-range field at once, as one error (nothing is written)."""
@@ -104,6 +108,7 @@ class ExportResult(Record):
     acceptance: AcceptanceEstimate | None = None
     prediction: WorkloadPrediction | None = None
     searched_tokens_per_step: float | None = None  # the search's reading at `gamma`, for comparison
+    gguf: str | None = None  # the GGUF file written for llama.cpp, if one was
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from draftnas.drafter.build import build_drafter
 from draftnas.drafter.records import HealOptions, PruningPlan, load_plan, prompt_key
 from draftnas.export.card import searched_tokens
 from draftnas.export.folder import check_destination, export_drafter
+from draftnas.export.gguf import check_gguf_export, export_gguf
 from draftnas.export.hub import push_to_hub
 from draftnas.export.records import (
     DEFAULT_EXPORT_HEAL_STEPS,
@@ -33,7 +34,7 @@ from draftnas.export.records import (
     ExportResult,
     drafter_name,
 )
-from draftnas.models.records import TORCH_DTYPES
+from draftnas.models.records import GGUF_WEIGHTS, TORCH_DTYPES
 from draftnas.models.sources import load_model
 from draftnas.search.records import RankedTrial, StudyInfo, WorkloadPrediction
 from draftnas.search.scoring import measured_acceptance, predict_workload
@@ -166,6 +167,13 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     if not base:
         raise ExportError("the plan names no base model; pass --base")
     target = request.target or (source.info.target if source.info else None) or base
+    weights = trial.candidate.choice.weights if trial is not None else "dense"  # how it was searched to run
+    searched = weights if weights in GGUF_WEIGHTS else None
+    quant = searched if request.gguf == "default" else request.gguf or searched
+    if request.gguf == "default" and quant is None:
+        quant = "Q8_0"
+    if quant is not None:
+        quant = check_gguf_export(quant, target, plan.head_rows, request.llama_cpp)
     dtype = source.info.dtype if source.info else "fp32"  # what the study timed and estimated in
     steps = request.heal_steps
     if steps is None:
@@ -179,7 +187,6 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         options = replace(request.heal or workload_heal_options(source.info, held), steps=steps,
                           seed=request.seed, device=device)
     checkpoint = Path(request.out_dir + ".heal-checkpoint")
-    weights = trial.candidate.choice.weights if trial is not None else "dense"  # how it was searched to run
     draft_dtype = dtype  # its activations: an int8 drafter's may be bf16 beside an fp32 target
     if weights == "int8" and source.info is not None and source.info.int8_dtype:
         draft_dtype = source.info.int8_dtype
@@ -218,8 +225,10 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
                          full_head=request.full_head)
     if heal_result is not None:
         shutil.rmtree(checkpoint, ignore_errors=True)
+    gguf = (str(export_gguf(model, target, out, drafter_name(info), quant, request.llama_cpp))
+            if quant else None)
     hub_url = push_to_hub(out, request.push_to_hub) if request.push_to_hub else None
-    return ExportResult(out_dir=str(out), plan=plan, parameters=built.parameters, heal=heal_result,
+    return ExportResult(out_dir=str(out), plan=plan, parameters=built.parameters, heal=heal_result, gguf=gguf,
                         hub_url=hub_url, source=source.label, name=drafter_name(info), gamma=info.gamma,
                         acceptance=built.estimate, prediction=prediction,
                         searched_tokens_per_step=searched_tokens(trial, info.gamma))

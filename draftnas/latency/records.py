@@ -281,3 +281,35 @@ class ProfilePlan(Record):
     extrapolation_layers: tuple[int, ...]
     extrapolation_conditions: tuple[tuple[int, int, int], ...]
     series: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineTiming(Record):
+    """One GGUF file timed in an engine at one context: a one-token decode and a batch of n tokens
+    (n = gamma + 1: a verify, or a drafter catching up on the verified tokens), ms, medians over
+    `repeats`."""
+
+    file: str
+    decode_ms: float
+    batch_ms: dict[int, float]
+    repeats: int = 0
+
+
+@dataclass(frozen=True)
+class EngineCalibration(Record):
+    """llama.cpp timed on this host: the target file, the reference drafters' files and random-weight
+    drafters of the base's shape at a few depths per quant type (`quants[q][layers]`), all at
+    `context_tokens` with `threads` threads. `flags`: what this build needs here, and `flags_why`."""
+
+    engine: str
+    version: str
+    cpu: CpuIdentity
+    threads: int
+    context_tokens: int
+    target: EngineTiming
+    base: str
+    quants: dict[str, dict[int, EngineTiming]]
+    references: dict[str, EngineTiming] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()
+    flags_why: str = ""
+    wall_s: float = 0.0

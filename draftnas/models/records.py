@@ -106,6 +106,9 @@ MAX_WEIGHT_ONCE_ROWS = 16
 #: how a drafter's linear layers hold their weights at run time: "dense" in the run's dtype, or "int8"
 #: (weight-only, one scale per output row; CPU only; see `models.matmul.quantize_int8`)
 WEIGHT_FORMATS = ("dense", "int8")
+#: a llama.cpp drafter's weights: ggml block types draftnas writes into a GGUF itself (acceptance is
+#: estimated with the weights rounded as they store them, `models.ggml_quants`)
+GGUF_WEIGHTS = ("Q8_0", "Q4_0")
 
 
 def weights_suffix(weights: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Record, write_json_file
@@ -50,6 +51,7 @@ class SearchPredictions(Record):
     engine: str | None
     calibration: str
     arms: tuple[ArmPrediction, ...]
+    verdict: dict[str, Any] | None = None  # llama.cpp: the search's verdict (`search.engine.Verdict`)
 
     def get(self, role: str, held_out: bool = False, name: str | None = None) -> ArmPrediction | None:
         return next((a for a in self.arms if a.role == role and a.held_out == held_out
@@ -98,7 +100,8 @@ def search_predictions(result: SearchResult, predictor: object, options: SearchO
             if held is not None:
                 arms.append(held)
     return SearchPredictions(study=result.study_name, target=result.info.target, dtype=options.dtype,
-                             engine=options.engine, calibration=result.profile_note or "", arms=tuple(arms))
+                             engine=options.engine, calibration=result.profile_note or "", arms=tuple(arms),
+                             verdict=result.verdict)
 
 
 def write_predictions(path: Path, predictions: SearchPredictions) -> Path:

@@ -27,12 +27,15 @@ from draftnas.latency.calibrate import host_mismatch
 from draftnas.latency.corrected import CalibratedModel, TargetTimedModel
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
 from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
+from draftnas.latency.llama_cpp import EngineModel
 from draftnas.latency.model import LatencyModel
-from draftnas.models.records import ENGINES
+from draftnas.models.records import ENGINES, GGUF_WEIGHTS
 from draftnas.models.sources import ensure_local_folder, has_weights
 from draftnas.search.alpha import load_alpha_model
 from draftnas.search.calibration import calibrated_predictor, times_int8
 from draftnas.search.candidate import reference_candidate, resolve_architecture
+from draftnas.search.engine import ENGINE as LLAMA_CPP
+from draftnas.search.engine import llama_cpp_model, verdict
 from draftnas.search.evaluate import Evaluator, ModelEvaluator, PriorEvaluator, WeightsEvaluator
 from draftnas.search.loop import SAMPLERS, SearchOptions, run_search
 from draftnas.search.predictions import FILE_NAME as PREDICTIONS_FILE
@@ -72,6 +75,7 @@ class SearchRequest:
     device: str = "cpu"  # where traces are written, drafters built, healed and scored, and calibration timed
     calibration: str | None = None  # a stored calibration of this host to use (--calibration FILE)
     threads: int | None = None  # torch's CPU threads for the whole search (None: torch's default)
+    llama_cpp: str | None = None  # --llama-cpp DIR: a llama.cpp build (default: the cached one)
 
 
 def fingerprint_text(data: Any) -> str:
@@ -157,7 +161,8 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     if isinstance(request.space, SearchSpace):
         space = request.space
     else:
-        space = load_search_space(request.space) if request.space else default_space_for(request.target)
+        space = (load_search_space(request.space) if request.space
+                 else default_space_for(request.target, request.engine))
     require_device(request.device)
     target_arch = resolve_architecture(request.target)
     base = request.base_shape or request.base or space.base
@@ -189,10 +194,24 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         raise InvalidInputError(f"--sampler {request.study.sampler!r} is not known "
                                 f"(allowed: {', '.join(SAMPLERS)})")
     placement = _placement(request, latency_profile, target_arch, space)
-    if request.engine not in ENGINES:
-        raise InvalidInputError(f"--engine {request.engine!r} is not known (allowed: {', '.join(ENGINES)})")
+    if request.engine not in (*ENGINES, LLAMA_CPP):
+        raise InvalidInputError(f"--engine {request.engine!r} is not known "
+                                f"(allowed: {', '.join((*ENGINES, LLAMA_CPP))})")
     engine, dtype = None, request.dtype or latency_profile.dtype
-    if request.calibrate and latency_profile.device == request.device and latency_profile.kind == "measured":
+    if request.engine == LLAMA_CPP:
+        if request.device != "cpu":
+            raise InvalidInputError("--engine llama.cpp is calibrated and benched on the CPU (--device cpu)")
+        engine, dtype = LLAMA_CPP, request.dtype or "fp32"  # acceptance: fp32 over the GGUF-rounded weights
+        predictor, profile_note = llama_cpp_model(
+            request.target, target_arch, base_arch, space, references, request.llama_cpp, request.threads,
+            calibration_progress)
+        profile = f"llama.cpp ({predictor.calibration.version}, this host)"
+    elif [w for w in space.weights if w in GGUF_WEIGHTS]:
+        raise InvalidInputError(f"search space {space.name!r} offers GGUF weights "
+                                f"({', '.join(space.weights)}); "
+                                "those drafters run in llama.cpp: pass --engine llama.cpp")
+    elif (request.calibrate and latency_profile.device == request.device
+          and latency_profile.kind == "measured"):
         engine = request.engine
         stacks = [base_arch, *(resolve_architecture(r) for r in references if has_weights(r))]
         predictor, profile_note, dtype = calibrated_predictor(
@@ -331,6 +350,11 @@ def search(request: SearchRequest, *, progress: Callable[[int, int], None] | Non
     result = run_search(options, predictor, evaluator, progress=progress)
     if result.best is None or result.interrupted:
         return result
+    if isinstance(predictor, EngineModel):  # llama.cpp: whether any drafter can pay there, from its steps
+        ref = result.references[0] if result.references else None
+        said = verdict(predictor, options.space, ref.reference or "" if ref else "",
+                       ref.throughput.speedup if ref else None, result.best.throughput.speedup)
+        result = replace(result, verdict=said.to_dict())
     path = write_predictions(Path(result.run_dir) / PREDICTIONS_FILE,
                              search_predictions(result, predictor, options))
     return replace(result, predictions_file=str(path))

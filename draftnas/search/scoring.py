@@ -119,6 +119,10 @@ def read_latency(predictor: LatencyPredictor, profile: str, arch: Architecture, 
         verify_ms = tuple(tuple(target_predictor.predict_ms(target_arch, batch_size=b, new_tokens=g + 1,
                                                             context_tokens=ctx) for g in range(n_verify))
                           for b in spec)
+    catch_up = getattr(predictor, "drafter_batch_ms", None)
+    if catch_up is not None:  # llama.cpp: each step the drafter also reads the verified tokens in one batch
+        verify_ms = tuple(tuple(v + (catch_up(arch, g + 1) if g else 0.0) for g, v in enumerate(row))
+                          for row in verify_ms)
     draft_prefill = _prefill(predictor, arch, workload, spec, head_vocab_size) if spec_target_prefill else ()
     return LatencyReading(profile=profile, batch_sizes=batches, context_tokens=workload.context_tokens,
                           draft_ms=draft, target_ms=target_ms, verify_ms=verify_ms,

@@ -14,7 +14,7 @@ import yaml
 
 from draftnas.core.errors import SearchSpaceError
 from draftnas.core.registry import load_registry
-from draftnas.models.records import WEIGHT_FORMATS
+from draftnas.models.records import GGUF_WEIGHTS, WEIGHT_FORMATS
 from draftnas.search.space import (
     LAYER_SELECTIONS,
     MAX_GAMMA,
@@ -138,8 +138,10 @@ def parse_search_space(data: Any, source: str = "<search space>") -> SearchSpace
     traces = _parse_traces(c, top.get("traces"))
     vocab_sizes = _parse_vocab(c, top.get("vocab"))
     references = _parse_references(c, top.get("references", []))
-    # how the drafters' linear layers may run: dense and/or int8 (weight-only, CPU)
-    weights = _parse_choices(c, "weights", top.get("weights", ["dense"]), WEIGHT_FORMATS, "dense")
+    # how the drafters' linear layers may run: dense and/or int8 (weight-only, CPU) in draftnas's loop;
+    # ggml types (Q8_0, Q4_0) for llama.cpp drafters (`search --engine llama.cpp`)
+    weights = _parse_choices(c, "weights", top.get("weights", ["dense"]), (*WEIGHT_FORMATS, *GGUF_WEIGHTS),
+                             "dense")
     if c.problems:
         n = len(c.problems)
         raise SearchSpaceError(f"search space {source} has {n} problem{'s' if n > 1 else ''}: "
@@ -323,13 +325,16 @@ def load_search_space(spec: str | Path) -> SearchSpace:
     return parse_search_space(data, source=str(path))
 
 
-def default_space_for(target: str) -> SearchSpace:
-    """The shipped space whose `target` is `target`: the one named after it when there is one
-    (gemma-3-270m beside gemma-3-270m-shallow), else the first by name."""
+def default_space_for(target: str, engine: str = "static") -> SearchSpace:
+    """The shipped space whose `target` is `target` for `engine`: the one named after it when there is
+    one (gemma-3-270m beside gemma-3-270m-shallow), else the first by name; for llama.cpp only the
+    spaces of GGUF drafters (named ...-llama-cpp), for draftnas's loops only the others."""
+    gguf = engine == "llama.cpp"
     matches = [space for space in map(load_search_space, shipped_spaces().values())
-               if space.target.lower() == target.lower()]
+               if space.target.lower() == target.lower() and space.name.endswith("-llama-cpp") == gguf]
     if matches:
-        return min(matches, key=lambda sp: (sp.name.lower() != target.lower(), sp.name))
+        return min(matches, key=lambda sp: (sp.name.lower().removesuffix("-llama-cpp") != target.lower(),
+                                            sp.name))
     names = ", ".join(shipped_spaces()) or "none"
     raise SearchSpaceError(f"no shipped search space targets {target!r}; pass --space FILE "
                            f"(shipped: {names})")

@@ -155,16 +155,17 @@ def test_prompts_the_drafter_was_healed_on_are_left_out_before_the_per_domain_ch
     trained = [prompt_key(encode_prompt(tok, p.text)) for p in prompts[:1]]  # healed on "a"
     (tmp_path / "draftnas.json").write_text(json.dumps({"heal": {"trained_prompts": trained, "kept": True}}))
     drafter = dataclasses.replace(_loaded(None, "d"), folder=tmp_path)
-    kept, ids, left_out = unseen_prompts(prompts, tok, [drafter], per_domain=None)
+    kept, ids, left_out = unseen_prompts(prompts, tok, [drafter.folder], per_domain=None)
     assert [p.id for p in kept] == ["b", "c", "d"] and left_out == ("a",)
     assert ids == [encode_prompt(tok, p.text) for p in kept]
-    one_each, _, _ = unseen_prompts(prompts, tok, [drafter], per_domain=1)  # among b, c, d: x gets c
+    one_each, _, _ = unseen_prompts(prompts, tok, [drafter.folder], per_domain=1)  # among b, c, d: x gets c
     assert [p.id for p in one_each] == ["b", "c"]
-    assert unseen_prompts(prompts, tok, [_loaded(None, "no-folder")], per_domain=None)[2] == ()
+    assert unseen_prompts(prompts, tok, [_loaded(None, "no-folder").folder], per_domain=None)[2] == ()
     with pytest.raises(InvalidInputError, match="healed on or searched with every one of the 1"):
-        unseen_prompts(prompts[:1], tok, [drafter], per_domain=None)
+        unseen_prompts(prompts[:1], tok, [drafter.folder], per_domain=None)
     (tmp_path / "draftnas.json").write_text(json.dumps({"heal": {"trained_prompts": trained, "kept": False}}))
-    assert unseen_prompts(prompts, tok, [drafter], per_domain=None)[2] == ()  # unhealed weights exported
+    # unhealed weights exported
+    assert unseen_prompts(prompts, tok, [drafter.folder], per_domain=None)[2] == ()
 
 
 def test_an_int8_drafter_runs_int8_in_the_static_engine_and_the_routed_arm_only(tiny_pair):

@@ -1,0 +1,379 @@
+"""GGUF drafters: written with the `gguf` package from a model's tensors (or random weights of a shape,
+for timing), the tokenizer copied from the target's GGUF, read back for checks.
+
+llama.cpp loads a drafter only if its vocabulary matches the target's: the same tokenizer model,
+BOS and EOS, the same token texts, and vocabulary sizes within 128 (`vocab_problems`, the check
+llama.cpp's `common_speculative_are_compatible` makes, in one line before any engine runs).
+Only full-vocabulary drafters qualify; a reduced draft head is refused here.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.registry import Architecture
+from draftnas.models.ggml_quants import BLOCK_BYTES, WRITTEN, quantize
+from draftnas.models.records import EMBEDDED
+from draftnas.models.sources import locate_embedded_gguf, resolve_source
+
+#: the families whose GGUF layout draftnas writes (llama.cpp's architecture names)
+GGUF_ARCH = {"qwen2": "qwen2", "llama": "llama"}
+VOCAB_SLACK = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+_LAYER = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_TOP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+@dataclass(frozen=True)
+class GgufInfo:
+    """What a GGUF file says about itself (what the checks and tests read)."""
+
+    path: str
+    architecture: str
+    block_count: int
+    embedding_length: int
+    feed_forward_length: int
+    head_count: int
+    head_count_kv: int
+    vocab_tokens: int
+    tokenizer_model: str
+    bos: int | None
+    eos: int | None
+    tokens_sha: str
+    tensor_types: dict[str, str]
+    tensor_shapes: dict[str, tuple[int, ...]]
+    name: str = ""
+
+
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+
+
+@dataclass(frozen=True)
+class _Header:
+    """A GGUF file's key-values (key -> (type, array item type or None, value)) and tensor table
+    (name -> (ggml type name, shape in PyTorch order))."""
+
+    kv: dict[str, tuple[int, int | None, object]]
+    tensors: dict[str, tuple[str, tuple[int, ...]]]
+
+    def get(self, key: str, default: object = None) -> object:
+        return self.kv[key][2] if key in self.kv else default
+
+
+@functools.lru_cache(maxsize=8)
+def _header_cached(path: str, size: int, mtime: float) -> _Header:
+    with open(path, "rb") as f:
+        data = f.read(64 << 20) if size > (64 << 20) else f.read()
+    pos = 0
+
+    def take(fmt: str) -> Any:
+        nonlocal pos
+        (v,) = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return v
+
+    def text() -> str:
+        nonlocal pos
+        n = take("<Q")
+        pos += n
+        return data[pos - n : pos].decode("utf-8", errors="replace")
+
+    def value(kind: int) -> object:
+        nonlocal pos
+        if kind == 8:
+            return text()
+        if kind == 9:
+            sub, n = take("<I"), take("<Q")
+            if sub == 8:
+                return [text() for _ in range(n)]
+            fmt = _SCALARS[sub]
+            size_one = struct.calcsize(fmt)
+            items = np.frombuffer(data, dtype=np.dtype(fmt), count=n, offset=pos).tolist()
+            pos += n * size_one
+            return items
+        return take(_SCALARS[kind])
+
+    if data[:4] != b"GGUF":
+        raise InvalidInputError(f"{path} is not a GGUF file")
+    pos = 4
+    take("<I")
+    n_tensors, n_kv = take("<Q"), take("<Q")
+    kv: dict[str, tuple[int, int | None, object]] = {}
+    for _ in range(n_kv):
+        key = text()
+        kind = take("<I")
+        sub = struct.unpack_from("<I", data, pos)[0] if kind == 9 else None
+        kv[key] = (kind, sub, value(kind))
+    tensors = {}
+    for _ in range(n_tensors):
+        name = text()
+        dims = [take("<Q") for _ in range(take("<I"))]
+        kind = take("<I")
+        take("<Q")
+        tensors[name] = (gguf.GGMLQuantizationType(kind).name, tuple(reversed(dims)))
+    return _Header(kv=kv, tensors=tensors)
+
+
+def _header(path: str | Path) -> _Header:
+    stat = Path(path).stat()
+    return _header_cached(str(Path(path).resolve()), stat.st_size, stat.st_mtime)
+
+
+def gguf_name(hf_name: str) -> str | None:
+    """A Hugging Face tensor name's GGUF name (None: not stored, e.g. rotary buffers)."""
+    if hf_name in _TOP:
+        return _TOP[hf_name]
+    parts = hf_name.split(".")
+    if len(parts) >= 5 and parts[:2] == ["model", "layers"]:
+        module = ".".join(parts[3:-1])
+        if module in _LAYER:
+            return f"blk.{parts[2]}.{_LAYER[module]}.{parts[-1]}"
+    return None
+
+
+def read_info(path: str | Path) -> GgufInfo:
+    h = _header(path)
+    arch = str(h.get("general.architecture", ""))
+    tokens = h.get("tokenizer.ggml.tokens", []) or []
+    assert isinstance(tokens, list)
+
+    def num(key: str) -> int:
+        return int(h.get(f"{arch}.{key}", 0))  # type: ignore[call-overload]
+
+    return GgufInfo(
+        path=str(path),
+        architecture=arch,
+        name=str(h.get("general.name", "")),
+        block_count=num("block_count"),
+        embedding_length=num("embedding_length"),
+        feed_forward_length=num("feed_forward_length"),
+        head_count=num("attention.head_count"),
+        head_count_kv=num("attention.head_count_kv"),
+        vocab_tokens=len(tokens),
+        tokenizer_model=str(h.get("tokenizer.ggml.model", "")),
+        bos=_maybe_int(h.get("tokenizer.ggml.bos_token_id")),
+        eos=_maybe_int(h.get("tokenizer.ggml.eos_token_id")),
+        tokens_sha=hashlib.sha256("\n".join(map(str, tokens)).encode()).hexdigest()[:16],
+        tensor_types={k: v[0] for k, v in h.tensors.items()},
+        tensor_shapes={k: v[1] for k, v in h.tensors.items()},
+    )
+
+
+def _maybe_int(v: object) -> int | None:
+    return None if v is None else int(v)  # type: ignore[call-overload]
+
+
+def vocab_problems(target: GgufInfo, draft: GgufInfo) -> list[str]:
+    """Why llama.cpp would refuse `draft` as a drafter for `target` (empty: it loads)."""
+    out = []
+    if draft.tokenizer_model != target.tokenizer_model:
+        out.append(f"tokenizer {draft.tokenizer_model!r} is not the target's {target.tokenizer_model!r}")
+    if (draft.bos, draft.eos) != (target.bos, target.eos):
+        out.append(f"BOS/EOS {draft.bos}/{draft.eos} are not the target's {target.bos}/{target.eos}")
+    if abs(draft.vocab_tokens - target.vocab_tokens) > VOCAB_SLACK:
+        out.append(
+            f"{draft.vocab_tokens} tokens against the target's {target.vocab_tokens} (llama.cpp allows a "
+            f"difference of {VOCAB_SLACK})"
+        )
+    elif draft.tokens_sha != target.tokens_sha:
+        out.append("its token texts differ from the target's")
+    rows = draft.tensor_shapes.get("output.weight", draft.tensor_shapes.get("token_embd.weight", (0,)))[0]
+    if abs(rows - target.vocab_tokens) > VOCAB_SLACK:
+        out.append(f"its head has {rows} rows against the target's {target.vocab_tokens} tokens")
+    return out
+
+
+def check_drafter_gguf(target: str | Path, draft: str | Path) -> None:
+    """One line, before any engine runs, when llama.cpp would not take `draft` for `target`."""
+    problems = vocab_problems(read_info(target), read_info(draft))
+    if problems:
+        raise InvalidInputError(
+            f"drafter {draft} cannot draft for {target} in llama.cpp: " + "; ".join(problems)
+        )
+
+
+def _metadata(
+    writer: gguf.GGUFWriter,
+    arch: Architecture,
+    name: str,
+    tokenizer_from: Path,
+    rope_theta: float,
+    rms_eps: float,
+    context_length: int,
+) -> None:
+    a = GGUF_ARCH[arch.family]
+    writer.add_name(name)
+    writer.add_uint32(f"{a}.block_count", arch.num_hidden_layers)
+    writer.add_uint32(f"{a}.context_length", context_length)
+    writer.add_uint32(f"{a}.embedding_length", arch.hidden_size)
+    writer.add_uint32(f"{a}.feed_forward_length", arch.intermediate_size)
+    writer.add_uint32(f"{a}.attention.head_count", arch.num_attention_heads)
+    writer.add_uint32(f"{a}.attention.head_count_kv", arch.num_key_value_heads)
+    writer.add_float32(f"{a}.rope.freq_base", rope_theta)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", rms_eps)
+    for key, (kind, sub, value) in _header(tokenizer_from).kv.items():
+        if key.startswith("tokenizer."):
+            writer.add_key_value(
+                key,
+                value,
+                gguf.GGUFValueType(kind),
+                sub_type=None if sub is None else gguf.GGUFValueType(sub),
+            )
+
+
+def source_settings(tokenizer_from: Path) -> tuple[float, float, int]:
+    """(rope theta, RMS norm epsilon, context length) of the GGUF the tokenizer comes from."""
+    h = _header(tokenizer_from)
+    arch = h.get("general.architecture")
+
+    def num(key: str, default: float) -> float:
+        return float(h.get(f"{arch}.{key}", default))  # type: ignore[arg-type]
+
+    return (
+        num("rope.freq_base", 10000.0),
+        num("attention.layer_norm_rms_epsilon", 1e-6),
+        int(num("context_length", 4096)),
+    )
+
+
+def write_gguf(
+    path: Path,
+    arch: Architecture,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    quant: str,
+    tokenizer_from: Path,
+    name: str,
+    settings: tuple[float, float, int] | None = None,
+) -> Path:
+    """Write a GGUF of `arch` from Hugging Face-named `tensors` (matrices in `quant`: one of
+    `ggml_quants.WRITTEN`; vectors in F32), the tokenizer copied from `tokenizer_from` (the target's
+    GGUF). Atomic: a `.part` file renamed at the end."""
+    if arch.family not in GGUF_ARCH:
+        raise InvalidInputError(
+            f"GGUF export writes {', '.join(GGUF_ARCH)} models; {arch.name} is {arch.family}"
+        )
+    if quant not in WRITTEN:
+        raise InvalidInputError(
+            f"GGUF written directly in {', '.join(WRITTEN)}; {quant} goes through llama-quantize"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    writer = gguf.GGUFWriter(str(part), GGUF_ARCH[arch.family])
+    _metadata(writer, arch, name, tokenizer_from, *(settings or source_settings(tokenizer_from)))
+    writer.add_file_type(_file_type(quant))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for hf_name, t in tensors:
+        out = gguf_name(hf_name)
+        if out is None:
+            continue
+        if t.dim() == 2 and t.shape[1] % 32 == 0:
+            qtype = getattr(gguf.GGMLQuantizationType, quant)
+            data = quantize(t, quant)
+            writer.add_tensor(out, data, raw_dtype=qtype if quant in BLOCK_BYTES or quant == "BF16" else None)
+        else:
+            writer.add_tensor(out, t.detach().to(torch.float32).contiguous().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    part.replace(path)
+    return path
+
+
+def _file_type(quant: str) -> int:
+    return int(getattr(gguf.LlamaFileType, f"MOSTLY_{quant}" if quant != "F32" else "ALL_F32"))
+
+
+def random_tensors(arch: Architecture, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """Hugging Face-named random tensors of `arch` for timing: one layer's drawn once and repeated (a
+    step's time does not depend on the values), the embedding and an untied head."""
+    g = torch.Generator().manual_seed(seed)
+    h, kv, i = arch.hidden_size, arch.kv_dim, arch.intermediate_size
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.02
+
+    layer = {
+        "input_layernorm.weight": torch.ones(h),
+        "post_attention_layernorm.weight": torch.ones(h),
+        "self_attn.q_proj.weight": rnd(arch.q_dim, h),
+        "self_attn.k_proj.weight": rnd(kv, h),
+        "self_attn.v_proj.weight": rnd(kv, h),
+        "self_attn.o_proj.weight": rnd(h, arch.q_dim),
+        "mlp.gate_proj.weight": rnd(i, h),
+        "mlp.up_proj.weight": rnd(i, h),
+        "mlp.down_proj.weight": rnd(h, i),
+    }
+    if arch.family == "qwen2":
+        layer |= {
+            "self_attn.q_proj.bias": rnd(arch.q_dim),
+            "self_attn.k_proj.bias": rnd(kv),
+            "self_attn.v_proj.bias": rnd(kv),
+        }
+    yield "model.embed_tokens.weight", rnd(arch.vocab_size, h)
+    for n in range(arch.num_hidden_layers):
+        for k, t in layer.items():
+            yield f"model.layers.{n}.{k}", t
+    yield "model.norm.weight", torch.ones(h)
+    yield "lm_head.weight", rnd(arch.vocab_size, h)
+
+
+def model_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """A transformers model's tensors by Hugging Face name; a head tied to the embedding is left out
+    (llama.cpp then reads the embedding as the head)."""
+    state = model.state_dict()
+    head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
+    tied = head is not None and embed is not None and head.data_ptr() == embed.data_ptr()
+    for name, t in state.items():
+        if tied and name == "lm_head.weight":
+            continue
+        yield name, t
+
+
+def gguf_of(spec: str) -> Path:
+    """The GGUF file a model spec runs from in llama.cpp: a .gguf path, or an embedded model's file."""
+    source = resolve_source(spec)
+    if source.kind == "gguf":
+        return Path(source.location)
+    if source.kind == "embedded":
+        return locate_embedded_gguf(EMBEDDED[source.location])
+    raise InvalidInputError(
+        f"{spec} has no GGUF file; llama.cpp runs GGUF files (give a .gguf path, or export "
+        "one with `draftnas export --format gguf`)"
+    )

@@ -1,0 +1,231 @@
+"""A search for llama.cpp (`search --engine llama.cpp`): its constraints checked against the space, its
+latency model calibrated on this host with the stock tools, and the verdict when no drafter pays.
+
+llama.cpp loads a drafter only with the target's vocabulary and uniform layers, as a GGUF file, so
+the space may offer only full-vocabulary drafters of the base's width, in ggml types draftnas
+writes (`models.records.GGUF_WEIGHTS`); each is priced from random-weight GGUFs of its type timed
+here (`latency.llama_cpp`), the reference from its own file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.machine import cpu_identity
+from draftnas.core.records import Record
+from draftnas.core.registry import Architecture
+from draftnas.core.throughput import expected_tokens_per_step
+from draftnas.latency.llama_cpp import (
+    EngineModel,
+    calibrate_llama_cpp,
+    probe_flags,
+    store_path,
+    stored_or_calibrated,
+    time_gguf,
+)
+from draftnas.models.gguf_file import gguf_of, random_tensors, write_gguf
+from draftnas.models.llama_cpp import find_llama_cpp
+from draftnas.models.records import GGUF_WEIGHTS
+from draftnas.models.sources import state_dir
+from draftnas.search.space import SearchSpace
+
+log = logging.getLogger(__name__)
+ENGINE = "llama.cpp"
+
+
+def space_problems(space: SearchSpace) -> list[str]:
+    """Why `space` offers drafters llama.cpp cannot load or draftnas cannot price there."""
+    out = []
+    if any(v for v in space.vocab_sizes):
+        out.append(
+            f"the space offers reduced draft heads ({', '.join(str(v) for v in space.vocab_sizes if v)} "
+            "rows); llama.cpp loads only drafters with the target's full vocabulary"
+        )
+    other = [w for w in space.weights if w not in GGUF_WEIGHTS]
+    if other:
+        out.append(
+            f"weights {', '.join(other)} are not GGUF types draftnas writes "
+            f"(allowed: {', '.join(GGUF_WEIGHTS)})"
+        )
+    w = space.width
+    if any(r != 1.0 for r in (*w.kv_head_ratios, *w.query_head_ratios, *w.mlp_ratios, *w.hidden_ratios)):
+        out.append(
+            "the space prunes widths; the llama.cpp calibration times drafters of the base's full width"
+        )
+    if space.workload.batch_sizes != (1,):
+        out.append("llama.cpp is benched with one sequence (workload batch size 1)")
+    return out
+
+
+def threads_here(threads: int | None) -> int:
+    return threads or len(os.sched_getaffinity(0))
+
+
+def llama_cpp_model(
+    target: str,
+    target_arch: Architecture,
+    base_arch: Architecture,
+    space: SearchSpace,
+    references: Sequence[str],
+    build: str | None,
+    threads: int | None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[EngineModel, str]:
+    """The llama.cpp latency model of this host for `space` (stored per host and reused after a drift
+    check on the target's decode), and the line saying what was measured."""
+    problems = space_problems(space)
+    if problems:
+        raise InvalidInputError(
+            f"--engine llama.cpp with search space {space.name!r}: " + "; ".join(problems)
+        )
+    target_file = gguf_of(target)
+    refs = {r: gguf_of(r) for r in references}
+    n = threads_here(threads)
+    llama = probe_flags(find_llama_cpp(build), target_file, n)
+    context, max_batch = space.workload.context_tokens, space.gamma.max + 1
+    request = {
+        "engine": ENGINE,
+        "version": llama.version,
+        "bin": str(llama.bin_dir),
+        "cpu": cpu_identity().label(),
+        "threads": n,
+        "target": _file_key(target_file),
+        "refs": {k: _file_key(v) for k, v in refs.items()},
+        "base": base_arch.to_dict(),
+        "quants": list(space.weights),
+        "context": context,
+        "max_batch": max_batch,
+    }
+
+    def write_random(path: Path, arch: Architecture, quant: str) -> Path:
+        return write_gguf(path, arch, random_tensors(arch), quant, target_file, f"random {arch.name}")
+
+    def calibrate():  # type: ignore[no-untyped-def]
+        return calibrate_llama_cpp(
+            llama,
+            target_file,
+            base_arch,
+            space.weights,
+            context,
+            max_batch,
+            refs,
+            state_dir() / "llama-cpp-random",
+            n,
+            write_random,
+            progress,
+        )
+
+    calibration, where = stored_or_calibrated(
+        store_path(state_dir(), request),
+        calibrate,
+        lambda: time_gguf(llama, target_file, (1,), context, n, repeats=2),
+    )
+    model = EngineModel(calibration, target_arch, base_arch)
+    return model, f"{model.summary()}; {where}"
+
+
+def _file_key(path: Path) -> list[object]:
+    stat = path.stat()
+    return [str(path), stat.st_size, int(stat.st_mtime)]
+
+
+@dataclass(frozen=True)
+class Verdict(Record):
+    """Whether any drafter can pay in this engine here, from measured step costs.
+
+    `verify_ratio[k]`: the target's k-token batch over its decode. `break_even[g]`: the acceptance
+    rate at which the fastest drafter the space holds (its shallowest depth, fastest type) breaks
+    even at gamma g (None: not even at acceptance 1). `reference_speedup`: the reference's
+    predicted (search) or measured (bench) speedup."""
+
+    engine: str
+    decode_ms: float
+    verify_ratio: dict[int, float]
+    fastest: str
+    fastest_draft_ms: float
+    break_even: dict[int, float | None]
+    reference: str = ""
+    reference_speedup: float | None = None
+    pays: bool = False
+
+    def lines(self) -> list[str]:
+        ratios = ", ".join(f"{k}: {r:.2f}x" for k, r in self.verify_ratio.items())
+        even = ", ".join(f"γ={g}: {'never' if a is None else f'{a:.2f}'}" for g, a in self.break_even.items())
+        head = (
+            "a drafter can pay here"
+            if self.pays
+            else f"no drafter pays here: in {self.engine} on this host a batch of k tokens costs far more "
+            "than a decode"
+        )
+        out = [
+            head,
+            f"  target decode {self.decode_ms:.1f} ms; batch of k tokens over a decode: {ratios}",
+            f"  break-even acceptance of the fastest drafter the space holds ({self.fastest}, "
+            f"{self.fastest_draft_ms:.1f} ms a draft): {even}",
+        ]
+        if self.reference_speedup is not None:
+            out.append(f"  {self.reference}: {self.reference_speedup:.3f}x the target alone")
+        return out
+
+
+def break_even_acceptance(
+    decode_ms: float, draft_ms: float, step_ms: Callable[[int], float], gamma: int
+) -> float | None:
+    """The acceptance rate at which `gamma` drafts per step, each costing `draft_ms`, plus the step's
+    batches (`step_ms(gamma)`: verify and the drafter's catch-up), match plain decoding; None when even
+    acceptance 1 does not."""
+    cost = gamma * draft_ms + step_ms(gamma)
+
+    def speedup(alpha: float) -> float:
+        return expected_tokens_per_step(alpha, gamma) * decode_ms / cost
+
+    if speedup(1.0) < 1.0:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if speedup(mid) < 1.0 else (lo, mid)
+    return round(hi, 3)
+
+
+def verdict(
+    model: EngineModel,
+    space: SearchSpace,
+    reference: str = "",
+    reference_speedup: float | None = None,
+    best_speedup: float | None = None,
+) -> Verdict:
+    """The verdict from `model`'s measured steps for the fastest drafter `space` holds."""
+    t = model.calibration.target
+    depth = min(space.depth.values())
+    arch = model.base.with_shape(name=f"{model.base.name}:L{depth}", num_hidden_layers=depth)
+    fastest_quant = min(space.weights, key=lambda q: model.for_weights(q).predict_ms(arch))
+    priced = model.for_weights(fastest_quant)
+    draft = priced.predict_ms(arch)
+    gammas = range(max(1, space.gamma.min), space.gamma.max + 1)
+    even = {
+        g: break_even_acceptance(
+            t.decode_ms,
+            draft,
+            lambda g: model.predict_ms(model.target, new_tokens=g + 1) + priced.drafter_batch_ms(arch, g + 1),
+            g,
+        )
+        for g in gammas
+    }
+    pays = max(best_speedup or 0.0, reference_speedup or 0.0) > 1.0
+    return Verdict(
+        engine=ENGINE,
+        decode_ms=t.decode_ms,
+        verify_ratio={k: round(v / t.decode_ms, 3) for k, v in t.batch_ms.items() if k > 1},
+        fastest=f"{depth} layers, {fastest_quant}",
+        fastest_draft_ms=round(draft, 3),
+        break_even=even,
+        reference=reference,
+        reference_speedup=reference_speedup,
+        pays=pays,
+    )
