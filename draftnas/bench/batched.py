@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from draftnas.bench.arms import Drafter
-from draftnas.bench.records import BatchedBenchResult, BatchPoint, BenchOptions
+from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
+from draftnas.bench.records import BenchOptions
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_identity, load_average
 from draftnas.core.prompts import Prompt

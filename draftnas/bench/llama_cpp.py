@@ -38,9 +38,10 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_identity, load_average
 from draftnas.core.prompts import Prompt
 from draftnas.core.records import Progress
-from draftnas.models.gguf_file import check_drafter_gguf, gguf_of
+from draftnas.models.gguf_file import check_drafter_gguf, engine_target, gguf_of
 from draftnas.models.llama_cpp import LlamaCpp, LlamaCppError, find_llama_cpp, server_flags
 from draftnas.models.sources import ensure_local_folder
+from draftnas.search.engine import Verdict
 from draftnas.search.predictions import read_predictions
 
 log = logging.getLogger(__name__)
@@ -266,7 +267,7 @@ def run_llama_cpp_bench(
         )
     if not prompts:
         raise InvalidInputError("no prompts to bench")
-    target_file = gguf_of(target)
+    target_file = engine_target(target, options.target_gguf)
     draft_file, folder = drafter_file(draft)
     check_drafter_gguf(target_file, draft_file)
     ref = None
@@ -334,4 +335,23 @@ def run_llama_cpp_bench(
     )
     if predictions is None:
         return result
-    return replace(result, predictions=check_predictions(result, predictions))
+    result = replace(result, predictions=check_predictions(result, predictions))
+    return replace(result, verdict=measured_verdict(result, predictions.verdict))
+
+
+def measured_verdict(result: BenchResult, said: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The search's verdict (its step costs, break-even acceptance) with what this bench measured: a drafter
+    pays only where its speedup's whole interval lies above 1."""
+    if said is None:
+        return None
+    drafters = [a for a in result.arms if a.speedup is not None]
+    best = max(drafters, key=lambda a: a.speedup or 0.0, default=None)
+    ref = next((a for a in drafters if a.name == REFERENCE), None)
+    pays = any(len(a.speedup_interval) == 2 and a.speedup_interval[0] > 1.0 for a in drafters)
+    text = ""
+    if best is not None and best.speedup is not None and len(best.speedup_interval) == 2:
+        low, high = best.speedup_interval
+        text = f"{best.name} {best.speedup:.3f}x [{low:.3f}, {high:.3f}]"
+    return Verdict.from_dict(said).to_dict() | {
+        "pays": pays, "source": "measured", "best": text,
+        "reference_speedup": ref.speedup if ref is not None else None}

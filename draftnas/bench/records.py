@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, parse_ints
@@ -52,14 +53,18 @@ class BenchOptions(Record):
                       "alone buys the reference).", choices=WEIGHT_FORMATS)
     engine: str | None = option(
         None, help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's "
-                   "decoder over a cache allocated once, with CUDA graphs on a GPU. Default: static on cuda, "
-                   "hf on cpu. llama.cpp: the target's GGUF alone and with each drafter's GGUF in "
-                   "llama.cpp's "
-                   "own server (a build from `draftnas engines --build` or --llama-cpp), greedy, the draft "
-                   "length fixed at --gamma.", choices=(*ENGINES, "llama.cpp"))
-    llama_cpp: str | None = option(
-        None, help="With --engine llama.cpp: the folder of a llama.cpp build's tools (default: the one "
-                   "`draftnas engines --build` made, or $DRAFTNAS_LLAMA_CPP).")
+                   "decoder over a cache allocated once (CUDA graphs on a GPU). llama.cpp: the GGUFs in "
+                   "llama.cpp's own server, greedy, draft length fixed at --gamma. Default: static on cuda, "
+                   "hf on cpu.", choices=(*ENGINES, "llama.cpp"))
+    llama_cpp: str | None = option(None, help="With --engine llama.cpp: a build's tools folder (default: the "
+                                              "one `draftnas engines --build` made).")
+    torch_arms: bool = option(
+        False, flag="--torch-arms/--no-torch-arms",
+        help="With --engine llama.cpp: then run the same prompts through draftnas's own loop (static engine, "
+             "--dtype; the drafter folder's weights) and print both engines in one table.")
+    target_gguf: str | None = option(
+        None, help="With --engine llama.cpp: run this quantization of the target (same shape and tokenizer) "
+                   "instead of its own file.")
     per_domain: int | None = option(
         None, help="At most this many prompts per domain, evenly spaced (0 = all); prompts a drafter was "
                    "healed on are left out first.", low=1, cli_default=2, parse=_per_domain)
@@ -92,11 +97,8 @@ class BenchOptions(Record):
         if self.batch_sizes and self.reference_gamma not in (None, self.gamma):
             extra.append(("reference_gamma", "applies to the arms bench; --batch-size runs every drafter "
                                              "at --gamma"))
-        if self.engine == "llama.cpp" and (self.batch_sizes or self.device != "cpu"):
-            extra.append(("engine", "llama.cpp is benched on the CPU, one sequence at a time "
-                                    "(no --batch-size, --device cpu)"))
-        if self.engine == "llama.cpp" and self.temperature > 0:
-            extra.append(("engine", "llama.cpp is benched greedy (temperature 0)"))
+        if self.engine == "llama.cpp" and (self.batch_sizes or self.device != "cpu" or self.temperature > 0):
+            extra.append(("engine", "llama.cpp is benched on the CPU, greedy, one sequence at a time"))
         if "int8" in (self.draft_weights, self.reference_weights) and self.device != "cpu":
             extra.append(("draft_weights", "int8 weights run on the CPU only; use dense on " + self.device))
         return check_options(self, extra)
@@ -241,6 +243,7 @@ class BenchResult(Record):
     rounds: int = 1  # interleaved rounds over the prompts (each prompt ran once per arm per round)
     comparisons: tuple[Comparison, ...] = ()  # the drafter's loop over the reference's, with its interval
     predictions: tuple[PredictionCheck, ...] = ()  # the search's predictions beside the measured figures
+    verdict: dict[str, Any] | None = None  # llama.cpp: the search's verdict with this bench's figures
 
     def arm(self, name: str) -> ArmResult:
         for a in self.arms:
@@ -368,43 +371,3 @@ class DrafterRow(Record):
     measured_per_domain: dict[str, dict[str, float]]
     gpu_predicted_speedup: float | None = None
     same_as: str | None = None
-
-
-@dataclass(frozen=True)
-class BatchPoint(Record):
-    """One batch size B: B prompts decoded together by the target alone and by each drafter's batched
-    loop (dicts keyed by drafter label). Tokens/s count every sequence's new tokens; `tokens_per_step`
-    is per sequence; `exact_match_rate`: share of sequences equal to the target's batched greedy
-    output; `predicted_speedup`: the latency profile at this B with this B's measured tokens per step."""
-
-    batch_size: int
-    target_tokens_per_s: float
-    tokens_per_s: dict[str, float]
-    speedup: dict[str, float]
-    tokens_per_step: dict[str, float]
-    exact_match_rate: dict[str, float]
-    predicted_speedup: dict[str, float]
-
-
-@dataclass(frozen=True)
-class BatchedBenchResult(Record):
-    """`draftnas bench --batch-size`: a point per batch size, and per drafter the measured crossover
-    (the first measured B whose speedup is below 1; None: none of them) beside the predicted one (the
-    first power of two up to 1024 the profile prices below 1 at the mean measured tokens per step)."""
-
-    target: str
-    drafters: dict[str, str]
-    gamma: int
-    max_new_tokens: int
-    device: str
-    dtype: str
-    threads: int
-    profile: str  # the latency profile the predictions come from ("" when there is none)
-    points: tuple[BatchPoint, ...]
-    measured_crossover: dict[str, int | None]
-    predicted_crossover: dict[str, int | None]
-    prompts: tuple[str, ...] = ()  # ids of the prompts, cycled to fill a batch
-    host: str = ""  # the CPU (vendor, family, model, the ISA that decides its kernels) or the GPU
-    load_average_before: str = ""
-    versions: dict[str, str] | None = None
-    wall_s: float = 0.0

@@ -31,12 +31,12 @@ from draftnas.acceptance.records import TraceOptions
 from draftnas.acceptance.traces import Traces, make_metadata, model_vocab_size, tokenizer_fingerprint
 from draftnas.acceptance.tracing import record_from_continuation
 from draftnas.bench.arms import MAIN, REFERENCE, Arm, Bench, Drafter, Run, arm_names
+from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.batched import host_label, run_batched_bench
 from draftnas.bench.predicted import check_predictions, exported_prediction
 from draftnas.bench.records import (
     ArmResult,
     ArmRun,
-    BatchedBenchResult,
     BenchOptions,
     BenchPrompt,
     BenchResult,

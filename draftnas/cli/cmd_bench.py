@@ -3,17 +3,18 @@ measured in one interleaved run, beside the estimate."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
-from draftnas.bench.records import BatchedBenchResult, BenchOptions
+from draftnas.bench.batch_records import BatchedBenchResult
+from draftnas.bench.records import BenchOptions
 from draftnas.cli.app import app, console, print_json
 from draftnas.cli.flags import options_command
 from draftnas.cli.progress import progress_bars
+from draftnas.core.records import write_json_file
 
 if TYPE_CHECKING:
     from draftnas.bench.records import ArmResult, BenchResult
@@ -64,6 +65,19 @@ def arms_table(result: BenchResult) -> Table:
                       _with_interval(a.speedup, a.speedup_interval, ".3f", "x"), a.baseline or "-",
                       _fmt(a.tokens_per_step, ".3f"), _fmt(a.predicted_tokens_per_step, ".3f"),
                       _flag(a.lossless), _match(a), _fmt(a.draft_ms_per_token))
+    return table
+
+
+def engines_table(*results: BenchResult) -> Table:
+    """Both engines' arms in one table: tokens/s and speedup over the target alone in the same engine."""
+    table = Table(title="Both engines, the same prompts (each engine's arms interleaved among themselves, "
+                        "the engines one after the other)", header_style="bold")
+    for col in ("engine", "arm", "tokens/s", "speedup over the target alone in that engine"):
+        table.add_column(col, justify="left" if col in ("engine", "arm") else "right")
+    for r in results:
+        for a in r.arms:
+            table.add_row(a.engine, a.name, _with_interval(a.tokens_per_s, a.tokens_per_s_interval, ".2f"),
+                          _with_interval(a.speedup, a.speedup_interval, ".3f", "x"))
     return table
 
 
@@ -181,11 +195,19 @@ def bench(
         run = run_batch_sizes if options.batch_sizes else run_bench  # type: ignore[assignment]
     with progress_bars(json_out) as on:
         result = run(target, draft, prompt_list, options, reference=reference, progress=on("bench"))
+        torch_result = None
+        if options.engine == "llama.cpp" and options.torch_arms:
+            from dataclasses import replace
+
+            torch_options = replace(options, engine="static", hf_assisted=False, hf_routed=False,
+                                    predictions=None)
+            torch_result = run_bench(target, draft, prompt_list, torch_options, reference=reference,
+                                     progress=on("bench, draftnas's loop"))
+    data = result.to_dict() | ({"torch_arms": torch_result.to_dict()} if torch_result is not None else {})
     if out_json is not None:
-        out_json.parent.mkdir(parents=True, exist_ok=True)
-        out_json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        write_json_file(out_json, data, indent=2)
     if json_out:
-        print_json(result.to_dict())
+        print_json(data)
         return
     if isinstance(result, BatchedBenchResult):
         _print_batched(result)
@@ -198,6 +220,14 @@ def bench(
         console.print(line, highlight=False, soft_wrap=True)
     if result.predictions:
         console.print(predictions_table(result))
+    if torch_result is not None:
+        console.print(arms_table(torch_result))
+        console.print(engines_table(result, torch_result))
+    if result.verdict is not None:
+        from draftnas.search.engine import Verdict
+
+        for line in Verdict.from_dict(result.verdict).lines():
+            console.print(line, highlight=False, soft_wrap=True)
     for label, spec in result.drafters.items():
         console.print(f"{label}: {spec}", highlight=False, soft_wrap=True)
     if result.host:

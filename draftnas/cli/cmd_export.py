@@ -75,6 +75,10 @@ def export(
     if quant is not None and fmt != "gguf":
         raise InvalidInputError("--quant is the GGUF's type: pass --format gguf with it")
     gguf = (quant or "default") if fmt == "gguf" else None
+    if quant is not None:
+        from draftnas.models.llama_cpp import check_quant
+
+        gguf = check_quant(quant)  # before any work
 
     request = ExportRequest(out_dir=str(out), study=study, storage=storage, trial=trial,
                             plan_file=str(plan) if plan else None, base=base, target=target,

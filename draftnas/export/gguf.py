@@ -38,7 +38,9 @@ def check_gguf_export(quant: str, target: str, reduced_head_rows: int, build: st
 
 
 def gguf_path(out_dir: str | Path, name: str, quant: str) -> Path:
-    return Path(out_dir) / f"{name}-{quant}.gguf"
+    """OUT/<name>.gguf when the drafter's name already says its type (a trial searched in it), else
+    OUT/<name>-<quant>.gguf."""
+    return Path(out_dir) / (f"{name}.gguf" if name.endswith(f"-{quant}") else f"{name}-{quant}.gguf")
 
 
 def export_gguf(

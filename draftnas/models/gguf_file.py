@@ -27,8 +27,9 @@ from draftnas.models.ggml_quants import BLOCK_BYTES, WRITTEN, quantize
 from draftnas.models.records import EMBEDDED
 from draftnas.models.sources import locate_embedded_gguf, resolve_source
 
-#: the families whose GGUF layout draftnas writes (llama.cpp's architecture names)
-GGUF_ARCH = {"qwen2": "qwen2", "llama": "llama"}
+#: the families whose GGUF layout draftnas writes (llama.cpp's architecture names). LLaMA's q/k rows
+#: would need convert_hf_to_gguf's rotary permutation first; not written until a test checks it
+GGUF_ARCH = {"qwen2": "qwen2"}
 VOCAB_SLACK = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 _LAYER = {
     "input_layernorm": "attn_norm",
@@ -364,6 +365,26 @@ def model_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         if tied and name == "lm_head.weight":
             continue
         yield name, t
+
+
+def engine_target(spec: str, given: str | None) -> Path:
+    """The target's GGUF llama.cpp runs: `given` (--target-gguf: another quantization of the target, e.g.
+    a Q8_0 made with llama-quantize), checked to have the target's shape and tokenizer; else its own."""
+    own = gguf_of(spec)
+    if given is None:
+        return own
+    path = Path(given).expanduser()
+    if not path.is_file() or path.suffix != ".gguf":
+        raise InvalidInputError(f"--target-gguf {given}: not a .gguf file")
+    mine, theirs = read_info(own), read_info(path)
+    shape = ("architecture", "block_count", "embedding_length", "feed_forward_length", "head_count")
+    differs = [f"{k} {getattr(theirs, k)} (target: {getattr(mine, k)})" for k in shape
+               if getattr(theirs, k) != getattr(mine, k)]
+    differs += vocab_problems(mine, theirs)
+    if differs:
+        raise InvalidInputError(f"--target-gguf {given} is not a quantization of {spec}: "
+                                + "; ".join(differs))
+    return path.resolve()
 
 
 def gguf_of(spec: str) -> Path:

@@ -28,7 +28,7 @@ from draftnas.latency.llama_cpp import (
     stored_or_calibrated,
     time_gguf,
 )
-from draftnas.models.gguf_file import gguf_of, random_tensors, write_gguf
+from draftnas.models.gguf_file import engine_target, gguf_of, random_tensors, write_gguf
 from draftnas.models.llama_cpp import find_llama_cpp
 from draftnas.models.records import GGUF_WEIGHTS
 from draftnas.models.sources import state_dir
@@ -75,6 +75,7 @@ def llama_cpp_model(
     build: str | None,
     threads: int | None,
     progress: Callable[[int, int], None] | None = None,
+    target_gguf: str | None = None,
 ) -> tuple[EngineModel, str]:
     """The llama.cpp latency model of this host for `space` (stored per host and reused after a drift
     check on the target's decode), and the line saying what was measured."""
@@ -83,7 +84,7 @@ def llama_cpp_model(
         raise InvalidInputError(
             f"--engine llama.cpp with search space {space.name!r}: " + "; ".join(problems)
         )
-    target_file = gguf_of(target)
+    target_file = engine_target(target, target_gguf)
     refs = {r: gguf_of(r) for r in references}
     n = threads_here(threads)
     llama = probe_flags(find_llama_cpp(build), target_file, n)
@@ -152,16 +153,14 @@ class Verdict(Record):
     reference: str = ""
     reference_speedup: float | None = None
     pays: bool = False
+    source: str = "predicted"  # "predicted" (the search) or "measured" (a bench of the same engine)
+    best: str = ""  # the best drafter's name and speedup, as `source` says
 
     def lines(self) -> list[str]:
         ratios = ", ".join(f"{k}: {r:.2f}x" for k, r in self.verify_ratio.items())
         even = ", ".join(f"γ={g}: {'never' if a is None else f'{a:.2f}'}" for g, a in self.break_even.items())
-        head = (
-            "a drafter can pay here"
-            if self.pays
-            else f"no drafter pays here: in {self.engine} on this host a batch of k tokens costs far more "
-            "than a decode"
-        )
+        head = f"{'a drafter pays' if self.pays else 'no drafter pays'} here in {self.engine} ({self.source}"
+        head += f"; best: {self.best})" if self.best else ")"
         out = [
             head,
             f"  target decode {self.decode_ms:.1f} ms; batch of k tokens over a decode: {ratios}",
@@ -169,7 +168,7 @@ class Verdict(Record):
             f"{self.fastest_draft_ms:.1f} ms a draft): {even}",
         ]
         if self.reference_speedup is not None:
-            out.append(f"  {self.reference}: {self.reference_speedup:.3f}x the target alone")
+            out.append(f"  {self.reference}: {self.reference_speedup:.3f}x the target alone ({self.source})")
         return out
 
 
@@ -199,6 +198,7 @@ def verdict(
     reference: str = "",
     reference_speedup: float | None = None,
     best_speedup: float | None = None,
+    best: str = "",
 ) -> Verdict:
     """The verdict from `model`'s measured steps for the fastest drafter `space` holds."""
     t = model.calibration.target
@@ -224,6 +224,7 @@ def verdict(
         verify_ratio={k: round(v / t.decode_ms, 3) for k, v in t.batch_ms.items() if k > 1},
         fastest=f"{depth} layers, {fastest_quant}",
         fastest_draft_ms=round(draft, 3),
+        best=f"{best} {best_speedup:.3f}x" if best and best_speedup is not None else "",
         break_even=even,
         reference=reference,
         reference_speedup=reference_speedup,

@@ -76,6 +76,7 @@ class SearchRequest:
     calibration: str | None = None  # a stored calibration of this host to use (--calibration FILE)
     threads: int | None = None  # torch's CPU threads for the whole search (None: torch's default)
     llama_cpp: str | None = None  # --llama-cpp DIR: a llama.cpp build (default: the cached one)
+    target_gguf: str | None = None  # llama.cpp: another quantization of the target to time (--target-gguf)
 
 
 def fingerprint_text(data: Any) -> str:
@@ -204,7 +205,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         engine, dtype = LLAMA_CPP, request.dtype or "fp32"  # acceptance: fp32 over the GGUF-rounded weights
         predictor, profile_note = llama_cpp_model(
             request.target, target_arch, base_arch, space, references, request.llama_cpp, request.threads,
-            calibration_progress)
+            calibration_progress, request.target_gguf)
         profile = f"llama.cpp ({predictor.calibration.version}, this host)"
     elif [w for w in space.weights if w in GGUF_WEIGHTS]:
         raise InvalidInputError(f"search space {space.name!r} offers GGUF weights "
@@ -353,7 +354,8 @@ def search(request: SearchRequest, *, progress: Callable[[int, int], None] | Non
     if isinstance(predictor, EngineModel):  # llama.cpp: whether any drafter can pay there, from its steps
         ref = result.references[0] if result.references else None
         said = verdict(predictor, options.space, ref.reference or "" if ref else "",
-                       ref.throughput.speedup if ref else None, result.best.throughput.speedup)
+                       ref.throughput.speedup if ref else None, result.best.throughput.speedup,
+                       result.best.candidate.name)
         result = replace(result, verdict=said.to_dict())
     path = write_predictions(Path(result.run_dir) / PREDICTIONS_FILE,
                              search_predictions(result, predictor, options))

@@ -382,7 +382,7 @@ def test_ctrl_c_on_the_cli_prints_the_table_so_far_and_leaves_nothing_running(tm
 def test_the_table_keeps_whole_names_at_120_columns_and_says_what_to_run_next(tmp_path):
     from rich.console import Console
 
-    from draftnas.cli.cmd_search import next_commands, ranked_table, summary_lines
+    from draftnas.cli.search_render import next_commands, ranked_table, summary_lines
 
     result = run_search(smol_options(tmp_path, n_trials=10), StubLatency(), FakeMeasured())
     console = Console(width=120, record=True)
@@ -409,7 +409,7 @@ def test_the_table_keeps_whole_names_at_120_columns_and_says_what_to_run_next(tm
 
 
 def test_when_nothing_wins_the_summary_gives_the_acceptance_one_ceiling(tmp_path):
-    from draftnas.cli.cmd_search import summary_lines
+    from draftnas.cli.search_render import summary_lines
     from draftnas.search.results import acceptance_ceiling
 
     result = run_search(smol_options(tmp_path, n_trials=6), StubLatency(), FakeMeasured(alpha=0.02))
@@ -466,7 +466,7 @@ def test_host_calibration_answers_the_targets_prefill_with_its_measurement():
 def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced():
     from types import SimpleNamespace as NS
 
-    from draftnas.cli.cmd_search import next_commands
+    from draftnas.cli.search_render import next_commands
 
     S = {"study_name": "s", "predictions_file": None}  # noqa: N806
 

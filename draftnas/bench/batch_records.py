@@ -1,0 +1,47 @@
+"""What `draftnas bench --batch-size` measures (pure): a point per batch size and the crossovers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftnas.core.records import Record
+
+
+@dataclass(frozen=True)
+class BatchPoint(Record):
+    """One batch size B: B prompts decoded together by the target alone and by each drafter's batched
+    loop (dicts keyed by drafter label). Tokens/s count every sequence's new tokens; `tokens_per_step`
+    is per sequence; `exact_match_rate`: share of sequences equal to the target's batched greedy
+    output; `predicted_speedup`: the latency profile at this B with this B's measured tokens per step."""
+
+    batch_size: int
+    target_tokens_per_s: float
+    tokens_per_s: dict[str, float]
+    speedup: dict[str, float]
+    tokens_per_step: dict[str, float]
+    exact_match_rate: dict[str, float]
+    predicted_speedup: dict[str, float]
+
+
+@dataclass(frozen=True)
+class BatchedBenchResult(Record):
+    """`draftnas bench --batch-size`: a point per batch size, and per drafter the measured crossover
+    (the first measured B whose speedup is below 1; None: none of them) beside the predicted one (the
+    first power of two up to 1024 the profile prices below 1 at the mean measured tokens per step)."""
+
+    target: str
+    drafters: dict[str, str]
+    gamma: int
+    max_new_tokens: int
+    device: str
+    dtype: str
+    threads: int
+    profile: str  # the latency profile the predictions come from ("" when there is none)
+    points: tuple[BatchPoint, ...]
+    measured_crossover: dict[str, int | None]
+    predicted_crossover: dict[str, int | None]
+    prompts: tuple[str, ...] = ()  # ids of the prompts, cycled to fill a batch
+    host: str = ""  # the CPU (vendor, family, model, the ISA that decides its kernels) or the GPU
+    load_average_before: str = ""
+    versions: dict[str, str] | None = None
+    wall_s: float = 0.0
