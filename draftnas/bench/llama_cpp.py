@@ -354,4 +354,5 @@ def measured_verdict(result: BenchResult, said: dict[str, Any] | None) -> dict[s
         text = f"{best.name} {best.speedup:.3f}x [{low:.3f}, {high:.3f}]"
     return Verdict.from_dict(said).to_dict() | {
         "pays": pays, "source": "measured", "best": text,
+        "median_pays": not pays and best is not None and (best.speedup or 0.0) > 1.0,
         "reference_speedup": ref.speedup if ref is not None else None}

@@ -45,9 +45,9 @@ def _with_interval(value: float | None, interval: tuple[float, ...], spec: str, 
 
 
 def arms_table(result: BenchResult) -> Table:
-    """Every arm: tokens/s and speedup over its baseline (medians over prompts, 95% intervals),
-    tokens per step (measured and estimated), losslessness against the baseline's greedy output (a
-    drafter run with int8 weights says so)."""
+    """Every arm: tokens/s and speedup over its baseline (medians over prompts, 95% intervals), its
+    draft length and share of drafted tokens accepted, tokens per step (measured and estimated),
+    losslessness against the baseline's greedy output (a drafter run with int8 weights says so)."""
     rounds = f"{result.rounds} rounds, " if result.rounds > 1 else ""
     table = Table(title=f"Speculative decoding, gamma={result.gamma}, T={result.temperature:g} "
                         f"({result.n_prompts} prompts x {result.max_new_tokens} tokens, {rounds}"
@@ -55,16 +55,17 @@ def arms_table(result: BenchResult) -> Table:
                         f"loop engine {result.engine}); "
                         "tokens/s and speedup: median over prompts [95% interval]",
                   header_style="bold")
-    for col in ("arm", "engine", "tokens/s", "speedup", "over", "tok/step", "estimated", "lossless",
-                "exact match", "ms/draft"):
+    for col in ("arm", "engine", "tokens/s", "speedup", "over", "γ", "accepted", "tok/step", "estimated",
+                "lossless", "exact match", "ms/draft"):
         table.add_column(col, justify="left" if col in ("arm", "engine", "over") else "right")
     for a in result.arms:
-        engine = a.engine + (" int8" if a.draft_weights == "int8" else "") + (
-            f" γ={a.gamma}" if a.gamma not in (None, result.gamma) else "")
+        engine = a.engine + (" int8" if a.draft_weights == "int8" else "")
         table.add_row(a.name, engine, _with_interval(a.tokens_per_s, a.tokens_per_s_interval, ".2f"),
                       _with_interval(a.speedup, a.speedup_interval, ".3f", "x"), a.baseline or "-",
+                      _fmt(a.gamma, "d"), _fmt(a.draft_acceptance_rate, ".1%"),
                       _fmt(a.tokens_per_step, ".3f"), _fmt(a.predicted_tokens_per_step, ".3f"),
-                      _flag(a.lossless), _match(a), _fmt(a.draft_ms_per_token))
+                      _flag(a.lossless), _match(a),
+                      _fmt(a.draft_ms_per_token))
     return table
 
 

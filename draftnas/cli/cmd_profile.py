@@ -48,7 +48,8 @@ def profile(
     engine: str = typer.Option(
         "torch", "--engine",
         help="torch: draftnas's own runtime (the default). llama.cpp: time --model (a GGUF) in llama.cpp's "
-             "stock llama-bench: decode and a batch of k = 2..--max-gamma+1 tokens after --context tokens; "
+             "stock llama-bench: decode and a batch of k = 2..8 (or --max-gamma+1) tokens after --context "
+             "tokens; "
              "with --base and --quants also random-weight GGUF drafters of that base at three depths per "
              "quant type, lines fitted."),
     model: Path | None = typer.Option(None, "--model",
@@ -239,7 +240,7 @@ def _profile_llama_cpp(engine: str, model: Path | None, base: str | None, quants
 
     with progress_bars(json_out) as on:
         calibration = calibrate_llama_cpp(llama, model, arch or get_architecture("qwen2.5-coder-0.5b"),
-                                          kinds if arch else [], context, max_gamma + 1, {},
+                                          kinds if arch else [], context, max(max_gamma + 1, 8), {},
                                           state_dir() / "llama-cpp-random", threads, write_random,
                                           on("llama-bench"))
     path = out or Path(f"draftnas-profile-llama-cpp-{model.stem}.json")

@@ -32,13 +32,16 @@ def export_best(result: SearchResult, root: Path, json_out: bool) -> tuple[str, 
     if b is None or not exportable(result):
         raise InvalidInputError("--export needs a search that pruned real weights and measured acceptance; "
                                 "this study has no such drafter to export")
-    out = root / b.candidate.name
-    record = exported_record(out)
-    if record is not None and record.get("source") == study_source(result.study_name, b.number):
-        if not json_out:
-            console.print(f"{out} already holds trial {b.number} of study {result.study_name} (exported "
-                          "before; its README.md has the figures)")
-        return str(out), int(record.get("gamma", b.primary.gamma)), record
+    # a folder holding another study's drafter of the same name is kept; this one goes beside it
+    for out in (root / b.candidate.name, root / f"{b.candidate.name}-{result.study_name}"):
+        record = exported_record(out)
+        if record is not None and record.get("source") == study_source(result.study_name, b.number):
+            if not json_out:
+                console.print(f"{out} already holds trial {b.number} of study {result.study_name} (exported "
+                              "before; its README.md has the figures)")
+            return str(out), int(record.get("gamma", b.primary.gamma)), record
+        if not out.exists() or not any(out.iterdir()):
+            break
     request = ExportRequest(out_dir=str(out), study=result.study_name, storage=result.storage, trial=b.number,
                             heal_steps=None, device=result.info.device)
     with progress_bars(json_out) as on:
@@ -180,7 +183,7 @@ def search(
     exported = export_best(result, Path("drafters"), json_out) if export else None
     _write_json(result, exported, json_out, out_json)
     if not json_out:
-        for line in next_commands(result, exported[:2] if exported else None):
+        for line in next_commands(result, exported[:2] if exported else None, target_gguf):
             console.print(line, highlight=False, soft_wrap=True)
 
 

@@ -148,10 +148,12 @@ def exportable(result: SearchResult) -> bool:
     return b is not None and b.candidate.plan is not None and not result.info.acceptance_assumed
 
 
-def next_commands(result: SearchResult, exported: tuple[str, int] | None = None) -> list[str]:
+def next_commands(result: SearchResult, exported: tuple[str, int] | None = None,
+                  target_gguf: str | None = None) -> list[str]:
     """What to run next with the best drafter: export it (unless `exported`: its folder and gamma),
     bench it (beside the first reference with weights, at its own best gamma, in the dtype the search
-    chose), use it from transformers."""
+    chose, on `target_gguf` when llama.cpp timed another file of the target), use it from transformers
+    or llama.cpp."""
     from draftnas.models.sources import has_weights
 
     b = result.best
@@ -171,7 +173,7 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
     reference = ref.reference if ref is not None else None
     ref_gamma = ref.primary.gamma if ref is not None else gamma  # the reference at its own best gamma
     if result.info.engine == "llama.cpp":
-        use = _llama_cpp_use(result, folder, gamma)
+        use = _llama_cpp_use(result, folder, gamma, target_gguf)
     else:
         int8 = b.candidate.choice.weights == "int8"
         use = [f"  in transformers: target.generate(..., assistant_model={load})",
@@ -184,6 +186,7 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
         *export,
         f"  draftnas bench --target {result.info.target} --draft {folder} --gamma {gamma}"
         + (f" --engine {result.info.engine}" if result.info.engine else "")
+        + (f" --target-gguf {target_gguf}" if target_gguf else "")
         + (f" --dtype {result.info.dtype}" if result.info.dtype != "fp32" else "")
         + (f" --device {result.info.device}" if result.info.device != "cpu" else "")
         + (f" --reference {reference}" if reference else "")
@@ -194,12 +197,13 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None)
     ]
 
 
-def _llama_cpp_use(result: SearchResult, folder: str, gamma: int) -> list[str]:
+def _llama_cpp_use(result: SearchResult, folder: str, gamma: int, target_gguf: str | None) -> list[str]:
     """How to serve the winner with llama.cpp's own server, draft length as searched."""
     from draftnas.models.gguf_file import gguf_of
 
     b = result.best
     assert b is not None
     drafter = f"{folder}/{result.info.base}-{b.candidate.name}.gguf"  # export.gguf.gguf_path
-    return [f"  in llama.cpp: llama-server -m {gguf_of(result.info.target)} -md {drafter} --spec-type "
+    target = target_gguf or gguf_of(result.info.target)
+    return [f"  in llama.cpp: llama-server -m {target} -md {drafter} --spec-type "
             f"draft-simple --spec-draft-n-max {gamma} --spec-draft-p-min 0"]

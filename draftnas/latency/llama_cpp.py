@@ -238,6 +238,8 @@ class EngineModel:
     file's; any other shape is a drafter of the base's width priced, in the quant type chosen with
     `for_weights`, from the line through the depths timed."""
 
+    max_batch_size = 1  # one sequence: no batch sweep (`search.loop`)
+
     def __init__(
         self,
         calibration: EngineCalibration,

@@ -155,11 +155,17 @@ class Verdict(Record):
     pays: bool = False
     source: str = "predicted"  # "predicted" (the search) or "measured" (a bench of the same engine)
     best: str = ""  # the best drafter's name and speedup, as `source` says
+    # measured: the best drafter's median prompt is faster than the target alone but its interval reaches
+    # below 1 (some prompts slower): it pays on the typical prompt, not on every one
+    median_pays: bool = False
 
     def lines(self) -> list[str]:
         ratios = ", ".join(f"{k}: {r:.2f}x" for k, r in self.verify_ratio.items())
         even = ", ".join(f"γ={g}: {'never' if a is None else f'{a:.2f}'}" for g, a in self.break_even.items())
-        head = f"{'a drafter pays' if self.pays else 'no drafter pays'} here in {self.engine} ({self.source}"
+        said = ("a drafter pays" if self.pays else
+                "a drafter pays on the median prompt, not on every prompt (its interval reaches below 1)"
+                if self.median_pays else "no drafter pays")
+        head = f"{said} here in {self.engine} ({self.source}"
         head += f"; best: {self.best})" if self.best else ")"
         out = [
             head,

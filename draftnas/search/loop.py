@@ -307,8 +307,11 @@ def _read(run: _Run, candidate: Candidate) -> LatencyReading:
                         target_predictor=run.target_predictor)
 
 
-def _economics(run: _Run, candidate: Candidate, acceptance: AcceptanceReading) -> BatchEconomics:
+def _economics(run: _Run, candidate: Candidate, acceptance: AcceptanceReading) -> BatchEconomics | None:
+    """The batch sweep; None where the latency model prices one sequence only (llama.cpp here)."""
     o = run.options
+    if getattr(run.predictor, "max_batch_size", None) == 1:
+        return None
     predictor = weights_predictor(run.predictor, candidate.choice.weights)
     return batch_economics(predictor, run.target_predictor, o.profile, candidate.arch, o.target_arch,
                            o.space.workload, o.space.gamma, acceptance, candidate.head_vocab_size,
@@ -372,7 +375,8 @@ def _finish(run: _Run, trial: optuna.Trial, evaluation: Evaluation, proposed: Ca
     economics = _economics(run, candidate, evaluation.acceptance)
     for key, rec in (("candidate", candidate), ("latency", latency), ("acceptance", evaluation.acceptance),
                      ("throughput", prediction), ("economics", economics)):
-        trial.set_user_attr(key, rec.to_dict())
+        if rec is not None:
+            trial.set_user_attr(key, rec.to_dict())
     if single:
         return TrialState.COMPLETE, [prediction.tokens_per_s]
     i = o.space.workload.batch_sizes.index(o.space.workload.primary_batch_size)

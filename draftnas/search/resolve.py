@@ -40,7 +40,7 @@ from draftnas.search.evaluate import Evaluator, ModelEvaluator, PriorEvaluator, 
 from draftnas.search.loop import SAMPLERS, SearchOptions, run_search
 from draftnas.search.predictions import FILE_NAME as PREDICTIONS_FILE
 from draftnas.search.predictions import search_predictions, write_predictions
-from draftnas.search.records import LatencyPredictor, SearchResult, StudySettings
+from draftnas.search.records import LatencyPredictor, SearchResult, StudySettings, default_study_name
 from draftnas.search.space import SearchSpace
 from draftnas.search.space_file import default_space_for, load_search_space
 
@@ -231,9 +231,13 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     elif request.acceptance_anchor is not None:
         raise InvalidInputError("--acceptance-anchor needs an acceptance model "
                                 "(--acceptance-prior MODEL.json)")
+    study = request.study
+    if request.target_gguf and study.study_name is None:  # another file's timings: a study of its own
+        study = replace(study, study_name=f"{default_study_name(request.target, space, study.sampler)}-"
+                                          f"{Path(request.target_gguf).stem}")
     options = SearchOptions(
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
-        profile=profile, study=request.study, acceptance_prior=request.acceptance_prior,
+        profile=profile, study=study, acceptance_prior=request.acceptance_prior,
         profile_note=profile_note, placement=placement, acceptance_model=model_label, engine=engine,
         dtype=dtype, references=references, device=request.device, int8_dtype=int8_dtype)
     if request.acceptance_model is not None:

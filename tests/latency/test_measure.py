@@ -357,5 +357,6 @@ def test_profile_target_extrapolates_k_layers_checks_the_method_and_the_search_u
     assert predictor.predict_ms(smol, context_tokens=ctx) == 111.0
     assert "priced from its first 1/2 layers" in (options.profile_note or "")
     assert options.engine is None  # not calibrated: priced as the profile was timed
-    with pytest.raises(InvalidInputError, match="--engine 'vllm' is not known \\(allowed: hf, static\\)"):
+    allowed = "\\(allowed: hf, static, llama.cpp\\)"
+    with pytest.raises(InvalidInputError, match=f"--engine 'vllm' is not known {allowed}"):
         plan_search(dataclasses.replace(request, engine="vllm"))

@@ -191,3 +191,15 @@ def test_round_model_rounds_matrices_and_leaves_vectors(tiny_llama_config):
     q = "model.layers.0.self_attn.q_proj.weight"
     assert torch.equal(after[q], rounded(before[q], "Q4_0")) and not torch.equal(after[q], before[q])
     assert torch.equal(after["model.norm.weight"], before["model.norm.weight"])
+
+
+def test_gguf_export_refuses_a_reduced_head_and_unknown_types_before_any_work():
+    from draftnas.core.errors import ExportError
+    from draftnas.export.gguf import check_gguf_export, gguf_path
+
+    with pytest.raises(ExportError, match=r"reduced draft head \(32768 rows\); llama.cpp loads only"):
+        check_gguf_export("Q8_0", "qwen2.5-coder-1.5b", 32768, None)
+    with pytest.raises(InvalidInputError, match="not a llama.cpp quant type"):
+        check_gguf_export("Q9_9", "qwen2.5-coder-1.5b", 0, None)
+    assert gguf_path("out", "base-L4-Q4_0", "Q4_0").name == "base-L4-Q4_0.gguf"
+    assert gguf_path("out", "base-L4", "Q6_K").name == "base-L4-Q6_K.gguf"

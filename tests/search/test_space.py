@@ -119,7 +119,7 @@ def test_weight_formats_are_a_searched_choice_with_the_allowed_values_named():
     space = parse_search_space({**GOOD, "weights": ["dense", "int8"]})
     assert space.weights == ("dense", "int8") and space.size() == 2 * parse_search_space(GOOD).size()
     assert list(distributions(space)["weights"].choices) == ["dense", "int8"]
-    refused = r"weights\[0\]: 'int4' is not allowed \(allowed: dense, int8\)"
+    refused = r"weights\[0\]: 'int4' is not allowed \(allowed: dense, int8, Q8_0, Q4_0\)"
     with pytest.raises(SearchSpaceError, match=refused):
         parse_search_space({**GOOD, "weights": ["int4"]})
     assert "int8" in load_search_space("qwen2.5-coder-1.5b").weights
