@@ -105,7 +105,8 @@ def summary_lines(result: SearchResult) -> list[str]:
         lines.append(f"best: trial {b.number} {b.candidate.name}: {b.throughput.tokens_per_s:,.1f} tokens/s, "
                      f"{b.throughput.speedup:.3f}x plain decoding "
                      f"({b.throughput.baseline_tokens_per_s:,.1f} tokens/s)")
-    if result.best is not None and result.best.throughput.speedup < 1.0:
+    # (a llama.cpp search prints its verdict instead: the engine's step costs and break-even acceptance)
+    if result.best is not None and result.best.throughput.speedup < 1.0 and result.verdict is None:
         lines.append(_no_winner(result))
     if result.info.acceptance_model:
         lines.append(f"NOTE: {result.info.note}. Transferring a model fitted on other families to this one "
