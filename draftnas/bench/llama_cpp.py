@@ -32,14 +32,13 @@ from transformers import AutoTokenizer
 from draftnas.bench.arms import MAIN, REFERENCE
 from draftnas.bench.predicted import check_predictions
 from draftnas.bench.records import ArmResult, ArmRun, BenchOptions, BenchPrompt, BenchResult
-from draftnas.bench.run import compare_arms, unseen_prompts
-from draftnas.bench.stats import median_interval, per_prompt_median
+from draftnas.bench.run import compare_arms, first_divergence, interval_of, tokens_per_s, unseen_prompts
 from draftnas.core.errors import InvalidInputError
-from draftnas.core.machine import cpu_identity, load_average
+from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.prompts import Prompt
 from draftnas.core.records import Progress
 from draftnas.models.gguf_file import check_drafter_gguf, engine_target, gguf_of
-from draftnas.models.llama_cpp import LlamaCpp, LlamaCppError, find_llama_cpp, server_flags
+from draftnas.models.llama_cpp import LlamaCpp, LlamaCppError, find_llama_cpp, last_lines, server_flags
 from draftnas.models.sources import ensure_local_folder
 from draftnas.search.engine import Verdict
 from draftnas.search.predictions import read_predictions
@@ -132,7 +131,7 @@ class Server:
             if self.process.poll() is not None:
                 raise LlamaCppError(
                     f"llama-server for {self.arm.name} exited {self.process.returncode}: "
-                    f"{_tail(self.log.name)} (command: {' '.join(self.command)})"
+                    f"{self.log_tail()} (command: {' '.join(self.command)})"
                 )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
@@ -142,7 +141,7 @@ class Server:
                 pass
             time.sleep(0.5)
         raise LlamaCppError(
-            f"llama-server for {self.arm.name} was not ready in 300 s: {_tail(self.log.name)}"
+            f"llama-server for {self.arm.name} was not ready in 300 s: {self.log_tail()}"
         )
 
     def __exit__(
@@ -155,6 +154,9 @@ class Server:
             self.process.kill()
         self.log.close()
         os.unlink(self.log.name)
+
+    def log_tail(self) -> str:
+        return last_lines(Path(self.log.name).read_text(errors="replace"), 3)
 
     def complete(self, ids: Sequence[int], n_predict: int, seed: int) -> dict[str, Any]:
         body = {
@@ -182,11 +184,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _tail(path: str, lines: int = 3) -> str:
-    text = Path(path).read_text(errors="replace").strip().splitlines()
-    return " | ".join(line.strip() for line in text[-lines:]) or "(no output)"
-
-
 def _run(server: Server, ids: Sequence[int], options: BenchOptions) -> tuple[ArmRun, list[int]]:
     out = server.complete(ids, options.max_new_tokens, options.seed)
     t = out["timings"]
@@ -203,23 +200,9 @@ def _run(server: Server, ids: Sequence[int], options: BenchOptions) -> tuple[Arm
     return run, [int(x) for x in out.get("tokens", [])]
 
 
-def _first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
-    for i, (a, b) in enumerate(zip(tokens, reference, strict=False)):
-        if a != b:
-            return i
-    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
-
-
-def _tokens_per_s(run: ArmRun) -> float:
-    return run.new_tokens / run.seconds if run.seconds > 0 else 0.0
-
-
 def _arm_result(arm: LlamaArm, rows: Sequence[BenchPrompt]) -> ArmResult:
     runs = [p.run(arm.name) for p in rows]
-    by_prompt: dict[str, list[float]] = {}
-    for p in rows:
-        by_prompt.setdefault(p.prompt_id, []).append(_tokens_per_s(p.run(arm.name)))
-    tps, low, high = median_interval(per_prompt_median(by_prompt))
+    tps, (low, high) = interval_of(rows, lambda p: tokens_per_s(p.run(arm.name)))
     tokens = sum(r.new_tokens for r in runs)
     result = ArmResult(
         name=arm.name,
@@ -260,11 +243,7 @@ def run_llama_cpp_bench(
     """Bench `draft` (and `reference`) against `target` alone in llama.cpp: every prompt no drafter was
     healed or searched on, every arm, `options.rounds` interleaved rounds (the arms' order rotating)."""
     started, load_before = time.perf_counter(), load_average()
-    options.validate()
-    if options.temperature > 0:
-        raise InvalidInputError(
-            "--engine llama.cpp benches greedy decoding (temperature 0); drop --temperature"
-        )
+    options = replace(options, engine=ENGINE).validate()  # greedy, CPU, one sequence: its checks
     if not prompts:
         raise InvalidInputError("no prompts to bench")
     target_file = engine_target(target, options.target_gguf)
@@ -276,7 +255,7 @@ def run_llama_cpp_bench(
         check_drafter_gguf(target_file, ref)
     predictions = read_predictions(options.predictions) if options.predictions else None
     llama = find_llama_cpp(options.llama_cpp)
-    threads = len(os.sched_getaffinity(0))
+    threads = cpu_count()
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_local_folder(target)[1]))
     kept, encoded, left_out = unseen_prompts(prompts, tokenizer, [folder], options.per_domain)
     arms = [LlamaArm(TARGET, target_file), LlamaArm(MAIN, target_file, draft_file, options.gamma, draft)]
@@ -297,7 +276,7 @@ def run_llama_cpp_bench(
                 done = {s.arm.name: _run(s, ids, options) for s in servers[shift:] + servers[:shift]}
                 plain = done[TARGET][1]
                 runs = tuple(
-                    replace(run, lossless=tokens == plain, first_divergence=_first_divergence(tokens, plain))
+                    replace(run, lossless=tokens == plain, first_divergence=first_divergence(tokens, plain))
                     if s.arm.draft is not None
                     else run
                     for s in servers

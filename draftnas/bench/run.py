@@ -82,7 +82,7 @@ def _bench_prompt(bench: Bench, arms: Sequence[Arm], prompt: Prompt, ids: list[i
                      accepted=run.accepted, drafted=run.drafted, draft_s=run.draft_s)
         base = runs[arm.baseline] if arm.baseline else None
         if base is not None and greedy:
-            divergence = _first_divergence(run.tokens, base.tokens)
+            divergence = first_divergence(run.tokens, base.tokens)
             margin = (base.margins[divergence] if divergence is not None and base.margins
                       and divergence < len(base.margins) else None)
             row = replace(row, lossless=divergence is None, first_divergence=divergence,
@@ -92,7 +92,7 @@ def _bench_prompt(bench: Bench, arms: Sequence[Arm], prompt: Prompt, ids: list[i
                        runs=tuple(out)), runs["target"].tokens
 
 
-def _first_divergence(tokens: list[int], reference: list[int]) -> int | None:
+def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
     """Index of the first position where `tokens` departs from `reference` (None: identical)."""
     for i, (a, b) in enumerate(zip(tokens, reference, strict=False)):
         if a != b:
@@ -113,11 +113,11 @@ def bench_traces(target: LoadedModel, prompts: Sequence[Prompt], encoded: Sequen
     return Traces(replace(meta, n_records=len(records)), records)
 
 
-def _tokens_per_s(run: ArmRun) -> float:
+def tokens_per_s(run: ArmRun) -> float:
     return run.new_tokens / run.seconds if run.seconds > 0 else 0.0
 
 
-def _interval_of(rows: Sequence[BenchPrompt], value: Any) -> tuple[float, tuple[float, float]]:
+def interval_of(rows: Sequence[BenchPrompt], value: Any) -> tuple[float, tuple[float, float]]:
     """The median over prompts of each prompt's median over rounds of `value(row)`, and its 95%
     bootstrap interval over prompts (`bench.stats`)."""
     by_prompt: dict[str, list[float]] = {}
@@ -132,7 +132,7 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
     prompt in the same round)."""
     runs = [p.run(arm.name) for p in rows]
     tokens = sum(r.new_tokens for r in runs)
-    tps, tps_interval = _interval_of(rows, lambda p: _tokens_per_s(p.run(arm.name)))
+    tps, tps_interval = interval_of(rows, lambda p: tokens_per_s(p.run(arm.name)))
     result = ArmResult(name=arm.name, engine=arm.engine, tokens_per_s=tps, tokens_per_s_interval=tps_interval,
                        pooled_tokens_per_s=tokens / sum(r.seconds for r in runs), baseline=arm.baseline)
     if arm.baseline is None:
@@ -159,8 +159,8 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
 def compare_arms(rows: Sequence[BenchPrompt], numerator: str, denominator: str) -> Comparison:
     """`numerator`'s tokens/s over `denominator`'s, per prompt and round, as a median with its interval
     and the verdict it supports (ahead only when the whole interval lies above 1)."""
-    ratio, (low, high) = _interval_of(
-        rows, lambda p: _tokens_per_s(p.run(numerator)) / max(_tokens_per_s(p.run(denominator)), 1e-12))
+    ratio, (low, high) = interval_of(
+        rows, lambda p: tokens_per_s(p.run(numerator)) / max(tokens_per_s(p.run(denominator)), 1e-12))
     return Comparison(numerator=numerator, denominator=denominator, ratio=ratio, interval=(low, high),
                       verdict=verdict(low, high), prompts=len({p.prompt_id for p in rows}))
 

@@ -211,16 +211,13 @@ def _profile_llama_cpp(engine: str, model: Path | None, base: str | None, quants
                        max_gamma: int, build: str | None, out: Path | None, json_out: bool) -> None:
     """`profile --engine llama.cpp`: the file (and random drafters of --base per quant type) timed by
     llama-bench; written as JSON, printed as a table with each batch's cost over a decode."""
-    import os
-
     from draftnas.core.errors import InvalidInputError
+    from draftnas.core.machine import cpu_count
     from draftnas.core.records import write_json_file
     from draftnas.core.registry import get_architecture
     from draftnas.latency.llama_cpp import calibrate_llama_cpp, probe_flags
     from draftnas.models.ggml_quants import WRITTEN
-    from draftnas.models.gguf_file import random_tensors, write_gguf
     from draftnas.models.llama_cpp import find_llama_cpp
-    from draftnas.models.sources import state_dir
 
     if engine != "llama.cpp":
         raise InvalidInputError(f"--engine {engine!r} is not known (allowed: torch, llama.cpp)")
@@ -232,16 +229,12 @@ def _profile_llama_cpp(engine: str, model: Path | None, base: str | None, quants
     if kinds and base is None:
         raise InvalidInputError("--quants times random drafters of a base: pass --base (a registry shape)")
     arch = get_architecture(base) if base else None
-    threads = len(os.sched_getaffinity(0))
+    threads = cpu_count()
     llama = probe_flags(find_llama_cpp(build), model, threads)
-
-    def write_random(path: Path, shape: object, quant: str) -> Path:
-        return write_gguf(path, shape, random_tensors(shape), quant, model, "random")  # type: ignore[arg-type]
 
     with progress_bars(json_out) as on:
         calibration = calibrate_llama_cpp(llama, model, arch or get_architecture("qwen2.5-coder-0.5b"),
-                                          kinds if arch else [], context, max(max_gamma + 1, 8), {},
-                                          state_dir() / "llama-cpp-random", threads, write_random,
+                                          kinds if arch else [], context, max(max_gamma + 1, 8), {}, threads,
                                           on("llama-bench"))
     path = out or Path(f"draftnas-profile-llama-cpp-{model.stem}.json")
     write_json_file(path, calibration.to_dict())

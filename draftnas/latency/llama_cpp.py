@@ -15,6 +15,7 @@ a drafter of L layers is priced from the line through its quant type's depths.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import statistics
@@ -30,7 +31,9 @@ from draftnas.core.machine import cpu_identity
 from draftnas.core.records import write_json_file
 from draftnas.core.registry import Architecture
 from draftnas.latency.records import EngineCalibration, EngineTiming
+from draftnas.models.gguf_file import random_tensors, write_gguf
 from draftnas.models.llama_cpp import LlamaCpp, LlamaCppError, host_flags
+from draftnas.models.sources import state_dir
 
 log = logging.getLogger(__name__)
 DRIFT_TOLERANCE = 0.10
@@ -134,13 +137,12 @@ def calibrate_llama_cpp(
     context: int,
     max_batch: int,
     references: Mapping[str, Path],
-    workdir: Path,
     threads: int,
-    write_random: Callable[[Path, Architecture, str], Path],
     progress: Callable[[int, int], None] | None = None,
 ) -> EngineCalibration:
-    """Time the target, the references and random drafters of `base` per quant type in `llama`.
-    `write_random(path, arch, quant)` writes a random-weight GGUF (`models.gguf_file`)."""
+    """Time the target, the references and random drafters of `base` per quant type in `llama` (each a
+    random-weight GGUF with the target's tokenizer, written under the state folder and removed once
+    timed)."""
     started = time.perf_counter()
     depths = drafter_depths(base.num_hidden_layers)
     total = 1 + len(references) + len(quants) * len(depths)
@@ -163,15 +165,13 @@ def calibrate_llama_cpp(
         refs[name] = time_gguf(llama, path, counts, context, threads)
         tick()
     timed: dict[str, dict[int, EngineTiming]] = {}
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = state_dir() / "llama-cpp-random"
     for quant in quants:
         timed[quant] = {}
         for layers in depths:
-            path = write_random(
-                workdir / f"random-{base.name}-{layers}L-{quant}.gguf",
-                base.with_shape(num_hidden_layers=layers),
-                quant,
-            )
+            arch = base.with_shape(num_hidden_layers=layers)
+            random = workdir / f"random-{base.name}-{layers}L-{quant}.gguf"
+            path = write_gguf(random, arch, random_tensors(arch), quant, target_file, f"random {arch.name}")
             timed[quant][layers] = time_gguf(llama, path, counts, context, threads)
             path.unlink()
             tick()
@@ -191,11 +191,10 @@ def calibrate_llama_cpp(
     )
 
 
-def store_path(state: Path, request: dict[str, object]) -> Path:
-    import hashlib
-
+def store_path(request: dict[str, object]) -> Path:
+    """Where the llama.cpp calibration for `request` (host, build, files, what was timed) is kept."""
     text = json.dumps(request, sort_keys=True, default=str)
-    return state / "calibrations" / f"llama-cpp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    return state_dir() / "calibrations" / f"llama-cpp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
 
 
 def stored_or_calibrated(

@@ -97,7 +97,7 @@ class LlamaCpp:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
         if done.returncode != 0:
             raise LlamaCppError(
-                f"{name} exited {_exit_text(done.returncode)}: {_tail(done.stderr)} "
+                f"{name} exited {_exit_text(done.returncode)}: {last_lines(done.stderr)} "
                 f"(command: {' '.join(cmd)})"
             )
         return done
@@ -113,7 +113,8 @@ def _exit_text(code: int) -> str:
     return f"on signal {-code}" if code < 0 else str(code)
 
 
-def _tail(text: str, lines: int = 2) -> str:
+def last_lines(text: str, lines: int = 2) -> str:
+    """A tool's last non-empty lines on one line (what its one-line errors quote)."""
     kept = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return " | ".join(kept[-lines:]) or "(no output)"
 
@@ -151,11 +152,9 @@ def find_llama_cpp(given: str | Path | None = None) -> LlamaCpp:
             f"{VERSION} from source into {build_root()}, about 8 minutes on 2 cores) or pass "
             "--llama-cpp DIR"
         )
-    info = json.loads(stamp.read_text())
-    bin_dir = Path(info["bin_dir"])
-    version = f"{PACKAGE} {info['version']} (built here)"
-    _tool_version(bin_dir)  # raises if broken
-    return LlamaCpp(bin_dir=bin_dir, version=version).with_host_flags()
+    llama = _cached(build_root())
+    _tool_version(llama.bin_dir)  # raises if broken
+    return llama
 
 
 def _tool_version(bin_dir: Path) -> str:
@@ -172,7 +171,7 @@ def _tool_version(bin_dir: Path) -> str:
     if done.returncode != 0:
         raise LlamaCppError(
             f"llama.cpp build in {bin_dir} is broken: {tool.name} --version exited "
-            f"{_exit_text(done.returncode)}: {_tail(done.stderr)}"
+            f"{_exit_text(done.returncode)}: {last_lines(done.stderr)}"
         )
     text = (done.stdout + done.stderr).strip().splitlines()
     return text[0].strip() if text else "unknown version"
@@ -298,7 +297,7 @@ def _run(cmd: list[str], log_path: Path) -> None:
         done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0:
         raise LlamaCppError(
-            f"{' '.join(cmd[:2])} failed (exit {done.returncode}): {_tail(log_path.read_text())}; "
+            f"{' '.join(cmd[:2])} failed (exit {done.returncode}): {last_lines(log_path.read_text())}; "
             f"full log {log_path}"
         )
 

@@ -10,13 +10,12 @@ here (`latency.llama_cpp`), the reference from its own file.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.core.machine import cpu_identity
+from draftnas.core.machine import cpu_count, cpu_identity
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import expected_tokens_per_step
@@ -28,10 +27,10 @@ from draftnas.latency.llama_cpp import (
     stored_or_calibrated,
     time_gguf,
 )
-from draftnas.models.gguf_file import engine_target, gguf_of, random_tensors, write_gguf
+from draftnas.latency.records import EngineCalibration
+from draftnas.models.gguf_file import engine_target, gguf_of
 from draftnas.models.llama_cpp import find_llama_cpp
 from draftnas.models.records import GGUF_WEIGHTS
-from draftnas.models.sources import state_dir
 from draftnas.search.space import SearchSpace
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ def space_problems(space: SearchSpace) -> list[str]:
 
 
 def threads_here(threads: int | None) -> int:
-    return threads or len(os.sched_getaffinity(0))
+    return threads or cpu_count()
 
 
 def llama_cpp_model(
@@ -103,26 +102,12 @@ def llama_cpp_model(
         "max_batch": max_batch,
     }
 
-    def write_random(path: Path, arch: Architecture, quant: str) -> Path:
-        return write_gguf(path, arch, random_tensors(arch), quant, target_file, f"random {arch.name}")
-
-    def calibrate():  # type: ignore[no-untyped-def]
-        return calibrate_llama_cpp(
-            llama,
-            target_file,
-            base_arch,
-            space.weights,
-            context,
-            max_batch,
-            refs,
-            state_dir() / "llama-cpp-random",
-            n,
-            write_random,
-            progress,
-        )
+    def calibrate() -> EngineCalibration:
+        return calibrate_llama_cpp(llama, target_file, base_arch, space.weights, context, max_batch, refs, n,
+                                   progress)
 
     calibration, where = stored_or_calibrated(
-        store_path(state_dir(), request),
+        store_path(request),
         calibrate,
         lambda: time_gguf(llama, target_file, (1,), context, n, repeats=2),
     )

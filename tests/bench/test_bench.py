@@ -95,11 +95,11 @@ def test_static_engine_bench_is_lossless_and_times_transformers_beside_it(tiny_p
 
 
 def test_first_divergence_and_its_margin_are_reported():
-    from draftnas.bench.run import _first_divergence
+    from draftnas.bench.run import first_divergence
 
-    assert _first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert _first_divergence([1, 5, 3], [1, 2, 3]) == 1
-    assert _first_divergence([1, 2], [1, 2, 3]) == 2
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 5, 3], [1, 2, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
 
 
 def test_bad_device_dtype_or_engine_is_one_message():

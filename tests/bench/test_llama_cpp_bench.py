@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftnas.core.registry import Architecture
+from tests.models.test_llama_cpp import tiny_qwen2
 
 
 def _build():
@@ -25,17 +25,7 @@ def test_server_arms_decode_and_draft(tmp_path):
 
     tokenizer = gguf_of("qwen2.5-coder-1.5b")
     llama = probe_flags(_build(), tokenizer, threads=2)
-    shape = Architecture(
-        name="tiny",
-        family="qwen2",
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=151936,
-    )
+    shape = tiny_qwen2(vocab=151936)  # the target's tokenizer's rows
     target = write_gguf(tmp_path / "t.gguf", shape, random_tensors(shape), "Q8_0", tokenizer, "tiny target")
     small = shape.with_shape(num_hidden_layers=1)
     draft = write_gguf(tmp_path / "d.gguf", small, random_tensors(small), "Q4_0", tokenizer, "tiny drafter")
