@@ -29,7 +29,9 @@ LIGHT = sorted({f"draftnas.{s}.records" for s in STAGES if (PACKAGE / s / "recor
                   "draftnas.core.prompts", "draftnas.latency.model", "draftnas.latency.corrected",
                   "draftnas.drafter.importance", "draftnas.search.space_file", "draftnas.search.candidate",
                   "draftnas.search.scoring", "draftnas.search.alpha", "draftnas.export.card",
-                  "draftnas.bench.fidelity", "draftnas.e2e.render"})
+                  "draftnas.bench.fidelity", "draftnas.e2e.render", "draftnas.search.requests",
+                  "draftnas.core.public"}
+               | {f"draftnas.{s}" for s in STAGES})  # a stage's public face loads its modules on first use
 
 
 def _modules() -> dict[str, Path]:
@@ -92,13 +94,20 @@ def stage_graph() -> str:
         s = _stage(m)
         if s is None:
             continue
-        members[s].append(m.split(".")[-1])
+        members[s].append("__init__" if m == f"draftnas.{s}" else m.split(".")[-1])
         uses[s] |= {t for t in map(_stage, deps) if t and t != s}
     lines = []
     for s in STAGES:
         used = [t for t in STAGES if t in uses[s]]
         lines.append(f"{s:<11} <- {', '.join(used) or '-':<60} [{', '.join(sorted(members[s]))}]")
     return "\n".join(lines)
+
+
+def test_the_architecture_page_draws_the_graph_the_code_has():
+    """docs/architecture.md shows `stage_graph()` as it is: each stage (room), the earlier stages it
+    imports (arrows) and its modules."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    assert "```\n" + stage_graph() + "\n```" in page, "regenerate with `python tests/test_structure.py`"
 
 
 def test_every_module_lives_in_a_stage_package():
@@ -122,6 +131,16 @@ def test_the_cycle_finder_and_the_stage_rule_catch_what_they_should():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
     assert _stage("draftnas.search.loop") == "search" and _stage("draftnas") is None
+
+
+@pytest.mark.parametrize("stage", [s for s in STAGES if s != "cli"])
+def test_every_stage_exports_its_api_with_all_and_every_name_resolves(stage):
+    import importlib
+
+    package = importlib.import_module(f"draftnas.{stage}")
+    assert package.__all__ and sorted(package.__all__) == sorted(package._EXPORTS)
+    missing = [n for n in package.__all__ if getattr(package, n, None) is None]
+    assert missing == [] and sorted(dir(package)) == sorted(package.__all__)
 
 
 def test_no_module_is_longer_than_a_reader_holds_in_mind():
@@ -175,8 +194,6 @@ def test_a_plan_alone_replays_an_exported_drafter_bit_for_bit_head_included(tiny
         assert torch.equal(tensor, state[name]), name
     other = apply_plan(base, PruningPlan.from_dict({**plan.to_dict(), "vocab": None}))
     assert other.get_output_embeddings().weight.shape[0] == size  # the head is the plan's
-
-
 
 
 if __name__ == "__main__":

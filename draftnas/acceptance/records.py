@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from draftnas.core.machine import DEVICES
-from draftnas.core.options import check_options, option, parse_floats
+from draftnas.core.options import check_options, option, option_group, parse_floats
 from draftnas.core.records import Record
 
 SCHEMA_VERSION = 1
@@ -36,6 +36,19 @@ class TraceOptions(Record):
 
     def validate(self) -> TraceOptions:
         return check_options(self)
+
+
+@dataclass(frozen=True)
+class TraceRequest(Record):
+    """What `draftnas trace` was asked: a target, a prompt set and where to write."""
+
+    target: str = option(help="Target model: embedded name, folder or .gguf.", short="-t")
+    out: str = option(help="Output .safetensors file.", short="-o")
+    prompts: str = option("all", short="-p", help="Prompt set (chat, translation, translation-de, code, "
+                                                  "math, "
+                                                  "all; comma-separated) or a JSONL file.")
+    per_domain: int | None = option(None, low=1, help="At most this many prompts per domain.")
+    options: TraceOptions = option_group(TraceOptions)
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,8 @@ class TraceRecordInfo(Record):
     prompt_len: int
     continuation_len: int
     ended_with_eos: bool
+
+
 #: every n-th trace record is held out for acceptance estimates (search, e2e, export's readings)
 HELD_OUT_EVERY = 3
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import DynamicCache
 
-from draftnas.acceptance.records import TraceMetadata, TraceOptions, TraceRecordInfo
+from draftnas.acceptance.records import TraceMetadata, TraceOptions, TraceRecordInfo, TraceRequest
 from draftnas.acceptance.traces import TraceRecord, load_traces, make_metadata, save_traces
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import require_device
-from draftnas.core.prompts import Prompt, encode_prompt
+from draftnas.core.prompts import Prompt, encode_prompt, load_prompts
 from draftnas.core.records import Progress
 from draftnas.models.hf_head import CACHE_ARG
 from draftnas.models.records import TORCH_DTYPES
@@ -280,3 +280,11 @@ def build_traces(
     shutil.rmtree(partial, ignore_errors=True)
     log.info("wrote %d trace records (%d tokens) to %s", len(records), metadata.n_tokens, out)
     return out
+
+
+def trace_from_request(request: TraceRequest, *, progress: Progress | None = None) -> Path:
+    """`draftnas trace`: the request's prompts traced into its file (resumable); the file's path."""
+    prompts = load_prompts(request.prompts, per_domain=request.per_domain)
+    require_device(request.options.device)
+    return build_traces(request.target, prompts, request.options, request.out, prompt_set=request.prompts,
+                        progress=progress)

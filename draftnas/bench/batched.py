@@ -23,21 +23,21 @@ import torch
 from draftnas.bench.arms import Drafter
 from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
 from draftnas.bench.records import BenchOptions
-from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_identity, load_average
+from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import predict_throughput
+from draftnas.latency.calibrate import host_cpu_profile
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
-from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
+from draftnas.latency.hardware import CPU_ROOFLINE, SPEC_SHEETS, spec_sheet_profile
 from draftnas.latency.model import LatencyModel
 from draftnas.models.batched import BatchedOutput, BatchedStatic, batched_greedy, batched_speculative_generate
 from draftnas.models.decoder import StaticDecoder
 from draftnas.models.records import dtype_name
 from draftnas.models.sources import LoadedModel
-from draftnas.search.resolve import host_cpu_profile
 
 #: Batch sizes the predicted crossover is looked for at (the profile prices any B; the bench
 #: measures the ones asked for).
@@ -57,11 +57,11 @@ def latency_model(spec: str | None, device: str, dtype: str) -> tuple[str, Laten
     path = Path(name).expanduser()
     if path.suffix == ".json" or path.is_file():
         profile = load_profile(path)
-    elif name.lower() in SHIPPED_PROFILES:
-        profile = default_profile(name)
+    elif name.lower() in (*SHIPPED_PROFILES, CPU_ROOFLINE):
+        profile = default_profile(name, dtype)
     else:
-        raise InvalidInputError(f"--profile {name!r} is neither a JSON file nor a shipped profile "
-                                f"({', '.join(SHIPPED_PROFILES)})")
+        raise option_error("profile", f"{name!r} is neither a JSON file nor a shipped profile "
+                                      f"({', '.join(SHIPPED_PROFILES)}, {CPU_ROOFLINE})")
     model = LatencyModel.from_profile(profile)
     return f"{name} ({profile.device_name}, {profile.kind}, {profile.dtype})", model
 
@@ -115,7 +115,7 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
                       progress: Progress | None = None) -> BatchedBenchResult:
     """Measure every batch size of `options.batch_sizes` (see the module's text)."""
     if not options.batch_sizes:
-        raise InvalidInputError("no batch sizes given (--batch-size 1,2,4,8)")
+        raise option_error("batch_sizes", "names no batch size (e.g. 1,2,4,8)", flag="--batch-size")
     started, load_before = time.perf_counter(), load_average()
     capture, gamma, n_new = options.device == "cuda", options.gamma, options.max_new_tokens
     decoders = {"target": StaticDecoder.from_hf(target.model)} | {
@@ -178,4 +178,3 @@ def host_label(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name()
     return cpu_identity().label()
-

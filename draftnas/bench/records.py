@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftnas.core.machine import DEVICES
-from draftnas.core.options import check_options, option, parse_ints
+from draftnas.core.options import check_options, option, option_group, parse_ints
 from draftnas.core.records import Record
 from draftnas.models.records import ENGINES, TORCH_DTYPES, WEIGHT_FORMATS
 
@@ -91,17 +91,32 @@ class BenchOptions(Record):
     def validate(self) -> BenchOptions:
         extra = []
         if self.batch_sizes and self.temperature > 0:
-            extra.append(("batch_sizes", "runs greedy decoding only; drop --temperature"))
+            extra.append(("batch_sizes", "runs greedy decoding only: set {temperature} 0"))
         if self.batch_sizes and self.engine == "hf":
-            extra.append(("batch_sizes", "runs in the static engine; drop --engine hf"))
+            extra.append(("batch_sizes", "runs in the static engine: drop {engine} hf"))
         if self.batch_sizes and self.reference_gamma not in (None, self.gamma):
-            extra.append(("reference_gamma", "applies to the arms bench; --batch-size runs every drafter "
-                                             "at --gamma"))
+            extra.append(("reference_gamma", "applies to the arms bench; {batch_sizes} runs every "
+                                             "drafter at {gamma}"))
         if self.engine == "llama.cpp" and (self.batch_sizes or self.device != "cpu" or self.temperature > 0):
             extra.append(("engine", "llama.cpp is benched on the CPU, greedy, one sequence at a time"))
         if "int8" in (self.draft_weights, self.reference_weights) and self.device != "cpu":
             extra.append(("draft_weights", "int8 weights run on the CPU only; use dense on " + self.device))
         return check_options(self, extra)
+
+
+@dataclass(frozen=True)
+class BenchRequest(Record):
+    """What `draftnas bench` was asked: the target, the drafter, the one it must beat, the prompts."""
+
+    target: str = option(help="Target model: embedded name, folder or .gguf.", short="-t")
+    draft: str = option(help="Draft model folder (the target's tokenizer), or a .gguf with the llama.cpp "
+                             "engine.", short="-d")
+    reference: str | None = option(
+        None, short="-r", help="A second drafter benched in the same interleaved run with the same arms: the "
+                               "one a user would otherwise pick (an embedded name, folder or .gguf sharing "
+                               "the target's tokenizer).")
+    prompts: str = option("all", short="-p", help="Prompt set or JSONL file.")
+    options: BenchOptions = option_group(BenchOptions)
 
 
 @dataclass(frozen=True)

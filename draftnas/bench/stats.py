@@ -56,4 +56,3 @@ def relative_error(predicted: float | None, measured: float | None) -> float | N
     if predicted is None or not measured:
         return None
     return (predicted - measured) / measured
-

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-from typing import Any
 
 import typer
 from rich.console import Console
@@ -40,24 +38,8 @@ def _root(
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
-def print_json(data: Any) -> None:
-    """Machine-readable output on stdout (nothing else is printed there with --json)."""
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
 def fmt_params(n: int) -> str:
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(n)
-
-
-def parse_ints(flag: str, text: str, example: str = "") -> list[int]:
-    """'0,30,150' -> [0, 30, 150]; one line naming the flag when an item is not a whole number."""
-    from draftnas.core.errors import InvalidInputError
-
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        hint = f", e.g. {example}" if example else ""
-        raise InvalidInputError(f"{flag} {text!r}: give whole numbers separated by commas{hint}") from None

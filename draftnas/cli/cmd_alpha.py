@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 from rich.table import Table
 
-from draftnas.cli.app import app, console, parse_ints, print_json
+from draftnas.cli.app import app, console
+from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
-from draftnas.core.errors import InvalidInputError
+from draftnas.search.requests import AlphaFitRequest, AlphaMeasureRequest
 
 alpha_app = typer.Typer(
     help="Acceptance as a function of the drafter: measure pairs on an embedded family, fit a model "
@@ -19,35 +18,18 @@ app.add_typer(alpha_app, name="alpha")
 
 
 @alpha_app.command("measure")
-def measure(
-    base: str = typer.Option(..., "--base", help="Embedded model (or folder) to cut drafters from; it is "
-                                                  "also their target."),
-    out: Path = typer.Option(..., "--out", "-o", help="JSONL file of pairs (appended; a re-run resumes)."),
-    pairs: int = typer.Option(24, "--pairs", help="Drafters to measure, spread over the space's depths."),
-    space: str | None = typer.Option(None, "--space", help="Search space whose knobs and heal budget "
-                                                            "are sampled (default: the base's shipped one)."),
-    heal_steps: str | None = typer.Option(None, "--heal-steps",
-                                          help="Comma-separated heal budgets sampled (default: 0 and the "
-                                               "space's), e.g. 0,30,150."),
-    per_domain: int = typer.Option(9, "--per-domain", help="Prompts per domain traced (a third held out)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the design and of healing."),
-    json_out: bool = typer.Option(False, "--json", help="Print the pairs as JSON on stdout."),
-) -> None:
+@options_command(request=AlphaMeasureRequest, output=Output)
+def measure(request: AlphaMeasureRequest, output: Output) -> None:
     """Cut a designed set of drafters from BASE, heal each (none, and the space's budget) and measure
     its acceptance per domain on held-out traces of BASE (seconds per unhealed drafter on a 2-core CPU,
     minutes per healed one)."""
-    from draftnas.search.pairs import measure_pairs
-    from draftnas.search.space_file import load_search_space
+    from draftnas.search.pairs import pairs_from_request
 
-    budgets = None if heal_steps is None else parse_ints("--heal-steps", heal_steps, "0,30,150")
-    with progress_bars(json_out) as on:
-        result = measure_pairs(base, out, n=pairs, seed=seed, per_domain=per_domain,
-                               space=load_search_space(space) if space else None,
-                               heal_steps=budgets,
-                               progress=on("drafters"), trace_progress=on("tracing"))
-    if json_out:
-        print_json([p.to_dict() for p in result])
+    with progress_bars(output.json) as on:
+        result = pairs_from_request(request, progress=on("drafters"), trace_progress=on("tracing"))
+    if emit_json(output, [p.to_dict() for p in result]):
         return
+    out = request.out
     domains = sorted({d for p in result for d in p.per_domain})
     table = Table(title=f"{len(result)} pairs in {out}")
     for col in ("drafter", "layers", "heal", "alpha", *domains, "s"):
@@ -60,24 +42,16 @@ def measure(
 
 
 @alpha_app.command("fit")
-def fit(
-    pairs: list[Path] = typer.Argument(..., help="Pair files from `draftnas alpha measure`."),
-    out: Path = typer.Option(..., "--out", "-o", help="Model file to write (JSON)."),
-    ridge: float = typer.Option(1.0, "--ridge", help="L2 penalty on the standardized weights."),
-    json_out: bool = typer.Option(False, "--json", help="Print the model as JSON on stdout."),
-) -> None:
+@options_command(request=AlphaFitRequest, output=Output)
+def fit(request: AlphaFitRequest, output: Output) -> None:
     """Fit logit(alpha) on drafter features (ridge), with its leave-one-out error and, given several
     families, its error on a family left out entirely."""
-    from draftnas.search.alpha import FEATURES, fit_alpha_model, read_pairs, save_alpha_model
+    from draftnas.search.alpha import FEATURES, fit_from_request
 
-    rows = [p for path in pairs for p in read_pairs(path)]
-    if out.exists() and not out.is_file():
-        raise InvalidInputError(f"--out {out} is not a file")
-    model = fit_alpha_model(rows, ridge=ridge, sources=[path.name for path in pairs])
-    save_alpha_model(model, out)
-    if json_out:
-        print_json(model.to_dict())
+    model = fit_from_request(request)
+    if emit_json(output, model.to_dict()):
         return
+    out = request.out
     console.print(f"acceptance model written to {out}: {model.label()}")
     h = model.heldout
     console.print(f"held-out ({h.method}, {h.n} pairs): mean abs error {h.mean_abs_error:.3f}, "

@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-import typer
 from rich.table import Table
 
-from draftnas.cli.app import app, console, fmt_params, print_json
+from draftnas.cli.app import app, console, fmt_params
+from draftnas.cli.flags import Output, emit_json, options_command
+from draftnas.core.registry import TargetsRequest
+from draftnas.core.throughput import PredictRequest
+from draftnas.models.records import EMBEDDED, InspectRequest
 
 
 @app.command()
-def targets(
-    json_out: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    family: str | None = typer.Option(None, help="Only this family (llama, qwen2, gemma3, opt)."),
-) -> None:
+@options_command(request=TargetsRequest, output=Output)
+def targets(request: TargetsRequest, output: Output) -> None:
     """List the registered architectures (usable as --target / --base for latency work)."""
-    from draftnas.core.registry import load_registry
-    from draftnas.models.records import EMBEDDED
+    from draftnas.core.registry import registered_targets
 
-    archs = [a for a in load_registry().values() if family is None or a.family == family]
-    if json_out:
-        print_json([{**a.to_dict(), "parameters": a.count_parameters(),
-                     "embedded_weights": a.name in EMBEDDED} for a in archs])
+    archs = registered_targets(request)
+    if emit_json(output, [{**a.to_dict(), "parameters": a.count_parameters(),
+                           "embedded_weights": a.name in EMBEDDED} for a in archs]):
         return
     table = Table(title="Registered architectures", header_style="bold")
     for col in ("name", "family", "layers", "hidden", "interm.", "heads", "kv", "head_dim",
@@ -36,32 +35,14 @@ def targets(
 
 
 @app.command()
-def predict(
-    acceptance: float = typer.Option(..., "--acceptance", "-a",
-                                     help="Per-token acceptance rate alpha in [0, 1]."),
-    draft_ms: float = typer.Option(..., "--draft-ms", help="Drafter latency for one token (ms)."),
-    target_ms: float = typer.Option(..., "--target-ms",
-                                    help="Target latency for one plain decode step (ms)."),
-    gamma: int | None = typer.Option(None, "--gamma", "-g",
-                                        help="Draft tokens per step; omitted: pick the best."),
-    verify_ms: float | None = typer.Option(
-        None, "--verify-ms", help="Target latency to verify gamma+1 tokens (ms); default --target-ms."),
-    max_gamma: int = typer.Option(8, "--max-gamma", help="Largest gamma tried when --gamma is omitted."),
-    batch_size: int = typer.Option(1, "--batch-size", "-b", help="Sequences decoded together."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
-) -> None:
+@options_command(request=PredictRequest, output=Output)
+def predict(request: PredictRequest, output: Output) -> None:
     """Predict speculative-decoding throughput from acceptance rate and latencies."""
-    from draftnas.core.throughput import best_gamma, predict_throughput
+    from draftnas.core.throughput import predict_from_request
 
-    if gamma is None:
-        est = best_gamma(acceptance_rate=acceptance, draft_ms=draft_ms, target_ms=target_ms,
-                         verify_ms=verify_ms, max_gamma=max_gamma, batch_size=batch_size)
-    else:
-        est = predict_throughput(gamma=gamma, draft_ms=draft_ms, target_ms=target_ms,
-                                 verify_ms=verify_ms, acceptance_rate=acceptance,
-                                 batch_size=batch_size)
-    if json_out:
-        print_json({**est.to_dict(), "gamma_chosen": gamma is None})
+    est = predict_from_request(request)
+    gamma = request.gamma
+    if emit_json(output, {**est.to_dict(), "gamma_chosen": gamma is None}):
         return
     table = Table(show_header=False, title="Predicted speculative decoding")
     rows = [
@@ -78,16 +59,14 @@ def predict(
 
 
 @app.command()
-def inspect(
-    spec: str = typer.Argument(..., help="Registry name, embedded name, model folder, .gguf file or hub id."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
-) -> None:
+@options_command(request=InspectRequest, output=Output)
+def inspect(request: InspectRequest, output: Output) -> None:
     """Show a target's shape and where its weights come from (converts a GGUF once)."""
     from draftnas.models.sources import inspect_model
 
+    spec = request.spec
     info = inspect_model(spec)
-    if json_out:
-        print_json({**info.to_dict(), "parameters": info.architecture.count_parameters()})
+    if emit_json(output, {**info.to_dict(), "parameters": info.architecture.count_parameters()}):
         return
     a = info.architecture
     table = Table(show_header=False, title=f"{spec}")

@@ -3,18 +3,15 @@ measured in one interleaved run, beside the estimate."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-import typer
 from rich.table import Table
 
 from draftnas.bench.batch_records import BatchedBenchResult
-from draftnas.bench.records import BenchOptions
-from draftnas.cli.app import app, console, print_json
-from draftnas.cli.flags import options_command
+from draftnas.bench.records import BenchRequest
+from draftnas.cli.app import app, console
+from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
-from draftnas.core.records import write_json_file
 
 if TYPE_CHECKING:
     from draftnas.bench.records import ArmResult, BenchResult
@@ -167,49 +164,20 @@ def _print_batched(result: BatchedBenchResult) -> None:
 
 
 @app.command()
-@options_command(BenchOptions)
-def bench(
-    options: BenchOptions,
-    target: str = typer.Option(..., "--target", "-t", help="Target model: embedded name, folder or .gguf."),
-    draft: str = typer.Option(..., "--draft", "-d", help="Draft model folder (target's tokenizer)."),
-    reference: str | None = typer.Option(
-        None, "--reference", "-r",
-        help="A second drafter benched in the same interleaved run with the same arms: the one a user "
-             "would otherwise pick (an embedded name, folder or .gguf sharing the target's tokenizer)."),
-    prompts: str = typer.Option("all", "--prompts", "-p", help="Prompt set or JSONL file."),
-    json_out: bool = typer.Option(False, "--json",
-                                  help="Print the result as JSON on stdout (progress stays on stderr)."),
-    out_json: Path | None = typer.Option(None, "--out-json",
-                                         help="Also write the result as JSON to this file."),
-) -> None:
+@options_command(request=BenchRequest, output=Output)
+def bench(request: BenchRequest, output: Output) -> None:
     """Decode with every arm (target alone, draftnas's loop, transformers' assisted generation) for the
     drafter and, with --reference, the drafter it must beat; compare them in one run. With
     --batch-size: the target alone and each drafter's batched loop at each batch size instead."""
-    from draftnas.bench.run import run_batch_sizes, run_bench
-    from draftnas.core.prompts import load_prompts
+    from draftnas.bench.request import bench_from_request
 
-    prompt_list = load_prompts(prompts)
-    options.validate()
-    if options.engine == "llama.cpp":
-        from draftnas.bench.llama_cpp import run_llama_cpp_bench as run
-    else:
-        run = run_batch_sizes if options.batch_sizes else run_bench  # type: ignore[assignment]
-    with progress_bars(json_out) as on:
-        result = run(target, draft, prompt_list, options, reference=reference, progress=on("bench"))
-        torch_result = None
-        if options.engine == "llama.cpp" and options.torch_arms:
-            from dataclasses import replace
-
-            torch_options = replace(options, engine="static", hf_assisted=False, hf_routed=False,
-                                    predictions=None)
-            torch_result = run_bench(target, draft, prompt_list, torch_options, reference=reference,
-                                     progress=on("bench, draftnas's loop"))
+    with progress_bars(output.json) as on:
+        result, torch_result = bench_from_request(request, progress=on("bench"),
+                                                  torch_progress=on("bench, draftnas's loop"))
     data = result.to_dict() | ({"torch_arms": torch_result.to_dict()} if torch_result is not None else {})
-    if out_json is not None:
-        write_json_file(out_json, data, indent=2)
-    if json_out:
-        print_json(data)
+    if emit_json(output, data):
         return
+    out_json = output.out_json
     if isinstance(result, BatchedBenchResult):
         _print_batched(result)
         if out_json is not None:

@@ -2,56 +2,29 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-import typer
 from rich.table import Table
 
-from draftnas.cli.app import app, console, fmt_params, print_json
-from draftnas.cli.flags import options_command
+from draftnas.cli.app import app, console, fmt_params
+from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
-from draftnas.drafter.records import HealOptions
-
-if TYPE_CHECKING:
-    from draftnas.drafter.records import HealResult
+from draftnas.drafter.records import HealResult
+from draftnas.export.records import HealRequest
 
 
 @app.command()
-@options_command(HealOptions)
-def heal(
-    options: HealOptions,
-    plan: Path | None = typer.Option(None, "--plan", help="Pruning plan JSON (or a draftnas.json)."),
-    base: str | None = typer.Option(None, "--base", help="Base model the plan prunes (default: the plan's)."),
-    drafter: Path | None = typer.Option(None, "--drafter", help="An exported drafter folder (not --plan)."),
-    target: str | None = typer.Option(None, "--target", help="Live teacher (default: the base)."),
-    traces: Path | None = typer.Option(None, "--traces",
-                                       help="Distill toward these traces' top-k (no target forward)."),
-    checkpoint: Path | None = typer.Option(None, "--checkpoint",
-                                           help="Folder for resumable state (rerun to resume)."),
-    out: Path | None = typer.Option(None, "--out", help="Export the healed drafter to this folder."),
-    force: bool = typer.Option(False, "--force", help="Replace a non-empty --out folder."),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-) -> None:
+@options_command(request=HealRequest, output=Output)
+def heal(request: HealRequest, output: Output) -> None:
     """Heal a pruned drafter by distillation toward its target (top-1 agreement before/after)."""
     from draftnas.export.heal import heal_from_request
-    from draftnas.export.records import HealRequest
 
-    options.validate()
-    request = HealRequest(plan_file=str(plan) if plan else None, base=base,
-                          drafter=str(drafter) if drafter else None, target=target,
-                          traces=str(traces) if traces else None, options=options,
-                          checkpoint_dir=str(checkpoint) if checkpoint else None,
-                          out_dir=str(out) if out else None, force=force)
-    with progress_bars(json_out) as on:
+    with progress_bars(output.json) as on:
         result = heal_from_request(request, progress=on("healing"),
                                    data_progress=on("target continuations"))
-    if json_out:
-        print_json(result.to_dict())
+    if emit_json(output, result.to_dict()):
         return
     render_heal(result)
-    if out:
-        console.print(f"healed drafter exported to [bold]{out}[/bold]")
+    if request.out_dir:
+        console.print(f"healed drafter exported to [bold]{request.out_dir}[/bold]")
 
 
 def render_heal(result: HealResult) -> None:

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import typer
-
-from draftnas.cli.app import app, console, print_json
+from draftnas.cli.app import app, console
+from draftnas.cli.flags import Output, emit_json, options_command
+from draftnas.report.records import ReportRequest
 
 
 @app.command()
-def report(
-    study: str = typer.Option(..., "--study", help="Study name (as printed by draftnas search)."),
-    storage: str | None = typer.Option(None, "--storage", help="Storage URL (default: "
-                                       "runs/<study>/study.db)."),
-    out: str = typer.Option(..., "--out", help="Folder for report.md and the PNG plots."),
-    run_dir: str = typer.Option("runs", "--run-dir", help="Folder of studies' outputs."),
-    top: int = typer.Option(20, "--top", help="Rows in the ranking."),
-    json_out: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
-) -> None:
+@options_command(request=ReportRequest, output=Output)
+def report(request: ReportRequest, output: Output) -> None:
     """Write a study's ranking, Pareto front, speedup-vs-γ and latency-vs-depth plots."""
-    from draftnas.report.study import write_report
+    from draftnas.report.study import report_from_request
 
-    files = write_report(study, storage, out, run_dir=run_dir, top=top)
-    if json_out:
-        print_json(files.to_dict())
+    files = report_from_request(request)
+    if emit_json(output, files.to_dict()):
         return
     console.print(f"wrote {files.markdown} ({files.n_ranked} ranked drafters) and "
                   f"{len(files.plots)} plots", highlight=False)

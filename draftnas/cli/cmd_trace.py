@@ -2,43 +2,25 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import typer
 from rich.table import Table
 
-from draftnas.acceptance.records import TraceOptions
-from draftnas.cli.app import app, console, print_json
-from draftnas.cli.flags import options_command
+from draftnas.acceptance.records import TraceRequest
+from draftnas.cli.app import app, console
+from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
 
 
 @app.command()
-@options_command(TraceOptions)
-def trace(
-    options: TraceOptions,
-    target: str = typer.Option(..., "--target", "-t", help="Target model: embedded name, folder or .gguf."),
-    prompts: str = typer.Option("all", "--prompts", "-p",
-                                help="Prompt set (chat, translation, translation-de, code, math, all; "
-                                     "comma-separated) or a JSONL file."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output .safetensors file."),
-    per_domain: int | None = typer.Option(None, "--per-domain", help="At most this many prompts per domain."),
-    json_out: bool = typer.Option(False, "--json", help="Print the trace metadata as JSON."),
-) -> None:
+@options_command(request=TraceRequest, output=Output)
+def trace(request: TraceRequest, output: Output) -> None:
     """Run the target over a prompt set and store its continuations + top-k probabilities (resumable)."""
     from draftnas.acceptance.traces import load_traces
-    from draftnas.acceptance.tracing import build_traces
-    from draftnas.core.machine import require_device
-    from draftnas.core.prompts import load_prompts
+    from draftnas.acceptance.tracing import trace_from_request
 
-    prompt_list = load_prompts(prompts, per_domain=per_domain)
-    options.validate()
-    require_device(options.device)
-    with progress_bars(json_out) as on:
-        path = build_traces(target, prompt_list, options, out, prompt_set=prompts, progress=on("tracing"))
+    with progress_bars(output.json) as on:
+        path = trace_from_request(request, progress=on("tracing"))
     meta = load_traces(path).metadata
-    if json_out:
-        print_json({**meta.to_dict(), "path": str(path), "file_bytes": path.stat().st_size})
+    if emit_json(output, {**meta.to_dict(), "path": str(path), "file_bytes": path.stat().st_size}):
         return
     table = Table(show_header=False, title=f"Traces written to {path}")
     rows = [

@@ -7,7 +7,7 @@ a line at least every `interval_s` seconds while the command runs: the stage in 
 elapsed and ETA, or, between stages, what the library last said it was doing (its INFO log records,
 kept, not printed). The lines are written by a small child process (`python -m draftnas.cli.heartbeat`)
 that the command feeds its progress: a thread in the command itself cannot print while a long C call
-holds the GIL (converting a GGUF once left a log 61 s without a line that way).
+holds the GIL (a GGUF conversion, for one).
 """
 
 from __future__ import annotations
@@ -249,4 +249,3 @@ def progress_bars(quiet: bool = False) -> Iterator[StageCallbacks]:
                 bar.update(tasks[name], completed=done, total=total or None)
             return update
         yield on
-

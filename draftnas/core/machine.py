@@ -71,6 +71,14 @@ def cpu_identity() -> CpuIdentity:
                        name=cpu_model_name())
 
 
+def cpu_mhz() -> float | None:
+    """The clock /proc/cpuinfo states for this CPU (MHz), None where it states none."""
+    try:
+        return float(_cpuinfo_fields().get("cpu MHz", ""))
+    except ValueError:
+        return None
+
+
 def cpu_has_native_bf16(identity: CpuIdentity | None = None) -> bool:
     """Whether the CPU multiplies bf16 natively (AVX512_BF16 or AMX)."""
     return bool(set((identity or cpu_identity()).isa or ()) & set(NATIVE_BF16))
@@ -79,8 +87,7 @@ def cpu_has_native_bf16(identity: CpuIdentity | None = None) -> bool:
 def available_memory_bytes(meminfo: str | Path = "/proc/meminfo") -> int:
     """Memory a new allocation can get without swapping: the kernel's MemAvailable (free pages plus
     the page cache it can drop), else free pages alone, else 4 GiB. Free pages alone undercount
-    badly right after large files were written: after converting Qwen2.5-Coder's two GGUF files
-    (2.4 GB of safetensors) the AMD EPYC host had 6.5 GiB free but 21 GiB available."""
+    badly right after large files were written (converted GGUF files fill the page cache)."""
     try:
         for line in Path(meminfo).read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -103,10 +110,11 @@ DEVICES = ("cpu", "cuda")
 
 def require_device(device: str) -> None:
     """Refuse in one line a device this machine does not have (`DeviceError`, exit 2)."""
-    from draftnas.core.errors import DeviceError, InvalidInputError
+    from draftnas.core.errors import DeviceError
+    from draftnas.core.options import option_error
 
     if device not in DEVICES:
-        raise InvalidInputError(f"--device {device!r} is not known (allowed: {', '.join(DEVICES)})")
+        raise option_error("device", f"{device!r} is not known (allowed: {', '.join(DEVICES)})")
     if device == "cuda":
         import torch
 

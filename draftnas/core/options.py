@@ -7,12 +7,16 @@ An option field says its help text, its flag, its bounds or allowed values:
 `check_options(record)` checks every option field of a record at once and raises one
 `OptionError` naming each bad field with what is allowed; the CLI builds its flags (names, help,
 defaults) from the same fields (`draftnas.cli.flags`) and reports the errors under the flags'
-names. Pure: no torch, no typer.
+names. A field made with `option_group()` holds another such record (a request's study settings):
+its options are checked with the outer record's and become flags beside them. A message may name
+another field as `{field}`: a Python caller reads the field's name there, the command line its flag.
+Pure: no torch, no typer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,6 +24,7 @@ from typing import Any, TypeVar
 from draftnas.core.errors import InvalidInputError
 
 OPTION = "draftnas_option"
+GROUP = "draftnas_option_group"
 T = TypeVar("T")
 
 
@@ -48,6 +53,7 @@ class Spec:
     low: float | None = None
     high: float | None = None
     low_open: bool = False
+    high_open: bool = False
     choices: tuple[Any, ...] | None = None
     cli: bool = True
     parse: Callable[[Any], Any] | None = None
@@ -56,18 +62,37 @@ class Spec:
     nonempty: bool = False  # a tuple needs at least one item
     cli_type: Any = None  # the flag's type when it is not the field's (e.g. str for a parsed tuple)
     cli_default: Any = UNSET  # the flag's default when it is not the field's
+    argument: bool = False  # a positional argument on the command line, not a --flag
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, flag: str | None = None,
            short: str | None = None, low: float | None = None, high: float | None = None,
-           low_open: bool = False, choices: Sequence[Any] | None = None, cli: bool = True,
+           low_open: bool = False, high_open: bool = False, choices: Sequence[Any] | None = None,
+           cli: bool = True,
            parse: Callable[[Any], Any] | None = None, scale: float | None = None, distinct: bool = False,
-           nonempty: bool = False, cli_type: Any = None, cli_default: Any = UNSET) -> Any:
-    """A dataclass field carrying its option `Spec` (see the module docstring)."""
-    spec = Spec(help=help, flag=flag, short=short, low=low, high=high, low_open=low_open,
+           nonempty: bool = False, cli_type: Any = None, cli_default: Any = UNSET,
+           argument: bool = False, factory: Callable[[], Any] | None = None) -> Any:
+    """A dataclass field carrying its option `Spec` (see the module docstring); `factory` makes a
+    default that is not a constant."""
+    spec = Spec(help=help, flag=flag, short=short, low=low, high=high, low_open=low_open, high_open=high_open,
                 choices=tuple(choices) if choices is not None else None, cli=cli, parse=parse, scale=scale,
-                distinct=distinct, nonempty=nonempty, cli_type=cli_type, cli_default=cli_default)
+                distinct=distinct, nonempty=nonempty, cli_type=cli_type, cli_default=cli_default,
+                argument=argument)
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("an option's default must be immutable (a tuple, not a list)")
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata={OPTION: spec})
     return dataclasses.field(default=default, metadata={OPTION: spec})
+
+
+def option_group(factory: Callable[[], Any]) -> Any:
+    """A field holding a record of options (built by `factory` by default): checked with the outer
+    record, its options flags of the outer record's command."""
+    return dataclasses.field(default_factory=factory, metadata={GROUP: True})
+
+
+def is_group(field: dataclasses.Field[Any]) -> bool:
+    return bool(field.metadata.get(GROUP))
 
 
 def spec_of(field: dataclasses.Field[Any]) -> Spec | None:
@@ -92,13 +117,15 @@ def _value_problem(spec: Spec, value: Any) -> str | None:
     if spec.low is None and spec.high is None:
         return None
     too_low = spec.low is not None and (value <= spec.low if spec.low_open else value < spec.low)
-    too_high = spec.high is not None and value > spec.high
+    too_high = spec.high is not None and (value >= spec.high if spec.high_open else value > spec.high)
     if not (too_low or too_high):
         return None
     if spec.high is None:
         return f"must be {'>' if spec.low_open else '>='} {_fmt(spec.low)}, got {_fmt(value)}"
-    opening = "(" if spec.low_open else "["
-    return f"must be in {opening}{_fmt(spec.low)}, {_fmt(spec.high)}], got {_fmt(value)}"
+    if spec.low is None:
+        return f"must be {'<' if spec.high_open else '<='} {_fmt(spec.high)}, got {_fmt(value)}"
+    opening, closing = "(" if spec.low_open else "[", ")" if spec.high_open else "]"
+    return f"must be in {opening}{_fmt(spec.low)}, {_fmt(spec.high)}{closing}, got {_fmt(value)}"
 
 
 def field_problem(spec: Spec, value: Any) -> str | None:
@@ -115,25 +142,62 @@ def field_problem(spec: Spec, value: Any) -> str | None:
     return _value_problem(spec, value)
 
 
+_NAMED = re.compile(r"\{(\w+)\}")
+
+
 class OptionError(InvalidInputError):
-    """Options out of their allowed values: `problems` holds (field name, message) pairs. Its text
-    names the fields; `for_flags` names the command-line flags instead."""
+    """Options out of their allowed values: `problems` holds (field name, message) pairs; a message
+    may name another field as `{field}`. Its text names the fields; `for_flags` names the
+    command-line flags instead."""
 
     def __init__(self, problems: Sequence[tuple[str, str]], flags: dict[str, str] | None = None) -> None:
         self.problems, self.flags = tuple(problems), dict(flags or {})
-        super().__init__("; ".join(f"{name} {message}" for name, message in self.problems))
+        super().__init__(self._text({}))
+
+    def _text(self, names: dict[str, str]) -> str:
+        def name(m: re.Match[str]) -> str:
+            return names.get(m.group(1), m.group(1))
+
+        return "; ".join(f"{names.get(field, field)} {_NAMED.sub(name, message)}"
+                         for field, message in self.problems)
 
     def for_flags(self) -> str:
-        return "; ".join(f"{self.flags.get(name, name)} {message}" for name, message in self.problems)
+        return self._text(self.flags)
+
+
+def option_error(field: str, message: str, flag: str | None = None, **flags: str) -> OptionError:
+    """One option's problem raised where a library function finds it: `field` named as Python calls
+    it, `flag` (default `--` and the field's name with dashes) on the command line; `flags` gives the
+    flags of other fields the message names as `{field}`."""
+    names = {field: flag or "--" + field.replace("_", "-"), **flags}
+    for name in _NAMED.findall(message):
+        names.setdefault(name, "--" + name.replace("_", "-"))
+    return OptionError([(field, message)], names)
 
 
 def option_problems(record: Any) -> list[tuple[str, str]]:
-    """Every (field, message) of `record`'s option fields whose value is not allowed."""
+    """Every (field, message) of `record`'s option fields whose value is not allowed (those of its
+    groups' records included, under their own field names)."""
     out = []
     for f in dataclasses.fields(record):
-        spec = spec_of(f)
-        if spec is not None and (problem := field_problem(spec, getattr(record, f.name))) is not None:
+        spec, value = spec_of(f), getattr(record, f.name)
+        if spec is not None and (problem := field_problem(spec, value)) is not None:
             out.append((f.name, problem))
+        elif is_group(f) and value is not None:
+            out += option_problems(value)
+    return out
+
+
+def option_flags(record: Any) -> dict[str, str]:
+    """Field name -> command-line flag of `record` (a record or its type) and its groups' records."""
+    import typing
+
+    hints = typing.get_type_hints(record if isinstance(record, type) else type(record))
+    out = {}
+    for f in dataclasses.fields(record):
+        if is_group(f):
+            out.update(option_flags(hints[f.name]))
+        out[f.name] = f.name.upper() if (s := spec_of(f)) is not None and s.argument else flag_of(f)
     return out
 
 
@@ -142,8 +206,7 @@ def check_options(record: T, extra: Sequence[tuple[str, str]] = ()) -> T:
     `OptionError` naming them all."""
     problems = option_problems(record) + list(extra)
     if problems:
-        flags = {f.name: flag_of(f) for f in dataclasses.fields(record)}  # type: ignore[arg-type]
-        raise OptionError(problems, flags)
+        raise OptionError(problems, option_flags(record))
     return record
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import option_error
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
 
@@ -170,14 +171,14 @@ def place(target: Architecture, hardware: Hardware, dtype: str, *, batch_sizes: 
     batch (or, if none does, at batch 1).
     """
     if not 0 <= margin < 1:
-        raise InvalidInputError(f"--memory-margin must be in [0, 1) (a share of each GPU's memory kept "
-                                f"free), got {margin:g}")
+        raise option_error("memory_margin", f"must be in [0, 1) (a share of each GPU's memory kept free), "
+                                            f"got {margin:g}")
     if dtype not in hardware.dtypes:
         raise InvalidInputError(f"{hardware.name} does not run {dtype} "
                                 f"(it runs {', '.join(hardware.dtypes)})")
     if draft_tp not in ("1", "same"):
-        raise InvalidInputError(f"--draft-tp must be 1 (drafter on one GPU) or same (sharded like the "
-                                f"target), got {draft_tp!r}")
+        raise option_error("draft_tp", f"must be one of 1, same (drafter on one GPU, or sharded like the "
+                                       f"target), got {draft_tp!r}")
     degrees = valid_degrees(target, hardware.max_gpus)
     tokens = context_tokens + max_gamma + 1
     largest = max(batch_sizes)
@@ -188,8 +189,7 @@ def place(target: Architecture, hardware: Hardware, dtype: str, *, batch_sizes: 
 
     if gpus is not None:
         if gpus < 1 or gpus > hardware.max_gpus:
-            raise InvalidInputError(f"--gpus must be in 1..{hardware.max_gpus} for {hardware.name}, "
-                                    f"got {gpus}")
+            raise option_error("gpus", f"must be in 1..{hardware.max_gpus} for {hardware.name}, got {gpus}")
         if gpus not in degrees:
             raise InvalidInputError(
                 f"--gpus {gpus} does not shard {target.name} evenly ({target.num_attention_heads} query "

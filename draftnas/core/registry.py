@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
 from dataclasses import dataclass, replace
 from importlib import resources
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import yaml
 
 from draftnas.core.errors import InvalidInputError, UnknownTargetError
+from draftnas.core.options import option
 from draftnas.core.records import Record
 
 Family = Literal["llama", "qwen2", "gemma3", "opt"]
@@ -173,3 +177,30 @@ def validate_architecture(arch: Architecture) -> Architecture:
     if problems:
         raise InvalidInputError(f"architecture {arch.name!r}: " + "; ".join(problems))
     return arch
+
+
+def resolve_architecture(spec: str) -> Architecture:
+    """A registry name's shape, or a Hugging Face folder's config (read without loading weights)."""
+
+    if spec.lower() in load_registry():
+        return get_architecture(spec)
+    config = Path(spec).expanduser() / "config.json"
+    if config.is_file():
+        data = json.loads(config.read_text())
+        text = data.get("text_config") or data
+        ns = SimpleNamespace(**{**text, "model_type": data.get("model_type", "llama"),
+                                "tie_word_embeddings": data.get("tie_word_embeddings", False)})
+        return Architecture.from_hf_config(ns, name=Path(spec).name)
+    return get_architecture(spec)  # raises with close-name suggestions
+
+
+@dataclass(frozen=True)
+class TargetsRequest(Record):
+    """What `draftnas targets` was asked: the registry, or one family of it."""
+
+    family: str | None = option(None, choices=FAMILIES, help="Only this family.")
+
+
+def registered_targets(request: TargetsRequest) -> list[Architecture]:
+    """`draftnas targets`: the registry's architectures (of the request's family)."""
+    return [a for a in load_registry().values() if request.family is None or a.family == request.family]

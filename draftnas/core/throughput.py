@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from draftnas.core.errors import InvalidInputError, check_range
+from draftnas.core.options import option
 from draftnas.core.records import Record
 
 MS_PER_S = 1000.0
@@ -230,3 +231,31 @@ def _check_latency(name: str, value_ms: float, strictly_positive: bool = False) 
     if value_ms < 0 or (strictly_positive and value_ms == 0) or math.isnan(value_ms):
         bound = "> 0" if strictly_positive else ">= 0"
         raise InvalidInputError(f"{name} must be {bound} ms, got {value_ms:g}")
+
+
+@dataclass(frozen=True)
+class PredictRequest(Record):
+    """What `draftnas predict` was asked: an acceptance rate and the step latencies."""
+
+    acceptance: float = option(short="-a", low=0.0, high=1.0,
+                               help="Per-token acceptance rate alpha in [0, 1].")
+    draft_ms: float = option(low=0.0, low_open=True, help="Drafter latency for one token (ms).")
+    target_ms: float = option(low=0.0, low_open=True, help="Target latency for one plain decode step (ms).")
+    gamma: int | None = option(None, short="-g", low=0, high=64,
+                               help="Draft tokens per step; omitted: the best.")
+    verify_ms: float | None = option(None, low=0.0, low_open=True,
+                                     help="Target latency to verify gamma+1 tokens (ms); default: the "
+                                          "target's.")
+    max_gamma: int = option(8, low=1, high=64, help="Largest gamma tried when gamma is omitted.")
+    batch_size: int = option(1, short="-b", low=1, help="Sequences decoded together.")
+
+
+def predict_from_request(request: PredictRequest) -> ThroughputEstimate:
+    """`draftnas predict`: the request's gamma priced, or the best gamma up to its `max_gamma`."""
+    if request.gamma is None:
+        return best_gamma(acceptance_rate=request.acceptance, draft_ms=request.draft_ms,
+                          target_ms=request.target_ms, verify_ms=request.verify_ms,
+                          max_gamma=request.max_gamma, batch_size=request.batch_size)
+    return predict_throughput(gamma=request.gamma, draft_ms=request.draft_ms, target_ms=request.target_ms,
+                              verify_ms=request.verify_ms, acceptance_rate=request.acceptance,
+                              batch_size=request.batch_size)

@@ -1,0 +1,32 @@
+"""Drafters: pruning plans, the one drafter builder (cut, reduced head, int8) and healing by distillation.
+
+The public names below load their module on first use (see `draftnas.core.public`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from draftnas.core.public import lazy_exports
+
+_EXPORTS = {
+    "PruningPlan": "records",
+    "load_plan": "records",
+    "HealOptions": "records",
+    "HealResult": "records",
+    "BuiltDrafter": "records",
+    "build_drafter": "build",
+}
+__all__ = [
+    "BuiltDrafter",
+    "HealOptions",
+    "HealResult",
+    "PruningPlan",
+    "build_drafter",
+    "load_plan",
+]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from draftnas.drafter.build import build_drafter
+    from draftnas.drafter.records import BuiltDrafter, HealOptions, HealResult, PruningPlan, load_plan

@@ -137,6 +137,8 @@ def generate_heal_data(target: Any, tokenizer: Any, options: HealOptions,
     if not train or not heldout:
         raise InvalidInputError(f"prompt set {options.prompts!r} gave too few continuations to heal on")
     return HealData(train, heldout, "live", build_s=time.perf_counter() - started, n_written=n_written)
+
+
 #: How the target writes prompts of its own: each user turn opens with the first words of a prompt
 #: of the set, and the target goes on sampling at temperature 1 until it closes the turn.
 WRITTEN_OPENING_WORDS = 3

@@ -147,6 +147,8 @@ class PlanOptions(Record):
     base: str = ""
     calibration_sequences: int = 8
     calibration_seq_len: int = 128
+
+
 def drafter_label(layers: int, layer_selection: str, heads: int, kv_heads: int, intermediate_size: int,
                   head_rows: int = 0, hidden_ratio: float = 1.0) -> str:
     """The one name a drafter has everywhere (search table, export, bench, card, draftnas.json):
@@ -167,6 +169,8 @@ def load_plan(path: str | Path) -> PruningPlan:
     if isinstance(data, dict) and "plan" in data and isinstance(data["plan"], dict):
         data = data["plan"]  # a draftnas.json from an export
     return PruningPlan.from_data(data)
+
+
 VOCAB_FILE = "draft_vocab.json"
 SCHEMA_VERSION = 1
 

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from draftnas.bench.records import DrafterRow, Fidelity
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option
 from draftnas.core.records import MachineInfo, Record
 from draftnas.drafter.records import BuiltDrafter, PruningPlan
@@ -44,6 +45,8 @@ class Budget(Record):
         if self.fixed_gamma > self.max_gamma:
             extra.append(("fixed_gamma", f"must be <= max_gamma {self.max_gamma}, got {self.fixed_gamma}"))
         return check_options(self, extra)
+
+
 BUDGETS: dict[str, Budget] = {
     # a couple of minutes on a 2-core CPU: every stage runs on this machine (a device's shakedown), no figures
     "smoke": Budget(name="smoke", trace_per_domain=3, trace_new_tokens=10, trials=2, depth_max=2,
@@ -72,22 +75,41 @@ def budget_preset(name: str, **overrides: Any) -> Budget:
     return budget
 
 
+def _budget(value: str | Budget) -> Budget:
+    return value if isinstance(value, Budget) else budget_preset(value)
+
+
+def _domain(value: str | None) -> str | None:
+    return None if value is None or value.lower() == "none" else value
+
+
 @dataclass(frozen=True)
 class E2EOptions(Record):
-    """What `draftnas e2e` was asked. `profile`: a profile JSON or shipped name (None = measure one).
+    """What `draftnas e2e` was asked. `repeats` overrides the budget's bench repeats."""
 
-    `space`: a search space YAML / shipped name (None = the target's shipped space).
-    """
+    target: str = option("smollm2-135m", short="-t", help="Target (and base) with weights.")
+    out_dir: str = option("runs/e2e", flag="--out", help="Run folder (re-running resumes from it).")
+    budget: Budget = option(
+        factory=lambda: BUDGETS["quick"], cli_type=str, cli_default="quick",
+        parse=_budget, help="smoke (every stage runs here, no figures), quick (minutes, proves the "
+                            "machinery) or full (the README figures).")
+    seed: int = option(0, help="Seed of the search, healing and benches.")
+    profile: str | None = option(None, help="Latency profile JSON or shipped name (e.g. cpu); default: "
+                                            "measure one into the run folder.")
+    space: str | None = option(None, help="Search space YAML or shipped name (default: the target's).")
+    threads: int | None = option(None, low=1, help="torch CPU threads (1 when other jobs load the CPU; "
+                                                   "recorded with the figures).")
+    tuned_domain: str | None = option(
+        "translation", parse=_domain,
+        help="Also heal the winner's plan on this domain's traces alone and bench it, to see whether it "
+             "accepts more there (chat, translation, code, math, or none).")
+    device: str = option("cpu", choices=DEVICES, help="Where every stage runs (the profile is timed as CUDA "
+                                                      "graphs on a GPU; traces, healing, terms and benches).")
+    repeats: int | None = option(None, low=1, help="Bench repeats (median); default: the budget's.")
 
-    target: str = "smollm2-135m"
-    out_dir: str = "runs/e2e"
-    budget: Budget = field(default_factory=lambda: BUDGETS["quick"])
-    seed: int = 0
-    profile: str | None = None
-    space: str | None = None
-    threads: int | None = None  # torch CPU threads (None: torch's default); 1 on an oversubscribed CPU
-    tuned_domain: str | None = "translation"  # also heal the winner's plan on this domain alone
-    device: str = "cpu"  # where every stage runs: profile (CUDA graphs on a GPU), traces, healing, bench
+    def __post_init__(self) -> None:
+        if self.repeats is not None and self.repeats != self.budget.repeats:
+            object.__setattr__(self, "budget", replace(self.budget, repeats=self.repeats))
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from draftnas.core.errors import DraftnasError, InvalidInputError
 from draftnas.core.machine import load_average, machine_info, require_device
 from draftnas.core.prompts import encode_prompt
 from draftnas.core.records import MachineInfo
-from draftnas.core.registry import Architecture
+from draftnas.core.registry import Architecture, resolve_architecture
 from draftnas.drafter.vocab import maybe_apply_saved_subset
 from draftnas.e2e.records import ROLES, E2EOptions, E2EResult, RoleDrafter
 from draftnas.e2e.render import E2E_GPU_PROFILE, honest_notes, results_markdown
@@ -67,7 +67,6 @@ from draftnas.export.folder import load_drafter
 from draftnas.latency.files import default_profile
 from draftnas.latency.model import LatencyModel
 from draftnas.models.sources import load_model
-from draftnas.search.candidate import resolve_architecture
 from draftnas.search.records import SearchResult
 
 if TYPE_CHECKING:

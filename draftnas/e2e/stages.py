@@ -19,6 +19,7 @@ from draftnas.acceptance.tracing import build_traces
 from draftnas.bench.records import BenchOptions, BenchResult
 from draftnas.bench.run import run_bench
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import option_error
 from draftnas.core.prompts import DOMAINS, load_prompts
 from draftnas.core.records import write_json_file
 from draftnas.core.registry import Architecture
@@ -40,7 +41,6 @@ from draftnas.search.space_file import default_space_for, load_search_space
 
 if TYPE_CHECKING:
     from draftnas.acceptance.traces import Traces
-    from draftnas.bench.records import BenchResult
     from draftnas.core.prompts import Prompt
     from draftnas.latency.records import LatencyProfile
     from draftnas.models.sources import LoadedModel
@@ -236,8 +236,8 @@ def check_tuned_domain(options: E2EOptions, trace_prompts: Sequence[Prompt]) -> 
         raise InvalidInputError(f"tuned domain {d!r} unknown (allowed: {', '.join(DOMAINS)}, or none)")
     n = sum(p.domain == d for i, p in enumerate(trace_prompts) if not held_out(i))  # one record each
     if n < 2:
-        raise InvalidInputError(f"tuned domain {d!r}: {n} traced {d} prompt(s) in the heal split, healing "
-                                f"needs 2; raise the budget's trace_per_domain or pass --tuned-domain none")
+        raise option_error("tuned_domain", f"{d!r}: {n} traced {d} prompt(s) in the heal split, healing "
+                                           "needs 2; raise the budget's trace_per_domain or set it to none")
 
 
 def stage_tuned(winner: RoleDrafter, base: LoadedModel, traces: tuple[Traces, Traces], domain: str,

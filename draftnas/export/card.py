@@ -123,6 +123,8 @@ def _figures_section(info: ExportInfo) -> list[str]:
     if len(lines) == 2:
         lines += ["No figures were recorded for this export.", ""]
     return lines
+
+
 CARD_ROWS = 24
 
 
@@ -171,8 +173,8 @@ def _model_ref(spec: str) -> str:
 def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
     g = info.gamma
     target = _model_ref(info.target)
-    load = ("AutoModelForCausalLM.from_pretrained(\"path/to/this/folder\", trust_remote_code=True)"
-            if reduced else "AutoModelForCausalLM.from_pretrained(\"path/to/this/folder\")")
+    load = ('AutoModelForCausalLM.from_pretrained("path/to/this/folder", trust_remote_code=True)'
+            if reduced else 'AutoModelForCausalLM.from_pretrained("path/to/this/folder")')
     vllm_folder = f"path/to/this/folder/{FULL_HEAD_DIR}" if reduced else "path/to/this/folder"
     return [
         "## Use",
@@ -184,7 +186,7 @@ def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
         f"target = AutoModelForCausalLM.from_pretrained({target})",
         f"drafter = {load}",
         f"tokenizer = AutoTokenizer.from_pretrained({target})",
-        "inputs = tokenizer(\"Hello\", return_tensors=\"pt\")",
+        'inputs = tokenizer("Hello", return_tensors="pt")',
         "out = target.generate(**inputs, assistant_model=drafter, do_sample=False, max_new_tokens=64)",
         "```",
         "",
@@ -212,15 +214,15 @@ def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
             "Loaded plainly it runs dense, at the speed of its dense weights.",
             "",
         ] if info.weights == "int8" else []),
-        "`draftnas bench` measures assisted generation both ways (\"HF assisted generate\" and \"HF "
-        "assisted, linears routed\").",
+        '`draftnas bench` measures assisted generation both ways ("HF assisted generate" and "HF '
+        'assisted, linears routed").',
         "",
         "vLLM (not tested by draftnas):",
         "",
         "```python",
         "from vllm import LLM",
-        f"llm = LLM(model={target}, speculative_config={{\"model\": \"{vllm_folder}\", "
-        f"\"num_speculative_tokens\": {g}}})",
+        f'llm = LLM(model={target}, speculative_config={{"model": "{vllm_folder}", '
+        f'"num_speculative_tokens": {g}}})',
         "```",
         "",
         "Drafter and target must share one tokenizer (this drafter keeps the base's vocabulary).",

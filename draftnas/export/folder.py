@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from draftnas.core.errors import ExportError, ModelSourceError
+from draftnas.core.options import option_error
 from draftnas.core.provenance import package_versions
 from draftnas.core.registry import Architecture
 from draftnas.drafter.records import VOCAB_FILE, load_vocab_subset
@@ -45,9 +46,10 @@ def check_destination(out_dir: str | Path, force: bool) -> Path:
     """The destination, refused (ExportError) when it is a file or a non-empty folder without force."""
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
-        raise ExportError(f"{out} exists and is not a folder; choose another --out")
+        raise option_error("out_dir", f"{out} exists and is not a folder; choose another", flag="--out")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise ExportError(f"{out} is not empty; pass --force to replace it, or choose another --out")
+        raise option_error("out_dir", f"{out} is not empty; set {{force}} to replace it, or choose another",
+                           flag="--out")
     return out
 
 
@@ -124,7 +126,7 @@ def reduced_head_class(model_or_config: Any) -> Any:
 
 def _save_reduced_head(model: Any, subset: Any, folder: Path) -> None:
     """`model` (head already reduced) as a draftnas.models.hf_head class: N-row head, the kept ids as the
-    `draft_vocab_ids` buffer, `auto_map` naming the shipped copy of draftnas/hf_head.py."""
+    `draft_vocab_ids` buffer, `auto_map` naming the shipped copy of draftnas/models/hf_head.py."""
 
     cls = reduced_head_class(model)
     config = copy.deepcopy(model.config)
@@ -176,7 +178,9 @@ def exported_record(folder: str | Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-#: sha256 of copies of draftnas/hf_head.py that earlier draftnas versions wrote into folders ->
+
+
+#: sha256 of copies of draftnas/models/hf_head.py that earlier draftnas versions wrote into folders ->
 #: what plain transformers gets from that copy. They define the same classes over the same
 #: weights, so draftnas (which builds the class from its own package) still loads such a folder.
 EARLIER_HEAD_COPIES = {

@@ -8,8 +8,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import require_device
+from draftnas.core.options import option_error
 from draftnas.core.records import Progress
 from draftnas.drafter.records import HealReading, HealResult, PruningPlan, load_plan
 from draftnas.export.folder import check_destination, export_drafter, load_drafter
@@ -24,9 +24,8 @@ def heal_from_request(request: HealRequest, *, progress: Progress | None = None,
     """Build (from a plan) or load (a folder) the drafter, heal it toward the teacher, and with
     `out_dir` export it."""
 
+    request.validate()
     require_device(request.options.device)  # before any model is loaded
-    if (request.plan_file is None) == (request.drafter is None):
-        raise InvalidInputError("pass either --plan FILE [--base BASE] or --drafter FOLDER")
     if request.out_dir:
         check_destination(request.out_dir, request.force)
     if request.plan_file is not None:
@@ -36,7 +35,7 @@ def heal_from_request(request: HealRequest, *, progress: Progress | None = None,
         plan: PruningPlan | None = plan_file
         base = request.base or plan_file.base
         if not base:
-            raise InvalidInputError("the plan names no base model; pass --base")
+            raise option_error("base", "must be given: the plan names no base model")
         loaded = load_model(base)
         target = request.target or base
         built = build_drafter(plan_file, loaded, heal=request.options,

@@ -4,11 +4,12 @@ export and heal requests, and their results. No torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from draftnas.acceptance.records import AcceptanceEstimate
-from draftnas.core.options import check_options, option
+from draftnas.core.machine import DEVICES
+from draftnas.core.options import check_options, option, option_group
 from draftnas.core.records import Record
 from draftnas.drafter.records import HealOptions, HealResult, PruningPlan
 from draftnas.models.records import HEAD_MODULE, weights_suffix
@@ -25,6 +26,7 @@ DEFAULT_EXPORT_HEAL_STEPS = 400
 EXPORT_WRITTEN_PROMPTS = 128
 EXPORT_TEACHER_TOPK = 64
 SCHEMA_VERSION = 1
+EXPORT_FORMATS = ("hf", "gguf")
 
 
 @dataclass(frozen=True)
@@ -67,32 +69,63 @@ class ExportInfo(Record):
 class ExportRequest(Record):
     """What `draftnas export` was asked: a study trial or a plan file, and where to write."""
 
-    out_dir: str
-    study: str | None = None
-    storage: str | None = None
-    trial: int | None = None
-    plan_file: str | None = None
-    base: str | None = None
-    target: str | None = None
-    traces: str | None = None
-    heal_steps: int | None = option(0, help="Distillation steps (None: the stated default).", low=0,
-                                    cli=False)
-    heal: HealOptions | None = None
-    gamma: int | None = option(None, help="Draft tokens per step for generation_config.", low=MIN_GAMMA,
-                               high=MAX_GAMMA, cli=False)
-    force: bool = False
-    push_to_hub: str | None = None
-    seed: int = 0
-    device: str | None = None  # where healing trains (None: the study's device, else the CPU)
-    full_head: bool = False  # a reduced-head drafter also gets a plain full-vocabulary copy (full-head/)
-    # a GGUF file for llama.cpp beside the folder, in this ggml type (None: only when the trial was searched
-    # for llama.cpp, in its type); `llama_cpp`: the build llama-quantize comes from (K-quants)
-    gguf: str | None = None
-    llama_cpp: str | None = None
+    out_dir: str = option(flag="--out", short="-o", help="Folder to write (refused when not empty).")
+    study: str | None = option(None, help="Optuna study name (with its storage).")
+    storage: str | None = option(None, help="Optuna storage: sqlite:///F, postgresql://..., journal:F "
+                                             "(default: runs/<study>/study.db).")
+    trial: int | None = option(None, low=0, help="Trial number (default: the best).")
+    plan_file: str | None = option(None, flag="--plan", help="Pruning plan JSON instead of a study.")
+    base: str | None = option(None, help="Base model (default: the plan's).")
+    target: str | None = option(None, help="Target it drafts for (default: the base).")
+    traces: str | None = option(
+        None, help="Traces to heal toward (no target needed); also where a reduced-vocabulary trial's draft "
+                   "vocabulary comes from (default: the study folder's traces).")
+    heal_steps: int | None = option(
+        None, low=0,
+        help="Distillation steps toward the target before export; 0 exports the pruned weights unhealed. "
+             "Default: 400 (toward the target's top-64, on the workload's prompts and 128 more the target "
+             "writes itself), or 0 when the study's search space heals none. If healing lowers held-out "
+             "top-1 agreement, the unhealed weights are exported.")
+    heal: HealOptions | None = None  # the healing's options (None: the workload's)
+    gamma: int | None = option(
+        None, low=MIN_GAMMA, high=MAX_GAMMA,
+        help="Draft tokens per step for generation_config (default: the best for the drafter as exported "
+             "when the study measured acceptance, else the searched best, else 4).")
+    force: bool = option(False, help="Replace a non-empty output folder.")
+    full_head: bool = option(
+        False, help="A reduced-head drafter also gets a plain full-vocabulary copy in full-head/ (loads with "
+                    "no remote code, e.g. as a serving engine's draft model; as large as the base).")
+    format: str = option(
+        "hf", choices=EXPORT_FORMATS,
+        help="hf: the Hugging Face folder alone. gguf: also <out>/<name>-<quant>.gguf, a file llama.cpp "
+             "loads as the target's drafter (the target's tokenizer, full vocabulary; a trial searched for "
+             "llama.cpp gets one in its searched type without asking).")
+    quant: str | None = option(
+        None, help="The GGUF's ggml type with the gguf format: Q8_0, Q4_0, F16, BF16 or F32 are written "
+                   "directly; other llama.cpp types (Q4_K_M, Q6_K, ...) through llama-quantize. Default: the "
+                   "type the trial was searched in, else Q8_0.")
+    llama_cpp: str | None = option(None, help="The llama.cpp build for llama-quantize (default: the one "
+                                              "`draftnas engines --build` made).")
+    push_to_hub: str | None = option(None, help="Upload to this hub repo (online).")
+    seed: int = option(0, help="Seed of healing.")
+    device: str | None = option(None, choices=DEVICES,
+                                help="Where healing trains (default: the study's device, else cpu). The "
+                                     "folder is written from the host.")
+
+    @property
+    def gguf(self) -> str | None:
+        """The GGUF's type ("default": the searched one, else Q8_0), None for no GGUF asked."""
+        return (self.quant or "default") if self.format == "gguf" else None
 
     def validate(self) -> ExportRequest:
         """Every out-of-range field at once, as one error (nothing is written)."""
-        return check_options(self)
+        extra = [("quant", "is the GGUF's type: set {format} gguf with it")] if (
+            self.quant is not None and self.format != "gguf") else []
+        if self.plan_file is None and self.study is None:
+            extra.append(("study", "or {plan_file} must name the drafter to export"))
+        elif self.plan_file is not None and self.study is not None:
+            extra.append(("study", "and {plan_file} exclude each other: give one"))
+        return check_options(self, extra)
 
 
 @dataclass(frozen=True)
@@ -115,18 +148,24 @@ class ExportResult(Record):
 class HealRequest(Record):
     """What `draftnas heal` was asked: a drafter (plan + base, or a folder) and a teacher."""
 
-    plan_file: str | None = None
-    base: str | None = None
-    drafter: str | None = None
-    target: str | None = None
-    traces: str | None = None
-    options: HealOptions = field(default_factory=HealOptions)
-    checkpoint_dir: str | None = None
-    out_dir: str | None = None
-    force: bool = False
+    plan_file: str | None = option(None, flag="--plan", help="Pruning plan JSON (or a draftnas.json).")
+    base: str | None = option(None, help="Base model the plan prunes (default: the plan's).")
+    drafter: str | None = option(None, help="An exported drafter folder (instead of a plan).")
+    target: str | None = option(None, help="Live teacher (default: the base).")
+    traces: str | None = option(None, help="Distill toward these traces' top-k (no target forward).")
+    options: HealOptions = option_group(HealOptions)
+    checkpoint_dir: str | None = option(None, flag="--checkpoint",
+                                        help="Folder for resumable state (rerun to resume).")
+    out_dir: str | None = option(None, flag="--out", help="Export the healed drafter to this folder.")
+    force: bool = option(False, help="Replace a non-empty output folder.")
+
+    def validate(self) -> HealRequest:
+        extra = [("plan_file", "or {drafter} must name the drafter to heal")] if (
+            self.plan_file is None and self.drafter is None) else []
+        return check_options(self, extra)
 
 
-HEAD_MODULE_FILE = f"{HEAD_MODULE}.py"  # draftnas/hf_head.py, copied into reduced-head folders
+HEAD_MODULE_FILE = f"{HEAD_MODULE}.py"  # draftnas/models/hf_head.py, copied into reduced-head folders
 
 
 FULL_HEAD_DIR = "full-head"
@@ -137,3 +176,14 @@ def drafter_name(info: ExportInfo) -> str:
     name the search's table gives the same drafter."""
     label = info.plan.label() if info.plan else "drafter"
     return f"{info.base}-{label}{weights_suffix(info.weights)}"
+
+
+@dataclass(frozen=True)
+class BestExport(Record):
+    """A search's best trial as exported (`draftnas search --export`): its folder, gamma and the
+    folder's record; `result` is None when the folder already held that trial (kept as it was)."""
+
+    folder: str
+    gamma: int
+    record: dict[str, Any]
+    result: ExportResult | None = None

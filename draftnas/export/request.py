@@ -16,6 +16,7 @@ from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.acceptance.traces import load_traces, split_traces
 from draftnas.core.errors import ExportError
 from draftnas.core.machine import require_device
+from draftnas.core.options import option_error
 from draftnas.core.records import Progress
 from draftnas.drafter.build import build_drafter
 from draftnas.drafter.records import HealOptions, PruningPlan, load_plan, prompt_key
@@ -29,6 +30,7 @@ from draftnas.export.records import (
     EXPORT_TEACHER_TOPK,
     EXPORT_WRITTEN_PROMPTS,
     MIN_GAMMA,
+    BestExport,
     ExportInfo,
     ExportRequest,
     ExportResult,
@@ -36,7 +38,7 @@ from draftnas.export.records import (
 )
 from draftnas.models.records import GGUF_WEIGHTS, TORCH_DTYPES
 from draftnas.models.sources import load_model
-from draftnas.search.records import RankedTrial, StudyInfo, WorkloadPrediction
+from draftnas.search.records import RankedTrial, SearchResult, StudyInfo, WorkloadPrediction
 from draftnas.search.scoring import measured_acceptance, predict_workload
 from draftnas.search.storage import load_trial
 
@@ -54,8 +56,6 @@ class _Source:
 
 
 def _resolve_plan(request: ExportRequest) -> _Source:
-    if (request.study is None) == (request.plan_file is None):
-        raise ExportError("pass either --study NAME --storage URL [--trial N] or --plan FILE --base BASE")
     if request.plan_file is not None:
         return _Source(plan=load_plan(request.plan_file), label=f"plan {request.plan_file}")
 
@@ -158,6 +158,10 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     """Resolve the plan, build the drafter from the base (healed unless 0 steps), export, push
     (optional)."""
     request.validate()
+    if request.quant is not None:
+        from draftnas.models.llama_cpp import check_quant
+
+        check_quant(request.quant)  # a type llama.cpp lacks is said before anything runs
     if request.device is not None:
         require_device(request.device)
     check_destination(request.out_dir, request.force)  # fail before minutes of work
@@ -165,7 +169,7 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     plan, trial = source.plan, source.trial
     base = request.base or plan.base
     if not base:
-        raise ExportError("the plan names no base model; pass --base")
+        raise option_error("base", "must be given: the plan names no base model")
     target = request.target or (source.info.target if source.info else None) or base
     weights = trial.candidate.choice.weights if trial is not None else "dense"  # how it was searched to run
     searched = weights if weights in GGUF_WEIGHTS else None
@@ -244,3 +248,29 @@ def teacher_for(traces: str | None, target: str, base: str, loaded: Any, dtype: 
     if loaded is not None and target in (base, loaded.source.spec):
         return loaded.model
     return load_model(target, dtype=TORCH_DTYPES[dtype]).model
+
+
+def export_best(result: SearchResult, root: Path, *, progress: Progress | None = None,
+                data_progress: Progress | None = None, device: str | None = None) -> BestExport:
+    """A search's best trial exported as `draftnas export` would (its default healing) into
+    root/<name> and priced again at its acceptance as exported. A folder that already holds that
+    trial is kept (its `draftnas.json` is the record); one holding another study's drafter of the same
+    name is kept too, and this one goes beside it (root/<name>-<study>)."""
+    from draftnas.export.folder import exported_record
+    from draftnas.search.explain import exportable
+
+    b = result.best
+    if b is None or not exportable(result):
+        raise ExportError("exporting the best trial needs a search that pruned real weights and measured "
+                          "acceptance; this study has no such drafter to export")
+    for out in (root / b.candidate.name, root / f"{b.candidate.name}-{result.study_name}"):
+        record = exported_record(out)
+        if record is not None and record.get("source") == study_source(result.study_name, b.number):
+            return BestExport(folder=str(out), gamma=int(record.get("gamma", b.primary.gamma)), record=record)
+        if not out.exists() or not any(out.iterdir()):
+            break
+    request = ExportRequest(out_dir=str(out), study=result.study_name, storage=result.storage, trial=b.number,
+                            device=device or result.info.device)
+    exported = export_from_request(request, progress=progress, data_progress=data_progress)
+    return BestExport(folder=exported.out_dir, gamma=exported.gamma, record=exported.to_dict(),
+                      result=exported)

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from draftnas.core.errors import DeviceError, InvalidInputError
+from draftnas.core.errors import DeviceError
 from draftnas.core.machine import cpu_count, cpu_identity
+from draftnas.core.options import option_error
 from draftnas.core.records import Progress
 from draftnas.core.registry import Architecture
 from draftnas.latency.calibration_store import (
@@ -28,6 +29,8 @@ from draftnas.latency.calibration_store import (
     store_path,
     write_calibration,
 )
+from draftnas.latency.files import SHIPPED_PROFILES, default_profile
+from draftnas.latency.hardware import CPU_ROOFLINE
 from draftnas.latency.records import (
     STATIC_MODES,
     HostCalibration,
@@ -50,6 +53,9 @@ def host_mismatch(profile: LatencyProfile) -> str | None:
     CPU hosts of one machine kind differ 2x in decode time (an Intel Xeon and an AMD EPYC
     host, both "2-core"), so a shipped profile is a prior, never this machine's figures.
     """
+    if profile.kind == "spec-sheet" and profile.device == "cpu":
+        return (f"no shipped profile was measured on this CPU: the search starts from its "
+                f"{profile.device_name} (NOT MEASURED), which the calibration corrects")
     if profile.kind == "spec-sheet":
         return f"the latency profile is a spec-sheet roofline for {profile.device_name}, not a measurement"
     if profile.device != "cpu":
@@ -65,6 +71,23 @@ def host_mismatch(profile: LatencyProfile) -> str | None:
             f"machine is {here.label()} with {cores} cores, so its predictions may be far off here (the "
             "calibration corrects them; or measure this host: draftnas profile --device cpu --mode static "
             "--out my-cpu.json, then --profile my-cpu.json)")
+
+
+def calibrates(profile: LatencyProfile) -> bool:
+    """Whether the calibration corrects `profile`: a measured one, or a CPU's roofline prior."""
+    return profile.kind == "measured" or profile.device == "cpu"
+
+
+def host_cpu_profile(engine: str = "static", dtype: str | None = None) -> str:
+    """The shipped CPU profile to start from here: one measured on this CPU (vendor, family, model
+    and instruction sets) with this many threads, in the mode that prices `engine` and the `dtype`
+    asked for if there is one, else any measured here, else this CPU's roofline prior (never another
+    CPU's profile: `draftnas.latency.hardware.cpu_roofline_profile`)."""
+    mode = "static" if engine == "static" else "eager"
+    cpu = {k: default_profile(k) for k in SHIPPED_PROFILES if k.startswith("cpu")}
+    here = [(p.mode != mode, dtype is not None and p.dtype != dtype, k) for k, p in cpu.items()
+            if host_mismatch(p) is None]
+    return min(here)[2] if here else CPU_ROOFLINE
 
 
 def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Sequence[int],
@@ -191,12 +214,12 @@ def choose_dtype(options: ProfileOptions, target: Architecture, new_tokens: int,
     decoding will run in.
 
     A first probe times each dtype three times with plain kernels (choosing each product's form for a
-    dtype about to lose took most of the choice on the Intel host); one that takes over `drop_above`
+    dtype about to lose would take most of the choice); one that takes over `drop_above`
     times the fastest there is dropped (its probe stands as its timing), the others are timed again
     with their kernels chosen. The rest are timed round-robin in one
     pass (when both models fit the memory budget together), so a burst of other work on the host slows
-    all of them alike: timed one after the other, a test suite running beside the search once made
-    bf16's decode read 1,795 ms and fp32 win."""
+    all of them alike (timed one after the other, a burst during one dtype's turn would decide the
+    choice; docs/hosts/ has the case)."""
     probe = _time_dtypes(options, target, new_tokens, dtypes, context_tokens, repeats=3, kernels="linear")
     if not probe:
         raise DeviceError(f"{target.name} fits in none of {', '.join(dtypes)} here")
@@ -245,9 +268,9 @@ def decoding_overheads(rt: Runtime, target: Architecture, context_tokens: int, t
     time per token between a 2- and a 14-token run (prefill cancels), less the decode step.
     Loop, per drafted token: the loop's own drafting time (`SpeculativeOutput.draft_s`) between
     a 4- and a 16-token run at gamma 1 and 3 (the drafter's prefill cancels), per drafted token,
-    less `draft_ms`. Measured directly, not fitted: fitted from whole runs with the other terms,
-    it swung from 0 to 2.1 ms between calibrations on the AMD EPYC host, where the direct
-    reading varied by 0.24 ms over three repeats in one process. Per verify step: each run's
+    less `draft_ms`. Measured directly, not fitted: fitted from whole runs with the other terms it
+    swung between calibrations far more than the direct reading varies between repeats
+    (docs/hosts/amd-epyc-zen2-2core.md). Per verify step: each run's
     time less its forward steps and that drafting work, fitted by least squares as constant
     (prefill) + per step. Negative values count as 0.
     """
@@ -317,8 +340,8 @@ def stored_or_calibrated(options: ProfileOptions, target: Architecture, request:
         stored = read_calibration(given)
         check_here(stored, given)
         if stored.calibration.target != target.name:
-            raise InvalidInputError(f"--calibration {given} calibrates {stored.calibration.target}, not "
-                                    f"{target.name}")
+            raise option_error("calibration", f"{given} calibrates {stored.calibration.target}, not "
+                                              f"{target.name}")
     elif path.is_file():
         stored = read_calibration(path, flag="the stored calibration")
     redo = ""

@@ -91,6 +91,7 @@ class _Line:
     def matches(self, arch: Architecture) -> bool:
         """The same layer shape (a drafter cut from this stack by depth only, its head aside)."""
         a, b = arch, self.arch
+
         def shape(x: Architecture) -> tuple[int, ...]:
             return (x.hidden_size, x.head_dim, x.num_attention_heads, x.num_key_value_heads,
                     x.intermediate_size)
@@ -112,8 +113,8 @@ class CalibratedModel:
     - A reduced draft head at one new token (batch 1): the full-head prediction so corrected,
       less the time the smaller head saved when measured (linear in the row count between
       measured sizes): under that stack's full depth and under its first layer, linear in depth
-      between the two. The saving depends on depth: SmolLM2-135M's 4,096-row head saved 2.7 ms
-      under 30 layers but 4.2 ms under one, where the small stack's weights partly stay in cache.
+      between the two. The saving depends on depth: under one layer the small stack's weights
+      partly stay in cache, so the same head saves more there than under the full stack.
     - Plus the measured work outside the forward: one new token of the target is plain
       decoding (`generate_overhead_ms`), more are a verify step of the loop
       (`verify_overhead_ms`), one new token of anything else is a draft step

@@ -97,23 +97,31 @@ def profiles_dir() -> Path:
         return Path(env)
     return Path(str(resources.files("draftnas").joinpath("data/profiles")))
 
+
 #: Names accepted by `default_profile`, mapped to the shipped file.
 SHIPPED_PROFILES: dict[str, str] = {
-    "cpu": "cpu-2core-fp32.json",  # Intel Xeon, 2 threads, transformers' eager forward
+    "cpu-intel-xeon": "cpu-2core-fp32.json",  # Intel Xeon (model not recorded), 2 threads, eager forward
     "cpu-amd-static": "cpu-amd-2core-fp32-static.json",  # AMD EPYC (Zen 2), 2 threads, draftnas's decoder
     # AMD EPYC (family 26, AVX-512 with bf16), 2 threads, draftnas's decoder in bf16
     "cpu-amd-zen5-bf16-static": "cpu-amd-zen5-2core-bf16-static.json",
+    "h100-bf16-eager": "h100-bf16-eager.json",  # an H100 80GB HBM3, measured, eager
+    "h100-bf16-cuda-graph": "h100-bf16-cuda-graph.json",  # the same H100, measured as CUDA graphs
     "a100-80gb": "a100-80gb-spec.json",
     "h100-sxm": "h100-sxm-spec.json",
     "rtx-3090": "rtx-3090-spec.json",
 }
 
 
-def default_profile(device: str = "cpu") -> LatencyProfile:
-    """The shipped profile for `device` ("cpu", or a spec-sheet GPU: a100-80gb, h100-sxm, rtx-3090)."""
-    key = device.lower()
+def default_profile(name: str, dtype: str = "fp32") -> LatencyProfile:
+    """The shipped profile `name` (a key of `SHIPPED_PROFILES`), or "cpu-roofline": this CPU's
+    roofline prior in `dtype` (not measured; `draftnas.latency.hardware.cpu_roofline_profile`)."""
+    key = name.lower()
+    if key == "cpu-roofline":
+        from draftnas.latency.hardware import cpu_roofline_profile
+
+        return cpu_roofline_profile(dtype)
     if key not in SHIPPED_PROFILES:
         raise ProfileError(
-            f"no shipped latency profile for {device!r}; shipped: {', '.join(SHIPPED_PROFILES)} "
+            f"no shipped latency profile {name!r}; shipped: {', '.join(SHIPPED_PROFILES)}, or cpu-roofline "
             "(or measure one with `draftnas profile`)")
     return load_profile(profiles_dir() / SHIPPED_PROFILES[key])

@@ -1,9 +1,13 @@
-"""GPU data sheets and the spec-sheet roofline profiles derived from them (NOT measured).
+"""GPU data sheets and the spec-sheet roofline profiles derived from them, and the roofline prior
+of a CPU no shipped profile was measured on (all NOT measured).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.machine import cpu_count, cpu_identity, cpu_mhz
 from draftnas.core.placement import Hardware, Interconnect
 from draftnas.latency.model import FIT_TERMS, RIDGE, TILE
 from draftnas.latency.records import SCHEMA_VERSION, LatencyProfile, SpecSheet
@@ -57,6 +61,10 @@ def spec_sheet_profile(key: str, dtype: str = "fp16") -> LatencyProfile:
     if sheet.hardware is not None and dtype not in sheet.hardware.dtypes:
         raise InvalidInputError(f"{sheet.name} does not run {dtype} "
                                 f"(it runs {', '.join(sheet.hardware.dtypes)})")
+    return _roofline(sheet, key, dtype)
+
+
+def _roofline(sheet: SpecSheet, key: str, dtype: str) -> LatencyProfile:
     ms_per_mb = 1e6 / (sheet.memory_bandwidth_gb_s * 1e9) * 1e3
     coefficients = {t: 0.0 for t in FIT_TERMS}
     coefficients.update(
@@ -85,3 +93,33 @@ def spec_sheet_profile(key: str, dtype: str = "fp16") -> LatencyProfile:
             "call_overhead_us": sheet.call_overhead_us},
         hardware=sheet.hardware,
     )
+
+
+#: The CPU roofline prior's assumptions (no data sheet is read for a CPU): streaming bandwidth per
+#: core, two FMA units per core, and per-operator and per-call overheads of an eager framework.
+CPU_GB_S_PER_CORE = 10.0
+CPU_KERNEL_US, CPU_CALL_US = 10.0, 200.0
+CPU_ROOFLINE = "cpu-roofline"
+
+
+def cpu_roofline_profile(dtype: str = "fp32", mode: str = "static") -> LatencyProfile:
+    """This CPU's roofline prior, NOT MEASURED: its cores x clock x SIMD width (AVX-512 or AVX2, two
+    FMA units; native bf16 doubles it) as the peak, an assumed 10 GB/s per core as the bandwidth.
+    A search on a CPU no shipped profile was measured on starts from it and the calibration corrects
+    it with this host's own timings."""
+    here, cores = cpu_identity(), cpu_count()
+    lanes = 16 if "avx512f" in (here.isa or ()) else 8
+    native_bf16 = bool({"avx512_bf16", "amx_bf16"} & set(here.isa or ()))
+    ghz = (cpu_mhz() or 2500.0) / 1e3
+    tflops = cores * ghz * lanes * 2 * 2 * (2 if dtype == "bf16" and native_bf16 else 1) / 1e3
+    sheet = SpecSheet(f"roofline prior for {here.label()}, {cores} cores", CPU_GB_S_PER_CORE * cores, tflops,
+                      kernel_overhead_us=CPU_KERNEL_US, call_overhead_us=CPU_CALL_US,
+                      source=f"ASSUMED {CPU_GB_S_PER_CORE:g} GB/s per core; peak {tflops * 1e3:.0f} GFLOP/s "
+                             "from "
+                             f"{cores} cores x {ghz:.2f} GHz x {lanes} fp32 lanes x 2 FMA units")
+    profile = _roofline(sheet, CPU_ROOFLINE, dtype)
+    notes = (f"ROOFLINE PRIOR, NOT MEASURED: no shipped profile was measured on this CPU ({here.label()}). "
+             f"{sheet.source}. The calibration corrects it with this host's timings; `draftnas profile "
+             "--device cpu --mode static` measures this host.")
+    return dataclasses.replace(profile, device="cpu", mode=mode, notes=notes, hardware=None, cpu=here,
+                               threads=cores)

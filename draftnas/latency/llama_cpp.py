@@ -4,9 +4,8 @@ prices llama.cpp drafters with.
 One speculative step in llama.cpp's draft-simple loop (common/speculative.cpp of the pinned build):
 the drafter reads the gamma + 1 tokens the target just verified (one batch, to keep its cache in
 step), drafts gamma tokens one decode each, and the target verifies gamma + 1 tokens in one batch.
-So a step costs gamma x drafter decode + drafter batch(gamma + 1) + target batch(gamma + 1); on the
-Intel host with the stock 0.5B drafting for the 1.5B (both Q4_K_M files, 2 threads, context 64)
-that sums to 3 x 36.0 + 50.5 + 154.5 = 313 ms against 312 ms per step measured through llama-server.
+So a step costs gamma x drafter decode + drafter batch(gamma + 1) + target batch(gamma + 1), which
+docs/engines/llama-cpp.md checks against steps measured through llama-server.
 
 The calibration times the target file, each reference drafter's file, and random-weight GGUFs of the
 drafters' base at three depths per quant type (`gguf_file.random_tensors`, written in that type);

@@ -40,6 +40,7 @@ import torch
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_identity, load_average
+from draftnas.core.options import option_error
 from draftnas.core.placement import shard
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
@@ -215,14 +216,14 @@ def measure_target(options: ProfileOptions, target: Architecture, *, layer_count
 
     ks = tuple(sorted(set(layer_counts)))
     if len(ks) < 2 or ks[0] < 1:
-        raise InvalidInputError(f"--layers needs at least two different layer counts >= 1, got "
-                                f"{', '.join(map(str, layer_counts))}")
+        raise option_error("layers", "needs at least two different layer counts >= 1, got "
+                                     f"{', '.join(map(str, layer_counts))}")
     if ks[-1] >= target.num_hidden_layers:
-        raise InvalidInputError(f"--layers {ks[-1]} is not fewer than {target.name}'s "
-                                f"{target.num_hidden_layers} layers")
+        raise option_error("layers", f"{ks[-1]} is not fewer than {target.name}'s "
+                                     f"{target.num_hidden_layers} layers")
     if gpus < 1 or (gpus > 1 and options.device != "cuda"):
-        raise InvalidInputError(f"--tp {gpus}: a tensor-parallel share is timed on CUDA only (got "
-                                f"--device {options.device})")
+        raise option_error("tp", f"{gpus}: a tensor-parallel share is timed on CUDA only (got {{device}} "
+                                 f"{options.device})")
     timed = shard(target, gpus)
     if gpus > 1:
         timed = timed.with_shape(vocab_size=max(1, target.vocab_size // gpus), name=f"{target.name}/tp{gpus}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from draftnas.core.machine import DEVICES
-from draftnas.core.options import check_options, option
+from draftnas.core.options import check_options, option, option_group, parse_ints
 from draftnas.core.placement import Hardware
 from draftnas.core.records import CpuIdentity, Record
 from draftnas.core.registry import Architecture
@@ -220,6 +220,8 @@ class SpecSheet(Record):
     call_overhead_us: float = 50.0
     source: str = ""
     hardware: Hardware | None = None
+
+
 Condition = tuple[int, int, int]  # (batch_size, new_tokens, context_tokens)
 MODES = ("eager", "static", "cuda-graph")
 STATIC_MODES = ("static", "cuda-graph")
@@ -265,8 +267,67 @@ class ProfileOptions(Record):
             allowed = ", ".join(DTYPES_BY_DEVICE[self.device])
             extra.append(("dtype", f"on {self.device} must be one of {allowed}, got {self.dtype!r}"))
         if self.mode == "cuda-graph" and self.device != "cuda":
-            extra.append(("mode", "cuda-graph needs --device cuda"))
+            extra.append(("mode", "cuda-graph needs {device} cuda"))
         return check_options(self, extra)
+
+
+PROFILE_ENGINES = ("torch", "llama.cpp")
+
+
+@dataclass(frozen=True)
+class ProfileRequest(Record):
+    """What `draftnas profile` was asked: time this device's decoder shapes (the default), load a
+    profile (`from_file`), add a target's real shape timed through its first layers (`target`), or time
+    a GGUF in llama.cpp's llama-bench (`engine` llama.cpp)."""
+
+    out: str | None = option(None, short="-o", help="Profile JSON to write (default: draftnas-profile-DEVICE-"
+                                                   "DTYPE.json).")
+    report: bool = option(False, help="Print draft latency vs depth and width and save it as a PNG.")
+    report_png: str | None = option(None, help="PNG path for the report (default: next to the profile).")
+    from_file: str | None = option(None, flag="--from",
+                                   help="Do not measure: load this profile (e.g. for the report, or as the "
+                                        "profile a target is added to).")
+    target: str | None = option(
+        None, help="Time this target's real shape (random weights) through only its first layers, "
+                   "extrapolate to full depth and add the result to the profile (the --from one, else the "
+                   "shipped one for "
+                   "the device); the search then prices that target with it.")
+    layers: tuple[int, ...] = option((2, 4), low=1, nonempty=True, cli_type=str, cli_default="2,4",
+                                     parse=parse_ints, help="Layer counts timed for the target, e.g. 2,4.")
+    tp: int = option(1, low=1, help="With a target on CUDA: time one tensor-parallel rank's share of N GPUs.")
+    batch_sizes: tuple[int, ...] = option((1,), low=1, nonempty=True, cli_type=str, cli_default="1",
+                                          parse=parse_ints,
+                                          help="Batch sizes timed for the target, e.g. 1,8,32.")
+    max_gamma: int = option(4, low=1, help="Verify steps of up to this many drafted tokens (+1) are timed (a "
+                                           "target; llama.cpp: batches up to max(8, this + 1)).")
+    context: int = option(128, low=0, help="Context tokens before each timed step (a target; llama.cpp).")
+    engine: str = option(
+        "torch", choices=PROFILE_ENGINES,
+        help="torch: draftnas's own runtime. llama.cpp: time the model (a GGUF) in llama.cpp's stock "
+             "llama-bench: decode and batches of k = 2..8 tokens after the context; with a base and quant "
+             "types also random-weight GGUF drafters of that base at three depths per type, lines fitted.")
+    model: str | None = option(None, help="With the llama.cpp engine: the GGUF file to time.")
+    base: str | None = option(None, help="With the llama.cpp engine: the registry shape of the drafters' "
+                                         "base (e.g. qwen2.5-coder-0.5b).")
+    quants: tuple[str, ...] = option((), cli_type=str, cli_default="", parse=lambda t: _quants(t),
+                                     help="With the llama.cpp engine and a base: quant types of the random "
+                                          "drafters, e.g. Q8_0,Q4_0.")
+    llama_cpp: str | None = option(None, help="With the llama.cpp engine: the folder of the build's tools.")
+    options: ProfileOptions = option_group(ProfileOptions)
+
+    def validate(self) -> ProfileRequest:
+        extra = []
+        if self.engine == "llama.cpp" and (self.model is None or not self.model.endswith(".gguf")):
+            extra.append(("model", "must name a GGUF file with the {engine} llama.cpp, got "
+                                   f"{self.model!r}"))
+        if self.quants and self.base is None:
+            extra.append(("quants", "times random drafters of a base: set {base} (a registry shape)"))
+        return check_options(self, extra)
+
+
+def _quants(text: str | tuple[str, ...]) -> tuple[str, ...]:
+    items = text if isinstance(text, tuple) else text.split(",")
+    return tuple(q.strip().upper() for q in items if q.strip())
 
 
 @dataclass(frozen=True)
@@ -313,3 +374,14 @@ class EngineCalibration(Record):
     flags: tuple[str, ...] = ()
     flags_why: str = ""
     wall_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ProfileOutcome(Record):
+    """What `draftnas profile` did: the file written (or loaded) and what it holds, a device's profile
+    (`target`: the target timed into it) or a GGUF's llama.cpp timings."""
+
+    path: str
+    profile: LatencyProfile | None = None
+    calibration: EngineCalibration | None = None
+    target: str | None = None  # the target added to the profile

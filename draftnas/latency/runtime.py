@@ -178,8 +178,8 @@ class HeadStep:
     """Final RMSNorm + LM head of `rows` rows on [tokens, 1, hidden] activations (never captured:
     two kernels, whose launch cost the fit's head_call term takes). In the static modes on CPU
     the head's product goes through `decoder.MatmulChooser`, as the static decoder's own head
-    does (its first call, a warm-up, picks the form); with `F.linear` the AMD EPYC host's
-    5-row head took 2.2x its 1-row head where the decoder's took about the same."""
+    does (its first call, a warm-up, picks the form): with `F.linear` a few-row head can cost
+    several times a 1-row head where the chosen form costs about the same."""
 
     def __init__(self, rt: Runtime, hidden: int, rows: int, tokens: int) -> None:
         torch = rt.torch

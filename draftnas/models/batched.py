@@ -224,4 +224,3 @@ def engines_for(target: StaticDecoder, drafter: StaticDecoder, prompts: Sequence
     slots = max(len(p) for p in prompts) + max_new_tokens + gamma + 2
     return (BatchedStatic(target, len(prompts), slots, capture=capture),
             BatchedStatic(drafter, len(prompts), slots, capture=capture))
-

@@ -11,12 +11,12 @@ token's own position are masked out).
 Two families: "llama" (SmolLM2, LLaMA-1/2/3, Mistral) and "gemma3" (q/k norms, sandwich
 norms, GELU-tanh MLP, scaled embeddings, sliding-window layers with their own RoPE base).
 Module and parameter names mirror transformers' (`self_attn.` and `mlp.` dropped), so its
-weights load as they are and its logits check this decoder (tests/test_decoder.py).
+weights load as they are and its logits check this decoder (tests/models/test_decoder.py).
 
 On CPU, a linear layer over a few rows can be done as F.linear(x, W) or as (W @ x.T).T;
-on the AMD EPYC host the second reads a large W once and is 3x faster for the 49,152-row
-LM head at 3 rows, while for small matrices either may win. `MatmulChooser` times both
-once per (rows, out, in) on the machine it runs on and keeps the faster.
+on some hosts the second reads a large W once and is several times faster for a large LM head,
+while for small matrices either may win. `matmul.MatmulChooser` times both once per (rows,
+out, in) on the machine it runs on and keeps the faster.
 
 Shapes: B batch, T new tokens, S cache slots, H query heads, K key/value heads, D head
 dim, h hidden size, V head rows. torch is imported at module level: import this lazily.

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -20,6 +20,25 @@ from transformers import DynamicCache
 from draftnas.core.errors import InvalidInputError
 from draftnas.models.decoder import StaticStep
 from draftnas.models.hf_head import CACHE_ARG
+
+
+class Engine(Protocol):
+    """What the speculative and plain loops drive: a model over its own KV cache that reads tokens at
+    a start position and returns the logits of the last `keep` of them. Reading at `start` drops (or
+    overwrites) what was cached from `start` on, which is how a rejected draft is rolled back."""
+
+    device: torch.device
+
+    def reset(self) -> None:
+        """Ready for a new sequence."""
+
+    def forward(self, tokens: Sequence[int] | torch.Tensor, start: int, keep: int) -> torch.Tensor:
+        """Logits [keep, V] of the last `keep` of `tokens`, read at positions start..start+len-1."""
+        ...
+
+
+#: A model the loops accept: an `Engine`, or a transformers causal LM (wrapped in an `HFEngine`).
+EngineLike = Any
 
 
 class HFEngine:
@@ -89,7 +108,7 @@ def token_ids(tokens: Sequence[int] | torch.Tensor, device: torch.device) -> tor
     return torch.tensor([list(tokens)], dtype=torch.long, device=device)
 
 
-def as_engine(model: Any) -> Any:
+def as_engine(model: EngineLike) -> Engine:
     """An engine as is; a transformers model wrapped in an `HFEngine`."""
     return model if isinstance(model, HFEngine | StaticEngine) else HFEngine(model)
 
@@ -101,7 +120,8 @@ def crop_cache(cache: Any, length: int) -> None:
         cache.crop(-extra)
 
 
-def engine_vocab_size(engine: Any) -> int:
+def engine_vocab_size(engine: Engine) -> int:
+    """The vocabulary the engine's input embeddings read."""
     if isinstance(engine, StaticEngine):
         return int(engine.decoder.arch.vocab_size)
-    return int(engine.model.get_input_embeddings().weight.shape[0])
+    return int(engine.model.get_input_embeddings().weight.shape[0])  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import option_error
 from draftnas.core.registry import Architecture
 from draftnas.models.ggml_quants import BLOCK_BYTES, WRITTEN, quantize
 from draftnas.models.records import EMBEDDED
@@ -375,15 +376,14 @@ def engine_target(spec: str, given: str | None) -> Path:
         return own
     path = Path(given).expanduser()
     if not path.is_file() or path.suffix != ".gguf":
-        raise InvalidInputError(f"--target-gguf {given}: not a .gguf file")
+        raise option_error("target_gguf", f"{given}: not a .gguf file")
     mine, theirs = read_info(own), read_info(path)
     shape = ("architecture", "block_count", "embedding_length", "feed_forward_length", "head_count")
     differs = [f"{k} {getattr(theirs, k)} (target: {getattr(mine, k)})" for k in shape
                if getattr(theirs, k) != getattr(mine, k)]
     differs += vocab_problems(mine, theirs)
     if differs:
-        raise InvalidInputError(f"--target-gguf {given} is not a quantization of {spec}: "
-                                + "; ".join(differs))
+        raise option_error("target_gguf", f"{given} is not a quantization of {spec}: " + "; ".join(differs))
     return path.resolve()
 
 

@@ -18,10 +18,9 @@ built over the whole vocabulary). This class answers that call with a short gree
 own (`_propose`): the same forward, logits processors and stopping rules (end-of-sequence, the
 assistant's confidence threshold), the same tokens, and what `generate` returns (sequences,
 scores, the cache). Any other call, or one it does not recognize, goes to transformers'
-`generate`; `model.fast_assistant = False` sends every call there. On a 2-core AMD EPYC host,
-in fp32, Gemma-3-270M with a 4-layer drafter at γ = 1 spent 4.8 ms a step outside both models'
-forwards through `generate` and 2.0 ms through the loop, and its assisted tokens/s rose 2.6%
-(`benchmarks/hf_assisted_parts.py`).
+`generate`; `model.fast_assistant = False` sends every call there. The loop spends less time per
+step outside both models' forwards than `generate` does (`benchmarks/hf_assisted_parts.py` measures
+the parts; docs/hosts/amd-epyc-zen2-2core.md has figures).
 
 Shapes: B batch, T tokens, N kept rows, V the full vocabulary.
 """
@@ -97,7 +96,7 @@ class _ReducedHeadMixin:
         """The base class's forward, full-vocabulary logits out. The parameters are spelled out
         because transformers' `generate` reads this signature: behind a bare `**kwargs` it gets
         no `logits_to_keep`, and assisted generation fed the drafter the whole sequence at every
-        step (11.5 ms a call for a 1-layer SmolLM2 drafter, against 2.0 ms for one new token).
+        step, several times the cost of reading one new token.
         The cache comes as `cache` (transformers 5.24 on) or `past_key_values` (before) and goes on
         under the name the installed transformers reads."""
         kwargs[CACHE_ARG] = cache if cache is not None else past_key_values

@@ -1,24 +1,22 @@
 """Cheaper small-batch products for plain transformers models on CPU.
 
 Speculative decoding lives on verifying γ+1 tokens for about the price of decoding one. On
-some CPU hosts the default kernel breaks that: on the 2-core AMD EPYC (Zen 2) host, inside
-transformers' assisted generation, SmolLM2-135M in fp32 took 49.8 ms a decode and 80.8 ms a
-2-token verify, because `F.linear` with a few rows takes a path that reads the weights more
-than once. draftnas's own decoder picks, per shape, the product that timed fastest here
-(`decoder.MatmulChooser`). `route_linears` gives the same choice to the `nn.Linear` layers of
-any model, so that a user's own
+some CPU hosts the default kernel breaks that: `F.linear` with a few rows takes a path that reads
+the weights more than once, so a 2-token verify costs far more than a decode
+(docs/hosts/amd-epyc-zen2-2core.md has the figures). draftnas's own decoder picks, per shape,
+the product that timed fastest here (`matmul.MatmulChooser`). `route_linears` gives the same
+choice to the `nn.Linear` layers of any model, so that a user's own
 
     target.generate(..., assistant_model=drafter)
 
-pays for the cheap verify as well (44.4 and 46.5 ms there, same outputs;
-`benchmarks/hf_assisted_parts.py`).
+pays for the cheap verify as well, with the same outputs (`benchmarks/hf_assisted_parts.py`).
 
-    from draftnas.linears import route_linears
+    from draftnas.models import route_linears
     route_linears(target); route_linears(drafter)   # int8=True for a drafter exported in int8
 
 A row count is timed on its second product with a weight (F.linear until then): the steps of a
 decode repeat, a prompt's prefill mostly does not, and one timing costs tens of passes over the
-weights (3-5 s a row count for Gemma-3-270M on that host). `route_linears(model).prepare(range(1,
+weights. `route_linears(model).prepare(range(1,
 gamma + 2))` times the step sizes up front instead. Layers on CUDA
 (or any device but the CPU) and `nn.Linear` subclasses with their own forward are left as
 they are. Routing is undone with `.detach()` and redone with `.attach()`;
@@ -126,13 +124,10 @@ def copy_weights(weights: Sequence[torch.Tensor]) -> None:
     Parameter objects stay, so ties through a shared Parameter hold; weights that share one
     storage share one copy).
 
-    `from_pretrained` leaves weights as views of the safetensors file, mapped privately. On the
-    AMD EPYC host the 2-token products that stream them ran slower than over a copy: Gemma-3-270M's
-    routed 2-token forward in transformers took 65.9-66.7 ms as loaded and 63.6-65.0 ms over
-    copies, SmolLM2-135M's 45.4-46.0 and 44.0-45.4 ms, in three alternating pairs of fresh
-    processes (`python benchmarks/weight_memory.py --target T`); their 1-token forwards came
-    out about even. The copy costs one pass over
-    the weights and, while it runs, one weight's size more memory.
+    `from_pretrained` leaves weights as views of the safetensors file, mapped privately; on some
+    hosts the few-row products that stream them run slower than over a copy, while 1-token forwards
+    come out about even (`python benchmarks/weight_memory.py --target T` measures it). The copy
+    costs one pass over the weights and, while it runs, one weight's size more memory.
     """
     copies: dict[tuple[int, tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
     with torch.no_grad():

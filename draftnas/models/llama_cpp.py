@@ -25,6 +25,7 @@ from pathlib import Path
 
 from draftnas.core.errors import DraftnasError, InvalidInputError
 from draftnas.core.machine import cpu_identity
+from draftnas.models.records import EngineRow, EnginesRequest
 from draftnas.models.sources import cache_dir, state_dir
 
 log = logging.getLogger(__name__)
@@ -318,3 +319,25 @@ def check_quant(name: str) -> str:
             f"--quant {name!r} is not a llama.cpp quant type (allowed: {', '.join(QUANT_TYPES)})"
         )
     return upper
+
+
+def engines_here(request: EnginesRequest, say: Callable[[str], None] = log.info) -> list[EngineRow]:
+    """`draftnas engines`: the engines draftnas can drive here with their versions (llama.cpp built
+    first when the request asks; `say` gets the build's progress lines)."""
+    from draftnas.core.provenance import package_versions
+
+    if request.build:
+        built = build_llama_cpp(force=request.force, say=say)
+        say(f"llama.cpp ready in {built.bin_dir}")
+    versions = package_versions()
+    rows = [EngineRow("static", True, f"draftnas's decoder, torch {versions.get('torch')}",
+                      "draftnas (bench --engine static)"),
+            EngineRow("hf", True, f"transformers {versions.get('transformers')}",
+                      "assisted generation (bench --engine hf)")]
+    try:
+        llama = find_llama_cpp(request.llama_cpp)
+        flags = f"; flags here: {' '.join(llama.flags)}" if llama.flags else ""
+        rows.append(EngineRow("llama.cpp", True, llama.version, f"{llama.bin_dir}{flags}"))
+    except LlamaCppError as exc:
+        rows.append(EngineRow("llama.cpp", False, f"pinned: {PACKAGE} {VERSION}", str(exc)))
+    return rows

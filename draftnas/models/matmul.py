@@ -1,16 +1,14 @@
 """Matrix products over a few rows on CPU: the form that times fastest on this machine.
 
 On CPU, a linear layer over a few rows can be done as F.linear(x, W) or as (W @ x.T).T;
-on the AMD EPYC host the second reads a large W once and is 3x faster for the 49,152-row
-LM head at 3 rows, while for small matrices either may win. `MatmulChooser` times the forms
+on some hosts the second reads a large W once and is several times faster for a large LM head,
+while for small matrices either may win. `MatmulChooser` times the forms
 once per (rows, out, in) on the machine it runs on and keeps the faster; the static decoder
 and `models.linears.route_linears` multiply through it.
 
 A weight may also be multiplied in int8 (`MatmulChooser.quantize`): weight-only, one scale per
-output row, activations left in the run's dtype (`torch._weight_int8pack_mm`). On the AMD EPYC
-(family 26) host the linear layers of Qwen2.5-Coder-0.5B's 24 layers at one row took 10.2 ms in
-int8 against 32.2 in bf16, its decode step 19.1 against 48.7 ms (`benchmarks/int8_weights.py`, random
-weights): the product streams half the bytes.
+output row, activations left in the run's dtype (`torch._weight_int8pack_mm`): the product streams
+half the bytes of bf16 (`benchmarks/int8_weights.py` times it; docs/hosts/ has the figures).
 """
 
 from __future__ import annotations
@@ -35,20 +33,18 @@ class MatmulChooser:
     """Per (rows, out, in): F.linear(x, W), (W @ x.T).T, or x @ Wt with Wt a contiguous copy of
     W's transpose — the form that timed fastest here (another form must beat F.linear by 10%).
     An odd row count may also be padded with one row whose output is dropped, in every form: on
-    the AMD EPYC hosts the kernels are not monotonic in the row count ((W @ x.T).T with Gemma-3's
-    262,144-row head: 47 ms for 3 rows, 31 ms for 4 on the Zen 2 host), so the padded product is a
-    candidate too. A lone row padded to two helps some whole decode steps where no product timed
+    some hosts the kernels are not monotonic in the row count (3 rows slower than 4), so the padded
+    product is a candidate too. A lone row padded to two helps some whole decode steps where no product timed
     alone shows it: `models.row_padding.choose_row_padding` times that on whole steps (`pad_single_rows`).
 
     Enabled on CPU only (on CUDA F.linear is used as is). The first product of a new key
     times the forms (a few passes each, interleaved) on random inputs, each pass over
     every registered weight of that shape: a decode step streams all layers' weights
-    from memory, and a single small matrix timed alone stays in cache and misleads (on
-    the AMD EPYC host, 576x576 at 3 rows: F.linear wins in cache, loses 2x streaming).
+    from memory, and a single small matrix timed alone stays in cache and misleads (a form
+    that wins in cache can lose streaming).
     The input is made contiguous first: a weight-once product returns a transposed view, and
-    MKL multiplies by the transpose of such a view (a contiguous [in, rows]) about 3x slower
-    than by a contiguous [rows, in] (AMD EPYC host, SmolLM2-135M's 1536x576 and 576x1536 at 4
-    rows over 30 layers: 36 ms against 11 ms; its 4-token verify 55 -> 42 ms).
+    MKL multiplies by the transpose of such a view (a contiguous [in, rows]) several times slower
+    than by a contiguous [rows, in].
     The transposed form costs a copy of each weight of that shape (made when chosen); the
     decoder is for inference, so weights are not expected to change after the first step.
     """
@@ -93,7 +89,7 @@ class MatmulChooser:
     def prepare(self, rows: Iterable[int]) -> None:
         """Time now, for every registered shape, each row count in `rows` (up to the weight-once
         limit) not chosen yet: the first product of a new row count otherwise pays for its timing
-        (3-5 s for Gemma-3-270M's weights on the AMD EPYC host), which lands in whatever
+        (seconds for a model's weights), which lands in whatever
         forward meets that count first — a prompt's prefill of up to 16 tokens, for one."""
         if not self.enabled:
             return
@@ -220,8 +216,8 @@ def faster_int8_activations(in_features: int, out_features: int, dtypes: tuple[s
                             repeats: int = 20) -> tuple[str, dict[str, float]]:
     """Of `dtypes`, the activation dtype in which an int8-weight product of this shape (one row) runs
     fastest here, and each one's best time in ms. torch's int8 kernel on the CPU is vectorized for bf16
-    activations only on some hosts: on the AMD EPYC Zen 3 host one 4864x896 product took 6.13 ms with
-    fp32 activations and 0.54 ms with bf16 ones, while dense fp32 took 1.18 ms."""
+    activations only on some hosts: there fp32 activations make the int8 product slower than a dense
+    fp32 one, bf16 activations much faster (docs/hosts/ has the figures)."""
     values, scales = quantize_int8(torch.randn(out_features, in_features))
     times: dict[str, float] = {}
     for name in dtypes:

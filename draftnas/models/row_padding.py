@@ -1,17 +1,13 @@
 """One-token steps with each lone row padded to two, where whole steps time faster that way.
 
-On the AMD EPYC Zen 5 host Qwen2.5-Coder-1.5B's bf16 decode step took 139-143 ms unpadded and
-126-127 padded in one process, 116-119 against 113-116 in another (`benchmarks/row_padding.py`),
-while `MatmulChooser`, timing each shape's products on their own, had kept every form unpadded: the
-slow one-row mode shows on whole steps only. So the choice is made on whole steps.
+On some hosts a one-row product has a slow mode that shows on whole decode steps only, while
+`MatmulChooser`, timing each shape's products on their own, keeps every form unpadded; so the choice
+is made on whole steps (`benchmarks/row_padding.py`; figures in docs/hosts/amd-epyc-zen5-2core.md).
 
-The slow mode also comes and goes inside one process, over seconds to minutes: a process timed for
-five minutes (`benchmarks/row_padding.py --timeline 300`) read medians of 115.6 ms unpadded and
-116.5 padded in its fast spells, 156.0 (144-165) unpadded against 127.0 (118-142) padded in its
-slow ones. A choice made in a fast spell would leave the run unpadded through every slow one, so
-padding is kept unless it costs more than `tolerance` at the moment of choice; where padding truly
-costs (the 1.5B in fp32: +35-40%; SmolLM2-135M in bf16: +5-10%; the 0.5B in bf16: +3-4%) it is
-still dropped.
+The slow mode also comes and goes inside one process, over seconds to minutes
+(`benchmarks/row_padding.py --timeline 300`). A choice made in a fast spell would leave the run
+unpadded through every slow one, so padding is kept unless it costs more than `tolerance` at the
+moment of choice; where padding truly costs, it is still dropped.
 """
 
 from __future__ import annotations

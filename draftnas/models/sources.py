@@ -36,7 +36,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from draftnas.core.errors import DraftnasError, ModelSourceError, UnknownTargetError
 from draftnas.core.registry import Architecture, load_registry
-from draftnas.models.records import EMBEDDED, HEAD_MODULE, EmbeddedModel, GgufChunk, ModelInfo, ModelSource
+from draftnas.models.records import (
+    EMBEDDED,
+    HEAD_MODULE,
+    EmbeddedModel,
+    GgufChunk,
+    ModelInfo,
+    ModelSource,
+)
 
 log = logging.getLogger(__name__)
 
@@ -213,9 +220,9 @@ def _convert_gguf(gguf_path: Path, dest: Path) -> None:
 
 
 def release_freed_memory() -> None:
-    """Hand memory freed by Python back to the OS (glibc keeps it otherwise): after converting
-    Qwen2.5-Coder-1.5B the process held 9 GB it no longer used, which the next stage's memory
-    budget then counted as taken."""
+    """Hand memory freed by Python back to the OS (glibc keeps it otherwise): after a GGUF
+    conversion the process would hold gigabytes it no longer uses, which the next stage's memory
+    budget would count as taken."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.models.engines import as_engine, engine_vocab_size, token_ids
+from draftnas.models.engines import Engine, EngineLike, as_engine, engine_vocab_size, token_ids
 
 
 @dataclass
@@ -79,7 +79,7 @@ class _Drafter:
     """The drafter's engine and how many positions it holds; maps its head (maybe a vocabulary
     subset) to full ids."""
 
-    def __init__(self, engine: Any, vocab_size: int, vocab_subset: torch.Tensor | None) -> None:
+    def __init__(self, engine: Engine, vocab_size: int, vocab_subset: torch.Tensor | None) -> None:
         self.engine, self.cached = engine, 0
         self.vocab_size, self.subset = vocab_size, vocab_subset
         self.table = None if vocab_subset is None else vocab_subset.to(engine.device)  # copied once
@@ -155,7 +155,7 @@ class _Clock:
         return self.begin.elapsed_time(self.end) / 1e3 if self.cuda else self.stopped - self.started
 
 
-def _greedy_step(draft: _Drafter, target: Any, seq: list[int], cached: int,
+def _greedy_step(draft: _Drafter, target: Engine, seq: list[int], cached: int,
                  g: int) -> tuple[list[int], int, int, float]:
     """One greedy step on the device, read once: (drafts, accepted count k, the target's next token,
     seconds spent drafting). The target reads seq[cached:] and the g drafts."""
@@ -199,8 +199,8 @@ def _accept(target_logits: torch.Tensor, drafts: list[int], qs: list[torch.Tenso
 
 
 def speculative_generate(
-    target: Any,
-    drafter: Any,
+    target: EngineLike,
+    drafter: EngineLike,
     prompt_ids: Sequence[int],
     *,
     gamma: int,
@@ -277,7 +277,7 @@ class GreedyOutput:
     elapsed_s: float
 
 
-def greedy_decode(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int,
+def greedy_decode(model: EngineLike, prompt_ids: Sequence[int], *, max_new_tokens: int,
                   eos_token_ids: Sequence[int] = ()) -> GreedyOutput:
     """Plain greedy decoding with a KV cache (the reference speculative greedy must reproduce).
 
@@ -303,7 +303,7 @@ def greedy_decode(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int,
     return GreedyOutput(tokens=tokens, margins=margins, elapsed_s=time.perf_counter() - started)
 
 
-def greedy_generate(model: Any, prompt_ids: Sequence[int], *, max_new_tokens: int,
+def greedy_generate(model: EngineLike, prompt_ids: Sequence[int], *, max_new_tokens: int,
                     eos_token_ids: Sequence[int] = ()) -> list[int]:
     """`greedy_decode`'s tokens."""
     return greedy_decode(model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids).tokens

@@ -5,7 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from draftnas.core.options import option
 from draftnas.core.records import Record
+
+
+@dataclass(frozen=True)
+class ReportRequest(Record):
+    """What `draftnas report` was asked: a study, and where its report goes."""
+
+    study: str = option(help="Study name (as printed by draftnas search).")
+    out: str = option(help="Folder for report.md and the PNG plots.")
+    storage: str | None = option(None, help="Storage URL (default: runs/<study>/study.db).")
+    run_dir: str = option("runs", help="Folder of studies' outputs.")
+    top: int = option(20, low=1, help="Rows in the ranking.")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from draftnas.report.fmt import fmt_opt
-from draftnas.report.records import ReportFiles
+from draftnas.report.records import ReportFiles, ReportRequest
 from draftnas.search.records import RankedTrial, SearchResult
 from draftnas.search.results import load_results
 from draftnas.search.scoring import estimate_at
@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 def write_report(study_name: str, storage: str | None, out_dir: str | Path, *, run_dir: str | Path = "runs",
                  top: int = 20) -> ReportFiles:
-    """Write `<out_dir>/report.md` and its PNG plots for one study."""
+    """Write `<out_dir>/report.md` and its PNG plots for one study (`report_from_request` takes the
+    command's request)."""
     result = load_results(study_name, storage, run_dir)
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
@@ -208,3 +209,8 @@ def _latency_vs_depth(ax: Any, result: SearchResult) -> None:
     ax.set_ylabel(f"draft latency (ms, batch {ranked[0].primary.batch_size})")
     ax.set_title("draft latency vs depth (all widths tried)")
     ax.legend(fontsize=7)
+
+
+def report_from_request(request: ReportRequest) -> ReportFiles:
+    """`draftnas report`: the request's study written as Markdown and PNG plots."""
+    return write_report(request.study, request.storage, request.out, run_dir=request.run_dir, top=request.top)

@@ -34,6 +34,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
 from draftnas.search.records import Candidate, CandidateChoice
+from draftnas.search.requests import AlphaFitRequest
 
 log = logging.getLogger(__name__)
 MODEL_SCHEMA = "draftnas-alpha-model"
@@ -294,4 +295,12 @@ def load_alpha_model(path: str | Path) -> AlphaModel:
             or set(model.ranges) != set(FEATURES)):
         raise InvalidInputError(f"acceptance model {path} does not have this draftnas's features "
                                 f"({', '.join(FEATURES)}) and one weight per feature plus an intercept")
+    return model
+
+
+def fit_from_request(request: AlphaFitRequest) -> AlphaModel:
+    """`draftnas alpha fit`: the request's pair files fitted, the model written to its file."""
+    rows = [p for path in request.pairs for p in read_pairs(path)]
+    model = fit_alpha_model(rows, ridge=request.ridge, sources=[Path(path).name for path in request.pairs])
+    save_alpha_model(model, request.out)
     return model

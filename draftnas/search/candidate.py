@@ -10,12 +10,8 @@ can be expressed as a `PruningPlan` — the plan's shape (layers picked by
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from types import SimpleNamespace
-
 from draftnas.core.errors import InfeasibleCandidateError
-from draftnas.core.registry import Architecture, get_architecture, load_registry
+from draftnas.core.registry import Architecture, resolve_architecture
 from draftnas.drafter.importance import layer_selection
 from draftnas.drafter.records import PruningPlan, drafter_label
 from draftnas.models.records import weights_suffix
@@ -103,18 +99,3 @@ def reference_candidate(name: str, base: str, base_arch: Architecture) -> Candid
     arch = resolve_architecture(name)
     return Candidate(name=name, base=base, arch=arch, choice=CandidateChoice(depth=arch.num_hidden_layers),
                      plan=None)
-
-
-def resolve_architecture(spec: str) -> Architecture:
-    """A registry name's shape, or a Hugging Face folder's config (read without loading weights)."""
-
-    if spec.lower() in load_registry():
-        return get_architecture(spec)
-    config = Path(spec).expanduser() / "config.json"
-    if config.is_file():
-        data = json.loads(config.read_text())
-        text = data.get("text_config") or data
-        ns = SimpleNamespace(**{**text, "model_type": data.get("model_type", "llama"),
-                                "tie_word_embeddings": data.get("tie_word_embeddings", False)})
-        return Architecture.from_hf_config(ns, name=Path(spec).name)
-    return get_architecture(spec)  # raises with close-name suggestions

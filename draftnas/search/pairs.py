@@ -19,13 +19,15 @@ from pathlib import Path
 from draftnas.acceptance.records import TraceOptions
 from draftnas.acceptance.tracing import build_traces
 from draftnas.core.errors import InfeasibleCandidateError, InvalidInputError
+from draftnas.core.options import option_error
 from draftnas.core.prompts import load_prompts
-from draftnas.core.registry import Architecture
+from draftnas.core.registry import Architecture, resolve_architecture
 from draftnas.models.sources import has_weights
 from draftnas.search.alpha import PAIRS_SCHEMA, AlphaPair, drafter_features, read_pairs
-from draftnas.search.candidate import build_candidate, resolve_architecture
+from draftnas.search.candidate import build_candidate
 from draftnas.search.evaluate import WeightsEvaluator
 from draftnas.search.records import Candidate, CandidateChoice
+from draftnas.search.requests import AlphaMeasureRequest
 from draftnas.search.resolve import fingerprint_text
 from draftnas.search.space import SearchSpace
 from draftnas.search.space_file import default_space_for
@@ -84,7 +86,7 @@ def measure_pairs(base: str, out: str | Path, *, n: int = 24, seed: int = 0, per
     """
 
     if n < 1:
-        raise InvalidInputError(f"--pairs must be >= 1, got {n}")
+        raise option_error("pairs", f"must be >= 1, got {n}")
     if not has_weights(base):
         raise InvalidInputError(f"measuring acceptance needs weights; {base!r} has none here (use an "
                                 "embedded model such as smollm2-135m or gemma-3-270m, or a folder)")
@@ -95,7 +97,7 @@ def measure_pairs(base: str, out: str | Path, *, n: int = 24, seed: int = 0, per
     base_arch = resolve_architecture(base)
     out = Path(out).expanduser()
     if out.exists() and not out.is_file():
-        raise InvalidInputError(f"--out {out} is not a file")
+        raise option_error("out", f"{out} is not a file")
     done = {pair_key(p.base, p.choice, p.heal_steps): p for p in read_pairs(out)} if out.is_file() else {}
     points = design(space, base_arch, base, n, seed, heal_steps)
     prompts = load_prompts(DOMAIN_SETS, per_domain=per_domain)
@@ -135,3 +137,14 @@ def measure_pairs(base: str, out: str | Path, *, n: int = 24, seed: int = 0, per
     if progress is not None:
         progress(len(points), len(points))
     return pairs
+
+
+def pairs_from_request(request: AlphaMeasureRequest, *, progress: Callable[[int, int], None] | None = None,
+                       trace_progress: Callable[[int, int], None] | None = None) -> list[AlphaPair]:
+    """`draftnas alpha measure`: the request's design of drafters measured into its file."""
+    from draftnas.search.space_file import load_search_space
+
+    return measure_pairs(request.base, request.out, n=request.pairs, seed=request.seed,
+                         per_domain=request.per_domain,
+                         space=load_search_space(request.space) if request.space else None,
+                         heal_steps=request.heal_steps, progress=progress, trace_progress=trace_progress)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import option_error
 from draftnas.core.records import Record, write_json_file
 from draftnas.latency.corrected import CalibratedModel
 from draftnas.search.records import RankedTrial, SearchOptions, SearchResult
@@ -113,8 +113,8 @@ def read_predictions(path: str | Path) -> SearchPredictions:
     try:
         return SearchPredictions.from_dict(json.loads(Path(path).read_text()))
     except FileNotFoundError:
-        raise InvalidInputError(f"--predictions {path}: no such file (a search writes "
-                                f"runs/<study>/{FILE_NAME})") from None
+        raise option_error("predictions", f"{path}: no such file (a search writes "
+                                          f"runs/<study>/{FILE_NAME})") from None
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise InvalidInputError(f"--predictions {path}: not a search's predictions ({type(exc).__name__}: "
-                                f"{exc})") from None
+        raise option_error("predictions", f"{path}: not a search's predictions ({type(exc).__name__}: "
+                                          f"{exc})") from None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from draftnas.acceptance.records import AcceptanceEstimate
+from draftnas.core.options import option
 from draftnas.core.placement import Placement
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
@@ -99,6 +100,8 @@ class Candidate(Record):
 
     def with_plan(self, plan: PruningPlan, arch: Architecture | None = None) -> Candidate:
         return replace(self, plan=plan, arch=arch or self.arch)
+
+
 ASSUMED_NOTE = "acceptance is ASSUMED ({alpha:g} per token, --acceptance-prior), not measured"
 
 
@@ -279,17 +282,25 @@ class StudyInfo(Record):
         return "acceptance measured on target traces"
 
 
+SAMPLERS: tuple[str, ...] = ("tpe", "nsga2", "random")
+
+
 @dataclass(frozen=True)
 class StudySettings(Record):
     """How a study runs: what `draftnas search` was asked and what the loop runs with alike."""
 
-    n_trials: int = 20
-    timeout_s: float | None = None
-    storage: str | None = None
-    study_name: str | None = None
-    sampler: str = "tpe"  # stored lower-case
-    seed: int | None = 0
-    run_dir: str = "runs"
+    n_trials: int = option(20, flag="--trials", short="-n", low=1,
+                           help="Finished trials the study should hold.")
+    timeout_s: float | None = option(None, flag="--timeout", low=0, low_open=True,
+                                     help="Stop asking new trials after this many seconds.")
+    storage: str | None = option(None, help="Optuna storage: sqlite:///F, postgresql://..., journal:F "
+                                             "(default: runs/<study>/study.db).")
+    study_name: str | None = option(None, flag="--study",
+                                    help="Study name (default from the space and target).")
+    sampler: str = option("tpe", choices=SAMPLERS, help="tpe, nsga2 (latency vs acceptance Pareto front) "
+                                                        "or random.")  # stored lower-case
+    seed: int | None = option(0, help="Sampler seed (also the healing and trace subsampling seed).")
+    run_dir: str = option("runs", help="Folder for studies' outputs.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sampler", self.sampler.lower())

@@ -9,40 +9,48 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from transformers import AutoTokenizer
 
 from draftnas.acceptance.records import TraceOptions
 from draftnas.acceptance.traces import tokenizer_fingerprint
 from draftnas.acceptance.tracing import build_traces
-from draftnas.core.errors import InvalidInputError
+from draftnas.core.errors import InvalidInputError, SearchSpaceError
 from draftnas.core.machine import cpu_has_native_bf16, cpu_identity, require_device
+from draftnas.core.options import option_error
 from draftnas.core.placement import Placement, place
 from draftnas.core.prompts import Prompt, load_prompts, subsample
-from draftnas.core.registry import Architecture
-from draftnas.latency.calibrate import host_mismatch
+from draftnas.core.registry import Architecture, resolve_architecture
+from draftnas.latency.calibrate import calibrates, host_cpu_profile, host_mismatch
 from draftnas.latency.corrected import CalibratedModel, TargetTimedModel
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
 from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
 from draftnas.latency.llama_cpp import EngineModel
 from draftnas.latency.model import LatencyModel
-from draftnas.models.records import ENGINES, GGUF_WEIGHTS
+from draftnas.models.records import GGUF_WEIGHTS
 from draftnas.models.sources import ensure_local_folder, has_weights
 from draftnas.search.alpha import load_alpha_model
 from draftnas.search.calibration import calibrated_predictor, times_int8
-from draftnas.search.candidate import reference_candidate, resolve_architecture
+from draftnas.search.candidate import reference_candidate
 from draftnas.search.engine import ENGINE as LLAMA_CPP
 from draftnas.search.engine import llama_cpp_model, verdict
 from draftnas.search.evaluate import Evaluator, ModelEvaluator, PriorEvaluator, WeightsEvaluator
-from draftnas.search.loop import SAMPLERS, SearchOptions, run_search
+from draftnas.search.loop import SearchOptions, run_search
 from draftnas.search.predictions import FILE_NAME as PREDICTIONS_FILE
 from draftnas.search.predictions import search_predictions, write_predictions
-from draftnas.search.records import LatencyPredictor, SearchResult, StudySettings, default_study_name
+from draftnas.search.records import LatencyPredictor, SearchResult, default_study_name
+from draftnas.search.requests import SearchRequest
 from draftnas.search.space import SearchSpace
-from draftnas.search.space_file import default_space_for, load_search_space
+from draftnas.search.space_file import (
+    default_space_for,
+    load_search_space,
+    parse_search_space,
+    registry_space,
+)
 
 if TYPE_CHECKING:
     from draftnas.latency.records import LatencyProfile
@@ -51,49 +59,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SearchRequest:
-    """What `draftnas search` was asked (CLI flags, before anything is resolved)."""
-
-    target: str
-    base: str | None = None
-    base_shape: str | None = None
-    space: str | SearchSpace | None = None  # a YAML file or shipped name, or a space itself
-    profile: str | None = None
-    traces: str | None = None
-    study: StudySettings = StudySettings()
-    acceptance_prior: float | None = None
-    calibrate: bool = True  # time the target on this machine before ranking (measured CPU profiles)
-    acceptance_model: str | None = None  # an alpha(drafter) model file (`draftnas alpha fit`)
-    acceptance_anchor: float | None = None  # with a model: the alpha of the space's first reference drafter
-    gpus: int | None = None  # target tensor-parallel degree (GPU profiles); None: the smallest that fits
-    draft_tp: str = "1"  # "1": drafter on one GPU; "same": sharded like the target
-    dtype: str | None = None  # weights' dtype; None: the faster here when calibrating, else the profile's
-    memory_margin: float = 0.1  # share of each GPU's memory kept free
-    engine: str = "static"  # the loop the calibration times: "static" (draftnas's decoder) or "hf"
-    references: tuple[str, ...] = ()  # more drafters a user would otherwise pick (beside the space's)
-    device: str = "cpu"  # where traces are written, drafters built, healed and scored, and calibration timed
-    calibration: str | None = None  # a stored calibration of this host to use (--calibration FILE)
-    threads: int | None = None  # torch's CPU threads for the whole search (None: torch's default)
-    llama_cpp: str | None = None  # --llama-cpp DIR: a llama.cpp build (default: the cached one)
-    target_gguf: str | None = None  # llama.cpp: another quantization of the target to time (--target-gguf)
-
-
 def fingerprint_text(data: Any) -> str:
     """Short stable hash of JSON-able data (for cache file names)."""
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def host_cpu_profile(engine: str = "static", dtype: str | None = None) -> str:
-    """The shipped CPU profile to start from here: one measured on this CPU (vendor, family, model
-    and instruction sets) with this many threads, in the mode that prices `engine` and the `dtype`
-    asked for if there is one, else any measured here, else "cpu" (the Intel Xeon profile;
-    `host_mismatch` then says so)."""
-    mode = "static" if engine == "static" else "eager"
-    cpu = {k: default_profile(k) for k in SHIPPED_PROFILES if k.startswith("cpu")}
-    here = [(p.mode != mode, dtype is not None and p.dtype != dtype, k) for k, p in cpu.items()
-            if host_mismatch(p) is None]
-    return min(here)[2] if here else "cpu"
 
 
 def resolve_profile(spec: str | None, space: SearchSpace, dtype: str | None = None,
@@ -101,23 +69,24 @@ def resolve_profile(spec: str | None, space: SearchSpace, dtype: str | None = No
                     device: str = "cpu") -> tuple[str, LatencyProfile]:
     """A label naming the profile (file, device, kind) and the profile. `dtype`: a shipped spec-sheet
     profile is re-derived for it; a measured profile must have been measured in it. The name
-    "cpu" (the spaces' default) is the shipped CPU profile measured on this host, when one is
-    (`host_cpu_profile`, for the loop `engine` and `dtype`). `calibrating`: a measured profile of `device`
-    (the one the calibration times) in another dtype is a prior the calibration corrects in `dtype`,
-    not an error."""
+    "cpu" (the spaces' default) is the shipped CPU profile measured on this host, when one is, else
+    this CPU's roofline prior (`host_cpu_profile`, for the loop `engine` and `dtype`). `calibrating`: a
+    CPU profile, or a measured profile of `device` (the one the calibration times), in another dtype is
+    a prior the calibration corrects in `dtype`, not an error."""
 
     name = spec or space.profile or "cpu"
     if name == "cpu":
         name = host_cpu_profile(engine, dtype)
     path = Path(name).expanduser()
-    profile = load_profile(path) if path.suffix == ".json" or path.is_file() else default_profile(name)
-    corrected = calibrating and profile.device == device and profile.kind == "measured"
+    profile = (load_profile(path) if path.suffix == ".json" or path.is_file()
+               else default_profile(name, dtype=dtype or "fp32"))
+    corrected = calibrating and profile.device == device and calibrates(profile)
     if dtype is not None and dtype != profile.dtype and not corrected:
         if profile.kind == "spec-sheet" and name.lower() in SPEC_SHEETS and name.lower() in SHIPPED_PROFILES:
             profile = spec_sheet_profile(name.lower(), dtype)
         else:
-            raise InvalidInputError(f"--dtype {dtype}: the profile {name} was measured in {profile.dtype}; "
-                                    f"measure one in {dtype} (`draftnas profile --dtype {dtype}`)")
+            raise option_error("dtype", f"{dtype}: the profile {name} was measured in {profile.dtype}; "
+                                        f"measure one in {dtype} (`draftnas profile --dtype {dtype}`)")
     return f"{name} ({profile.device_name}, {profile.kind}, {profile.dtype})", profile
 
 
@@ -158,12 +127,9 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
                 ) -> tuple[SearchOptions, LatencyPredictor, Evaluator]:
     """Resolve the request: shapes, space, profile, and measured or assumed acceptance."""
 
+    request.validate()
     _set_threads(request.threads)
-    if isinstance(request.space, SearchSpace):
-        space = request.space
-    else:
-        space = (load_search_space(request.space) if request.space
-                 else default_space_for(request.target, request.engine))
+    space, built_note = _space(request)
     require_device(request.device)
     target_arch = resolve_architecture(request.target)
     base = request.base_shape or request.base or space.base
@@ -189,19 +155,9 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
                 f"timed on {timed[0].device_name} and extrapolated to full depth "
                 f"({', '.join(checks) or 'method not checked here'})")
         profile_note = f"{profile_note}; {note}" if profile_note else note
-    if request.study.n_trials < 1:
-        raise InvalidInputError(f"--trials must be >= 1, got {request.study.n_trials}")
-    if request.study.sampler not in SAMPLERS:
-        raise InvalidInputError(f"--sampler {request.study.sampler!r} is not known "
-                                f"(allowed: {', '.join(SAMPLERS)})")
     placement = _placement(request, latency_profile, target_arch, space)
-    if request.engine not in (*ENGINES, LLAMA_CPP):
-        raise InvalidInputError(f"--engine {request.engine!r} is not known "
-                                f"(allowed: {', '.join((*ENGINES, LLAMA_CPP))})")
     engine, dtype = None, request.dtype or latency_profile.dtype
     if request.engine == LLAMA_CPP:
-        if request.device != "cpu":
-            raise InvalidInputError("--engine llama.cpp is calibrated and benched on the CPU (--device cpu)")
         engine, dtype = LLAMA_CPP, request.dtype or "fp32"  # acceptance: fp32 over the GGUF-rounded weights
         predictor, profile_note = llama_cpp_model(
             request.target, target_arch, base_arch, space, references, request.llama_cpp, request.threads,
@@ -211,8 +167,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         raise InvalidInputError(f"search space {space.name!r} offers GGUF weights "
                                 f"({', '.join(space.weights)}); "
                                 "those drafters run in llama.cpp: pass --engine llama.cpp")
-    elif (request.calibrate and latency_profile.device == request.device
-          and latency_profile.kind == "measured"):
+    elif request.calibrate and latency_profile.device == request.device and calibrates(latency_profile):
         engine = request.engine
         stacks = [base_arch, *(resolve_architecture(r) for r in references if has_weights(r))]
         predictor, profile_note, dtype = calibrated_predictor(
@@ -225,34 +180,51 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     evaluator: Evaluator
     model_label = None
     if request.acceptance_model is not None:
-        if request.acceptance_prior is not None:
-            raise InvalidInputError("--acceptance-prior takes either a number or a model file, not both")
         evaluator, model_label = _model_evaluator(request, space, base, base_arch)
-    elif request.acceptance_anchor is not None:
-        raise InvalidInputError("--acceptance-anchor needs an acceptance model "
-                                "(--acceptance-prior MODEL.json)")
     study = request.study
     if request.target_gguf and study.study_name is None:  # another file's timings: a study of its own
         study = replace(study, study_name=f"{default_study_name(request.target, space, study.sampler)}-"
                                           f"{Path(request.target_gguf).stem}")
+    if built_note:
+        profile_note = f"{built_note}; {profile_note}" if profile_note else built_note
     options = SearchOptions(
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
-        profile=profile, study=study, acceptance_prior=request.acceptance_prior,
+        profile=profile, study=study, acceptance_prior=request.assumed_acceptance,
         profile_note=profile_note, placement=placement, acceptance_model=model_label, engine=engine,
         dtype=dtype, references=references, device=request.device, int8_dtype=int8_dtype)
     if request.acceptance_model is not None:
         return options, predictor, evaluator
-    if request.acceptance_prior is not None:
-        return options, predictor, PriorEvaluator(request.acceptance_prior)
+    if request.assumed_acceptance is not None:
+        return options, predictor, PriorEvaluator(request.assumed_acceptance)
     return options, predictor, _measuring_evaluator(request, options, trace_progress)
+
+
+def _space(request: SearchRequest) -> tuple[SearchSpace, str | None]:
+    """The request's space: given, named, the target's shipped one, or (none shipped, a base shape
+    given) the default one built from the registry, written as YAML into the run folder to edit."""
+    if isinstance(request.space, SearchSpace):
+        return request.space, None
+    if request.space:
+        return load_search_space(request.space), None
+    try:
+        return default_space_for(request.target, request.engine), None
+    except SearchSpaceError:
+        if request.base_shape is None:
+            raise
+    data = registry_space(request.target, request.base_shape)
+    space = parse_search_space(data, source="the registry")
+    name = request.study.study_name or default_study_name(request.target, space, request.study.sampler)
+    path = Path(request.study.run_dir).expanduser() / name / "space.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return space, (f"no shipped space targets {request.target}: the default one was built from the registry "
+                   f"({space.name}) and written to {path}; edit it and pass it as the space")
 
 
 def _set_threads(threads: int | None) -> None:
     """torch's CPU threads for the search (each figure records the count it ran with)."""
     if threads is None:
         return
-    if threads < 1:
-        raise InvalidInputError(f"--threads must be >= 1, got {threads}")
     import torch
 
     torch.set_num_threads(threads)
@@ -261,16 +233,19 @@ def _set_threads(threads: int | None) -> None:
 def _check_dtype(dtype: str | None, device: str) -> None:
     """Refuse in one line a dtype the device has no kernels for (bf16 on a CPU without native bf16)."""
     if dtype == "bf16" and device == "cpu" and not cpu_has_native_bf16():
-        raise InvalidInputError(f"--dtype bf16: this CPU ({cpu_identity().label()}) has no native bf16 "
-                                "instructions (avx512_bf16 or amx_bf16), so bf16 would run emulated and "
-                                "slower than fp32; use --dtype fp32")
+        raise option_error("dtype", f"bf16: this CPU ({cpu_identity().label()}) has no native bf16 "
+                                    "instructions (avx512_bf16 or amx_bf16), so bf16 would run emulated and "
+                                    "slower than fp32; use fp32")
 
 
 def _tokenizer_problems(role: str, spec: str, target: str, target_arch: Architecture) -> list[str]:
     """Why a base or reference cannot draft for the target: another vocabulary, or (both with weights
-    here) another tokenizer."""
+    here) another tokenizer. One family's embeddings padded to different sizes (Qwen2.5's 151,936 and
+    152,064 rows over one tokenizer) count as one vocabulary."""
     arch = resolve_architecture(spec)
-    if arch.vocab_size != target_arch.vocab_size:
+    padded = (arch.family == target_arch.family
+              and abs(arch.vocab_size - target_arch.vocab_size) <= 0.01 * target_arch.vocab_size)
+    if arch.vocab_size != target_arch.vocab_size and not padded:
         return [f"{role} {spec} reads {arch.vocab_size} token ids but target {target} "
                 f"{target_arch.vocab_size}; a drafter must share the target's tokenizer"]
     if not (has_weights(spec) and has_weights(target)) or spec == target:
@@ -289,8 +264,8 @@ def _placement(request: SearchRequest, profile: LatencyProfile, target: Architec
 
     if profile.hardware is None or profile.device != "cuda":
         if request.gpus not in (None, 1):
-            raise InvalidInputError(f"--gpus applies to GPU profiles with hardware figures; the profile "
-                                    f"{profile.device_name} ({profile.device}) has none")
+            raise option_error("gpus", f"applies to GPU profiles with hardware figures; the profile "
+                                       f"{profile.device_name} ({profile.device}) has none")
         return None
     w = space.workload
     return place(target, profile.hardware, profile.dtype, batch_sizes=w.batch_sizes,
@@ -310,13 +285,9 @@ def _model_evaluator(request: SearchRequest, space: SearchSpace, base: str,
     anchor = None
     label = model.label() + f" ({path.name} {fingerprint_text(path.read_text())}, at {heal} heal steps)"
     if request.acceptance_anchor is not None:
-        if not 0.0 < request.acceptance_anchor < 1.0:
-            raise InvalidInputError(f"--acceptance-anchor must be in (0, 1), "
-                                    f"got {request.acceptance_anchor:g}")
         if not space.references:
-            raise InvalidInputError("--acceptance-anchor sets the alpha of the space's first reference "
-                                    "drafter; "
-                                    f"search space {space.name!r} lists none (`references:`)")
+            raise option_error("acceptance_anchor", "sets the alpha of the space's first reference drafter; "
+                                                    f"search space {space.name!r} lists none (`references:`)")
         anchor = (reference_candidate(space.references[0], base, base_arch), request.acceptance_anchor)
         label += f"; level ASSUMED: alpha {request.acceptance_anchor:g} for {space.references[0]}"
     return ModelEvaluator(model, base_arch, heal, space.workload.domain, anchor), label
@@ -342,7 +313,7 @@ def _measuring_evaluator(request: SearchRequest, options: SearchOptions,
     traces = (Path(request.traces) if request.traces
               else default_traces(request, space, name, trace_progress, dtype=options.dtype))
     if not traces.is_file():
-        raise InvalidInputError(f"--traces {traces} is not a file")
+        raise option_error("traces", f"{traces} is not a file")
     return WeightsEvaluator(options.base, options.base_arch, traces, space, seed=request.study.seed or 0,
                             dtype=options.dtype, device=options.device, int8_dtype=options.int8_dtype)
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.core.errors import InfeasibleCandidateError, InvalidInputError
+from draftnas.core.options import option_error
 from draftnas.core.placement import Placement
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import ThroughputEstimate, best_gamma, predict_throughput, with_prefill
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def assumed_acceptance(alpha: float) -> AcceptanceReading:
     if not 0.0 <= alpha <= 1.0:
-        raise InvalidInputError(f"--acceptance-prior must be in [0, 1], got {alpha:g}")
+        raise option_error("acceptance_prior", f"must be in [0, 1], got {alpha:g}")
     return AcceptanceReading(kind="assumed", acceptance_rate=alpha)
 
 
@@ -191,6 +192,8 @@ def pareto_front(ranked: Sequence[RankedTrial]) -> tuple[int, ...]:
     front = [n for n, ms, acc in points
              if not any((m2 <= ms and a2 >= acc) and (m2 < ms or a2 > acc) for _, m2, a2 in points)]
     return tuple(sorted(front, key=lambda n: next(p[1] for p in points if p[0] == n)))
+
+
 SWEEP_MAX_BATCH = 256
 
 

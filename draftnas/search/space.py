@@ -150,5 +150,3 @@ class SearchSpace(Record):
         return (len(self.depth.values()) * len(self.layer_selection) * len(w.kv_head_ratios)
                 * len(w.query_head_ratios) * len(w.mlp_ratios) * len(w.hidden_ratios)
                 * len(self.vocab_sizes) * len(self.weights))
-
-

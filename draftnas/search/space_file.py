@@ -336,5 +336,28 @@ def default_space_for(target: str, engine: str = "static") -> SearchSpace:
         return min(matches, key=lambda sp: (sp.name.lower().removesuffix("-llama-cpp") != target.lower(),
                                             sp.name))
     names = ", ".join(shipped_spaces()) or "none"
-    raise SearchSpaceError(f"no shipped search space targets {target!r}; pass --space FILE "
-                           f"(shipped: {names})")
+    raise SearchSpaceError(f"no shipped search space targets {target!r}; give a space file, or a base shape "
+                           f"to build the default one from the registry (shipped: {names})")
+
+
+def registry_space(target: str, base_shape: str) -> dict[str, Any]:
+    """The default latency-only space for `target` from the registry shape `base_shape` (no weights):
+    depth 1 to the base's, first-k layers, the width ratios the base's heads allow, priced on the H100
+    spec sheet over batch sizes 1/8/32. A mapping `parse_search_space` reads, and YAML a user can save
+    and edit."""
+    from draftnas.core.registry import get_architecture
+
+    t, b = get_architecture(target), get_architecture(base_shape)
+    kv = [r for r in (1.0, 0.75, 0.5, 0.25) if (b.num_key_value_heads * r).is_integer()
+          and b.num_attention_heads % max(1, int(b.num_key_value_heads * r)) == 0]
+    return {
+        "schema_version": 1, "name": f"{t.name}-from-{b.name}",
+        "description": f"built from the registry: {b.name}-shaped drafters for {t.name}, latency-only",
+        "target": t.name, "base": b.name, "latency_only": True, "profile": "h100-sxm",
+        "depth": {"min": 1, "max": b.num_hidden_layers}, "layer_selection": ["first"],
+        "width": {"kv_head_ratios": kv, "mlp_ratios": [1.0, 0.75, 0.5, 0.25],
+                  "hidden_ratios": [1.0, 0.75, 0.5]},
+        "gamma": {"min": 0, "max": 8},
+        "workload": {"batch_sizes": {1: 0.6, 8: 0.3, 32: 0.1}, "temperature": 0.0, "context_tokens": 512,
+                     "prompt_set": "chat"},
+    }

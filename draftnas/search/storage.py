@@ -35,6 +35,7 @@ from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import option_error
 from draftnas.search.records import (
     AcceptanceReading,
     BatchEconomics,
@@ -68,8 +69,8 @@ def normalize_storage(url: str | None, study_name: str, run_dir: str | Path = "r
         return f"journal:{path}"
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
         return f"sqlite:///{path}"
-    raise InvalidInputError(f"--storage {url!r} is not understood (allowed: sqlite:///FILE, "
-                            "postgresql://USER@HOST/DB, journal:FILE, or a FILE ending .db or .log)")
+    raise option_error("storage", f"{url!r} is not understood (allowed: sqlite:///FILE, "
+                       "postgresql://USER@HOST/DB, journal:FILE, or a FILE ending .db or .log)")
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
@@ -113,8 +114,8 @@ def _with_postgres_driver(url: str) -> str:
     for module, dialect in (("psycopg", "postgresql+psycopg"), ("psycopg2", "postgresql+psycopg2")):
         if importlib.util.find_spec(module) is not None:
             return f"{dialect}{sep}{rest}"
-    raise InvalidInputError("--storage postgresql://... needs a PostgreSQL driver: "
-                            "pip install 'draftnas[postgres]' (psycopg2-binary)")
+    raise option_error("storage", "postgresql://... needs a PostgreSQL driver: "
+                                  "pip install 'draftnas[postgres]' (psycopg2-binary)")
 
 
 def _sqlite_connect(path: Path) -> sqlite3.Connection:

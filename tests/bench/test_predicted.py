@@ -68,7 +68,7 @@ def test_a_search_writes_its_predictions_and_they_read_back(tmp_path):
     path = write_predictions(tmp_path / "predictions.json", predictions)
     assert read_predictions(path) == predictions
     (tmp_path / "bad.json").write_text("[1, 2")
-    with pytest.raises(InvalidInputError, match="--predictions .*bad.json: not a search's predictions"):
+    with pytest.raises(InvalidInputError, match="predictions .*bad.json: not a search's predictions"):
         read_predictions(tmp_path / "bad.json")
     with pytest.raises(InvalidInputError, match="no such file"):
         read_predictions(tmp_path / "none.json")

@@ -31,8 +31,10 @@ def test_predict_picks_best_gamma():
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["predict", "-a", "1.5", "--draft-ms", "1", "--target-ms", "3"], "acceptance rate"),
-    (["predict", "-a", "0.5", "-g", "-1", "--draft-ms", "1", "--target-ms", "3"], "gamma"),
+    (["predict", "-a", "1.5", "--draft-ms", "1", "--target-ms", "3"],
+     "--acceptance must be in [0, 1], got 1.5"),
+    (["predict", "-a", "0.5", "-g", "-1", "--draft-ms", "1", "--target-ms", "3"],
+     "--gamma must be in [0, 64]"),
     (["inspect", "/does/not/exist.gguf"], "GGUF file not found"),
     (["inspect", "lama-65b"], "llama-65b"),
     (["bench", "-t", "smollm2-135m", "-d", "x", "--batch-size", "1,two"], "'two' is not a whole number"),
@@ -79,10 +81,17 @@ def test_targets_json_lists_llama_65b():
     assert data["smollm2-135m"]["embedded_weights"] is True
 
 
-def test_cli_import_does_not_load_torch():
+def test_cli_import_and_the_torch_free_commands_do_not_load_torch():
     code = "import sys, draftnas.cli, draftnas.core.throughput; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False"
+    for args in (["targets", "--json"], ["predict", "-a", "0.7", "--draft-ms", "2", "--target-ms", "20"]):
+        command = ("import sys, runpy; sys.argv = ['draftnas', *sys.argv[1:]]\n"
+                   "try:\n    runpy.run_module('draftnas', run_name='__main__')\n"
+                   "except SystemExit:\n    pass\n"
+                   "print('torch loaded' if 'torch' in sys.modules else 'no torch', file=sys.stderr)")
+        ran = subprocess.run([sys.executable, "-c", command, *args], capture_output=True, text=True)
+        assert ran.stderr.strip().endswith("no torch"), (args, ran.stderr[-500:])
 
 
 def test_inspect_registry_shape_without_weights():

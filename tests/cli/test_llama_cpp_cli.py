@@ -78,9 +78,9 @@ def one_line(out: subprocess.CompletedProcess[str], needle: str) -> None:
         ),
         (
             ["export", "--out", "{dir}/out", "--plan", "{dir}/plan.json", "--quant", "Q8_0"],
-            "--quant is the GGUF's type: pass --format gguf",
+            "--quant is the GGUF's type: set --format gguf",
         ),
-        (["profile", "--engine", "llama.cpp", "--model", "{dir}/missing.gguf"], "is not one"),
+        (["profile", "--engine", "llama.cpp", "--model", "{dir}/missing.gguf"], "does not exist"),
     ],
 )
 def test_llama_cpp_mistakes_are_one_line_and_write_nothing(tmp_path, args, needle):

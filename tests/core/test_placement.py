@@ -75,9 +75,9 @@ def test_bad_degrees_dtypes_and_margins_are_refused_in_one_line():
     with pytest.raises(InvalidInputError, match="does not run fp8"):
         place(L65, spec_sheet_profile("a100-80gb").hardware, "fp8", batch_sizes=(1,), context_tokens=512,
               max_gamma=4)
-    with pytest.raises(InvalidInputError, match="memory-margin"):
+    with pytest.raises(InvalidInputError, match="memory_margin"):
         _place(margin=-0.1)
-    with pytest.raises(InvalidInputError, match="draft-tp"):
+    with pytest.raises(InvalidInputError, match="draft_tp must be one of 1, same"):
         _place(draft_tp="2")
 
 
@@ -163,7 +163,7 @@ def test_break_even_alpha_matches_the_closed_form_and_the_crossover_is_where_spe
     (["--gpus", "3"], "--gpus 3 does not shard llama-65b evenly"),
     (["--profile", "a100-80gb", "--dtype", "fp8"], "NVIDIA A100-SXM4-80GB does not run fp8"),
     (["--memory-margin", "-0.1"], "--memory-margin must be in [0, 1)"),
-    (["--draft-tp", "2"], "--draft-tp must be 1"),
+    (["--draft-tp", "2"], "--draft-tp must be one of 1, same"),
     (["--acceptance-anchor", "0.7"], "--acceptance-anchor needs an acceptance model"),
 ])
 def test_cli_refuses_bad_placements_in_one_line_and_writes_nothing(tmp_path, args, needle):

@@ -89,5 +89,3 @@ def test_break_even_matches_field_notes():
 
 def test_inverse_acceptance():
     assert acceptance_rate_from_tokens_per_step(3.3616, 4) == pytest.approx(0.8, abs=1e-9)
-
-

@@ -489,7 +489,7 @@ def test_latency_reading_charges_the_reduced_head():
     from draftnas.search.space_file import load_search_space
 
     space = load_search_space("gemma-3-270m")
-    model = LatencyModel.from_profile(default_profile("cpu"))
+    model = LatencyModel.from_profile(default_profile("cpu-intel-xeon"))
     arch = get_architecture("gemma-3-270m").with_shape(num_hidden_layers=4)
     target = TargetLatency(decode_ms=(30.0,), verify_ms=((30.0, 35.0, 40.0, 45.0, 50.0),))
     full = read_latency(model, "cpu", arch, space.workload, target)

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from draftnas.core.errors import ExportError, InvalidInputError
+from draftnas.core.options import OptionError
 from draftnas.drafter.records import PruningPlan
 from draftnas.export.records import ExportInfo
 
@@ -95,8 +96,9 @@ def test_non_empty_folder_refused_without_force(tiny_base, tmp_path):
     out = tmp_path / "busy"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(ExportError, match="not empty; pass --force"):
+    with pytest.raises(OptionError, match="not empty; set force to replace it") as caught:
         _export(tiny_base, out)
+    assert "--out " in caught.value.for_flags() and "set --force to replace it" in caught.value.for_flags()
     assert (out / "keep.txt").read_text() == "mine"
     from draftnas.export.folder import export_drafter
 
@@ -235,7 +237,7 @@ def test_export_from_study_end_to_end(tiny_base, tmp_path):
     storage = f"sqlite:///{tmp_path / 's.db'}"
     _study(storage, base=str(folder))
     out = tmp_path / "from-study"
-    result = export_from_request(ExportRequest(out_dir=str(out), study="s", storage=storage))
+    result = export_from_request(ExportRequest(out_dir=str(out), study="s", storage=storage, heal_steps=0))
     assert result.source == "study s trial 1" and result.plan == _plan(str(folder))
     meta = json.loads((out / "draftnas.json").read_text())
     assert meta["target"] == "tiny-target" and meta["gamma"] == 5
@@ -281,7 +283,8 @@ def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never
                           prompt_set="chat")
     storage = f"sqlite:///{tmp_path / 's.db'}"
     _study(storage, base=str(folder), traces=str(traces))
-    unhealed = export_from_request(ExportRequest(out_dir=str(tmp_path / "a"), study="s", storage=storage))
+    unhealed = export_from_request(ExportRequest(out_dir=str(tmp_path / "a"), study="s", storage=storage,
+                                                 heal_steps=0))
     assert unhealed.acceptance is not None  # on the records the search scored: every 3rd of 6
     assert unhealed.acceptance.n_prompts == sum(held_out(i) for i in range(6)) == 2
     p = unhealed.prediction
@@ -401,14 +404,14 @@ def test_heal_cli_json_and_out(tiny_base, tmp_path):
 
 
 def test_the_cli_heals_by_default_with_the_stated_budget_unless_the_space_heals_none():
-    import inspect
+    import dataclasses
 
-    from draftnas.cli.cmd_export import export
-    from draftnas.export.records import DEFAULT_EXPORT_HEAL_STEPS
+    from draftnas.export.records import DEFAULT_EXPORT_HEAL_STEPS, ExportRequest
     from draftnas.export.request import default_heal_steps
     from draftnas.search.space_file import load_search_space as load_space
 
-    assert inspect.signature(export).parameters["heal_steps"].default.default is None  # resolved per source
+    fields = {f.name: f for f in dataclasses.fields(ExportRequest)}
+    assert fields["heal_steps"].default is None  # resolved per source
     assert default_heal_steps(None)[0] == DEFAULT_EXPORT_HEAL_STEPS > 0  # a plan file
     assert default_heal_steps(load_space("smollm2-135m"))[0] == DEFAULT_EXPORT_HEAL_STEPS
     steps, why = default_heal_steps(load_space("gemma-3-270m"))

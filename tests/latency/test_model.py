@@ -111,7 +111,7 @@ def test_predict_monotone_in_layers_and_batch(source):
 
 
 def test_shipped_cpu_profile_predicts_monotone_and_sane():
-    model = LatencyModel.from_profile(default_profile("cpu"))
+    model = LatencyModel.from_profile(default_profile("cpu-intel-xeon"))
     smol = get_architecture("smollm2-135m")
     by_depth = [model.predict_ms(smol.with_shape(num_hidden_layers=n)) for n in range(1, 31)]
     assert all(x < y for x, y in zip(by_depth, by_depth[1:], strict=False))
@@ -160,7 +160,7 @@ def test_spec_sheet_is_a_roofline():
 def test_shipped_profiles_load(key):
     prof = default_profile(key)
     assert prof.schema_version == 1
-    assert prof.kind == ("measured" if key.startswith("cpu") else "spec-sheet")
+    assert prof.kind == ("spec-sheet" if SHIPPED_PROFILES[key].endswith("-spec.json") else "measured")
     LatencyModel.from_profile(prof).predict_ms(get_architecture("llama-7b"))
 
 
@@ -173,7 +173,7 @@ def test_the_shipped_static_cpu_profile_refits_to_its_recorded_error_within_the_
 
 
 def test_shipped_cpu_profile_has_heldout_error_and_extrapolation():
-    prof = default_profile("cpu")
+    prof = default_profile("cpu-intel-xeon")
     assert prof.heldout_mape is not None and prof.heldout_shapes
     assert set(heldout_errors(prof)) == set(prof.heldout_shapes)
     assert prof.extrapolation is not None and prof.extrapolation.points
@@ -412,19 +412,26 @@ XEON = CpuIdentity(vendor="GenuineIntel", isa=("avx2", "avx512f"), name="Intel(R
     (ZEN2, 2, "static", "cpu-amd-static"),  # measured on this CPU, in the engine's mode
     (ZEN2, 2, "hf", "cpu-amd-static"),  # this host's profile before another host's
     (ZEN5, 2, "static", "cpu-amd-zen5-bf16-static"),  # named "AMD EPYC" too, but another CPU
-    (XEON, 2, "static", "cpu"),
-    (ZEN2, 8, "static", "cpu"),  # another thread count: not this machine's figures
-    (CpuIdentity(vendor="Other", isa=(), name="Some Other CPU"), 2, "static", "cpu"),
+    (XEON, 2, "static", "cpu-intel-xeon"),
+    (ZEN2, 8, "static", "cpu-roofline"),  # another thread count: not this machine's figures
+    (CpuIdentity(vendor="Other", isa=(), name="Some Other CPU"), 2, "static", "cpu-roofline"),
 ])
 def test_the_default_cpu_profile_is_the_one_measured_on_this_host(monkeypatch, cpu, cores, engine, expected):
     import draftnas.latency.calibrate as profile_module
-    from draftnas.search.resolve import host_cpu_profile, resolve_profile
+    import draftnas.latency.hardware as hardware
+    from draftnas.latency.calibrate import host_cpu_profile, host_mismatch
+    from draftnas.search.resolve import resolve_profile
     from draftnas.search.space_file import default_space_for
 
-    monkeypatch.setattr(profile_module, "cpu_identity", lambda: cpu)
-    monkeypatch.setattr(profile_module, "cpu_count", lambda: cores)
+    for module in (profile_module, hardware):
+        monkeypatch.setattr(module, "cpu_identity", lambda: cpu)
+        monkeypatch.setattr(module, "cpu_count", lambda: cores)
     assert host_cpu_profile(engine) == expected
     label, prof = resolve_profile(None, default_space_for("smollm2-135m"), engine=engine)
     assert label.startswith(expected + " (") and prof == default_profile(expected)
+    if expected == "cpu-roofline":  # no other CPU's profile, silently or not: this CPU's prior, named so
+        assert prof.device == "cpu" and prof.cpu == cpu and prof.threads == cores
+        assert "ROOFLINE PRIOR, NOT MEASURED" in prof.notes and cpu.label() in prof.notes
+        assert "no shipped profile was measured on this CPU" in (host_mismatch(prof) or "")
     named, _ = resolve_profile("cpu-amd-static", default_space_for("smollm2-135m"))  # a name is kept
     assert named.startswith("cpu-amd-static (")

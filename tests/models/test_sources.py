@@ -59,7 +59,6 @@ def test_embedded_model_loads_and_generates(smollm2):
     assert (smollm2.folder / "model.safetensors").is_file()
 
 
-
 def test_every_missing_part_of_a_split_model_is_named_in_one_line():
     from draftnas.models.records import EmbeddedModel, GgufChunk
 

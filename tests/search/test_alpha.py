@@ -123,7 +123,7 @@ def test_a_model_with_other_features_is_refused(tmp_path):
 def test_pairs_files_are_checked_line_by_line(tmp_path):
     good = _pairs("a", 2, 0)
     path = tmp_path / "p.jsonl"
-    path.write_text("\n".join(json.dumps(p.to_dict()) for p in good) + "\n{\"schema\": \"x\"}\n")
+    path.write_text("\n".join(json.dumps(p.to_dict()) for p in good) + '\n{"schema": "x"}\n')
     with pytest.raises(InvalidInputError, match=r"p.jsonl:3: not a draftnas-alpha-pairs/1 row"):
         read_pairs(path)
     with pytest.raises(InvalidInputError, match="at least 4"):
@@ -157,12 +157,13 @@ def test_an_anchor_sets_the_reference_drafters_alpha_and_keeps_the_ordering():
 def test_with_a_fitted_model_the_cheapest_drafter_no_longer_wins_by_construction(tmp_path):
     model = fit_alpha_model(_pairs("a", 30, 0) + _pairs("b", 20, 1))
     model_path = save_alpha_model(model, tmp_path / "m.json")
+
     def study(name: str) -> StudySettings:
         return StudySettings(n_trials=30, run_dir=str(tmp_path), study_name=name)
 
     common = dict(target="llama-65b", base_shape="llama-7b")
     prior = search(SearchRequest(**common, acceptance_prior=0.7, study=study("prior")))
-    fitted = search(SearchRequest(**common, acceptance_model=str(model_path), acceptance_anchor=0.7,
+    fitted = search(SearchRequest(**common, acceptance_prior=str(model_path), acceptance_anchor=0.7,
                                   study=study("fitted")))
     cheapest = min(prior.ranked, key=lambda r: r.primary.draft_ms)
     assert prior.ranked[0].candidate.key == cheapest.candidate.key  # a constant alpha: latency alone decides

@@ -30,12 +30,6 @@ from tests.helpers import SMOL, FakeMeasured, StubLatency, smol_options
 ROOT = Path(__file__).resolve().parents[2]
 
 
-
-
-
-
-
-
 # ---------------------------------------------------------------- scoring arithmetic
 
 
@@ -382,7 +376,8 @@ def test_ctrl_c_on_the_cli_prints_the_table_so_far_and_leaves_nothing_running(tm
 def test_the_table_keeps_whole_names_at_120_columns_and_says_what_to_run_next(tmp_path):
     from rich.console import Console
 
-    from draftnas.cli.search_render import next_commands, ranked_table, summary_lines
+    from draftnas.cli.search_render import ranked_table
+    from draftnas.search.explain import next_commands, summary_lines
 
     result = run_search(smol_options(tmp_path, n_trials=10), StubLatency(), FakeMeasured())
     console = Console(width=120, record=True)
@@ -409,7 +404,7 @@ def test_the_table_keeps_whole_names_at_120_columns_and_says_what_to_run_next(tm
 
 
 def test_when_nothing_wins_the_summary_gives_the_acceptance_one_ceiling(tmp_path):
-    from draftnas.cli.search_render import summary_lines
+    from draftnas.search.explain import summary_lines
     from draftnas.search.results import acceptance_ceiling
 
     result = run_search(smol_options(tmp_path, n_trials=6), StubLatency(), FakeMeasured(alpha=0.02))
@@ -466,7 +461,7 @@ def test_host_calibration_answers_the_targets_prefill_with_its_measurement():
 def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced():
     from types import SimpleNamespace as NS
 
-    from draftnas.cli.search_render import next_commands
+    from draftnas.search.explain import next_commands
 
     S = {"study_name": "s", "predictions_file": None}  # noqa: N806
 
@@ -511,22 +506,24 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
 
 
 def test_the_result_json_carries_the_export_after_export(tmp_path):
-    from draftnas.cli.cmd_search import _write_json
+    from draftnas.cli.cmd_search import result_json
+    from draftnas.cli.flags import Output, emit_json
+    from draftnas.export.records import BestExport
 
     result = run_search(smol_options(tmp_path, n_trials=3), StubLatency(), FakeMeasured())
     out = tmp_path / "r.json"
-    _write_json(result, ("drafters/x", 2, {"gamma": 2}), json_out=False, out_json=out)
+    emit_json(Output(out_json=str(out)), result_json(result, BestExport("drafters/x", 2, {"gamma": 2})))
     data = json.loads(out.read_text())
     assert data["export"] == {"folder": "drafters/x", "gamma": 2, "record": {"gamma": 2}}
     assert data["study_name"] == result.study_name
-    _write_json(result, None, json_out=False, out_json=out)
+    emit_json(Output(out_json=str(out)), result_json(result))
     assert "export" not in json.loads(out.read_text())
 
 
 def test_export_keeps_a_folder_that_already_holds_the_best_trial_and_refuses_a_latency_only_one(tmp_path):
     from types import SimpleNamespace as NS
 
-    from draftnas.cli.cmd_search import export_best
+    from draftnas.export.request import export_best
 
     best = NS(candidate=NS(plan=object(), name="L1bi-x"), number=3, primary=NS(gamma=2))
     result = NS(best=best, info=NS(acceptance_assumed=False), study_name="s", storage="sqlite:///s.db")
@@ -534,11 +531,12 @@ def test_export_keeps_a_folder_that_already_holds_the_best_trial_and_refuses_a_l
     folder.mkdir()
     (folder / "draftnas.json").write_text(json.dumps({"source": "study s trial 3", "gamma": 1}))
     record = {"source": "study s trial 3", "gamma": 1}
-    assert export_best(result, tmp_path, json_out=True) == (str(folder), 1, record)  # nothing re-healed
+    kept = export_best(result, tmp_path)  # nothing re-healed
+    assert (kept.folder, kept.gamma, kept.record, kept.result) == (str(folder), 1, record, None)
     latency_only = NS(best=NS(candidate=NS(plan=None, name="x"), number=0, primary=NS(gamma=2)),
                       info=NS(acceptance_assumed=True), study_name="s", storage="sqlite:///s.db")
-    with pytest.raises(InvalidInputError, match="--export needs a search that pruned real weights"):
-        export_best(latency_only, tmp_path, json_out=True)
+    with pytest.raises(DraftnasError, match="needs a search that pruned real weights"):
+        export_best(latency_only, tmp_path)
 
 
 def test_a_base_or_reference_with_another_vocabulary_or_tokenizer_is_refused(tmp_path, monkeypatch):

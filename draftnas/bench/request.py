@@ -1,0 +1,39 @@
+"""`draftnas bench` as one call: the request's prompts through the engine it names, and with the
+llama.cpp engine's `torch_arms` the same prompts through draftnas's loop after it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from draftnas.bench.batch_records import BatchedBenchResult
+from draftnas.bench.records import BenchRequest, BenchResult
+from draftnas.core.prompts import load_prompts
+from draftnas.core.records import Progress
+
+
+def bench_from_request(request: BenchRequest, *, progress: Progress | None = None,
+                       torch_progress: Progress | None = None
+                       ) -> tuple[BenchResult | BatchedBenchResult, BenchResult | None]:
+    """The bench the request asks for (the arms in one interleaved run, or with `batch_sizes` the
+    batched loop per batch size) and, for the llama.cpp engine with `torch_arms`, draftnas's own loop
+    on the same prompts (None otherwise)."""
+    from draftnas.bench.run import run_batch_sizes, run_bench
+
+    options = request.options.validate()
+    prompts = load_prompts(request.prompts)
+    if options.engine == "llama.cpp":
+        from draftnas.bench.llama_cpp import run_llama_cpp_bench
+
+        result: BenchResult | BatchedBenchResult = run_llama_cpp_bench(
+            request.target, request.draft, prompts, options, reference=request.reference, progress=progress)
+    elif options.batch_sizes:
+        result = run_batch_sizes(request.target, request.draft, prompts, options, reference=request.reference,
+                                 progress=progress)
+    else:
+        result = run_bench(request.target, request.draft, prompts, options, reference=request.reference,
+                           progress=progress)
+    if options.engine != "llama.cpp" or not options.torch_arms:
+        return result, None
+    torch_options = replace(options, engine="static", hf_assisted=False, hf_routed=False, predictions=None)
+    return result, run_bench(request.target, request.draft, prompts, torch_options,
+                             reference=request.reference, progress=torch_progress)

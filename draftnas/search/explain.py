@@ -1,0 +1,137 @@
+"""What a search says beside its ranking, as text the caller prints: the summary lines (trials,
+storage, the best, why nothing pays, what was assumed) and the next commands to run with the winner
+(export it, bench it, use it from transformers or llama.cpp)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from draftnas.search.records import SearchResult
+
+
+def summary_lines(result: SearchResult) -> list[str]:
+    c = result.counts
+    lines = [
+        f"trials: {c.get('COMPLETE', 0)} complete, {c.get('PRUNED', 0)} pruned "
+        f"({result.pruned_by_upper_bound} by the upper bound, {result.pruned_infeasible} infeasible), "
+        f"{c.get('FAIL', 0)} failed, {c.get('RUNNING', 0)} running; this process told "
+        f"{len(result.told_here)} in {result.wall_s:.1f} s",
+        f"storage: {result.storage}  (study {result.study_name})",
+    ]
+    if result.info.placement is not None:
+        lines.append(f"placement: {result.info.placement.summary()}")
+    if result.pruned_by_upper_bound:
+        what = "healing + acceptance estimates" if not result.info.acceptance_assumed else "evaluations"
+        lines.append(f"upper-bound pruning saved {result.pruned_by_upper_bound} {what} "
+                     "(acceptance 1 at their latency could not beat the best trial)")
+    if result.reused:
+        lines.append(f"{result.reused} trial(s) re-proposed an evaluated drafter and reused its evaluation")
+    if result.best is not None:
+        b = result.best
+        lines.append(f"best: trial {b.number} {b.candidate.name}: {b.throughput.tokens_per_s:,.1f} tokens/s, "
+                     f"{b.throughput.speedup:.3f}x plain decoding "
+                     f"({b.throughput.baseline_tokens_per_s:,.1f} tokens/s)")
+    # (a llama.cpp search prints its verdict instead: the engine's step costs and break-even acceptance)
+    if result.best is not None and result.best.throughput.speedup < 1.0 and result.verdict is None:
+        lines.append(_no_winner(result))
+    if result.info.acceptance_model:
+        lines.append(f"NOTE: {result.info.note}. Transferring a model fitted on other families to this one "
+                     "is an assumption; the break-even α column says what each drafter needs.")
+    elif result.info.acceptance_assumed:
+        lines.append(f"NOTE: {result.info.note}; ranking reflects latency only.")
+    if result.profile_note:
+        lines.append(result.profile_note if result.profile_note.startswith("calibrated")
+                     else f"NOTE: {result.profile_note}.")
+    return lines
+
+
+def _no_winner(result: SearchResult) -> str:
+    """Why nothing beats plain decoding here: the acceptance-1 ceiling, from the step latencies."""
+    from draftnas.search.results import acceptance_ceiling
+
+    ceiling = acceptance_ceiling(result)
+    assert ceiling is not None
+    r, bound = ceiling
+    e = bound.primary()
+    why = (f"even accepting every drafted token, the best of them ({r.candidate.name}) would reach "
+           f"{bound.speedup:.2f}x: at gamma {e.gamma}, {e.gamma} draft step(s) of {e.draft_ms:.1f} ms and a "
+           f"verify of {e.gamma + 1} tokens at {e.verify_ms:.1f} ms, against {e.target_ms:.1f} ms per "
+           "target token")
+    if bound.speedup <= 1.0:
+        return f"NOTE: no candidate beats plain decoding: {why}; no acceptance makes these drafters pay here."
+    if result.info.acceptance_assumed:
+        return (f"NOTE: no candidate beats plain decoding at the acceptance given: {why}, so it is "
+                "acceptance that falls short; the break-even α column says how much each drafter needs.")
+    steps = result.info.space.heal.steps
+    healed = f" after the search's {steps}-step healing" if steps else ""
+    return (f"NOTE: no candidate beats plain decoding at the acceptance measured{healed}: {why}, so it is "
+            "acceptance that falls short; export heals longer and prices the drafter again (--export), "
+            "or trace more of your workload, or search another base.")
+
+
+def exportable(result: SearchResult) -> bool:
+    """Whether the best trial is a drafter with weights (not a latency-only shape)."""
+    b = result.best
+    return b is not None and b.candidate.plan is not None and not result.info.acceptance_assumed
+
+
+def next_commands(result: SearchResult, exported: tuple[str, int] | None = None,
+                  target_gguf: str | None = None) -> list[str]:
+    """What to run next with the best drafter: export it (unless `exported`: its folder and gamma),
+    bench it (beside the first reference with weights, at its own best gamma, in the dtype the search
+    chose, on `target_gguf` when llama.cpp timed another file of the target), use it from transformers
+    or llama.cpp."""
+    from draftnas.models.sources import has_weights
+
+    b = result.best
+    if b is None:
+        return []
+    if not exportable(result):
+        return ["next: this was a latency-only search (no weights to prune); search with the base's weights "
+                "(--base) to get a drafter you can export"]
+    folder, gamma = exported or (f"drafters/{b.candidate.name}", b.primary.gamma)
+    w = result.info.space.workload  # bench on the workload's prompt set, as the acceptance was measured
+    reduced = b.candidate.head_vocab_size is not None
+    load = f"AutoModelForCausalLM.from_pretrained('{folder}'{', trust_remote_code=True' if reduced else ''})"
+    export = [] if exported is not None else [
+        f"  draftnas export --study {result.study_name} --storage {result.storage} --trial {b.number} "
+        f"--out {folder}"]
+    ref = next((r for r in result.references if r.reference and has_weights(r.reference)), None)
+    reference = ref.reference if ref is not None else None
+    ref_gamma = ref.primary.gamma if ref is not None else gamma  # the reference at its own best gamma
+    if result.info.engine == "llama.cpp":
+        use = _llama_cpp_use(result, folder, gamma, target_gguf)
+    else:
+        int8 = b.candidate.choice.weights == "int8"
+        use = [f"  in transformers: target.generate(..., assistant_model={load})",
+               "  on CPU, route both models' small products first (a multi-token verify can cost far more "
+               "than a decode with the default kernel): from draftnas.models import route_linears; "
+               "route_linears(target); route_linears(drafter"
+               + (", int8=True)  # it runs with int8 weights" if int8 else ")")]
+    return [
+        "next:",
+        *export,
+        f"  draftnas bench --target {result.info.target} --draft {folder} --gamma {gamma}"
+        + (f" --engine {result.info.engine}" if result.info.engine else "")
+        + (f" --target-gguf {target_gguf}" if target_gguf else "")
+        + (f" --dtype {result.info.dtype}" if result.info.dtype != "fp32" else "")
+        + (f" --device {result.info.device}" if result.info.device != "cpu" else "")
+        + (f" --reference {reference}" if reference else "")
+        + (f" --reference-gamma {ref_gamma}" if ref_gamma != gamma else "")
+        + (f" --prompts {w.prompt_set} --per-domain 3" if w.prompt_set != "all" else "")
+        + (f" --predictions {result.predictions_file}" if result.predictions_file else ""),
+        *use,
+    ]
+
+
+def _llama_cpp_use(result: SearchResult, folder: str, gamma: int, target_gguf: str | None) -> list[str]:
+    """How to serve the winner with llama.cpp's own server, draft length as searched."""
+    from draftnas.models.gguf_file import gguf_of
+
+    b = result.best
+    assert b is not None
+    drafter = f"{folder}/{result.info.base}-{b.candidate.name}.gguf"  # export.gguf.gguf_path
+    target = target_gguf or gguf_of(result.info.target)
+    return [f"  in llama.cpp: llama-server -m {target} -md {drafter} --spec-type "
+            f"draft-simple --spec-draft-n-max {gamma} --spec-draft-p-min 0"]
