@@ -35,6 +35,7 @@ from draftnas.bench.records import ArmResult, ArmRun, BenchOptions, BenchPrompt,
 from draftnas.bench.run import compare_arms, first_divergence, interval_of, tokens_per_s, unseen_prompts
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
+from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt
 from draftnas.core.records import Progress
 from draftnas.models.gguf_file import check_drafter_gguf, engine_target, gguf_of
@@ -60,10 +61,8 @@ def drafter_file(spec: str) -> tuple[Path, Path | None]:
                 if not found
                 else f"{len(found)} .gguf files ({', '.join(f.name for f in found)})"
             )
-            raise InvalidInputError(
-                f"--draft {spec}: the folder holds {what}; llama.cpp needs one GGUF drafter "
-                "(`draftnas export --format gguf` writes it), or give the .gguf file"
-            )
+            raise option_error("draft", f"{spec}: the folder holds {what}; llama.cpp needs one GGUF drafter "
+                                        "(`draftnas export --format gguf` writes it), or give the .gguf file")
         return found[0], path
     return gguf_of(spec), None
 

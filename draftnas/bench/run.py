@@ -45,6 +45,7 @@ from draftnas.bench.records import (
 from draftnas.bench.stats import median_interval, per_prompt_median, verdict
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
+from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt, encode_prompt, subsample
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
@@ -208,12 +209,13 @@ def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:
         record = exported_record(loaded.folder) if loaded.folder is not None else None
         weights = str((record or {}).get("weights", "dense"))
     if weights == "int8" and options.resolved_engine() != "static":
-        how = "pass --draft-weights dense" if label == MAIN else "drop --reference-weights int8"
-        raise InvalidInputError(f"the {label} drafter's weights are int8, which draftnas's loop runs in its "
-                                f"static engine: pass --engine static (or {how})")
+        field = "draft_weights" if label == MAIN else "reference_weights"
+        raise option_error(field, f"int8 ({label} drafter) runs in draftnas's loop in its static engine "
+                                  "only: set {engine} static, or dense weights")
     if weights == "int8" and options.device != "cpu":
-        raise InvalidInputError(f"the {label} drafter's weights are int8, which run on the CPU only: pass "
-                                "--draft-weights dense on " + options.device)
+        field = "draft_weights" if label == MAIN else "reference_weights"
+        raise option_error(field, f"int8 ({label} drafter) runs on the CPU only: set dense on "
+                                  f"{options.device}")
     return weights
 
 

@@ -109,8 +109,7 @@ DEVICES = ("cpu", "cuda")
 
 
 def require_device(device: str) -> None:
-    """Refuse in one line a device this machine does not have (`DeviceError`, exit 2)."""
-    from draftnas.core.errors import DeviceError
+    """Refuse in one line a device this machine does not have (an `OptionError` on `device`, exit 2)."""
     from draftnas.core.options import option_error
 
     if device not in DEVICES:
@@ -119,8 +118,8 @@ def require_device(device: str) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise DeviceError(f"--device cuda asked for, but torch {torch.__version__} sees no CUDA device "
-                              "here; use --device cpu")
+            raise option_error("device", f"cuda asked for, but torch {torch.__version__} sees no CUDA device "
+                                         "here; use cpu")
 
 
 def torch_threads() -> int:

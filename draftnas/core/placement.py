@@ -191,11 +191,10 @@ def place(target: Architecture, hardware: Hardware, dtype: str, *, batch_sizes: 
         if gpus < 1 or gpus > hardware.max_gpus:
             raise option_error("gpus", f"must be in 1..{hardware.max_gpus} for {hardware.name}, got {gpus}")
         if gpus not in degrees:
-            raise InvalidInputError(
-                f"--gpus {gpus} does not shard {target.name} evenly ({target.num_attention_heads} query "
-                f"heads, "
-                f"{target.num_key_value_heads} KV heads, MLP {target.intermediate_size}); allowed: "
-                f"{', '.join(map(str, degrees))}")
+            raise option_error(
+                "gpus", f"{gpus} does not shard {target.name} evenly ({target.num_attention_heads} query "
+                        f"heads, {target.num_key_value_heads} KV heads, MLP {target.intermediate_size}); "
+                        f"allowed: {', '.join(map(str, degrees))}")
         placement = at(gpus, "--gpus")
         if placement.max_batch < 1:
             raise InvalidInputError(_does_not_fit(target, placement, degrees, hardware))

@@ -64,9 +64,9 @@ def _resolve_plan(request: ExportRequest) -> _Source:
     if not storage:  # `draftnas search`'s default: runs/<study>/study.db
         default = Path("runs") / study / "study.db"
         if not default.is_file():
-            raise ExportError(
-                f"--study {request.study} without --storage looks for {default}, which does not "
-                "exist; pass --storage URL (sqlite:///F, postgresql://..., journal:F)")
+            raise option_error("storage", f"not given, so study {request.study!r} is looked for in "
+                                          f"{default}, which does not exist; give the storage URL "
+                                          "(sqlite:///F, postgresql://..., journal:F)")
         storage = f"sqlite:///{default.resolve()}"
     info, trial = load_trial(study, storage, request.trial)
     plan = trial.candidate.plan

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_count, cpu_identity
+from draftnas.core.options import option_error
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import expected_tokens_per_step
@@ -80,9 +80,7 @@ def llama_cpp_model(
     check on the target's decode), and the line saying what was measured."""
     problems = space_problems(space)
     if problems:
-        raise InvalidInputError(
-            f"--engine llama.cpp with search space {space.name!r}: " + "; ".join(problems)
-        )
+        raise option_error("engine", f"llama.cpp with search space {space.name!r}: " + "; ".join(problems))
     target_file = engine_target(target, target_gguf)
     refs = {r: gguf_of(r) for r in references}
     n = threads_here(threads)

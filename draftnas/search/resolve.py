@@ -297,18 +297,19 @@ def _measuring_evaluator(request: SearchRequest, options: SearchOptions,
                          trace_progress: Callable[[int, int], None] | None) -> Evaluator:
     space = options.space
     if space.latency_only:
-        raise InvalidInputError(f"search space {space.name!r} is latency-only (it prunes the hidden "
-                                "size); pass --acceptance-prior A (e.g. 0.7) to search it with an assumed "
-                                "acceptance")
+        raise option_error("acceptance_prior", f"must be given for search space {space.name!r}: it is "
+                                               "latency-only (it prunes the hidden size); e.g. 0.7 searches "
+                                               "it with an assumed acceptance")
     missing = []
     if request.base_shape or not has_weights(options.base):
-        missing.append(f"base weights (--base FOLDER; {options.base!r} has none here)")
+        missing.append(f"base weights ({{base}} FOLDER; {options.base!r} has none here)")
     if request.traces is None and not has_weights(request.target):
-        missing.append(f"target traces (--traces FILE from `draftnas trace`; {request.target!r} has no "
+        missing.append(f"target traces ({{traces}} FILE from `draftnas trace`; {request.target!r} has no "
                        "weights here to build them)")
     if missing:
-        raise InvalidInputError("measuring acceptance needs " + " and ".join(missing) + "; or pass "
-                                "--acceptance-prior A to search on latency with an assumed acceptance")
+        raise option_error("acceptance_prior", "is needed: measuring acceptance needs "
+                           + " and ".join(missing) + "; or give a number to search on latency with an "
+                           "assumed acceptance")
     name = options.study_name
     traces = (Path(request.traces) if request.traces
               else default_traces(request, space, name, trace_progress, dtype=options.dtype))

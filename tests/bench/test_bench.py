@@ -7,6 +7,7 @@ import pytest
 from draftnas.bench.records import BenchOptions, BenchResult
 from draftnas.bench.run import run_bench
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import OptionError
 from draftnas.core.prompts import Prompt
 from draftnas.models.records import ModelSource
 from draftnas.models.sources import LoadedModel
@@ -186,8 +187,9 @@ def test_an_int8_drafter_runs_int8_in_the_static_engine_and_the_routed_arm_only(
 
 def test_int8_weights_outside_the_static_engine_or_on_cuda_are_one_line(tiny_pair):
     target, draft = tiny_pair
-    with pytest.raises(InvalidInputError, match="--engine static"):
+    with pytest.raises(OptionError, match="draft_weights int8 .* static engine only: set engine static") as e:
         run_bench(target, draft, PROMPTS[:1], BenchOptions(max_new_tokens=4, draft_weights="int8"))
+    assert "--draft-weights int8" in e.value.for_flags() and "set --engine static" in e.value.for_flags()
     with pytest.raises(InvalidInputError, match="CPU only"):
         BenchOptions(max_new_tokens=4, device="cuda", engine="static", reference_weights="int8").validate()
 

@@ -148,5 +148,5 @@ def test_device_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path, args
     out = run(*(a.format(tmp=tmp_path) for a in args), "--device", "cuda")
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert "--device cuda asked for" in lines[0] and "use --device cpu" in lines[0]
+    assert "--device cuda asked for" in lines[0] and "use cpu" in lines[0]
     assert list(tmp_path.iterdir()) == []
