@@ -8,6 +8,7 @@ from rich.table import Table
 from draftnas.cli.app import app, console
 from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
+from draftnas.search.explain import alpha_next_command
 from draftnas.search.requests import AlphaFitRequest, AlphaMeasureRequest
 
 alpha_app = typer.Typer(
@@ -38,7 +39,7 @@ def measure(request: AlphaMeasureRequest, output: Output) -> None:
         table.add_row(p.candidate, ",".join(map(str, p.layers)), str(p.heal_steps), f"{p.alpha:.3f}",
                       *(f"{p.per_domain.get(d, float('nan')):.3f}" for d in domains), f"{p.evaluate_s:.0f}")
     console.print(table)
-    console.print(f"next: draftnas alpha fit {out} --out alpha-model.json")
+    console.print(alpha_next_command("measure", out))
 
 
 @alpha_app.command("fit")
@@ -68,4 +69,4 @@ def fit(request: AlphaFitRequest, output: Output) -> None:
         lo, hi = model.ranges[name]
         table.add_row(name, f"{weight:+.3f}", f"{lo:.3g}..{hi:.3g}")
     console.print(table)
-    console.print(f"next: draftnas search --target llama-65b --acceptance-prior {out}")
+    console.print(alpha_next_command("fit", out))

@@ -32,6 +32,7 @@ def profile(request: ProfileRequest, output: Output) -> None:
     if done.target is not None:
         if not emit_json(output, {"path": str(path), **prof.to_dict()}):
             _render_target(prof, path)
+            console.print(f"next: {done.next_command}", highlight=False)
         return
     png = None
     if request.report:
@@ -59,7 +60,6 @@ def _render_target(prof: LatencyProfile, path: Path) -> None:
                           f"({len(t.check.points)} conditions; {t.device_name}, {t.wall_s:.0f} s)")
         else:
             console.print(f"{key}: no deeper stack fits here to check the method on")
-    console.print(f"next: draftnas search --target {next(iter(prof.targets)).split('/')[0]} --profile {path}")
 
 
 def _render_summary(prof: LatencyProfile, path: Path) -> None:

@@ -101,7 +101,7 @@ def _flags(record: type, path: tuple[str, ...], exclude: tuple[str, ...]) -> lis
         allowed = f" Allowed: {', '.join(map(str, spec.choices))}." if spec.choices else ""
         default = _default(f)
         if spec.argument:
-            info = typer.Argument(default, help=spec.help + allowed)
+            info = typer.Argument(default, metavar=f.name.upper(), help=spec.help + allowed)
         else:
             info = typer.Option(default, *([spec.flag or flag_of(f)] + ([spec.short] if spec.short else [])),
                                 help=spec.help + allowed)

@@ -385,3 +385,4 @@ class ProfileOutcome(Record):
     profile: LatencyProfile | None = None
     calibration: EngineCalibration | None = None
     target: str | None = None  # the target added to the profile
+    next_command: str | None = None  # what to run with it

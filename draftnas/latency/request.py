@@ -59,7 +59,8 @@ def _add_target(request: ProfileRequest, progress: Progress | None) -> ProfileOu
     profile = dataclasses.replace(base, targets={**base.targets, key: timing})
     path = request.out or f"draftnas-profile-{asked.device}-{base.dtype}-{arch.name}.json"
     save_profile(profile, path)
-    return ProfileOutcome(path=str(path), profile=profile, target=arch.name)
+    return ProfileOutcome(path=str(path), profile=profile, target=arch.name,
+                          next_command=f"draftnas search --target {arch.name} --profile {path}")
 
 
 def _llama_cpp(request: ProfileRequest, progress: Progress | None) -> ProfileOutcome:

@@ -135,3 +135,11 @@ def _llama_cpp_use(result: SearchResult, folder: str, gamma: int, target_gguf: s
     target = target_gguf or gguf_of(result.info.target)
     return [f"  in llama.cpp: llama-server -m {target} -md {drafter} --spec-type "
             f"draft-simple --spec-draft-n-max {gamma} --spec-draft-p-min 0"]
+
+
+def alpha_next_command(step: str, out: str) -> str:
+    """What to run after `draftnas alpha measure` (fit the pairs written to `out`) or `alpha fit` (search
+    a target without weights with the model written to `out`)."""
+    if step == "measure":
+        return f"next: draftnas alpha fit {out} --out alpha-model.json"
+    return f"next: draftnas search --target llama-65b --acceptance-prior {out}"
