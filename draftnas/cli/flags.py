@@ -24,7 +24,8 @@ from typing import Any
 
 import typer
 
-from draftnas.core.options import UNSET, check_options, flag_of, is_group, option, spec_of
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import UNSET, OptionError, check_options, flag_of, is_group, option, spec_of
 
 FLAGS_ATTR = "__draftnas_flags__"  # on a command: the parameter names its records declared
 
@@ -117,7 +118,10 @@ def _value(field: dataclasses.Field[Any], value: Any) -> Any:
     if isinstance(value, list):
         value = tuple(value)
     if spec.parse is not None and value is not None:
-        value = spec.parse(value)
+        try:
+            value = spec.parse(value)
+        except InvalidInputError as exc:  # the flag's text did not parse: said under the flag
+            raise OptionError([(field.name, str(exc))], {field.name: spec.flag or flag_of(field)}) from None
     if spec.scale and value is not None:
         value = value * spec.scale
     return value

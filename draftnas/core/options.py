@@ -217,8 +217,8 @@ def _parse_list(text: str, cast: Callable[[str], T], noun: str, example: str) ->
         try:
             values.append(cast(item))
         except ValueError:
-            raise InvalidInputError(f"{item!r} is not a {noun} (give {noun}s separated by commas, e.g. "
-                                    f"{example})") from None
+            raise InvalidInputError(f"{item!r} is not a {noun}: give {noun}s separated by commas, e.g. "
+                                    f"{example}") from None
     return tuple(values)
 
 

@@ -69,7 +69,7 @@ BUDGETS: dict[str, Budget] = {
 
 def budget_preset(name: str, **overrides: Any) -> Budget:
     if name not in BUDGETS:
-        raise InvalidInputError(f"budget {name!r} unknown (allowed: {', '.join(BUDGETS)})")
+        raise InvalidInputError(f"{name!r} is not a budget (allowed: {', '.join(BUDGETS)})")
     budget = replace(BUDGETS[name], **overrides)
     budget.validate()
     return budget

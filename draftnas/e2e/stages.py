@@ -233,7 +233,7 @@ def check_tuned_domain(options: E2EOptions, trace_prompts: Sequence[Prompt]) -> 
     if d is None:
         return
     if d not in DOMAINS:
-        raise InvalidInputError(f"tuned domain {d!r} unknown (allowed: {', '.join(DOMAINS)}, or none)")
+        raise option_error("tuned_domain", f"{d!r} is not a domain (allowed: {', '.join(DOMAINS)}, or none)")
     n = sum(p.domain == d for i, p in enumerate(trace_prompts) if not held_out(i))  # one record each
     if n < 2:
         raise option_error("tuned_domain", f"{d!r}: {n} traced {d} prompt(s) in the heal split, healing "

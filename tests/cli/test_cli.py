@@ -70,7 +70,8 @@ def test_e2e_refuses_an_unknown_tuned_domain_before_writing_anything(tmp_path):
     out = run("e2e", "--tuned-domain", "poetry", "--out", str(tmp_path / "run"))
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr
-    assert "tuned domain 'poetry' unknown (allowed: chat, translation, code, math, or none)" in lines[0]
+    allowed = "(allowed: chat, translation, code, math, or none)"
+    assert f"--tuned-domain 'poetry' is not a domain {allowed}" in lines[0]
     assert not (tmp_path / "run").exists()
 
 

@@ -106,3 +106,15 @@ def test_a_flag_declared_twice_or_a_parameter_without_a_record_is_refused():
         options_command(request=Clash, output=Output)(lambda request, output: None)
     with pytest.raises(TypeError, match="must take exactly"):
         options_command(output=Output)(lambda request, output: None)
+
+
+def test_a_flag_whose_text_does_not_parse_is_named_in_one_line():
+    import subprocess
+    import sys
+
+    cases = ((["trace", "-t", "x", "-o", "y", "--temperature", "a"], "--temperature 'a' is not a number"),
+             (["e2e", "--budget", "huge"], "--budget 'huge' is not a budget (allowed: smoke, quick, full)"))
+    for args, needle in cases:
+        out = subprocess.run([sys.executable, "-m", "draftnas", *args], capture_output=True, text=True)
+        lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+        assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr

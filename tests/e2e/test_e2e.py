@@ -187,7 +187,7 @@ def test_a_bad_tuned_domain_is_refused_before_any_work():
 
     traced, _ = split_prompts(budget_preset("quick"))
     check_tuned_domain(E2EOptions(budget=budget_preset("quick")), traced)  # the default budget fits
-    with pytest.raises(InvalidInputError, match="'poetry' unknown \\(allowed: chat, translation"):
+    with pytest.raises(InvalidInputError, match="tuned_domain 'poetry' is not a domain \\(allowed: chat"):
         check_tuned_domain(E2EOptions(tuned_domain="poetry"), traced)
     few, _ = split_prompts(budget_preset("quick", trace_per_domain=2))
     with pytest.raises(InvalidInputError, match="1 traced translation prompt\\(s\\) in the heal split"):
