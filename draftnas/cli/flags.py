@@ -87,14 +87,12 @@ class _Flag:
     parameter: inspect.Parameter
 
 
-def _flags(record: type, path: tuple[str, ...], exclude: tuple[str, ...]) -> list[_Flag]:
+def _flags(record: type, path: tuple[str, ...]) -> list[_Flag]:
     hints = typing.get_type_hints(record)
     out: list[_Flag] = []
     for f in dataclasses.fields(record):
-        if f.name in exclude:
-            continue
         if is_group(f):
-            out += _flags(hints[f.name], path + (f.name,), exclude)
+            out += _flags(hints[f.name], path + (f.name,))
             continue
         spec = spec_of(f)
         if spec is None or not spec.cli:
@@ -121,7 +119,7 @@ def _value(field: dataclasses.Field[Any], value: Any) -> Any:
         try:
             value = spec.parse(value)
         except InvalidInputError as exc:  # the flag's text did not parse: said under the flag
-            raise OptionError([(field.name, str(exc))], {field.name: spec.flag or flag_of(field)}) from None
+            raise OptionError([(field.name, str(exc))], {field.name: flag_of(field)}) from None
     if spec.scale and value is not None:
         value = value * spec.scale
     return value
@@ -139,17 +137,12 @@ def _build(record: type, values: dict[tuple[str, ...], Any], path: tuple[str, ..
     return record(**kwargs)
 
 
-def options_command(**records: type | tuple[type, tuple[str, ...]]
-                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def options_command(**records: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command one flag per option field of each record (see the module docstring): the
-    command's parameter `name` receives `records[name]` built from them and checked. A value
-    `(Record, ("field", ...))` leaves those fields out of the flags (they keep their defaults)."""
+    command's parameter `name` receives `records[name]` built from them and checked."""
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
         own = inspect.signature(command)
-        flags: list[_Flag] = []
-        for name, spec in records.items():
-            record, exclude = spec if isinstance(spec, tuple) else (spec, ())
-            flags += _flags(record, (name,), exclude)
+        flags = [flag for name, record in records.items() for flag in _flags(record, (name,))]
         seen: dict[str, str] = {}
         for f in flags:
             info = f.parameter.default
@@ -168,8 +161,7 @@ def options_command(**records: type | tuple[type, tuple[str, ...]]
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
             built = {}
-            for name, spec in records.items():
-                record = spec[0] if isinstance(spec, tuple) else spec
+            for name, record in records.items():
                 values = {f.path[1:]: _value(f.field, kwargs[f.param]) for f in flags if f.path[0] == name}
                 value = _build(record, values, ())
                 built[name] = value.validate() if hasattr(value, "validate") else check_options(value)
