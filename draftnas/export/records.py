@@ -12,7 +12,7 @@ from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group
 from draftnas.core.records import Record
 from draftnas.drafter.records import HealOptions, HealResult, PruningPlan
-from draftnas.models.records import HEAD_MODULE, weights_suffix
+from draftnas.models.records import HEAD_MODULE, llama_cpp_option, weights_suffix
 from draftnas.search.records import RankedTrial, WorkloadPrediction
 
 DEFAULT_GAMMA = 4
@@ -104,8 +104,7 @@ class ExportRequest(Record):
         None, help="The GGUF's ggml type with the gguf format: Q8_0, Q4_0, F16, BF16 or F32 are written "
                    "directly; other llama.cpp types (Q4_K_M, Q6_K, ...) through llama-quantize. Default: the "
                    "type the trial was searched in, else Q8_0.")
-    llama_cpp: str | None = option(None, help="The llama.cpp build for llama-quantize (default: the one "
-                                              "`draftnas engines --build` made).")
+    llama_cpp: str | None = llama_cpp_option("quantize the GGUF to a type draftnas does not write")
     push_to_hub: str | None = option(None, help="Upload to this hub repo (online).")
     seed: int = option(0, help="Seed of healing.")
     device: str | None = option(None, choices=DEVICES,
@@ -160,8 +159,11 @@ class HealRequest(Record):
     force: bool = option(False, help="Replace a non-empty output folder.")
 
     def validate(self) -> HealRequest:
-        extra = [("plan_file", "or {drafter} must name the drafter to heal")] if (
-            self.plan_file is None and self.drafter is None) else []
+        extra = []
+        if self.plan_file is None and self.drafter is None:
+            extra.append(("plan_file", "or {drafter} must name the drafter to heal"))
+        elif self.plan_file is not None and self.drafter is not None:
+            extra.append(("plan_file", "and {drafter} exclude each other: give one"))
         return check_options(self, extra)
 
 

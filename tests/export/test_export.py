@@ -439,3 +439,13 @@ def test_cli_gamma_out_of_range_is_one_line_exit_2(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "gamma must be in" in lines[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_heal_takes_a_plan_or_a_drafter_folder_not_both_nor_neither():
+    from draftnas.export.records import HealRequest
+
+    with pytest.raises(OptionError, match="plan_file or drafter must name the drafter to heal"):
+        HealRequest().validate()
+    with pytest.raises(OptionError, match="plan_file and drafter exclude each other") as caught:
+        HealRequest(plan_file="p.json", drafter="folder").validate()
+    assert caught.value.for_flags() == "--plan and --drafter exclude each other: give one"
