@@ -9,7 +9,13 @@ from typing import Any
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group, parse_ints
 from draftnas.core.records import Record
-from draftnas.models.records import ENGINES, TORCH_DTYPES, WEIGHT_FORMATS
+from draftnas.models.records import (
+    ENGINES,
+    TORCH_DTYPES,
+    WEIGHT_FORMATS,
+    llama_cpp_option,
+    target_gguf_option,
+)
 
 
 def _per_domain(value: int | None) -> int | None:
@@ -56,15 +62,12 @@ class BenchOptions(Record):
                    "decoder over a cache allocated once (CUDA graphs on a GPU). llama.cpp: the GGUFs in "
                    "llama.cpp's own server, greedy, draft length fixed at --gamma. Default: static on cuda, "
                    "hf on cpu.", choices=(*ENGINES, "llama.cpp"))
-    llama_cpp: str | None = option(None, help="With --engine llama.cpp: a build's tools folder (default: the "
-                                              "one `draftnas engines --build` made).")
+    llama_cpp: str | None = llama_cpp_option("run the llama.cpp arms")
     torch_arms: bool = option(
         False, flag="--torch-arms/--no-torch-arms",
         help="With --engine llama.cpp: then run the same prompts through draftnas's own loop (static engine, "
              "--dtype; the drafter folder's weights) and print both engines in one table.")
-    target_gguf: str | None = option(
-        None, help="With --engine llama.cpp: run this quantization of the target (same shape and tokenizer) "
-                   "instead of its own file.")
+    target_gguf: str | None = target_gguf_option("run")
     per_domain: int | None = option(
         None, help="At most this many prompts per domain, evenly spaced (0 = all); prompts a drafter was "
                    "healed on are left out first.", low=1, cli_default=2, parse=_per_domain)

@@ -11,6 +11,7 @@ from draftnas.core.options import check_options, option, option_group, parse_int
 from draftnas.core.placement import Hardware
 from draftnas.core.records import CpuIdentity, Record
 from draftnas.core.registry import Architecture
+from draftnas.models.records import llama_cpp_option
 
 SCHEMA_VERSION = 1
 KINDS = ("measured", "spec-sheet")
@@ -312,7 +313,7 @@ class ProfileRequest(Record):
     quants: tuple[str, ...] = option((), cli_type=str, cli_default="", parse=lambda t: _quants(t),
                                      help="With the llama.cpp engine and a base: quant types of the random "
                                           "drafters, e.g. Q8_0,Q4_0.")
-    llama_cpp: str | None = option(None, help="With the llama.cpp engine: the folder of the build's tools.")
+    llama_cpp: str | None = llama_cpp_option("time the model with the llama.cpp engine")
     options: ProfileOptions = option_group(ProfileOptions)
 
     def validate(self) -> ProfileRequest:

@@ -5,7 +5,7 @@ folders, hub ids), and the names of the engines and dtypes the loop runs. No tor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from draftnas.core.options import option
 from draftnas.core.records import Record
@@ -129,6 +129,19 @@ def weights_suffix(weights: str) -> str:
 HEAD_MODULE = "modeling_draftnas_head"
 
 
+def llama_cpp_option(use: str) -> Any:
+    """A request's `llama_cpp` option (`--llama-cpp DIR`): the llama.cpp build whose tools `use`."""
+    return option(None, help=f"The folder of the llama.cpp build whose tools {use} (default: the one "
+                             "`draftnas engines --build` made, or $DRAFTNAS_LLAMA_CPP).")
+
+
+def target_gguf_option(use: str) -> Any:
+    """A request's `target_gguf` option (`--target-gguf F`): another quantization of the target."""
+    return option(None, help=f"With the llama.cpp engine: {use} this quantization of the target (same shape "
+                             "and tokenizer; e.g. a Q8_0 made with llama-quantize --allow-requantize) "
+                             "instead of its own file.")
+
+
 @dataclass(frozen=True)
 class InspectRequest(Record):
     """What `draftnas inspect` was asked: one model."""
@@ -146,7 +159,7 @@ class EnginesRequest(Record):
                                      "minutes on 2 cores, "
                                      "once; later calls find it built.")
     force: bool = option(False, help="With --build: build again even if a build is there.")
-    llama_cpp: str | None = option(None, help="Check this llama.cpp build instead (the folder of its tools).")
+    llama_cpp: str | None = llama_cpp_option("are checked")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group
 from draftnas.core.records import Record
+from draftnas.models.records import llama_cpp_option, target_gguf_option
 from draftnas.search.records import StudySettings
 from draftnas.search.space import SearchSpace
 
@@ -87,13 +88,8 @@ class SearchRequest(Record):
              "llama.cpp (GGUF drafters timed, ranked and exported for llama.cpp's own tools; the target must "
              "be a GGUF, the default space is the target's -llama-cpp one, and the search says when no "
              "drafter can pay there).")
-    llama_cpp: str | None = option(
-        None, help="With the llama.cpp engine: the folder of a llama.cpp build's tools (default: the one "
-                   "`draftnas engines --build` made, or $DRAFTNAS_LLAMA_CPP).")
-    target_gguf: str | None = option(
-        None, help="With the llama.cpp engine: time and bench this quantization of the target (same shape "
-                   "and tokenizer; e.g. a Q8_0 made with llama-quantize --allow-requantize) instead of its "
-                   "own file.")
+    llama_cpp: str | None = llama_cpp_option("time and rank with the llama.cpp engine")
+    target_gguf: str | None = target_gguf_option("time and bench")
     calibration: str | None = option(
         None, help="A stored calibration of this host (a JSON the search wrote under ~/.cache/draftnas/"
                    "calibrations/) to use instead of timing; one from another CPU, thread count or torch "
