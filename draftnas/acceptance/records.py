@@ -45,8 +45,7 @@ class TraceRequest(Record):
     target: str = option(help="Target model: embedded name, folder or .gguf.", short="-t")
     out: str = option(help="Output .safetensors file.", short="-o")
     prompts: str = option("all", short="-p", help="Prompt set (chat, translation, translation-de, code, "
-                                                  "math, "
-                                                  "all; comma-separated) or a JSONL file.")
+                                                  "math, all; comma-separated) or a JSONL file.")
     per_domain: int | None = option(None, low=1, help="At most this many prompts per domain.")
     options: TraceOptions = option_group(TraceOptions)
 

@@ -285,6 +285,5 @@ def build_traces(
 def trace_from_request(request: TraceRequest, *, progress: Progress | None = None) -> Path:
     """`draftnas trace`: the request's prompts traced into its file (resumable); the file's path."""
     prompts = load_prompts(request.prompts, per_domain=request.per_domain)
-    require_device(request.options.device)
     return build_traces(request.target, prompts, request.options, request.out, prompt_set=request.prompts,
                         progress=progress)

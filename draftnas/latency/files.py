@@ -12,6 +12,7 @@ from typing import Any
 
 from draftnas.core.errors import ProfileError
 from draftnas.core.placement import DTYPE_BYTES
+from draftnas.latency.hardware import CPU_ROOFLINE, cpu_roofline_profile
 from draftnas.latency.model import REQUIRED_COEFFICIENTS
 from draftnas.latency.records import KINDS, SCHEMA_VERSION, LatencyProfile
 
@@ -116,12 +117,10 @@ def default_profile(name: str, dtype: str = "fp32") -> LatencyProfile:
     """The shipped profile `name` (a key of `SHIPPED_PROFILES`), or "cpu-roofline": this CPU's
     roofline prior in `dtype` (not measured; `draftnas.latency.hardware.cpu_roofline_profile`)."""
     key = name.lower()
-    if key == "cpu-roofline":
-        from draftnas.latency.hardware import cpu_roofline_profile
-
+    if key == CPU_ROOFLINE:
         return cpu_roofline_profile(dtype)
     if key not in SHIPPED_PROFILES:
         raise ProfileError(
-            f"no shipped latency profile {name!r}; shipped: {', '.join(SHIPPED_PROFILES)}, or cpu-roofline "
+            f"no shipped latency profile {name!r}; shipped: {', '.join(SHIPPED_PROFILES)}, or {CPU_ROOFLINE} "
             "(or measure one with `draftnas profile`)")
     return load_profile(profiles_dir() / SHIPPED_PROFILES[key])
