@@ -19,7 +19,8 @@ from draftnas.search.records import Candidate, CandidateChoice
 from draftnas.search.space import SearchSpace
 
 
-def _kept(ratio: float, total: int) -> int:
+def kept_count(ratio: float, total: int) -> int:
+    """Heads (or groups) a width ratio keeps of `total`: at least one, at most all."""
     return max(1, min(total, round(ratio * total)))
 
 
@@ -32,8 +33,8 @@ def _rounded(ratio: float, total: int, multiple: int) -> int:
 def drafter_shape(base: Architecture, choice: CandidateChoice, channel_multiple: int = 8) -> Architecture:
     """The drafter's shape: `choice.depth` layers, widths from the ratios (see `WidthChoices`)."""
     group = base.num_attention_heads // max(base.num_key_value_heads, 1)
-    kv = _kept(choice.kv_head_ratio, base.num_key_value_heads)
-    q_per_group = _kept(choice.query_head_ratio, group)
+    kv = kept_count(choice.kv_head_ratio, base.num_key_value_heads)
+    q_per_group = kept_count(choice.query_head_ratio, group)
     hidden = _rounded(choice.hidden_ratio, base.hidden_size, base.head_dim)
     intermediate = _rounded(choice.mlp_ratio, base.intermediate_size, channel_multiple)
     return base.with_shape(

@@ -344,12 +344,15 @@ def registry_space(target: str, base_shape: str) -> dict[str, Any]:
     """The default latency-only space for `target` from the registry shape `base_shape` (no weights):
     depth 1 to the base's, first-k layers, the width ratios the base's heads allow, priced on the H100
     spec sheet over batch sizes 1/8/32. A mapping `parse_search_space` reads, and YAML a user can save
-    and edit."""
+    and edit. A KV-head ratio is offered where it keeps a head count no larger ratio keeps
+    (`candidate.kept_count`, the drafter builder's rounding)."""
     from draftnas.core.registry import get_architecture
+    from draftnas.search.candidate import kept_count
 
     t, b = get_architecture(target), get_architecture(base_shape)
-    kv = [r for r in (1.0, 0.75, 0.5, 0.25) if (b.num_key_value_heads * r).is_integer()
-          and b.num_attention_heads % max(1, int(b.num_key_value_heads * r)) == 0]
+    # ascending, so the larger of two ratios that keep the same count is the one kept
+    counts = {kept_count(r, b.num_key_value_heads): r for r in (0.25, 0.5, 0.75, 1.0)}
+    kv = sorted(counts.values(), reverse=True)
     return {
         "schema_version": 1, "name": f"{t.name}-from-{b.name}",
         "description": f"built from the registry: {b.name}-shaped drafters for {t.name}, latency-only",

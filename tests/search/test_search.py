@@ -589,3 +589,24 @@ def test_a_search_on_cuda_calibrates_the_gpu_profile_and_scores_drafters_there(t
                                   study=StudySettings(n_trials=2, run_dir=str(tmp_path), study_name="g")))
     assert result.info.device == "cuda" and result.info.dtype in ("bf16", "fp16")
     assert (result.profile_note or "").startswith("calibrated") and result.best is not None
+
+
+def test_a_registry_target_without_a_shipped_space_gets_the_default_space_written_to_edit(tmp_path):
+    from draftnas.core.errors import SearchSpaceError
+    from draftnas.search.records import StudySettings
+    from draftnas.search.requests import SearchRequest
+    from draftnas.search.resolve import plan_search
+    from draftnas.search.space_file import registry_space
+
+    request = SearchRequest(target="qwen2.5-72b", base_shape="qwen2.5-0.5b", acceptance_prior=0.7,
+                            study=StudySettings(n_trials=2, run_dir=str(tmp_path)))
+    options, _, _ = plan_search(request)
+    written = tmp_path / "qwen2.5-72b-from-qwen2.5-0.5b" / "space.yaml"
+    assert options.space.name == "qwen2.5-72b-from-qwen2.5-0.5b" and options.space.latency_only
+    assert replace(load_search_space(str(written)), source="the registry") == options.space  # it reads back
+    assert str(written) in (options.profile_note or "")
+    # KV-head ratios as the drafter builder rounds them: 2 heads keep 2 or 1, 32 heads 32/24/16/8
+    assert options.space.width.kv_head_ratios == (1.0, 0.5)
+    assert registry_space("llama-65b", "llama-7b")["width"]["kv_head_ratios"] == [1.0, 0.75, 0.5, 0.25]
+    with pytest.raises(SearchSpaceError, match="no shipped search space targets 'qwen2.5-72b'"):
+        plan_search(SearchRequest(target="qwen2.5-72b", acceptance_prior=0.7))
