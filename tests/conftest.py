@@ -8,8 +8,16 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # stored calibrations and kernel choices of this test session only (subprocesses inherit it): a test
-# never reads what an earlier run on this machine stored; converted models stay in the user's cache
-os.environ.setdefault("DRAFTNAS_STATE", __import__("tempfile").mkdtemp(prefix="draftnas-test-state-"))
+# never reads what an earlier run on this machine stored; converted models stay in the user's cache.
+# A folder made here is removed when the session ends, so test runs leave nothing behind in /tmp.
+if "DRAFTNAS_STATE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _STATE = tempfile.mkdtemp(prefix="draftnas-test-state-")
+    os.environ["DRAFTNAS_STATE"] = _STATE
+    atexit.register(shutil.rmtree, _STATE, ignore_errors=True)
 
 import pytest  # noqa: E402
 
