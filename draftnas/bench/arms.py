@@ -32,6 +32,7 @@ from draftnas.drafter.vocab import maybe_apply_saved_subset, model_subset
 from draftnas.models.decoder import StaticDecoder
 from draftnas.models.engines import StaticEngine
 from draftnas.models.linears import LinearRouting, route_linears
+from draftnas.models.records import quantized
 from draftnas.models.row_padding import choose_row_padding
 from draftnas.models.sources import LoadedModel
 from draftnas.models.speculative import greedy_decode, speculative_generate
@@ -156,9 +157,9 @@ class Bench:
     def routing(self, key: str) -> LinearRouting:
         """The (detached) routing of a routed copy's linear layers."""
         if key not in self._routings:  # the copy is this process's memory already
-            int8 = key != "target" and self.drafters[key].weights == "int8"
+            weights = "dense" if key == "target" else self.drafters[key].weights
             self._routings[key] = route_linears(self.routed_model(key), attach=False, own_weights=False,
-                                                int8=int8)
+                                                weights=weights)
         return self._routings[key]
 
     @property
@@ -172,8 +173,8 @@ class Bench:
         self.engines = {k: StaticEngine(StaticDecoder.from_hf(m, max_positions=max_tokens), max_tokens,
                                         capture=capture) for k, m in models.items()}
         for k, d in self.drafters.items():
-            if d.weights == "int8":
-                self.engines[k].decoder.quantize_weights()
+            if quantized(d.weights):
+                self.engines[k].decoder.quantize_weights(d.weights)
 
     def choosers(self) -> list[Any]:
         """The CPU product choosers in play: the static engines' and, routed, transformers' models'."""

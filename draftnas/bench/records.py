@@ -12,8 +12,8 @@ from draftnas.core.records import Record
 from draftnas.models.records import (
     ENGINES,
     TORCH_DTYPES,
-    WEIGHT_FORMATS,
     llama_cpp_option,
+    quantized,
     target_gguf_option,
 )
 
@@ -49,14 +49,14 @@ class BenchOptions(Record):
     dtype: str = option("fp32", help="Weights' dtype (in fp32 outputs must match exactly).",
                         choices=tuple(TORCH_DTYPES))
     draft_weights: str | None = option(
-        None, help="How the drafter's linear layers run: dense (in --dtype) or int8 (weight-only, one scale "
-                   "per output row; CPU; the static engine and the routed transformers arm, plain "
-                   "transformers runs dense). Default: as the drafter folder's draftnas.json says (dense "
-                   "otherwise).",
-        choices=WEIGHT_FORMATS)
+        None, help="How the drafter's linear layers run: dense (in --dtype), int8 (weight-only, one scale "
+                   "per output row), int4 (a scale and zero point per 32 inputs), or per layer group "
+                   "'attn=int8,mlp=int8,head=int4' (CPU; the static engine and the routed transformers arm, "
+                   "plain transformers runs dense). Default: as the drafter folder's draftnas.json says "
+                   "(dense otherwise).")
     reference_weights: str = option(
-        "dense", help="How the reference drafter's linear layers run (int8: to see what the weight format "
-                      "alone buys the reference).", choices=WEIGHT_FORMATS)
+        "dense", help="How the reference drafter's linear layers run, spelled as --draft-weights (int8: to "
+                      "see what the weight format alone buys the reference).")
     engine: str | None = option(
         None, help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's "
                    "decoder over a cache allocated once (CUDA graphs on a GPU). llama.cpp: the GGUFs in "
@@ -102,8 +102,13 @@ class BenchOptions(Record):
                                              "drafter at {gamma}"))
         if self.engine == "llama.cpp" and (self.batch_sizes or self.device != "cpu" or self.temperature > 0):
             extra.append(("engine", "llama.cpp is benched on the CPU, greedy, one sequence at a time"))
-        if "int8" in (self.draft_weights, self.reference_weights) and self.device != "cpu":
-            extra.append(("draft_weights", "int8 weights run on the CPU only; use dense on " + self.device))
+        for name in ("draft_weights", "reference_weights"):
+            weights = getattr(self, name)
+            try:
+                if weights is not None and quantized(weights) and self.device != "cpu":
+                    extra.append((name, f"{weights} weights run on the CPU only; use dense on {self.device}"))
+            except ValueError as e:
+                extra.append((name, str(e)))
         return check_options(self, extra)
 
 
@@ -180,7 +185,7 @@ class ArmResult(Record):
     draft_acceptance_rate: float | None = None
     draft_ms_per_token: float | None = None
     draft_vocab_size: int | None = None  # rows of a reduced draft head; None = the full vocabulary
-    draft_weights: str | None = None  # how the drafter's linear layers ran: "dense" or "int8"
+    draft_weights: str | None = None  # how the drafter's linear layers ran: dense, int8, int4, per group
     gamma: int | None = None  # the drafter's tokens per step (a reference may run at its own)
     lossless: bool | None = None  # greedy: equal to the baseline's output on every prompt
     exact_match_rate: float | None = None  # greedy: share of prompts whose output equals the baseline's

@@ -52,7 +52,7 @@ from draftnas.core.records import Progress
 from draftnas.drafter.records import prompt_key
 from draftnas.export.folder import exported_record, load_drafter
 from draftnas.models.kernel_choices import kept_choices
-from draftnas.models.records import TORCH_DTYPES
+from draftnas.models.records import TORCH_DTYPES, quantized
 from draftnas.models.sources import LoadedModel, load_model
 from draftnas.search.predictions import read_predictions
 
@@ -188,19 +188,20 @@ def _load_drafters(draft: str | LoadedModel, reference: str | LoadedModel | None
 
 
 def _drafter_dtype(label: str, spec: str | LoadedModel, options: BenchOptions) -> str:
-    """The dtype a drafter runs in: the bench's, but an int8 drafter whose folder records other
-    activations (bf16 beside an fp32 target, where the int8 kernel is fast that way) runs in those."""
+    """The dtype a drafter runs in: the bench's, but a quantized drafter whose folder records other
+    activations (bf16 beside an fp32 target, where the int8/int4 kernels are fast that way) runs in those."""
     folder = _folder(spec) if isinstance(spec, str) else None  # a loaded drafter keeps its dtype
     if label != MAIN or folder is None or options.draft_weights == "dense":
         return options.dtype
     record = exported_record(folder) or {}
     dtype = record.get("dtype")
-    return str(dtype) if record.get("weights") == "int8" and dtype in TORCH_DTYPES else options.dtype
+    return str(dtype) if quantized(str(record.get("weights", "dense"))) and dtype in TORCH_DTYPES \
+        else options.dtype
 
 
 def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:
     """How a drafter's linear layers run: the reference's as asked; the drafter's as asked, else as its
-    folder's draftnas.json records (an export of an int8 trial says "int8")."""
+    folder's draftnas.json records (an export of an int8 trial says "int8", of a per-layer one its groups)."""
     if label != MAIN:
         weights = options.reference_weights
     elif options.draft_weights is not None:
@@ -208,13 +209,12 @@ def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:
     else:
         record = exported_record(loaded.folder) if loaded.folder is not None else None
         weights = str((record or {}).get("weights", "dense"))
-    if weights == "int8" and options.resolved_engine() != "static":
-        field = "draft_weights" if label == MAIN else "reference_weights"
-        raise option_error(field, f"int8 ({label} drafter) runs in draftnas's loop in its static engine "
+    field = "draft_weights" if label == MAIN else "reference_weights"
+    if quantized(weights) and options.resolved_engine() != "static":
+        raise option_error(field, f"{weights} ({label} drafter) runs in draftnas's loop in its static engine "
                                   "only: set {engine} static, or dense weights")
-    if weights == "int8" and options.device != "cpu":
-        field = "draft_weights" if label == MAIN else "reference_weights"
-        raise option_error(field, f"int8 ({label} drafter) runs on the CPU only: set dense on "
+    if quantized(weights) and options.device != "cpu":
+        raise option_error(field, f"{weights} ({label} drafter) runs on the CPU only: set dense on "
                                   f"{options.device}")
     return weights
 

@@ -56,7 +56,7 @@ def arms_table(result: BenchResult) -> Table:
                 "lossless", "exact match", "ms/draft"):
         table.add_column(col, justify="left" if col in ("arm", "engine", "over") else "right")
     for a in result.arms:
-        engine = a.engine + (" int8" if a.draft_weights == "int8" else "")
+        engine = a.engine + (f" {a.draft_weights}" if a.draft_weights not in (None, "dense") else "")
         table.add_row(a.name, engine, _with_interval(a.tokens_per_s, a.tokens_per_s_interval, ".2f"),
                       _with_interval(a.speedup, a.speedup_interval, ".3f", "x"), a.baseline or "-",
                       _fmt(a.gamma, "d"), _fmt(a.draft_acceptance_rate, ".1%"),

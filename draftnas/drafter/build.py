@@ -41,7 +41,7 @@ from draftnas.drafter.surgery import apply_plan
 from draftnas.drafter.vocab import subset_from_traces
 from draftnas.models.ggml_quants import round_model
 from draftnas.models.linears import route_linears
-from draftnas.models.records import GGUF_WEIGHTS, TORCH_DTYPES
+from draftnas.models.records import GGUF_WEIGHTS, TORCH_DTYPES, quantized
 
 if TYPE_CHECKING:
     from draftnas.acceptance.traces import Traces
@@ -95,7 +95,8 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
     """apply the plan to `base` -> heal toward `teacher` (traces or a live model; skipped when
     `heal` is None) -> cast to `dtype` (the dtype it will draft in; None keeps the base's) ->
     estimate acceptance on `held` traces (skipped when None), with its linear layers multiplied in
-    int8 when `weights` is "int8" (how it will draft; the model returned keeps its dense weights), or
+    int8/int4 as `weights` says ("int8", "int4", per layer group: how it will draft; the model returned
+    keeps its dense weights), or
     with its matrices rounded in place as a GGUF of that type stores them (`weights` Q8_0, Q4_0).
 
     `data`: heal data already built from the same teacher (the search reuses it across trials).
@@ -121,8 +122,8 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
     if weights in GGUF_WEIGHTS:  # a GGUF drafter: its matrices as the file stores them
         round_model(drafter, weights)
     if held is not None and held.records:
-        routing = route_linears(drafter, attach=False, own_weights=False, int8=True) if weights == "int8" \
-            else contextlib.nullcontext()
+        routing = route_linears(drafter, attach=False, own_weights=False, weights=weights) \
+            if quantized(weights) else contextlib.nullcontext()
         with routing:
             estimate = estimate_acceptance(drafter, held, max_gamma=max_gamma, temperature=temperature)
     parameters = sum(p.numel() for p in {id(p): p for p in drafter.parameters()}.values())

@@ -176,6 +176,7 @@ def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
     load = ('AutoModelForCausalLM.from_pretrained("path/to/this/folder", trust_remote_code=True)'
             if reduced else 'AutoModelForCausalLM.from_pretrained("path/to/this/folder")')
     vllm_folder = f"path/to/this/folder/{FULL_HEAD_DIR}" if reduced else "path/to/this/folder"
+    quantized_arg = "" if info.weights == "dense" else f", weights={info.weights!r}"
     return [
         "## Use",
         "",
@@ -204,16 +205,17 @@ def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
         "",
         "```python",
         "from draftnas.models.linears import route_linears",
-        f"route_linears(target); route_linears(drafter{', int8=True' if info.weights == 'int8' else ''})",
+        f"route_linears(target); route_linears(drafter{quantized_arg})",
         "```",
         "",
         *([
-            "This drafter was searched to run with **int8 weights** (weight-only, one scale per output row, "
-            "on CPU): the folder holds its dense weights, and `route_linears(drafter, int8=True)` multiplies "
-            "its linear layers in int8 (`draftnas bench` does the same in its static engine and routed arm). "
-            "Loaded plainly it runs dense, at the speed of its dense weights.",
+            f"This drafter was searched to run with **{info.weights} weights** (weight-only, on CPU; int8: "
+            "one scale per output row, int4: a scale and zero point per 32 inputs): the folder holds its "
+            f"dense weights, and `route_linears(drafter{quantized_arg})` multiplies its linear layers so "
+            "(`draftnas bench` does the same in its static engine and routed arm). Loaded plainly it runs "
+            "dense, at the speed of its dense weights.",
             "",
-        ] if info.weights == "int8" else []),
+        ] if info.weights != "dense" else []),
         '`draftnas bench` measures assisted generation both ways ("HF assisted generate" and "HF '
         'assisted, linears routed").',
         "",

@@ -60,8 +60,9 @@ class ExportInfo(Record):
     # `prompt_key`s of every prompt the study's traces hold (acceptance was scored and the reduced
     # head's rows chosen on them): a bench leaves them out, as it leaves out those healed on
     searched_prompts: tuple[str, ...] = ()
-    # how the drafter's linear layers run: "dense" (the folder's dtype) or "int8" (weight-only, CPU; the
-    # folder holds the dense weights, quantized when loaded: draftnas.models.linears.route_linears(int8=True))
+    # how the drafter's linear layers run: "dense" (the folder's dtype), "int8", "int4" or per layer group
+    # (weight-only, CPU; the folder holds the dense weights, quantized when loaded:
+    # draftnas.models.linears.route_linears(weights=...))
     weights: str = "dense"
 
 

@@ -36,7 +36,7 @@ from draftnas.export.records import (
     ExportResult,
     drafter_name,
 )
-from draftnas.models.records import GGUF_WEIGHTS, TORCH_DTYPES
+from draftnas.models.records import GGUF_WEIGHTS, TORCH_DTYPES, quantized
 from draftnas.models.sources import load_model
 from draftnas.search.records import RankedTrial, SearchResult, StudyInfo, WorkloadPrediction
 from draftnas.search.scoring import measured_acceptance, predict_workload
@@ -191,9 +191,9 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         options = replace(request.heal or workload_heal_options(source.info, held), steps=steps,
                           seed=request.seed, device=device)
     checkpoint = Path(request.out_dir + ".heal-checkpoint")
-    draft_dtype = dtype  # its activations: an int8 drafter's may be bf16 beside an fp32 target
-    if weights == "int8" and source.info is not None and source.info.int8_dtype:
-        draft_dtype = source.info.int8_dtype
+    draft_dtype = dtype  # its activations: a quantized drafter's may be bf16 beside an fp32 target
+    if quantized(weights) and source.info is not None and source.info.quant_dtype:
+        draft_dtype = source.info.quant_dtype
     scoring: dict[str, Any] = {}
     if held is not None and source.info is not None:
         scoring = {"held": held, "max_gamma": max(source.info.space.gamma.max, 1),

@@ -94,8 +94,9 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
                    prefix_layers: Sequence[int] = (1, 2), context_tokens: int = 128,
                    progress: Progress | None = None, overheads: bool = True,
                    prompt_tokens: int = 0, head_rows: Sequence[int] = (),
-                   stacks: Sequence[Architecture] = (), int8_stacks: Sequence[Architecture] = (),
-                   target_heads: bool = True, int8_dtype: str | None = None) -> HostCalibration:
+                   stacks: Sequence[Architecture] = (), quant_stacks: Sequence[Architecture] = (),
+                   quant_formats: Sequence[str] = ("int8",), target_heads: bool = True,
+                   quant_dtype: str | None = None) -> HostCalibration:
     """Time `target` (random weights) on this machine: every count in `new_tokens` at full depth,
     and one new token through its first k layers for k in `prefix_layers` — seconds, not the
     minutes of a profile. Timed the way `options.mode` runs steps (eager: transformers' forward,
@@ -106,20 +107,22 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     time a smaller head saves is measured (`HostCalibration.head_saving_ms`). `stacks`: more shapes
     timed alike (a drafter's base, a reference drafter): their first layers, full depth and reduced
     heads at one new token (`HostCalibration.stacks`), so drafters of their width are priced from
-    their own kernels. `int8_stacks`: drafter bases timed alike with int8 weights
-    (`HostCalibration.int8_stacks`; draftnas's static decoder on the CPU only), so int8 drafters cut
-    from them are priced from int8 kernels. With more than the target's own jobs, the target is timed
-    at the start and again at the end, and its medians pool both passes. `target_heads` False: the
-    reduced heads are timed under the stacks only (drafters are cut from a base timed as a stack, so
-    the target's own body under each head decides nothing and cost a full-size build per head).
-    `int8_dtype`: the activation dtype the int8 stacks run in, when it is not the target's (an fp32
+    their own kernels. `quant_stacks`: drafter bases timed alike in each weight format of `quant_formats`
+    ("int8", "int4", per layer group; `HostCalibration.quant_stacks`; draftnas's static decoder on the CPU
+    only), so each format's drafters cut from them are priced from that format's kernels. With more than
+    the target's own jobs, the target is timed at the start and again at the end, and its medians pool
+    both passes. `target_heads` False: the reduced heads are timed under the stacks only (drafters are
+    cut from a base timed as a stack, so the target's own body under each head decides nothing and cost
+    a full-size build per head).
+    `quant_dtype`: the activation dtype the quantized stacks run in, when it is not the target's (an fp32
     target with bf16-activation int8 drafters, where that int8 kernel is the fast one).
     """
     started = time.perf_counter()
     rt = Runtime(options.validate())
-    if int8_stacks and (rt.cuda or options.mode not in STATIC_MODES):
-        raise DeviceError("int8 drafters run in draftnas's static decoder on the CPU only: calibrate them in "
-                          "static mode on the CPU")
+    formats = tuple(f for f in quant_formats if f != "dense") if quant_stacks else ()
+    if formats and (rt.cuda or options.mode not in STATIC_MODES):
+        raise DeviceError(f"{formats[0]} drafters run in draftnas's static decoder on the CPU only: "
+                          "calibrate them in static mode on the CPU")
     full = target.num_hidden_layers
     prefixes = tuple(k for k in sorted(set(prefix_layers) | ({1} if overheads else set())) if k < full)
     counts = tuple(sorted(set(new_tokens) | {1} | ({2, 3, 4} if overheads else set())))
@@ -138,12 +141,12 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     extra_stacks = {a.name: a for a in stacks if a.with_shape(name="") != target.with_shape(name="")}
     stack_groups = {name: _stack_groups(rt, a, prefixes, rows, context_tokens)
                     for name, a in extra_stacks.items()}
-    # int8 drafters may run with activations in another dtype than the target's (`int8_dtype`)
-    rt8 = rt if int8_dtype in (None, options.resolved_dtype()) else \
-        Runtime(dataclasses.replace(options, dtype=int8_dtype).validate())
-    int8_groups = {a.name: _stack_groups(rt8, a, prefixes, rows, context_tokens, int8=True)
-                   for a in int8_stacks}
-    all_groups = groups + [g for gs in (*stack_groups.values(), *int8_groups.values()) for g in gs]
+    # quantized drafters may run with activations in another dtype than the target's (`quant_dtype`)
+    rtq = rt if quant_dtype in (None, options.resolved_dtype()) else \
+        Runtime(dataclasses.replace(options, dtype=quant_dtype).validate())
+    quant_groups = {(f, a.name): _stack_groups(rtq, a, prefixes, rows, context_tokens, weights=f)
+                    for f in formats for a in quant_stacks}
+    all_groups = groups + [g for gs in (*stack_groups.values(), *quant_groups.values()) for g in gs]
     if len(all_groups) > 1:
         # the target's steps once more at the end, their times pooled with the first pass: the AMD
         # EPYC Zen 5 host's speed for the 1.5B moves between spells of tens of seconds to minutes,
@@ -172,19 +175,20 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
         head_saving_prefix_ms={r: max(0.0, prefix_ms[1] - ms) for r, ms in reduced_first.items()},
         dtype=options.resolved_dtype(), cpu=None if rt.cuda else cpu_identity(),
         stacks={name: _stack_calibration(extra_stacks[name], gs, rows) for name, gs in stack_groups.items()},
-        int8_stacks={a.name: _stack_calibration(a, int8_groups[a.name], rows) for a in int8_stacks},
-        int8_dtype=rt8.options.resolved_dtype() if int8_stacks else "")
+        quant_stacks={f: {a.name: _stack_calibration(a, quant_groups[(f, a.name)], rows)
+                          for a in quant_stacks} for f in formats},
+        quant_dtype=rtq.options.resolved_dtype() if formats else "")
 
 
 def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head_rows: Sequence[int],
-                  context: int, int8: bool = False) -> list[Group]:
+                  context: int, weights: str = "dense") -> list[Group]:
     """One more shape's jobs: its first layers and full depth at one new token, then under each
-    reduced head its full depth and first layer (`int8`: built with int8 weights)."""
+    reduced head its full depth and first layer (built with its linear layers in `weights`)."""
     full = arch.num_hidden_layers
     # and its middle depth: the line that prices its cuts then spans the stack, and its full depth can be
     # predicted from the prefixes alone (`CalibratedModel.without_full_depth`) to check that line
     depths = sorted({k for k in prefixes if k < full} | ({full // 2} if full >= 4 else set())) + [full]
-    build = functools.partial(rt.build, int8=True) if int8 else rt.build
+    build = functools.partial(rt.build, weights=weights)
     groups = [Group(functools.partial(build, arch), model_bytes(rt, arch),
                     [model_job(rt, arch, k, (1, 1, context), "calibration") for k in depths])]
     for r in (r for r in head_rows if r < arch.vocab_size):

@@ -123,8 +123,9 @@ class CalibratedModel:
     - A reduced head never saves more than its share of the weights a decode step streams (the rows
       it drops over the layers' weights and the full head): a saving measured as the difference of
       two noisy timings once swallowed a 0.5B drafter's whole cost (priced at 5% of it).
-    - `weights="int8"` (`for_weights`): drafters run with int8 weights, priced from the bases timed
-      that way (`HostCalibration.int8_stacks`); a drafter of another layer shape is refused.
+    - `weights` "int8", "int4" or per layer group (`for_weights`): drafters run with their linear layers
+      in that format, priced from the bases timed that way (`HostCalibration.quant_stacks`); a drafter of
+      another layer shape is refused, and so is a format that timed no faster than dense here.
 
     `predict_ms` has `LatencyModel`'s signature, so the search uses it unchanged.
     """
@@ -138,28 +139,29 @@ class CalibratedModel:
         c, ctx = calibration, calibration.context_tokens
         own = {**c.prefix_ms, **({target.num_hidden_layers: c.target_ms[1]} if 1 in c.target_ms else {})}
         self._target_line = _Line(model, target, own, ctx, c.head_saving_ms, c.head_saving_prefix_ms)
-        stacks = c.int8_stacks if weights == "int8" else c.stacks
+        stacks = c.stacks if weights == "dense" else c.quant_stacks.get(weights, {})
         self._stacks = [(s, _Line(model, s.arch, {**s.prefix_ms, **({} if name in held_out else
                                                                     {s.arch.num_hidden_layers: s.full_ms})},
                                   ctx, s.head_saving_ms, s.head_saving_prefix_ms))
                         for name, s in stacks.items()]
 
     def for_weights(self, weights: str) -> CalibratedModel:
-        """This calibration pricing drafters whose linear layers run as `weights` ("dense" / "int8")."""
+        """This calibration pricing drafters whose linear layers run as `weights` ("dense", "int8", "int4",
+        per layer group): offered only where the calibration timed that format and it ran faster than
+        dense here."""
         if weights == self.weights:
             return self
         c = self.calibration
-        if weights == "int8" and not c.int8_stacks:
-            raise InfeasibleCandidateError("int8 drafters are priced only by a calibration that timed "
-                                           "their base with int8 weights (a search offering weights: [int8] "
-                                           "on CPU)")
-        slower = [f"{name} {st.full_ms:.1f} ms in int8 against {c.stacks[name].full_ms:.1f} dense"
-                  for name, st in c.int8_stacks.items()
-                  if name in c.stacks and st.full_ms >= c.stacks[name].full_ms]
-        if weights == "int8" and slower:
+        timed = c.quant_stacks.get(weights, {})
+        if weights != "dense" and not timed:
+            raise InfeasibleCandidateError(f"{weights} drafters are priced only by a calibration that timed "
+                                           f"their base in {weights} (a search offering that format on CPU)")
+        slower = [f"{name} {st.full_ms:.1f} ms in {weights} against {c.stacks[name].full_ms:.1f} dense"
+                  for name, st in timed.items() if name in c.stacks and st.full_ms >= c.stacks[name].full_ms]
+        if slower:
             # e.g. an AVX2 host with fp32 activations, where torch's int8 product runs a scalar loop
-            raise InfeasibleCandidateError("int8 weights are not offered on this host: they timed slower "
-                                           "than dense here (" + "; ".join(slower) + ")")
+            raise InfeasibleCandidateError(f"{weights} weights are not offered on this host: they timed "
+                                           "slower than dense here (" + "; ".join(slower) + ")")
         return CalibratedModel(self.model, self.calibration, self.target, weights, self.held_out)
 
     def without_full_depth(self, names: frozenset[str]) -> CalibratedModel:
@@ -173,9 +175,9 @@ class CalibratedModel:
         line = next((line for _, line in self._stacks if line.matches(arch)), None)
         if line is not None:
             return line
-        if self.weights == "int8":
-            raise InfeasibleCandidateError(f"no base of {arch.name}'s layer shape was timed with int8 "
-                                           "weights")
+        if self.weights != "dense":
+            raise InfeasibleCandidateError(f"no base of {arch.name}'s layer shape was timed with "
+                                           f"{self.weights} weights")
         return self._target_line
 
     def ratio(self, layers: int) -> float:
@@ -238,9 +240,9 @@ class CalibratedModel:
         stacks = "".join(f"; {name} decode {st.full_ms:.1f} ms (profile: "
                          f"{self.model.predict_ms(st.arch, context_tokens=c.context_tokens):.1f})"
                          for name, st in c.stacks.items())
-        acts = f" and {c.int8_dtype} activations" if c.int8_dtype and c.int8_dtype != c.dtype else ""
-        stacks += "".join(f"; {name} with int8 weights{acts} decode {st.full_ms:.1f} ms"
-                          for name, st in c.int8_stacks.items())
+        acts = f" and {c.quant_dtype} activations" if c.quant_dtype and c.quant_dtype != c.dtype else ""
+        stacks += "".join(f"; {name} with {fmt} weights{acts} decode {st.full_ms:.1f} ms"
+                          for fmt, timed in c.quant_stacks.items() for name, st in timed.items())
         chose = ("; dtype " + c.dtype + " chosen by timing: " + ", ".join(
             f"{d} decode {ms.get(1, float('nan')):.1f} / verify {ms[max(ms)]:.1f} ms"
             for d, ms in c.dtype_ms.items()) if c.dtype_ms else "")

@@ -201,12 +201,13 @@ class HostCalibration(Record):
     head_saving_prefix_ms: dict[int, float] = field(default_factory=dict)
     dtype: str = "fp32"  # the weights' dtype every step was timed in
     stacks: dict[str, StackCalibration] = field(default_factory=dict)  # bases and references by name
-    # drafter bases timed alike with int8 weights (their int8 drafters are priced from these), by name
-    int8_stacks: dict[str, StackCalibration] = field(default_factory=dict)
+    # weight format ("int8", "int4", per layer group) -> drafter bases timed alike with their linear layers
+    # in that format, by name: the format's drafters are priced from these
+    quant_stacks: dict[str, dict[str, StackCalibration]] = field(default_factory=dict)
     cpu: CpuIdentity | None = None
     # dtype -> its target decode and verify, timed to choose the dtype (empty: the dtype was given)
     dtype_ms: dict[str, dict[int, float]] = field(default_factory=dict)
-    int8_dtype: str = ""  # the activation dtype int8 stacks were timed in ("" none timed; else may differ)
+    quant_dtype: str = ""  # the activation dtype quantized stacks were timed in ("" none timed; may differ)
 
 
 @dataclass(frozen=True)

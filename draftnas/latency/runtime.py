@@ -82,11 +82,11 @@ class Runtime:
         fn()
         return (time.perf_counter() - t0) * 1e3
 
-    def build(self, arch: Architecture, int8: bool = False) -> Any:
+    def build(self, arch: Architecture, weights: str = "dense") -> Any:
         """A random-weight model of `arch`'s shape on the device, in eval mode: a transformers
         LlamaForCausalLM in eager mode, a `draftnas.models.decoder.StaticDecoder` otherwise.
-        `int8` (static modes, CPU): the decoder multiplies in int8 (its dense weights stay, so the
-        bytes a calibration budgets for it are an upper bound)."""
+        `weights` (static modes, CPU): the decoder multiplies in that format ("int8", "int4", per layer
+        group; its dense weights stay, so the bytes a calibration budgets for it are an upper bound)."""
         torch = self.torch
         if self.options.mode in STATIC_MODES:
             from draftnas.models.decoder import StaticDecoder
@@ -94,12 +94,12 @@ class Runtime:
 
             decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device, skip_init=True,
                                     matmul=self.kernels).init_random(self.options.seed, pool=RANDOM_POOL)
-            if int8:
-                decoder.quantize_weights()
-            choose_row_padding(decoder)  # as the bench's engines do (CPU only; nothing to choose in int8)
+            if weights != "dense":
+                decoder.quantize_weights(weights)
+            choose_row_padding(decoder)  # as the bench's engines do (CPU only; nothing to choose quantized)
             return decoder.eval()
-        if int8:
-            raise DeviceError("int8 weights run in draftnas's static decoder only (--mode static)")
+        if weights != "dense":
+            raise DeviceError(f"{weights} weights run in draftnas's static decoder only (--mode static)")
 
         config = LlamaConfig(
             vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,

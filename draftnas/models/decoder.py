@@ -38,6 +38,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.registry import Architecture
 from draftnas.models.matmul import MatmulChooser
 from draftnas.models.random_weights import fill_random, no_default_init
+from draftnas.models.records import weight_roles
 from draftnas.models.spec import DecoderSpec, spec_from_hf_config
 
 
@@ -239,12 +240,16 @@ class StaticDecoder(nn.Module):
     def head_rows(self) -> int:
         return int(self.lm_head.weight.shape[0])
 
-    def quantize_weights(self) -> StaticDecoder:
-        """Multiply every linear layer and the head in int8 from now on (`MatmulChooser.quantize`;
-        CPU only): a drafter's weight format "int8". The dense weights stay (healing reads them)."""
-        for weights in self.matmul.by_shape.values():
-            for weight in weights:
-                self.matmul.quantize(weight)
+    def quantize_weights(self, weights: str = "int8") -> StaticDecoder:
+        """Multiply each layer group (attention, MLP, head) in its format of `weights` from now on (CPU;
+        `models.records.weight_roles`, `MatmulChooser.quantize`). Dense weights stay (healing reads them)."""
+        roles = weight_roles(weights)
+        for layer in self.layers:
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                self.matmul.quantize(getattr(layer, name).weight, roles["attn"])
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                self.matmul.quantize(getattr(layer, name).weight, roles["mlp"])
+        self.matmul.quantize(self.lm_head.weight, roles["head"])
         return self
 
     def init_random(self, seed: int, std: float = 0.02, pool: int | None = None) -> StaticDecoder:

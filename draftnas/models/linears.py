@@ -12,7 +12,7 @@ choice to the `nn.Linear` layers of any model, so that a user's own
 pays for the cheap verify as well, with the same outputs (`benchmarks/hf_assisted_parts.py`).
 
     from draftnas.models import route_linears
-    route_linears(target); route_linears(drafter)   # int8=True for a drafter exported in int8
+    route_linears(target); route_linears(drafter)   # weights="int8" for a drafter exported in int8
 
 A row count is timed on its second product with a weight (F.linear until then): the steps of a
 decode repeat, a prompt's prefill mostly does not, and one timing costs tens of passes over the
@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from draftnas.models.matmul import MatmulChooser
+from draftnas.models.records import weight_roles
 
 _MARK = "_draftnas_routed"  # on a routed layer: id() of the routing that routed it
 
@@ -89,7 +90,7 @@ class LinearRouting:
 
 
 def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = True,
-                  int8: bool = False) -> LinearRouting:
+                  weights: str = "dense") -> LinearRouting:
     """Route `model`'s CPU `nn.Linear` layers through the fastest small-batch product here.
 
     Products of more than 16 rows (a prompt's prefill) keep `F.linear`; each (rows, shape) is
@@ -100,23 +101,36 @@ def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = 
 
     `own_weights`: first copy each routed weight into memory this process allocated
     (`copy_weights`: faster to stream than the file mapping `from_pretrained` leaves).
-    `int8`: multiply every routed layer in int8 (weight-only, one scale per output row: a drafter
-    exported with weights "int8"; `MatmulChooser.quantize`). The model's own weights stay as they are.
+    `weights`: multiply the routed layers quantized as a drafter exported with that weight format runs:
+    "int8", "int4", or one per layer group ("attn=int8,mlp=int8,head=int4"; attention projections are the
+    q/k/v/o layers, MLP ones gate/up/down, the head lm_head; `models.records.weight_roles`,
+    `MatmulChooser.quantize`). The model's own weights stay as they are.
     """
+    roles = weight_roles(weights)
     layers: list[nn.Linear] = []
-    for module in model.modules():
+    kinds: dict[int, str] = {}  # id(weight) -> its format
+    for name, module in model.named_modules():
         if (isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
                 and module.weight.device.type == "cpu" and getattr(module, _MARK, None) is None):
             layers.append(module)
-    weights = list({id(layer.weight): layer.weight for layer in layers}.values())  # tied ones once
+            kinds.setdefault(id(module.weight), roles[linear_role(name)])
+    tensors = list({id(layer.weight): layer.weight for layer in layers}.values())  # tied ones once
     if own_weights:
-        copy_weights(weights)
+        copy_weights(tensors)
     routing = LinearRouting(layers)
-    for weight in weights:
+    for weight in tensors:
         routing.chooser.register(weight)
-        if int8:
-            routing.chooser.quantize(weight)
+        routing.chooser.quantize(weight, kinds[id(weight)])
     return routing.attach() if attach else routing
+
+
+def linear_role(name: str) -> str:
+    """The layer group of a transformers decoder's linear layer by its module name: "attn" for the
+    q/k/v/o projections, "head" for lm_head, "mlp" for the rest (gate/up/down)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        return "attn"
+    return "head" if leaf == "lm_head" else "mlp"
 
 
 def copy_weights(weights: Sequence[torch.Tensor]) -> None:

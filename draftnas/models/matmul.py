@@ -6,9 +6,10 @@ while for small matrices either may win. `MatmulChooser` times the forms
 once per (rows, out, in) on the machine it runs on and keeps the faster; the static decoder
 and `models.linears.route_linears` multiply through it.
 
-A weight may also be multiplied in int8 (`MatmulChooser.quantize`): weight-only, one scale per
-output row, activations left in the run's dtype (`torch._weight_int8pack_mm`): the product streams
-half the bytes of bf16 (`benchmarks/int8_weights.py` times it; docs/hosts/ has the figures).
+A weight may also be multiplied quantized (`MatmulChooser.quantize`), activations left in the run's
+dtype: in int8, one scale per output row (`torch._weight_int8pack_mm`; half the bytes of bf16), or in
+int4, a scale and zero point per group of 32 inputs (`torch._weight_int4pack_mm_for_cpu`; a quarter).
+`benchmarks/int8_weights.py` times them; docs/hosts/ has the figures.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.models import kernel_choices
-from draftnas.models.records import MAX_WEIGHT_ONCE_ROWS
+from draftnas.models.records import INT4_GROUP, MAX_WEIGHT_ONCE_ROWS
 from draftnas.models.records import TORCH_DTYPES as TORCH_DTYPE_NAMES
 
 LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2  # F.linear(x, W), (W @ x.T).T, x @ W.T.contiguous()
@@ -60,15 +61,19 @@ class MatmulChooser:
     # prefill length met once untimed (its timing costs far more than the one product it would help)
     time_after: int = 1
     met: dict[tuple[int, int, int, int], int] = field(default_factory=dict)  # (*key, id(W)) -> products
-    int8: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # id(W) -> (q, scales)
+    # id(W) -> ("int8", (values, scales)) or ("int4", (packed, scales and zeros)): products run quantized
+    packed: dict[int, tuple[str, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
 
-    def quantize(self, weight: torch.Tensor) -> None:
-        """Multiply by `weight` in int8 from now on (see `quantize_int8`); CPU only."""
+    def quantize(self, weight: torch.Tensor, kind: str = "int8") -> None:
+        """Multiply by `weight` in `kind` ("int8": `quantize_int8`; "int4": `quantize_int4`) from now
+        on; CPU only. "dense" leaves it as it is."""
+        if kind == "dense":
+            return
         if not self.enabled:
-            raise InvalidInputError("int8 weights run on the CPU only (this model's products are not "
+            raise InvalidInputError(f"{kind} weights run on the CPU only (this model's products are not "
                                     "chosen here: another device, or matmul='linear')")
-        if id(weight) not in self.int8:
-            self.int8[id(weight)] = quantize_int8(weight)
+        if id(weight) not in self.packed:
+            self.packed[id(weight)] = (kind, quantize_int8(weight) if kind == "int8" else pack_int4(weight))
 
     def single_rows(self) -> list[tuple[int, int, int]]:
         """The one-row products chosen as plain F.linear (padded or not): what `pad_single_rows` sets."""
@@ -95,7 +100,7 @@ class MatmulChooser:
             return
         for n in sorted({int(r) for r in rows if 0 < int(r) <= MAX_WEIGHT_ONCE_ROWS}):
             for (out_features, in_features), weights in self.by_shape.items():
-                if all(id(w) in self.int8 for w in weights):  # multiplied in int8 at any row count
+                if all(id(w) in self.packed for w in weights):  # multiplied quantized at any row count
                     continue
                 key = (n, out_features, in_features)
                 if key not in self.form:
@@ -105,10 +110,14 @@ class MatmulChooser:
         if not self.enabled:
             return F.linear(x, weight)
         rows = x.numel() // x.shape[-1]
-        packed = self.int8.get(id(weight))
+        packed = self.packed.get(id(weight))
         if packed is not None:
             flat = x.reshape(rows, x.shape[-1]).contiguous()
-            return torch._weight_int8pack_mm(flat, *packed).reshape(*x.shape[:-1], weight.shape[0])
+            kind, (q, scales) = packed
+            out = torch._weight_int8pack_mm(flat, q, scales) if kind == "int8" else \
+                torch._weight_int4pack_mm_for_cpu(flat, q, INT4_GROUP, scales if scales.dtype == flat.dtype
+                                                  else scales.to(flat.dtype))
+            return out.reshape(*x.shape[:-1], weight.shape[0])
         if rows > MAX_WEIGHT_ONCE_ROWS:
             return F.linear(x, weight)
         key = (rows, int(weight.shape[0]), int(weight.shape[1]))
@@ -210,6 +219,38 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
     values = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
     return values, scales.to(weight.dtype)
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`weight` [out, in] as 4-bit values 0..15 (int32, unpacked) and per group of `INT4_GROUP` inputs a
+    scale and zero point [in / group, out, 2] (asymmetric, round to nearest: the group's min and max are
+    the ends), in torch's int4 convention w = (q - 8) * scale + zero."""
+    out_features, in_features = weight.shape
+    if in_features % INT4_GROUP:
+        raise InvalidInputError(f"int4 weights need input widths in multiples of {INT4_GROUP}, not "
+                                f"{in_features}")
+    w = weight.detach().float().reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
+    low, high = w.amin(-1), w.amax(-1)
+    scales = ((high - low) / 15).clamp(min=1e-8)
+    values = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15).to(torch.int32)
+    zeros = low + 8 * scales
+    scales_zeros = torch.stack([scales, zeros], -1).transpose(0, 1).contiguous()
+    return values.reshape(out_features, in_features), scales_zeros
+
+
+def dequantize_int4(values: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
+    """The fp32 weight `quantize_int4`'s values and scales stand for (what the int4 product multiplies by)."""
+    out_features, in_features = values.shape
+    groups = values.float().reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
+    scales, zeros = scales_zeros[..., 0].T[..., None], scales_zeros[..., 1].T[..., None]
+    return ((groups - 8) * scales + zeros).reshape(out_features, in_features)
+
+
+def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_int4` packed for `torch._weight_int4pack_mm_for_cpu`, the scales in the weight's dtype
+    (the activations' dtype a model multiplies in)."""
+    values, scales_zeros = quantize_int4(weight)
+    return torch._convert_weight_to_int4pack_for_cpu(values, 1), scales_zeros.to(weight.dtype)
 
 
 def faster_int8_activations(in_features: int, out_features: int, dtypes: tuple[str, ...] = ("fp32", "bf16"),

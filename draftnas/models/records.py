@@ -110,18 +110,63 @@ def dtype_name(torch_dtype: object) -> str:
 #: Products of up to this many rows take the small-batch forms of `decoder.MatmulChooser` on CPU;
 #: above it, F.linear (whose blocking already reads each weight about once).
 MAX_WEIGHT_ONCE_ROWS = 16
-#: how a drafter's linear layers hold their weights at run time: "dense" in the run's dtype, or "int8"
-#: (weight-only, one scale per output row; CPU only; see `models.matmul.quantize_int8`)
-WEIGHT_FORMATS = ("dense", "int8")
+#: how a drafter's linear layers hold their weights at run time: "dense" in the run's dtype, "int8"
+#: (weight-only, one scale per output row) or "int4" (weight-only, a scale and zero point per group of
+#: `INT4_GROUP` inputs); CPU only; see `models.matmul`. A per-layer format names one per layer group:
+#: "attn=int8,mlp=int8,head=int4" (`weight_roles`).
+WEIGHT_FORMATS = ("dense", "int8", "int4")
+#: the layer groups a per-layer format sets: attention projections, MLP projections, the LM head
+WEIGHT_ROLES = ("attn", "mlp", "head")
+INT4_GROUP = 32  # inputs per int4 scale and zero point (every embedded model's widths are multiples of it)
+_SHORT = {"dense": "d", "int8": "8", "int4": "4"}
+
+
+def weight_roles(weights: str) -> dict[str, str]:
+    """Each layer group's format in `weights`: a format of `WEIGHT_FORMATS` for all of them, or
+    "attn=F,mlp=F,head=F" (every group named once); raises ValueError with what is allowed."""
+    if weights in WEIGHT_FORMATS:
+        return dict.fromkeys(WEIGHT_ROLES, weights)
+    roles: dict[str, str] = {}
+    for part in weights.split(","):
+        role, _, kind = part.strip().partition("=")
+        if role not in WEIGHT_ROLES or kind not in WEIGHT_FORMATS or role in roles:
+            raise ValueError(f"weight format {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}, or "
+                             f"attn=F,mlp=F,head=F with F one of them")
+        roles[role] = kind
+    if set(roles) != set(WEIGHT_ROLES):
+        raise ValueError(f"weight format {weights!r} names {', '.join(sorted(roles))}: a per-layer format "
+                         f"names each of {', '.join(WEIGHT_ROLES)}")
+    return roles
+
+
+def weights_name(roles: dict[str, str]) -> str:
+    """The canonical spelling of a per-group format: one word when every group shares it."""
+    kinds = {roles[r] for r in WEIGHT_ROLES}
+    return kinds.pop() if len(kinds) == 1 else ",".join(f"{r}={roles[r]}" for r in WEIGHT_ROLES)
+
+
+def quantized(weights: str) -> bool:
+    """Whether any layer group of `weights` runs quantized (int8/int4: CPU, static decoder only)."""
+    if weights == "dense" or weights in GGUF_WEIGHTS:
+        return False
+    return any(kind != "dense" for kind in weight_roles(weights).values())
+
+
 #: a llama.cpp drafter's weights: ggml block types draftnas writes into a GGUF itself (acceptance is
 #: estimated with the weights rounded as they store them, `models.ggml_quants`)
 GGUF_WEIGHTS = ("Q8_0", "Q4_0")
 
 
 def weights_suffix(weights: str) -> str:
-    """What a drafter's name adds for its weight format: "-int8", nothing for dense (the search's
-    table and the exported folder name the same drafter alike)."""
-    return "" if weights == "dense" else f"-{weights}"
+    """What a drafter's name adds for its weight format: "-int8", nothing for dense, "-a8m8h4" for
+    attention and MLP in int8 under an int4 head (the search's table and the exported folder name the
+    same drafter alike)."""
+    if weights == "dense":
+        return ""
+    if weights in WEIGHT_FORMATS or weights in GGUF_WEIGHTS:
+        return f"-{weights}"
+    roles = weight_roles(weights)
+    return "-" + "".join(f"{r[0]}{_SHORT[roles[r]]}" for r in WEIGHT_ROLES)
 
 
 #: the module a reduced-head drafter folder ships (a copy of draftnas/models/hf_head.py) and its

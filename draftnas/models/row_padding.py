@@ -31,7 +31,7 @@ def choose_row_padding(decoder: StaticDecoder, steps: int = 4, rounds: int = 3,
     Returns whether padding was kept (False on a device whose products are not chosen here, or
     of an int8 decoder)."""
     chooser = decoder.matmul
-    if not chooser.enabled or all(id(w) in chooser.int8 for ws in chooser.by_shape.values() for w in ws):
+    if not chooser.enabled or all(id(w) in chooser.packed for ws in chooser.by_shape.values() for w in ws):
         return False  # products not chosen here, or every one in int8: no F.linear row to pad
     context = MAX_WEIGHT_ONCE_ROWS + 1  # a context read by plain F.linear: it times no product form
     with torch.inference_mode():

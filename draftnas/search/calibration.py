@@ -17,6 +17,7 @@ from draftnas.latency.model import LatencyModel
 from draftnas.latency.records import HostCalibration, LatencyProfile, ProfileOptions
 from draftnas.models.kernel_choices import kept_choices
 from draftnas.models.matmul import faster_int8_activations
+from draftnas.models.records import quantized
 from draftnas.search.records import LatencyPredictor
 from draftnas.search.space import SearchSpace
 
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: SearchSpace,
                          progress: Callable[[int, int], None] | None = None, engine: str = "static",
                          dtype: str | None = None, stacks: Sequence[Architecture] = (),
-                         int8_stacks: Sequence[Architecture] = (), given: Path | None = None
+                         quant_stacks: Sequence[Architecture] = (), given: Path | None = None
                          ) -> tuple[LatencyPredictor, str, str]:
     """The profile's model corrected by timing `target`'s decode, its verify at every gamma + 1
     the space considers, drafter-sized prefixes of it and of each of `stacks` (a base the drafters
@@ -39,10 +40,11 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
 
     On the profile's device: a CPU here, or the present GPU for a CUDA profile, where the static
     engine's steps are timed as CUDA graphs (what bench replays there) and the dtype is the faster
-    of bf16 and fp16. `int8_stacks`: bases timed with int8 weights too, pricing the space's int8
-    drafters (`CalibratedModel.for_weights`). The calibration is kept per host and reused after a drift
-    check (`latency.calibrate.stored_or_calibrated`; `given`: --calibration FILE), and every kernel
-    choice made while timing is kept for this host too (`models.kernel_choices`)."""
+    of bf16 and fp16. `quant_stacks`: bases timed in each of the space's quantized weight formats too
+    (`quant_formats`), pricing those drafters (`CalibratedModel.for_weights`). The calibration is kept
+    per host and reused after a drift check (`latency.calibrate.stored_or_calibrated`; `given`:
+    --calibration FILE), and every kernel choice made while timing is kept for this host too
+    (`models.kernel_choices`)."""
     g = space.gamma
     counts = [n + 1 for n in range(max(1, g.min), g.max + 1)]
     cuda = profile.device == "cuda"
@@ -70,16 +72,17 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
         log.info("calibrating %s in %s on this machine", target.name, chosen.resolved_dtype())
         calibration = calibrate_host(chosen, target, counts, context_tokens=w.context_tokens,
                                      progress=progress, prompt_tokens=w.prompt_tokens, head_rows=heads,
-                                     stacks=stacks, int8_stacks=int8_stacks,
+                                     stacks=stacks, quant_stacks=quant_stacks, quant_formats=formats,
                                      target_heads=not stacks or _shape(stacks[0]) == _shape(target),
-                                     int8_dtype=int8_activations(chosen.resolved_dtype(), int8_stacks))
+                                     quant_dtype=int8_activations(chosen.resolved_dtype(), quant_stacks))
         return replace(calibration, dtype_ms=dtype_ms)
 
-    request = {"target": target.to_dict(), "format": 2, "dtype": dtype or "auto", "mode": mode,
+    formats = quant_formats(space, profile.device, engine) if quant_stacks else []
+    request = {"target": target.to_dict(), "format": 3, "dtype": dtype or "auto", "mode": mode,
                "device": profile.device,
                "counts": counts, "context": w.context_tokens, "prompt_tokens": w.prompt_tokens,
                "heads": heads, "stacks": [a.to_dict() for a in stacks],
-               "int8_stacks": [a.to_dict() for a in int8_stacks]}
+               "quant_stacks": [a.to_dict() for a in quant_stacks], "quant_formats": formats}
     with kept_choices():
         calibration, where = stored_or_calibrated(options, target, request, calibrate, given=given,
                                                   progress=progress)
@@ -87,10 +90,12 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     return model, f"{model.summary()}; {where}", calibration.dtype
 
 
-def times_int8(space: SearchSpace, device: str, engine: str) -> bool:
-    """Whether the calibration times the base with int8 weights: the space offers int8 drafters and they
-    can run here (draftnas's static engine on the CPU; elsewhere int8 trials are pruned as unpriced)."""
-    return "int8" in space.weights and device == "cpu" and engine == "static"
+def quant_formats(space: SearchSpace, device: str, engine: str) -> list[str]:
+    """The space's quantized weight formats the calibration times the base in: those it offers, where they
+    can run (draftnas's static engine on the CPU; elsewhere such trials are pruned as unpriced)."""
+    if device != "cpu" or engine != "static":
+        return []
+    return [w for w in space.weights if quantized(w)]
 
 
 def dtype_candidates(device: str) -> tuple[str, ...]:
@@ -105,13 +110,13 @@ def _shape(arch: Architecture) -> Architecture:
     return arch.with_shape(name="")
 
 
-def int8_activations(target_dtype: str, int8_stacks: Sequence[Architecture]) -> str | None:
-    """The activation dtype int8 drafters run in beside a `target_dtype` target on this CPU: the
+def int8_activations(target_dtype: str, quant_stacks: Sequence[Architecture]) -> str | None:
+    """The activation dtype quantized drafters run in beside a `target_dtype` target on this CPU: the
     target's, unless the target runs in fp32 and an int8 product of the base's MLP shape times faster
-    with bf16 activations here (`faster_int8_activations`)."""
-    if not int8_stacks or target_dtype != "fp32":
+    with bf16 activations here (`faster_int8_activations`; torch's int4 kernel, too, is scalar in fp32)."""
+    if not quant_stacks or target_dtype != "fp32":
         return None
-    base = int8_stacks[0]
+    base = quant_stacks[0]
     best, times = faster_int8_activations(base.hidden_size, base.intermediate_size)
     log.info("int8 product %dx%d: %s", base.intermediate_size, base.hidden_size,
              ", ".join(f"{d} activations {ms:.2f} ms" for d, ms in times.items()))

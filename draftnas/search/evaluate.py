@@ -21,7 +21,7 @@ from draftnas.core.registry import Architecture
 from draftnas.drafter.build import build_drafter, heal_options, plan_drafter
 from draftnas.drafter.heal_data import data_from_traces
 from draftnas.drafter.records import PlanOptions
-from draftnas.models.records import TORCH_DTYPES
+from draftnas.models.records import TORCH_DTYPES, quantized
 from draftnas.models.sources import load_model
 from draftnas.search.alpha import AlphaModel, drafter_features
 from draftnas.search.records import AcceptanceReading, Candidate
@@ -104,9 +104,9 @@ class WeightsEvaluator:
 
     def __init__(self, base: str, base_arch: Architecture, traces_path: Path, space: SearchSpace,
                  seed: int = 0, dtype: str = "fp32", device: str = "cpu",
-                 int8_dtype: str | None = None) -> None:
+                 quant_dtype: str | None = None) -> None:
         self.base, self.dtype, self.device = base, dtype, device
-        self.int8_dtype = int8_dtype or dtype  # int8 drafters' activations (bf16 beside an fp32 target)
+        self.quant_dtype = quant_dtype or dtype  # quantized drafters' activations (bf16 beside fp32 targets)
         self.base_arch = base_arch
         self.traces_path = traces_path
         self.space = space
@@ -149,7 +149,7 @@ class WeightsEvaluator:
         built = build_drafter(plan, self._loaded, heal=options, teacher=self._heal_traces,
                               data=self._heal_data, held=self._eval_traces, max_gamma=self.space.gamma.max,
                               temperature=self.space.workload.temperature,
-                              dtype=self.int8_dtype if choice.weights == "int8" else self.dtype,
+                              dtype=self.quant_dtype if quantized(choice.weights) else self.dtype,
                               weights=choice.weights)
         estimate = built.estimate
         assert estimate is not None

@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from draftnas.search.records import SearchResult
+    from draftnas.core.registry import Architecture
+    from draftnas.search.records import CandidateChoice, SearchResult
+    from draftnas.search.space import SearchSpace
 
 
 def summary_lines(result: SearchResult) -> list[str]:
@@ -32,6 +34,10 @@ def summary_lines(result: SearchResult) -> list[str]:
         lines.append(f"best: trial {b.number} {b.candidate.name}: {b.throughput.tokens_per_s:,.1f} tokens/s, "
                      f"{b.throughput.speedup:.3f}x plain decoding "
                      f"({b.throughput.baseline_tokens_per_s:,.1f} tokens/s)")
+        lines += [f"WARNING: the best sits on an edge of the space: {edge}; the optimum may lie beyond it "
+                  "(widen the space there and search again)"
+                  for edge in space_edges(result.info.space, b.candidate.choice, b.primary.gamma,
+                                          result.info.base_arch)]
     # (a llama.cpp search prints its verdict instead: the engine's step costs and break-even acceptance)
     if result.best is not None and result.best.throughput.speedup < 1.0 and result.verdict is None:
         lines.append(_no_winner(result))
@@ -44,6 +50,30 @@ def summary_lines(result: SearchResult) -> list[str]:
         lines.append(result.profile_note if result.profile_note.startswith("calibrated")
                      else f"NOTE: {result.profile_note}.")
     return lines
+
+
+def space_edges(space: SearchSpace, choice: CandidateChoice, gamma: int, base: Architecture) -> list[str]:
+    """Each dimension of `space` whose offered values end at `choice`'s (or at `gamma`) where the space
+    could go on: depth at its min (above 1) or max (below the base's layers), the smallest reduced head,
+    the largest reduced head below the full vocabulary, an MLP ratio at the lowest offered, γ at its max."""
+    out = []
+    depths = space.depth.values()
+    if len(depths) > 1 and choice.depth == depths[0] > 1:
+        out.append(f"depth {choice.depth} is the least offered")
+    if len(depths) > 1 and choice.depth == depths[-1] < base.num_hidden_layers:
+        out.append(f"depth {choice.depth} is the most offered (the base has {base.num_hidden_layers})")
+    reduced = sorted(v for v in space.vocab_sizes if v > 0)
+    if len(space.vocab_sizes) > 1 and reduced and choice.vocab_size == reduced[0]:
+        out.append(f"head {choice.vocab_size:,} rows is the smallest offered")
+    elif len(space.vocab_sizes) > 1 and reduced and choice.vocab_size == reduced[-1]:
+        out.append(f"head {choice.vocab_size:,} rows is the largest reduced head offered, below the full "
+                   f"{base.vocab_size:,}")
+    ratios = sorted(space.width.mlp_ratios)
+    if len(ratios) > 1 and choice.mlp_ratio == ratios[0]:
+        out.append(f"MLP ratio {choice.mlp_ratio} is the lowest offered")
+    if space.gamma.max > space.gamma.min and gamma == space.gamma.max:
+        out.append(f"γ {gamma} is the most considered")
+    return out
 
 
 def _no_winner(result: SearchResult) -> str:
@@ -103,12 +133,12 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None,
     if result.info.engine == "llama.cpp":
         use = _llama_cpp_use(result, folder, gamma, target_gguf)
     else:
-        int8 = b.candidate.choice.weights == "int8"
+        weights = b.candidate.choice.weights
         use = [f"  in transformers: target.generate(..., assistant_model={load})",
                "  on CPU, route both models' small products first (a multi-token verify can cost far more "
                "than a decode with the default kernel): from draftnas.models import route_linears; "
                "route_linears(target); route_linears(drafter"
-               + (", int8=True)  # it runs with int8 weights" if int8 else ")")]
+               + (f", weights={weights!r})  # it runs with {weights} weights" if weights != "dense" else ")")]
     return [
         "next:",
         *export,

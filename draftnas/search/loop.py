@@ -166,7 +166,7 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
                      target_arch=options.target_arch, base_arch=options.base_arch,
                      acceptance_model=options.acceptance_model, placement=options.placement,
                      engine=options.engine, traces=_traces_of(evaluator), dtype=options.dtype,
-                     references=options.references, device=options.device, int8_dtype=options.int8_dtype)
+                     references=options.references, device=options.device, quant_dtype=options.quant_dtype)
     storage_url = normalize_storage(settings.storage, options.study_name, settings.run_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(options, info, storage_url)

@@ -69,7 +69,8 @@ def arm_prediction(role: str, r: RankedTrial, held_out: bool = False) -> ArmPred
 def _held_out(r: RankedTrial, model: CalibratedModel, options: SearchOptions) -> ArmPrediction | None:
     """`r` priced again without its stack's full-depth timing (None when no such timing priced it)."""
     c = model.calibration
-    stacks = c.int8_stacks if r.candidate.choice.weights == "int8" else c.stacks
+    weights = r.candidate.choice.weights
+    stacks = c.stacks if weights == "dense" else c.quant_stacks.get(weights, {})
     shape = r.candidate.arch.with_shape(name="")
     names = frozenset(n for n, s in stacks.items() if s.arch.with_shape(name="") == shape)
     if not names:

@@ -28,7 +28,7 @@ class CandidateChoice(Record):
     mlp_ratio: float = 1.0
     hidden_ratio: float = 1.0
     vocab_size: int = 0  # rows of a reduced draft head (draftnas.drafter.vocab); 0 = the full vocabulary
-    weights: str = "dense"  # how its linear layers run: "dense" or "int8" (models.records.WEIGHT_FORMATS)
+    weights: str = "dense"  # how its linear layers run: "dense", "int8", "int4", per group (models.records)
 
     @classmethod
     def from_params(cls, params: dict[str, Any], space: SearchSpace) -> CandidateChoice:
@@ -68,7 +68,7 @@ class Candidate(Record):
         key = (f"{a.num_hidden_layers}|{self.choice.layer_selection}|{a.hidden_size}|"
                f"{a.num_attention_heads}|{a.num_key_value_heads}|{a.intermediate_size}")
         key += f"|v{self.choice.vocab_size}" if self.choice.vocab_size else ""
-        return key + ("|int8" if self.choice.weights == "int8" else "")
+        return key + ("" if self.choice.weights == "dense" else f"|{self.choice.weights}")
 
     @property
     def built_key(self) -> str:
@@ -261,7 +261,7 @@ class StudyInfo(Record):
     dtype: str = "fp32"  # the weights' dtype everything was timed and estimated in
     references: tuple[str, ...] = ()  # drafters a user would otherwise pick, priced beside the trials
     device: str = "cpu"  # where drafters were built, healed and scored (and a calibration timed)
-    int8_dtype: str | None = None  # int8 drafters' activation dtype where it is not `dtype`
+    quant_dtype: str | None = None  # quantized drafters' activation dtype where it is not `dtype`
 
     def fingerprint(self) -> dict[str, Any]:
         space = {k: v for k, v in self.space.to_dict().items() if k not in ("source", "description")}
@@ -271,7 +271,7 @@ class StudyInfo(Record):
                 "placement": self.placement.to_dict() if self.placement else None,
                 **({"engine": self.engine} if self.engine else {}),
                 **({"dtype": self.dtype} if self.dtype != "fp32" else {}),
-                **({"int8_dtype": self.int8_dtype} if self.int8_dtype else {})}
+                **({"quant_dtype": self.quant_dtype} if self.quant_dtype else {})}
 
     @property
     def note(self) -> str:
@@ -355,7 +355,7 @@ class SearchOptions:
     acceptance_model: str | None = None  # label of the alpha(drafter) model the evaluator predicts with
     engine: str | None = None  # the loop engine the calibration timed (None: the profile as it is)
     dtype: str = "fp32"  # the weights' dtype the latency was calibrated and acceptance estimated in
-    int8_dtype: str | None = None  # int8 drafters' activation dtype where it is not `dtype`
+    quant_dtype: str | None = None  # quantized drafters' activation dtype where it is not `dtype`
     references: tuple[str, ...] = ()  # the space's references and --reference: priced beside the trials
     device: str = "cpu"  # where drafters were built, healed and scored (and a calibration timed)
 

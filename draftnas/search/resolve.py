@@ -31,10 +31,10 @@ from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profi
 from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
 from draftnas.latency.llama_cpp import EngineModel
 from draftnas.latency.model import LatencyModel
-from draftnas.models.records import GGUF_WEIGHTS
+from draftnas.models.records import GGUF_WEIGHTS, quantized
 from draftnas.models.sources import ensure_local_folder, has_weights
 from draftnas.search.alpha import load_alpha_model
-from draftnas.search.calibration import calibrated_predictor, times_int8
+from draftnas.search.calibration import calibrated_predictor, quant_formats
 from draftnas.search.candidate import reference_candidate
 from draftnas.search.engine import ENGINE as LLAMA_CPP
 from draftnas.search.engine import llama_cpp_model, verdict
@@ -143,6 +143,11 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     profile, latency_profile = resolve_profile(request.profile, space, request.dtype, request.engine,
                                                calibrating=request.calibrate, device=request.device)
     _check_dtype(request.dtype, latency_profile.device)
+    quant = [w for w in space.weights if quantized(w)]
+    if quant and latency_profile.device != "cpu":
+        raise InvalidInputError(f"search space {space.name!r} offers {quant[0]} weights, which run on the CPU "
+                                f"only, and this search prices {latency_profile.device} (profile "
+                                f"{profile}): use a CPU profile, or a space whose weights are dense")
     predictor: LatencyPredictor = LatencyModel.from_profile(latency_profile)
     profile_note = host_mismatch(latency_profile)
     timed = [t for t in latency_profile.targets.values() if t.target == target_arch.name]
@@ -173,10 +178,10 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         predictor, profile_note, dtype = calibrated_predictor(
             latency_profile, target_arch, space, calibration_progress, engine=engine, dtype=request.dtype,
             stacks=stacks, given=Path(request.calibration).expanduser() if request.calibration else None,
-            int8_stacks=[base_arch] if times_int8(space, latency_profile.device, engine) else [])
-    int8_dtype = None
-    if isinstance(predictor, CalibratedModel) and predictor.calibration.int8_dtype not in ("", dtype):
-        int8_dtype = predictor.calibration.int8_dtype  # int8 drafters beside an fp32 target: bf16 activations
+            quant_stacks=[base_arch] if quant_formats(space, latency_profile.device, engine) else [])
+    quant_dtype = None
+    if isinstance(predictor, CalibratedModel) and predictor.calibration.quant_dtype not in ("", dtype):
+        quant_dtype = predictor.calibration.quant_dtype  # quantized drafters beside an fp32 target: bf16
     evaluator: Evaluator
     model_label = None
     if request.acceptance_model is not None:
@@ -191,7 +196,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
         profile=profile, study=study, acceptance_prior=request.assumed_acceptance,
         profile_note=profile_note, placement=placement, acceptance_model=model_label, engine=engine,
-        dtype=dtype, references=references, device=request.device, int8_dtype=int8_dtype)
+        dtype=dtype, references=references, device=request.device, quant_dtype=quant_dtype)
     if request.acceptance_model is not None:
         return options, predictor, evaluator
     if request.assumed_acceptance is not None:
@@ -316,7 +321,7 @@ def _measuring_evaluator(request: SearchRequest, options: SearchOptions,
     if not traces.is_file():
         raise option_error("traces", f"{traces} is not a file")
     return WeightsEvaluator(options.base, options.base_arch, traces, space, seed=request.study.seed or 0,
-                            dtype=options.dtype, device=options.device, int8_dtype=options.int8_dtype)
+                            dtype=options.dtype, device=options.device, quant_dtype=options.quant_dtype)
 
 
 def search(request: SearchRequest, *, progress: Callable[[int, int], None] | None = None,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
+from draftnas.models.records import GGUF_WEIGHTS, INT4_GROUP, weight_roles
 from draftnas.drafter.importance import LAYER_SELECTIONS as ALL_LAYER_SELECTIONS
 
 SCHEMA_VERSION = 1
@@ -132,16 +133,27 @@ class SearchSpace(Record):
     source: str = ""
     vocab_sizes: tuple[int, ...] = (0,)  # draft-head rows to try; 0 = the full vocabulary
     references: tuple[str, ...] = ()  # published drafters (registry names) ranked beside the searched ones
-    # how the drafters' linear layers may run: "dense" (the run's dtype) and/or "int8" (weight-only, CPU;
-    # priced by the host calibration, which times the base's stack both ways)
+    # how the drafters' linear layers may run: "dense" (the run's dtype), "int8", "int4" or one per layer
+    # group ("attn=int8,mlp=int8,head=int4"; weight-only, CPU; each priced by the host calibration, which
+    # times the base's stack in every format)
     weights: tuple[str, ...] = ("dense",)
 
     def problems_for_base(self, base: Architecture) -> list[str]:
-        """Problems that only show against the base's shape (depth beyond its layers)."""
+        """Problems that only show against the base's shape: depth beyond its layers, a head beyond its
+        vocabulary, int4 weights over widths its groups do not divide."""
         out = []
         if self.depth.max > base.num_hidden_layers:
             out.append(f"depth.max: {self.depth.max} but base {base.name} has "
                        f"{base.num_hidden_layers} layers (allowed: 1..{base.num_hidden_layers})")
+        above = [v for v in self.vocab_sizes if v >= base.vocab_size]
+        if above:
+            out.append(f"vocab.sizes: {', '.join(map(str, above))} rows but base {base.name}'s vocabulary has "
+                       f"{base.vocab_size} (allowed: 1..{base.vocab_size - 1}, or full)")
+        int4 = [w for w in self.weights if w not in GGUF_WEIGHTS and "int4" in weight_roles(w).values()]
+        widths = {base.hidden_size, base.num_attention_heads * base.head_dim, base.intermediate_size}
+        if int4 and any(w % INT4_GROUP for w in widths):
+            out.append(f"weights: {int4[0]} needs layer widths in multiples of {INT4_GROUP}, and base "
+                       f"{base.name}'s are {', '.join(map(str, sorted(widths)))} (allowed: dense, int8)")
         return out
 
     def size(self) -> int:

@@ -14,7 +14,7 @@ import yaml
 
 from draftnas.core.errors import SearchSpaceError
 from draftnas.core.registry import load_registry
-from draftnas.models.records import GGUF_WEIGHTS, WEIGHT_FORMATS
+from draftnas.models.records import GGUF_WEIGHTS, WEIGHT_FORMATS, WEIGHT_ROLES, weight_roles, weights_name
 from draftnas.search.space import (
     LAYER_SELECTIONS,
     MAX_GAMMA,
@@ -138,10 +138,7 @@ def parse_search_space(data: Any, source: str = "<search space>") -> SearchSpace
     traces = _parse_traces(c, top.get("traces"))
     vocab_sizes = _parse_vocab(c, top.get("vocab"))
     references = _parse_references(c, top.get("references", []))
-    # how the drafters' linear layers may run: dense and/or int8 (weight-only, CPU) in draftnas's loop;
-    # ggml types (Q8_0, Q4_0) for llama.cpp drafters (`search --engine llama.cpp`)
-    weights = _parse_choices(c, "weights", top.get("weights", ["dense"]), (*WEIGHT_FORMATS, *GGUF_WEIGHTS),
-                             "dense")
+    weights = _parse_weights(c, top.get("weights", ["dense"]))
     if c.problems:
         n = len(c.problems)
         raise SearchSpaceError(f"search space {source} has {n} problem{'s' if n > 1 else ''}: "
@@ -190,6 +187,34 @@ def _parse_choices(c: _Checker, key: str, raw: Any, allowed: tuple[str, ...],
         return (default,)
     out = [c.str_(f"{key}[{i}]", v, allowed) for i, v in enumerate(items)]
     return tuple(dict.fromkeys(v for v in out if v is not None)) or (default,)
+
+
+def _parse_weights(c: _Checker, raw: Any) -> tuple[str, ...]:
+    """How the drafters' linear layers may run: dense, int8 and/or int4 (weight-only, CPU) in draftnas's
+    loop, each for every layer or one per layer group: a list [attn, mlp, head] or "attn=F,mlp=F,head=F"
+    (`models.records.weight_roles`); ggml types (Q8_0, Q4_0) for llama.cpp drafters (`--engine llama.cpp`)."""
+    items = [raw] if isinstance(raw, str) else raw
+    allowed = (f"{', '.join((*WEIGHT_FORMATS, *GGUF_WEIGHTS))}, or per layer group [attn, mlp, head] "
+               f"with each one of {', '.join(WEIGHT_FORMATS)}")
+    if not isinstance(items, list | tuple) or not items:
+        c.add("weights", f"{raw!r} is not a non-empty list (allowed: {allowed})")
+        return ("dense",)
+    out: list[str] = []
+    for i, item in enumerate(items):
+        if isinstance(item, list | tuple):
+            if len(item) != len(WEIGHT_ROLES) or not all(isinstance(k, str) for k in item):
+                c.add(f"weights[{i}]", f"{item!r} lists {len(item)} formats: a per-layer format lists one "
+                      f"for each of {', '.join(WEIGHT_ROLES)} ({len(WEIGHT_ROLES)})")
+                continue
+            item = ",".join(f"{r}={k}" for r, k in zip(WEIGHT_ROLES, item, strict=True))
+        if isinstance(item, str) and item in GGUF_WEIGHTS:
+            out.append(item)
+            continue
+        try:
+            out.append(weights_name(weight_roles(item)))
+        except (ValueError, AttributeError):
+            c.add(f"weights[{i}]", f"{item!r} is not allowed (allowed: {allowed})")
+    return tuple(dict.fromkeys(out)) or ("dense",)
 
 
 def _parse_width(c: _Checker, raw: Any, latency_only: bool) -> WidthChoices:

@@ -94,19 +94,19 @@ def test_a_base_is_timed_with_int8_weights_beside_its_dense_stack_and_only_in_th
     from draftnas.core.errors import DeviceError
 
     calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, head_rows=[64], stacks=[BASE],
-                                 int8_stacks=[BASE])
-    dense, int8 = calibration.stacks["base"], calibration.int8_stacks["base"]
+                                 quant_stacks=[BASE])
+    dense, int8 = calibration.stacks["base"], calibration.quant_stacks["int8"]["base"]
     assert int8.full_ms > 0 and set(int8.prefix_ms) == {1, 2} and set(int8.head_saving_ms) == {64}
     assert int8 != dense  # timed on its own models, not a copy of the dense figures
     # int8 is offered only where it timed faster than dense; on a stack this tiny either may win, so the
     # pricing is checked on the int8 figures set below the dense ones
     fast = dataclasses.replace(int8, full_ms=min(int8.full_ms, 0.9 * dense.full_ms))
-    faster = dataclasses.replace(calibration, int8_stacks={"base": fast})
+    faster = dataclasses.replace(calibration, quant_stacks={"int8": {"base": fast}})
     model = CalibratedModel(_flat_model(), faster, TARGET)
     assert model.for_weights("int8").predict_ms(BASE, context_tokens=128) == pytest.approx(fast.full_ms)
     with pytest.raises(DeviceError, match="static"):
         eager = ProfileOptions(device="cpu", dtype="fp32", mode="eager", repeats=3, warmup=1, threads=1)
-        calibrate_host(eager, TARGET, [2], overheads=False, int8_stacks=[BASE])
+        calibrate_host(eager, TARGET, [2], overheads=False, quant_stacks=[BASE])
 
 
 def test_the_target_is_timed_at_the_start_and_again_at_the_end_of_a_calibration(monkeypatch):
@@ -137,11 +137,11 @@ def test_a_stack_held_out_is_priced_from_its_prefixes_not_from_its_timed_full_de
 
 
 def test_int8_stacks_may_run_bf16_activations_beside_an_fp32_target(monkeypatch):
-    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, stacks=[BASE], int8_stacks=[BASE],
-                                 int8_dtype="bf16")
-    assert calibration.dtype == "fp32" and calibration.int8_dtype == "bf16"
-    assert calibration.int8_stacks["base"].full_ms > 0
-    assert calibrate_host(OPTIONS, TARGET, [2], overheads=False, int8_stacks=[BASE]).int8_dtype == "fp32"
+    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, stacks=[BASE], quant_stacks=[BASE],
+                                 quant_dtype="bf16")
+    assert calibration.dtype == "fp32" and calibration.quant_dtype == "bf16"
+    assert calibration.quant_stacks["int8"]["base"].full_ms > 0
+    assert calibrate_host(OPTIONS, TARGET, [2], overheads=False, quant_stacks=[BASE]).quant_dtype == "fp32"
     # the choice: beside an fp32 target, whichever activations the int8 product timed faster in
     import draftnas.search.calibration as search_calibration
     from draftnas.models.matmul import faster_int8_activations

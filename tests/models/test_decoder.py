@@ -305,7 +305,7 @@ def test_an_int8_decoder_decodes_as_its_dense_twin_within_quantization_error() -
     model = tiny_qwen2(seed=3, layers=3, vocab=96)
     dense = StaticDecoder.from_hf(model, max_positions=64)
     quantized = StaticDecoder.from_hf(model, max_positions=64).quantize_weights()
-    assert len(quantized.matmul.int8) == 3 * 7 + 1  # every linear layer and the head
+    assert len(quantized.matmul.packed) == 3 * 7 + 1  # every linear layer and the head
     ids = torch.tensor([[5, 17, 33, 2, 71, 9]])
     positions = torch.arange(6)
     with torch.inference_mode():

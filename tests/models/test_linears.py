@@ -159,7 +159,7 @@ def test_int8_routing_multiplies_by_the_quantized_weights_at_any_row_count(tiny)
     x = torch.randn(1, 40, layer.in_features)  # 40 rows: past the limit where dense products keep F.linear
     values, scales = quantize_int8(layer.weight)
     expected = x @ (values.float() * scales[:, None]).T
-    routing = route_linears(tiny, int8=True, own_weights=False)
+    routing = route_linears(tiny, weights="int8", own_weights=False)
     try:
         with torch.inference_mode():
             got = layer(x)

@@ -502,7 +502,7 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
     int8 = NS(**{**vars(best), "candidate": NS(**{**vars(best.candidate), "choice": NS(weights="int8")})})
     int8_lines = next_commands(NS(best=int8, info=info, **S, storage="sqlite:///s.db",
                                   references=()))
-    assert "route_linears(drafter, int8=True)" in int8_lines[-1]
+    assert "route_linears(drafter, weights='int8')" in int8_lines[-1]
 
 
 def test_the_result_json_carries_the_export_after_export(tmp_path):

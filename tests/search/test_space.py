@@ -119,7 +119,40 @@ def test_weight_formats_are_a_searched_choice_with_the_allowed_values_named():
     space = parse_search_space({**GOOD, "weights": ["dense", "int8"]})
     assert space.weights == ("dense", "int8") and space.size() == 2 * parse_search_space(GOOD).size()
     assert list(distributions(space)["weights"].choices) == ["dense", "int8"]
-    refused = r"weights\[0\]: 'int4' is not allowed \(allowed: dense, int8, Q8_0, Q4_0\)"
+    refused = (r"weights\[0\]: 'int3' is not allowed \(allowed: dense, int8, int4, Q8_0, Q4_0, or per layer "
+               r"group \[attn, mlp, head\] with each one of dense, int8, int4\)")
     with pytest.raises(SearchSpaceError, match=refused):
-        parse_search_space({**GOOD, "weights": ["int4"]})
+        parse_search_space({**GOOD, "weights": ["int3"]})
+    # a per-layer format, as a list or as text, is one choice spelled one way; a uniform one is one word
+    mixed = parse_search_space({**GOOD, "weights": [["int8", "int8", "int4"], "attn=int8,mlp=int8,head=int4",
+                                                    ["int4", "int4", "int4"]]})
+    assert mixed.weights == ("attn=int8,mlp=int8,head=int4", "int4")
     assert "int8" in load_search_space("qwen2.5-coder-1.5b").weights
+
+
+def test_the_search_names_each_edge_of_the_space_its_best_sits_on():
+    from draftnas.search.explain import space_edges
+    from draftnas.search.records import CandidateChoice
+
+    space = load_search_space("qwen2.5-coder-1.5b")  # depth 16-24, heads 4,096-98,304 and full, γ 1-7
+    base = get_architecture("qwen2.5-coder-0.5b")
+    inside = CandidateChoice(depth=20, vocab_size=32768, mlp_ratio=1.0, weights="int8")
+    assert space_edges(space, inside, 4, base) == []
+    assert space_edges(space, CandidateChoice(depth=24, vocab_size=0), 3, base) == []  # the base's own edges
+    edges = space_edges(space, CandidateChoice(depth=16, vocab_size=98304, mlp_ratio=0.75), 7, base)
+    assert edges == ["depth 16 is the least offered",
+                     "head 98,304 rows is the largest reduced head offered, below the full 151,936",
+                     "MLP ratio 0.75 is the lowest offered", "γ 7 is the most considered"]
+    assert space_edges(space, CandidateChoice(depth=20, vocab_size=4096), 2, base) == [
+        "head 4,096 rows is the smallest offered"]
+
+
+def test_int4_needs_widths_its_groups_divide_and_a_head_fits_the_vocabulary():
+    odd = get_architecture("smollm2-135m").with_shape(hidden_size=584)
+    space = parse_search_space({**GOOD, "weights": ["dense", ["int8", "int8", "int4"]],
+                                "vocab": {"sizes": ["full", 4096, 49152]}})
+    assert space.weights == ("dense", "attn=int8,mlp=int8,head=int4")
+    problems = space.problems_for_base(odd)
+    assert any("weights: attn=int8,mlp=int8,head=int4 needs layer widths in multiples of 32" in p
+               for p in problems)
+    assert any("vocab.sizes: 49152 rows but base smollm2-135m's vocabulary has 49152" in p for p in problems)

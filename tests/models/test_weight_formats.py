@@ -1,0 +1,113 @@
+"""int4 weights and per-layer weight formats: the quantizer, the packed product, which layers each format
+reaches, and speculative decoding with such a drafter staying lossless in fp32."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from draftnas.core.errors import InvalidInputError
+from draftnas.models.records import INT4_GROUP, quantized, weight_roles, weights_name, weights_suffix
+from draftnas.models.speculative import greedy_generate, speculative_generate
+from tests.helpers import tiny_llama, truncated
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+PER_LAYER = "attn=int8,mlp=int4,head=int4"
+
+
+def test_int4_quantization_round_trips_within_half_a_step_per_group():
+    from draftnas.models.matmul import dequantize_int4, quantize_int4
+
+    torch.manual_seed(0)
+    w = torch.randn(48, 96) * torch.linspace(0.01, 3.0, 96)[None, :]  # groups of very different scales
+    values, scales_zeros = quantize_int4(w)
+    assert values.dtype == torch.int32 and int(values.min()) == 0 and int(values.max()) == 15
+    assert scales_zeros.shape == (96 // INT4_GROUP, 48, 2)
+    step = scales_zeros[..., 0].T.repeat_interleave(INT4_GROUP, dim=1)  # [48, 96]: each weight's group step
+    assert bool(((dequantize_int4(values, scales_zeros) - w).abs() <= step / 2 + 1e-5).all())
+
+
+def test_the_packed_int4_product_is_the_product_with_the_dequantized_weight():
+    from draftnas.models.matmul import MatmulChooser, dequantize_int4, quantize_int4
+
+    torch.manual_seed(1)
+    w = torch.randn(80, 64)
+    chooser = MatmulChooser(enabled=True)
+    chooser.register(w)
+    chooser.quantize(w, "int4")
+    expected_w = dequantize_int4(*quantize_int4(w))
+    for rows in (1, 3, 40):  # a decode, a verify, a prefill past the small-batch forms
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(chooser(x, w), x @ expected_w.T, rtol=1e-4, atol=1e-4)
+    with pytest.raises(InvalidInputError, match="multiples of 32, not 40"):
+        MatmulChooser(enabled=True).quantize(torch.zeros(8, 40), "int4")
+    with pytest.raises(InvalidInputError, match="int4 weights run on the CPU only"):
+        MatmulChooser(enabled=False).quantize(torch.zeros(8, 64), "int4")
+
+
+@pytest.mark.parametrize(("text", "roles", "suffix"), [
+    ("int4", {"attn": "int4", "mlp": "int4", "head": "int4"}, "-int4"),
+    (PER_LAYER, {"attn": "int8", "mlp": "int4", "head": "int4"}, "-a8m4h4"),
+    ("head=int4,attn=dense,mlp=int8", {"attn": "dense", "mlp": "int8", "head": "int4"}, "-adm8h4"),
+])
+def test_a_weight_format_names_each_layer_groups_format(text, roles, suffix):
+    assert weight_roles(text) == roles
+    assert weights_suffix(weights_name(roles)) == suffix and quantized(text)
+    assert weights_name({"attn": "int8", "mlp": "int8", "head": "int8"}) == "int8"  # uniform: one word
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("int3", "use one of dense, int8, int4"),
+    ("attn=int8,mlp=int4", "names attn, mlp: a per-layer format names each of attn, mlp, head"),
+    ("attn=int8,attn=int4,head=dense", "use one of"),
+])
+def test_a_bad_weight_format_says_what_is_allowed(text, message):
+    with pytest.raises(ValueError, match=message):
+        weight_roles(text)
+
+
+def test_a_per_layer_decoder_multiplies_each_group_in_its_format(tiny_llama_config):
+    from draftnas.models.decoder import StaticDecoder
+
+    decoder = StaticDecoder.from_hf(tiny_llama(tiny_llama_config), max_positions=32).quantize_weights(PER_LAYER)
+    kinds = {kind for kind, _ in decoder.matmul.packed.values()}
+    layer = decoder.layers[0]
+    assert decoder.matmul.packed[id(layer.q_proj.weight)][0] == "int8"
+    assert decoder.matmul.packed[id(layer.down_proj.weight)][0] == "int4"
+    assert decoder.matmul.packed[id(decoder.lm_head.weight)][0] == "int4" and kinds == {"int8", "int4"}
+    dense_head = StaticDecoder.from_hf(tiny_llama(tiny_llama_config), max_positions=32)
+    dense_head.quantize_weights("attn=int4,mlp=int4,head=dense")
+    assert id(dense_head.lm_head.weight) not in dense_head.matmul.packed
+
+
+def test_route_linears_gives_each_transformers_layer_its_groups_format(tiny_llama_config):
+    from draftnas.models.linears import route_linears
+
+    model = tiny_llama(tiny_llama_config)
+    routing = route_linears(model, weights=PER_LAYER, own_weights=False, attach=False)
+    packed = routing.chooser.packed
+    layer = model.model.layers[1]
+    assert packed[id(layer.self_attn.o_proj.weight)][0] == "int8"
+    assert packed[id(layer.mlp.gate_proj.weight)][0] == "int4"
+    assert packed[id(model.lm_head.weight)][0] == "int4"
+
+
+@pytest.mark.parametrize("weights", ["int4", PER_LAYER])
+def test_an_int4_or_per_layer_drafter_stays_lossless_in_fp32(tiny_llama_config, weights):
+    """The target decides every token: greedy output with such a drafter is the target's, exactly."""
+    from draftnas.models.decoder import StaticDecoder
+    from draftnas.models.engines import StaticEngine
+
+    target = tiny_llama(tiny_llama_config, initializer_range=0.2)
+    drafter = truncated(target, 2)
+    t_engine = StaticEngine(StaticDecoder.from_hf(target, max_positions=96), 96)
+    d_decoder = StaticDecoder.from_hf(copy.deepcopy(drafter), max_positions=96).quantize_weights(weights)
+    d_engine = StaticEngine(d_decoder, 96)
+    accepted = 0
+    for prompt in ([1, 5, 9, 3, 7], [2, 4, 8, 16, 32, 64], [100, 3]):
+        out = speculative_generate(t_engine, d_engine, prompt, gamma=3, max_new_tokens=25)
+        assert out.tokens == greedy_generate(target, prompt, max_new_tokens=25)
+        accepted += sum(out.accepted)
+    assert accepted > 0  # the quantized drafter still drafts tokens the target keeps
