@@ -145,8 +145,8 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     _check_dtype(request.dtype, latency_profile.device)
     quant = [w for w in space.weights if quantized(w)]
     if quant and latency_profile.device != "cpu":
-        raise InvalidInputError(f"search space {space.name!r} offers {quant[0]} weights, which run on the CPU "
-                                f"only, and this search prices {latency_profile.device} (profile "
+        raise InvalidInputError(f"search space {space.name!r} offers {quant[0]} weights, which run on the "
+                                f"CPU only, and this search prices {latency_profile.device} (profile "
                                 f"{profile}): use a CPU profile, or a space whose weights are dense")
     predictor: LatencyPredictor = LatencyModel.from_profile(latency_profile)
     profile_note = host_mismatch(latency_profile)

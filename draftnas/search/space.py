@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
-from draftnas.models.records import GGUF_WEIGHTS, INT4_GROUP, weight_roles
 from draftnas.drafter.importance import LAYER_SELECTIONS as ALL_LAYER_SELECTIONS
+from draftnas.models.records import GGUF_WEIGHTS, INT4_GROUP, weight_roles
 
 SCHEMA_VERSION = 1
 #: the registered layer-selection strategies a search may propose ("explicit" takes a hand-made list)
@@ -147,8 +147,8 @@ class SearchSpace(Record):
                        f"{base.num_hidden_layers} layers (allowed: 1..{base.num_hidden_layers})")
         above = [v for v in self.vocab_sizes if v >= base.vocab_size]
         if above:
-            out.append(f"vocab.sizes: {', '.join(map(str, above))} rows but base {base.name}'s vocabulary has "
-                       f"{base.vocab_size} (allowed: 1..{base.vocab_size - 1}, or full)")
+            out.append(f"vocab.sizes: {', '.join(map(str, above))} rows but base {base.name}'s vocabulary "
+                       f"has {base.vocab_size} (allowed: 1..{base.vocab_size - 1}, or full)")
         int4 = [w for w in self.weights if w not in GGUF_WEIGHTS and "int4" in weight_roles(w).values()]
         widths = {base.hidden_size, base.num_attention_heads * base.head_dim, base.intermediate_size}
         if int4 and any(w % INT4_GROUP for w in widths):

@@ -157,7 +157,8 @@ def test_device_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path, args
     ({"weights": ["dense", "int4"]}, ["--profile", "h100-bf16-eager"],
      "offers int4 weights, which run on the CPU only, and this search prices cuda"),
     ({"weights": ["dense", ["int8", "int4"]]}, [],
-     "weights[1]: ['int8', 'int4'] lists 2 formats: a per-layer format lists one for each of attn, mlp, head"),
+     "weights[1]: ['int8', 'int4'] lists 2 formats: a per-layer format lists one for each of attn, mlp, "
+     "head"),
     ({"vocab": {"sizes": ["full", 200000]}}, [],
      "vocab.sizes: 200000 rows but base qwen2.5-coder-0.5b's vocabulary has 151936"),
 ])
@@ -171,8 +172,8 @@ def test_a_space_with_formats_or_heads_it_cannot_have_is_one_line_and_writes_not
     folder = tmp_path / "work"
     folder.mkdir()
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    out = subprocess.run([sys.executable, "-m", "draftnas", "search", "--target", "qwen2.5-coder-1.5b", "--space",
-                          str(tmp_path / "space.yaml"), "--acceptance-prior", "0.7", *flags],
+    out = subprocess.run([sys.executable, "-m", "draftnas", "search", "--target", "qwen2.5-coder-1.5b",
+                          "--space", str(tmp_path / "space.yaml"), "--acceptance-prior", "0.7", *flags],
                          capture_output=True, text=True, timeout=300, cwd=folder)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
@@ -182,4 +183,5 @@ def test_a_space_with_formats_or_heads_it_cannot_have_is_one_line_and_writes_not
 def test_int4_weights_on_cuda_are_one_line():
     out = run("bench", "-t", "smollm2-135m", "-d", "x", "--device", "cuda", "--draft-weights", "int4")
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    assert out.returncode == 2 and len(lines) == 1 and "int4 weights run on the CPU only" in lines[0], out.stderr
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "int4 weights run on the CPU only" in lines[0]

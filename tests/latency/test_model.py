@@ -319,7 +319,8 @@ def test_int8_drafters_are_priced_from_the_base_timed_with_int8_weights():
     model = CalibratedModel(_LinearModel(), cal, target)
     with pytest.raises(InfeasibleCandidateError, match="int8"):
         model.for_weights("int8")  # no int8 timings: int8 drafters cannot be priced
-    both = CalibratedModel(_LinearModel(), dataclasses.replace(cal, quant_stacks={"int8": {base.name: int8}}), target)
+    both = CalibratedModel(_LinearModel(), dataclasses.replace(cal, quant_stacks={"int8": {base.name: int8}}),
+                           target)
     quantized = both.for_weights("int8")
     assert quantized.for_weights("int8") is quantized and both.for_weights("dense") is both
     assert both.predict_ms(base) == pytest.approx(40.0) and quantized.predict_ms(base) == pytest.approx(20.0)
@@ -331,7 +332,8 @@ def test_int8_drafters_are_priced_from_the_base_timed_with_int8_weights():
     assert "with int8 weights decode 20.0 ms" in both.summary()
     # where int8 timed slower than dense (an AVX2 host's fp32 activations), int8 is not offered at all
     slow = StackCalibration(arch=base, prefix_ms={1: 9.0, 2: 12.0}, full_ms=130.0)
-    scalar = CalibratedModel(_LinearModel(), dataclasses.replace(cal, quant_stacks={"int8": {base.name: slow}}), target)
+    slower = dataclasses.replace(cal, quant_stacks={"int8": {base.name: slow}})
+    scalar = CalibratedModel(_LinearModel(), slower, target)
     with pytest.raises(InfeasibleCandidateError, match=r"timed slower than dense here .*130.0 ms in int8"):
         scalar.for_weights("int8")
 

@@ -71,7 +71,8 @@ def test_a_bad_weight_format_says_what_is_allowed(text, message):
 def test_a_per_layer_decoder_multiplies_each_group_in_its_format(tiny_llama_config):
     from draftnas.models.decoder import StaticDecoder
 
-    decoder = StaticDecoder.from_hf(tiny_llama(tiny_llama_config), max_positions=32).quantize_weights(PER_LAYER)
+    decoder = StaticDecoder.from_hf(tiny_llama(tiny_llama_config), max_positions=32)
+    decoder.quantize_weights(PER_LAYER)
     kinds = {kind for kind, _ in decoder.matmul.packed.values()}
     layer = decoder.layers[0]
     assert decoder.matmul.packed[id(layer.q_proj.weight)][0] == "int8"

@@ -85,6 +85,7 @@ def test_llama_cpp_space_constraints():
     assert space_problems(default_space_for("qwen2.5-coder-1.5b", "llama.cpp")) == []
     problems = space_problems(load_search_space("qwen2.5-coder-1.5b"))  # draftnas's own space
     assert any("reduced draft heads" in p for p in problems)
-    assert any("weights dense, int8, int4, attn=int8,mlp=int8,head=int4 are not GGUF types" in p for p in problems)
+    formats = "dense, int8, int4, attn=int8,mlp=int8,head=int4"
+    assert any(f"weights {formats} are not GGUF types" in p for p in problems)
     assert any("prunes widths" in p for p in problems)
     assert default_space_for("qwen2.5-coder-1.5b").name == "qwen2.5-coder-1.5b"
