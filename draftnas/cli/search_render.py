@@ -53,6 +53,9 @@ def ranked_table(result: SearchResult, top: int = 15) -> Table:
                        f"{w.new_tokens} tokens generated")
     if result.references:
         caption.append("ref: a published drafter (the space's references), priced the same way")
+    if any(r.hand_made for r in rows):
+        caption.append("hand: a trial pricing the stock drafter under one global weight format and head size "
+                       "(what a user can make without a search; the best of them is the bar)")
     caption.append("break-even α: the acceptance at which speculation ties plain decoding, at batch 1 and "
                    "the largest; stops paying: the first batch where it no longer wins at its α")
     table.caption = "\n".join(caption)
@@ -72,7 +75,8 @@ def _alpha(value: float | None) -> str:
 def _row(rank: int, r: RankedTrial) -> list[str]:
     p = r.primary
     acc = f"{r.acceptance.acceptance_rate:.3f} / {p.tokens_per_step:.2f}"
-    trial = f"{r.number}" + (f" (=#{r.reused_from})" if r.reused_from is not None else "")
+    trial = f"{r.number}" + (f" (=#{r.reused_from})" if r.reused_from is not None else "") \
+        + (" hand" if r.hand_made else "")
     e = r.economics
     even = "" if e is None else f"{_alpha(e.break_even_alpha_batch1)} / {_alpha(e.break_even_alpha_largest)}"
     stops = "" if e is None else (f"{e.crossover_batch}" if e.crossover_batch is not None

@@ -40,9 +40,12 @@ class Evaluation:
 
 
 class Evaluator(Protocol):
-    """Turns a candidate into an acceptance reading. `measured` = it really runs a drafter."""
+    """Turns a candidate into an acceptance reading. `measured` = it really runs a drafter; `hand_made` = it
+    builds drafters from the base's weights, so the stock drafter's hand-made variants are priced too
+    (`search.hand_made`)."""
 
     measured: bool
+    hand_made: bool
 
     def evaluate(self, candidate: Candidate) -> Evaluation: ...
 
@@ -51,6 +54,7 @@ class PriorEvaluator:
     """Latency-only search: every candidate gets the acceptance the user assumed."""
 
     measured = False
+    hand_made = False
 
     def __init__(self, acceptance_rate: float) -> None:
         self.reading = assumed_acceptance(acceptance_rate)
@@ -66,6 +70,7 @@ class ModelEvaluator:
     alpha: the model then supplies only how acceptance differs between drafters."""
 
     measured = False
+    hand_made = False
 
     def __init__(self, model: AlphaModel, base_arch: Architecture, heal_steps: int, domain: str | None = None,
                  anchor: tuple[Candidate, float] | None = None) -> None:
@@ -99,6 +104,7 @@ class WeightsEvaluator:
     """
 
     measured = True
+    hand_made = True
     calibration_sequences = 4
     calibration_seq_len = 96
 

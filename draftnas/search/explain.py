@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from draftnas.search.hand_made import bar_line
+
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.core.registry import Architecture
     from draftnas.search.records import CandidateChoice, SearchResult
@@ -34,6 +36,9 @@ def summary_lines(result: SearchResult) -> list[str]:
         lines.append(f"best: trial {b.number} {b.candidate.name}: {b.throughput.tokens_per_s:,.1f} tokens/s, "
                      f"{b.throughput.speedup:.3f}x plain decoding "
                      f"({b.throughput.baseline_tokens_per_s:,.1f} tokens/s)")
+        bar = bar_line(result)
+        if bar is not None:
+            lines.append(bar)
         lines += [f"WARNING: the best sits on an edge of the space: {edge}; the optimum may lie beyond it "
                   "(widen the space there and search again)"
                   for edge in space_edges(result.info.space, b.candidate.choice, b.primary.gamma,

@@ -35,6 +35,8 @@ from draftnas.core.placement import deployed
 from draftnas.models.sources import has_weights
 from draftnas.search.candidate import build_candidate, reference_candidate
 from draftnas.search.evaluate import Evaluation, Evaluator, WeightsEvaluator
+from draftnas.search.hand_made import ATTR as HAND_MADE
+from draftnas.search.hand_made import hand_made_params, next_hand_made
 from draftnas.search.records import (
     AcceptanceReading,
     BatchEconomics,
@@ -145,6 +147,7 @@ class _Run:
     told: list[int] = field(default_factory=list)
     failures_in_a_row: int = 0
     interrupted_trial: int | None = None
+    hand_made: int = 0  # hand-made trials the study holds beside the search's own (`search.hand_made`)
     gate: InterruptGate = field(default_factory=InterruptGate)
 
 
@@ -180,6 +183,8 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
                target_latency=target_latency(target_predictor, options.target_arch, options.space.workload,
                                              options.space.gamma),
                dists=distributions(options.space))
+    if evaluator.hand_made:  # the stock drafter under each global transform, first
+        run.hand_made = len(hand_made_params(options.space, options.base_arch, run.dists))
     interrupted = False
     try:
         with run.gate.installed():
@@ -205,7 +210,7 @@ def _traces_of(evaluator: Evaluator) -> str | None:
 
 
 def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) -> None:
-    target, timeout = run.options.study.n_trials, run.options.study.timeout_s
+    target, timeout = run.options.study.n_trials + run.hand_made, run.options.study.timeout_s
     while True:
         run.gate.check()
         trials = run.study.get_trials(deepcopy=False)
@@ -224,7 +229,9 @@ def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) 
 
 
 def _one_trial(run: _Run, trials: Sequence[FrozenTrial]) -> None:
-    trial = ask_with_worker(run.study, run.dists)
+    o = run.options
+    made = next_hand_made(trials, o.space, o.base_arch, run.dists) if run.hand_made else None
+    trial = ask_with_worker(run.study, run.dists, *(made or ()))
     try:
         with heartbeat(run.study, trial._trial_id):
             state, values = _evaluate_trial(run, trial, trials)
@@ -278,7 +285,7 @@ def _evaluate_trial(run: _Run, trial: optuna.Trial,
         return _prune(trial, "infeasible", f"even with every draft accepted it predicts {bound.speedup:.3f}x "
                       "the target alone (drafter too slow)", records)
     single = run.info.objectives == "throughput"
-    if single and o.upper_bound_pruning:
+    if single and o.upper_bound_pruning and HAND_MADE not in trial.user_attrs:  # the bar needs its acceptance
         best = _best_value(trials)
         if best is not None and bound.tokens_per_s <= best:
             return _prune(trial, "upper_bound", f"upper bound {bound.tokens_per_s:.2f} tokens/s "

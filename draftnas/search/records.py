@@ -233,6 +233,7 @@ class RankedTrial(Record):
     reused_from: int | None = None
     economics: BatchEconomics | None = None
     reference: str | None = None  # a published drafter priced beside the trials (number -1), not a trial
+    hand_made: str | None = None  # a trial pricing the stock drafter under one transform ("int8, head 32768")
 
     @property
     def primary(self) -> ThroughputEstimate:

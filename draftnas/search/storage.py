@@ -293,17 +293,21 @@ class InterruptGate:
             self._immediate = False
 
 
-def ask_with_worker(study: optuna.Study, dists: dict[str, BaseDistribution]) -> optuna.Trial:
+def ask_with_worker(study: optuna.Study, dists: dict[str, BaseDistribution],
+                    fixed: dict[str, Any] | None = None,
+                    user_attrs: dict[str, Any] | None = None) -> optuna.Trial:
     """`Study.ask`, but the trial is created already carrying its worker's identity.
 
     One storage write creates the RUNNING trial together with `user_attrs["worker"]`, so a
     process killed at any moment leaves no RUNNING trial that a resume cannot attribute.
+    `fixed`: params the trial takes as given instead of sampling them (with `user_attrs` saying why).
     """
     now = datetime.datetime.now()
+    fixed = {k: v for k, v in (fixed or {}).items() if k in dists}
     template = FrozenTrial(number=-1, state=TrialState.RUNNING, value=None, datetime_start=now,
-                           datetime_complete=None, params={}, distributions={},
-                           user_attrs={"worker": _worker_id()}, system_attrs={}, intermediate_values={},
-                           trial_id=-1)
+                           datetime_complete=None, params=fixed, distributions={k: dists[k] for k in fixed},
+                           user_attrs={"worker": _worker_id(), **(user_attrs or {})}, system_attrs={},
+                           intermediate_values={}, trial_id=-1)
     trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
     trial = optuna.Trial(study, trial_id)
     for name, dist in dists.items():
@@ -336,7 +340,7 @@ def _ranked(t: FrozenTrial) -> RankedTrial | None:
                        latency=LatencyReading.from_dict(a["latency"]),
                        acceptance=AcceptanceReading.from_dict(a["acceptance"]),
                        throughput=WorkloadPrediction.from_dict(a["throughput"]),
-                       reused_from=a.get("reused_from"),
+                       reused_from=a.get("reused_from"), hand_made=a.get("hand_made"),
                        economics=BatchEconomics.from_dict(a["economics"]) if "economics" in a else None)
 
 

@@ -610,3 +610,51 @@ def test_a_registry_target_without_a_shipped_space_gets_the_default_space_writte
     assert registry_space("llama-65b", "llama-7b")["width"]["kv_head_ratios"] == [1.0, 0.75, 0.5, 0.25]
     with pytest.raises(SearchSpaceError, match="no shipped search space targets 'qwen2.5-72b'"):
         plan_search(SearchRequest(target="qwen2.5-72b", acceptance_prior=0.7))
+
+
+class _HandMade(FakeMeasured):
+    hand_made = True
+
+
+class _Formats(StubLatency):
+    """The stub's latencies, with quantized drafters priced at 60% of dense (as a calibration would)."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+    def predict_ms(self, arch, **kw):
+        return self.scale * super().predict_ms(arch, **kw)
+
+    def for_weights(self, weights):
+        return self if weights == "dense" else _Formats(0.6)
+
+
+def test_the_stock_drafter_under_each_global_format_and_head_is_priced_first_as_the_hand_made_bar(tmp_path):
+    from draftnas.search.explain import summary_lines
+    from draftnas.search.hand_made import hand_made_best
+
+    space = replace(load_search_space("smollm2-135m"), depth=replace(load_search_space("smollm2-135m").depth,
+                                                                      min=20, max=30),
+                    weights=("dense", "int8", "attn=int8,mlp=int8,head=int4"), vocab_sizes=(0, 8192))
+    big = SMOL.with_shape(num_hidden_layers=120, name="smollm2-deep")  # a target the stock drafter can serve
+    options = replace(smol_options(tmp_path, n_trials=3, sampler="random", seed=0), space=space,
+                      target_arch=big)
+    result = run_search(options, _Formats(), _HandMade())
+    made = [r for r in result.ranked if r.hand_made]
+    # dense and int8 (the global formats) x full head and 8,192 rows; the per-layer format is the search's
+    assert sorted(r.hand_made for r in made) == ["dense, full head", "dense, head 8192", "int8, full head",
+                                                 "int8, head 8192"]
+    assert all(r.candidate.arch.num_hidden_layers == 30 and r.number < 4 for r in made)  # enqueued first
+    assert result.counts["COMPLETE"] + result.counts.get("PRUNED", 0) == 3 + 4  # the search's 3 beside them
+    best = hand_made_best(result)
+    assert best is not None and best is made[0]
+    bar = next(line for line in summary_lines(result) if line.startswith("hand-made best:"))
+    assert f"trial {best.number} {best.candidate.name} (the stock drafter, {best.hand_made})" in bar
+    assert ("the search confirms the hand-made best" in bar) == (result.best.number == best.number)
+    # resumed with the same trial count: nothing more to run, and no hand-made drafter queued twice
+    again = run_search(options, _Formats(), _HandMade())
+    assert len([r for r in again.ranked if r.hand_made]) == 4 and not again.told_here
+    # a space whose depth stops short of the base's layers cannot make the stock drafter: no bar
+    short = replace(options, space=replace(space, depth=replace(space.depth, max=29)),
+                    study=replace(options.study, study_name="short"))
+    assert not any(r.hand_made for r in run_search(short, _Formats(), _HandMade()).ranked)
