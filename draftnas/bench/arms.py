@@ -41,8 +41,13 @@ log = logging.getLogger(__name__)
 
 #: label of the drafter the bench is for; further drafters (the reference) bring their own arms
 MAIN = "draftnas"
-#: label of the drafter a user would otherwise pick, benched beside it
+#: label of the drafter a user would otherwise pick, benched beside it (further ones: `reference_label`)
 REFERENCE = "reference"
+
+
+def reference_label(index: int) -> str:
+    """The label of the bench's `index`-th reference drafter: "reference", then "reference2", ..."""
+    return REFERENCE if index == 0 else f"{REFERENCE}{index + 1}"
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from draftnas.bench.arms import MAIN, REFERENCE
@@ -36,25 +37,38 @@ def _check(result: BenchResult, arm: str, p: ArmPrediction, source: str = "searc
                            pooled_speedup_error=relative_error(p.speedup, pooled_speedup))
 
 
+def _exported_arm(role: str, name: str, exported: WorkloadPrediction) -> ArmPrediction:
+    e = exported.primary()
+    return ArmPrediction(role=role, name=name, tokens_per_s=exported.tokens_per_s, speedup=exported.speedup,
+                         gamma=e.gamma, tokens_per_step=e.tokens_per_step, draft_ms=e.draft_ms,
+                         verify_ms=e.verify_ms, target_ms=e.target_ms)
+
+
 def check_predictions(result: BenchResult, predictions: SearchPredictions,
-                      exported: WorkloadPrediction | None = None) -> tuple[PredictionCheck, ...]:
-    """The target alone, the winner (as exported when its folder says) and the bench's reference (when
-    the search priced a reference of that name), then that reference held out."""
+                      exported: WorkloadPrediction | None = None,
+                      references: Mapping[str, WorkloadPrediction] | None = None
+                      ) -> tuple[PredictionCheck, ...]:
+    """The target alone, the winner (as exported when its folder says), and each reference: an exported
+    folder (`references`: label -> the prediction its draftnas.json records; the search's hand-made best
+    as its export priced it), else a reference the search priced under that name, then held out."""
     rows: list[PredictionCheck | None] = []
     target = predictions.get("target")
     if target is not None:
         rows.append(_check(result, "target", target))
     winner = predictions.get("winner")
     if winner is not None and exported is not None:
-        e = exported.primary()
-        winner = ArmPrediction(role="winner", name=winner.name, tokens_per_s=exported.tokens_per_s,
-                               speedup=exported.speedup, gamma=e.gamma, tokens_per_step=e.tokens_per_step,
-                               draft_ms=e.draft_ms, verify_ms=e.verify_ms, target_ms=e.target_ms)
+        winner = _exported_arm("winner", winner.name, exported)
     if winner is not None:
         rows.append(_check(result, MAIN, winner, "export" if exported is not None else "search"))
-    spec = result.drafters.get(REFERENCE)
-    for held_out in (False, True):
-        ref = predictions.get(REFERENCE, held_out, spec) if spec is not None else None
-        if ref is not None:
-            rows.append(_check(result, REFERENCE, ref))
+    for label, spec in result.drafters.items():
+        own = (references or {}).get(label)
+        if label == MAIN:
+            continue
+        if own is not None:
+            rows.append(_check(result, label, _exported_arm(REFERENCE, spec, own), "export"))
+            continue
+        for held_out in (False, True):
+            ref = predictions.get(REFERENCE, held_out, spec)
+            if ref is not None:
+                rows.append(_check(result, label, ref))
     return tuple(r for r in rows if r is not None)

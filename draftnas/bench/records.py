@@ -28,8 +28,9 @@ class BenchOptions(Record):
 
     gamma: int = option(4, help="Draft tokens per step.", short="-g", low=1, high=32)
     reference_gamma: int | None = option(
-        None, help="Draft tokens per step of the reference drafter (default: --gamma). Run it at the gamma "
-                   "its users would pick (the search prints its best), not at the winner's.", low=1, high=32)
+        None, help="Draft tokens per step of a reference drafter given by name (default: --gamma); an "
+                   "exported folder runs at the γ its draftnas.json records. Run it at the gamma its users "
+                   "would pick (the search prints its best), not at the winner's.", low=1, high=32)
     temperature: float = option(0.0, help="0 = greedy (checked lossless).", low=0.0, high=10.0)
     max_new_tokens: int = option(64, help="New tokens per prompt.", short="-n", low=1, high=8192)
     seed: int = option(0, help="Seed of sampling runs.")
@@ -54,9 +55,10 @@ class BenchOptions(Record):
                    "'attn=int8,mlp=int8,head=int4' (CPU; the static engine and the routed transformers arm, "
                    "plain transformers runs dense). Default: as the drafter folder's draftnas.json says "
                    "(dense otherwise).")
-    reference_weights: str = option(
-        "dense", help="How the reference drafter's linear layers run, spelled as --draft-weights (int8: to "
-                      "see what the weight format alone buys the reference).")
+    reference_weights: str | None = option(
+        None, help="How the reference drafters' linear layers run, spelled as --draft-weights (int8: to see "
+                   "what the weight format alone buys a reference). Default: as an exported folder's "
+                   "draftnas.json says, dense otherwise.")
     engine: str | None = option(
         None, help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's "
                    "decoder over a cache allocated once (CUDA graphs on a GPU). llama.cpp: the GGUFs in "
@@ -119,12 +121,26 @@ class BenchRequest(Record):
     target: str = option(help="Target model: embedded name, folder or .gguf.", short="-t")
     draft: str = option(help="Draft model folder (the target's tokenizer), or a .gguf with the llama.cpp "
                              "engine.", short="-d")
-    reference: str | None = option(
-        None, short="-r", help="A second drafter benched in the same interleaved run with the same arms: the "
-                               "one a user would otherwise pick (an embedded name, folder or .gguf sharing "
-                               "the target's tokenizer).")
+    references: tuple[str, ...] = option(
+        (), flag="--reference", short="-r",
+        help="A drafter benched in the same interleaved run with the same arms: one a user would otherwise "
+             "pick (an embedded name, folder or .gguf sharing the target's tokenizer). Repeatable: the stock "
+             "drafter and the search's hand-made best beside the winner. An exported folder runs at the γ "
+             "and weights its draftnas.json records (its own best), a name at --reference-gamma.")
     prompts: str = option("all", short="-p", help="Prompt set or JSONL file.")
     options: BenchOptions = option_group(BenchOptions)
+
+    def validate(self) -> BenchRequest:
+        extra = []
+        if (self.options.engine == "llama.cpp" or self.options.batch_sizes) and len(self.references) > 1:
+            what = "{engine} llama.cpp" if self.options.engine == "llama.cpp" else "{batch_sizes}"
+            extra.append(("references", f"takes one drafter with {what}, not {len(self.references)}"))
+        self.options.validate()
+        return check_options(self, extra)
+
+    def one_reference(self) -> str | None:
+        """The reference of a bench that takes one (llama.cpp, batch sizes), None without one."""
+        return self.references[0] if self.references else None
 
 
 @dataclass(frozen=True)

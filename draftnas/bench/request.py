@@ -25,15 +25,16 @@ def bench_from_request(request: BenchRequest, *, progress: Progress | None = Non
         from draftnas.bench.llama_cpp import run_llama_cpp_bench
 
         result: BenchResult | BatchedBenchResult = run_llama_cpp_bench(
-            request.target, request.draft, prompts, options, reference=request.reference, progress=progress)
+            request.target, request.draft, prompts, options, reference=request.one_reference(),
+            progress=progress)
     elif options.batch_sizes:
-        result = run_batch_sizes(request.target, request.draft, prompts, options, reference=request.reference,
-                                 progress=progress)
+        result = run_batch_sizes(request.target, request.draft, prompts, options,
+                                 reference=request.one_reference(), progress=progress)
     else:
-        result = run_bench(request.target, request.draft, prompts, options, reference=request.reference,
+        result = run_bench(request.target, request.draft, prompts, options, references=request.references,
                            progress=progress)
     if options.engine != "llama.cpp" or not options.torch_arms:
         return result, None
     torch_options = replace(options, engine="static", hf_assisted=False, hf_routed=False, predictions=None)
     return result, run_bench(request.target, request.draft, prompts, torch_options,
-                             reference=request.reference, progress=torch_progress)
+                             references=request.references, progress=torch_progress)

@@ -30,7 +30,7 @@ from draftnas.acceptance.estimate import estimate_acceptance
 from draftnas.acceptance.records import TraceOptions
 from draftnas.acceptance.traces import Traces, make_metadata, model_vocab_size, tokenizer_fingerprint
 from draftnas.acceptance.tracing import record_from_continuation
-from draftnas.bench.arms import MAIN, REFERENCE, Arm, Bench, Drafter, Run, arm_names
+from draftnas.bench.arms import MAIN, Arm, Bench, Drafter, Run, arm_names, reference_label
 from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.batched import host_label, run_batched_bench
 from draftnas.bench.predicted import check_predictions, exported_prediction
@@ -166,23 +166,28 @@ def compare_arms(rows: Sequence[BenchPrompt], numerator: str, denominator: str) 
                       verdict=verdict(low, high), prompts=len({p.prompt_id for p in rows}))
 
 
-def _comparisons(arms: Sequence[Arm], rows: Sequence[BenchPrompt]) -> tuple[Comparison, ...]:
-    """The drafter's arms over the reference's, engine by engine (loop, transformers, routed)."""
+def _comparisons(arms: Sequence[Arm], rows: Sequence[BenchPrompt],
+                 drafters: Sequence[Drafter]) -> tuple[Comparison, ...]:
+    """The drafter's arms over each reference's, engine by engine (loop, transformers, routed)."""
     names = {a.name for a in arms}
     return tuple(compare_arms(rows, mine, theirs)
-                 for mine, theirs in zip(arm_names(MAIN), arm_names(REFERENCE), strict=True)
+                 for d in drafters if d.label != MAIN
+                 for mine, theirs in zip(arm_names(MAIN), arm_names(d.label), strict=True)
                  if mine in names and theirs in names)
 
 
-def _load_drafters(draft: str | LoadedModel, reference: str | LoadedModel | None, target: LoadedModel,
+def _load_drafters(draft: str | LoadedModel, references: Sequence[str | LoadedModel], target: LoadedModel,
                    load: dict[str, Any], options: BenchOptions) -> list[Drafter]:
-    specs = {MAIN: draft} | ({REFERENCE: reference} if reference is not None else {})
+    specs = {MAIN: draft} | {reference_label(i): r for i, r in enumerate(references)}
     out = []
     for label, spec in specs.items():
         own = {**load, "dtype": TORCH_DTYPES[_drafter_dtype(label, spec, options)]}
         loaded = load_drafter(spec, **own) if isinstance(spec, str) else spec
         _check_same_tokenizer(target, loaded)
-        gamma = options.gamma if label == MAIN else options.reference_gamma or options.gamma
+        record = exported_record(loaded.folder) if loaded.folder is not None else None
+        own_gamma = (record or {}).get("gamma")  # an exported reference runs at its own best γ
+        gamma = options.gamma if label == MAIN else own_gamma if isinstance(own_gamma, int) \
+            else options.reference_gamma or options.gamma
         out.append(Drafter.of(label, loaded, _weights(label, loaded, options), gamma))
     return out
 
@@ -191,7 +196,8 @@ def _drafter_dtype(label: str, spec: str | LoadedModel, options: BenchOptions) -
     """The dtype a drafter runs in: the bench's, but a quantized drafter whose folder records other
     activations (bf16 beside an fp32 target, where the int8/int4 kernels are fast that way) runs in those."""
     folder = _folder(spec) if isinstance(spec, str) else None  # a loaded drafter keeps its dtype
-    if label != MAIN or folder is None or options.draft_weights == "dense":
+    asked = options.draft_weights if label == MAIN else options.reference_weights
+    if folder is None or asked == "dense":
         return options.dtype
     record = exported_record(folder) or {}
     dtype = record.get("dtype")
@@ -200,12 +206,11 @@ def _drafter_dtype(label: str, spec: str | LoadedModel, options: BenchOptions) -
 
 
 def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:
-    """How a drafter's linear layers run: the reference's as asked; the drafter's as asked, else as its
+    """How a drafter's linear layers run: as asked (--draft-weights, --reference-weights), else as its
     folder's draftnas.json records (an export of an int8 trial says "int8", of a per-layer one its groups)."""
-    if label != MAIN:
-        weights = options.reference_weights
-    elif options.draft_weights is not None:
-        weights = options.draft_weights
+    asked = options.draft_weights if label == MAIN else options.reference_weights
+    if asked is not None:
+        weights = asked
     else:
         record = exported_record(loaded.folder) if loaded.folder is not None else None
         weights = str((record or {}).get("weights", "dense"))
@@ -219,8 +224,8 @@ def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:
     return weights
 
 
-def _load_for_bench(target: str | LoadedModel, draft: str | LoadedModel, reference: str | LoadedModel | None,
-                    prompts: Sequence[Prompt], options: BenchOptions
+def _load_for_bench(target: str | LoadedModel, draft: str | LoadedModel,
+                    references: Sequence[str | LoadedModel], prompts: Sequence[Prompt], options: BenchOptions
                     ) -> tuple[LoadedModel, list[Drafter], list[Prompt], list[list[int]], tuple[str, ...]]:
     """What every bench starts from: the options checked, the target and drafters loaded in the
     options' dtype and device (one tokenizer), and the prompts no drafter was healed or searched on
@@ -231,7 +236,7 @@ def _load_for_bench(target: str | LoadedModel, draft: str | LoadedModel, referen
     require_device(options.device)
     load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
     t_model = load_model(target, **load) if isinstance(target, str) else target
-    drafters = _load_drafters(draft, reference, t_model, load, options)
+    drafters = _load_drafters(draft, references, t_model, load, options)
     kept, encoded, left_out = unseen_prompts(prompts, t_model.tokenizer, [d.loaded.folder for d in drafters],
                                              options.per_domain)
     return t_model, drafters, kept, encoded, left_out
@@ -244,20 +249,26 @@ def run_bench(
     options: BenchOptions,
     *,
     reference: str | LoadedModel | None = None,
+    references: Sequence[str | LoadedModel] = (),
     progress: Progress | None = None,
 ) -> BenchResult:
-    """Decode `prompts` with every arm (`bench.arms`) for `draft` and, given, the `reference` drafter;
-    compare. progress(done, total) is called after each prompt (total = prompts + 1 for the estimate).
+    """Decode `prompts` with every arm (`bench.arms`) for `draft` and, given, each reference drafter
+    (`reference`, then `references`); compare. progress(done, total) is called after each prompt (total
+    = prompts + 1 for the estimate).
     """
     started, load_before = time.perf_counter(), load_average()
     predictions = read_predictions(options.predictions) if options.predictions else None
+    refs = [*([reference] if reference is not None else []), *references]
     with kept_choices():  # the kernel choices a calibration on this host made are reused, and kept
-        result = _run_bench(target, draft, prompts, options, reference, progress, started, load_before)
+        result = _run_bench(target, draft, prompts, options, refs, progress, started, load_before)
     if predictions is None:
         return result
     folder = _folder(draft)
     record = exported_record(folder) if folder is not None else None
-    return replace(result, predictions=check_predictions(result, predictions, exported_prediction(record)))
+    folders = {reference_label(i): _folder(r) for i, r in enumerate(refs)}
+    priced = {label: exported_prediction(exported_record(f)) for label, f in folders.items() if f is not None}
+    return replace(result, predictions=check_predictions(
+        result, predictions, exported_prediction(record), {k: p for k, p in priced.items() if p is not None}))
 
 
 def _folder(draft: str | LoadedModel) -> Path | None:
@@ -268,9 +279,9 @@ def _folder(draft: str | LoadedModel) -> Path | None:
 
 
 def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Sequence[Prompt],
-               options: BenchOptions, reference: str | LoadedModel | None, progress: Progress | None,
+               options: BenchOptions, references: Sequence[str | LoadedModel], progress: Progress | None,
                started: float, load_before: str) -> BenchResult:
-    t_model, drafters, prompts, encoded, left_out = _load_for_bench(target, draft, reference, prompts,
+    t_model, drafters, prompts, encoded, left_out = _load_for_bench(target, draft, references, prompts,
                                                                     options)
     bench = Bench(t_model, drafters, options)
     if options.resolved_engine() == "static":
@@ -310,7 +321,8 @@ def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Seq
         threads=torch.get_num_threads(), engine=options.resolved_engine(), arms=tuple(results),
         prompts=tuple(rows), versions=package_versions(), left_out=left_out,
         choice_timing_s=round(choice_timing, 3), load_average_before=load_before,
-        host=host_label(options.device), rounds=options.rounds, comparisons=_comparisons(arms, rows),
+        host=host_label(options.device), rounds=options.rounds,
+        comparisons=_comparisons(arms, rows, drafters),
         wall_s=round(time.perf_counter() - started, 2),
     )
 
@@ -326,7 +338,8 @@ def run_batch_sizes(
 ) -> BatchedBenchResult:
     """`draftnas bench --batch-size`: the target alone and each drafter's batched loop at every batch
     size of `options.batch_sizes` (`bench.batched`), on the prompts no drafter was healed on."""
-    t_model, drafters, kept, encoded, _ = _load_for_bench(target, draft, reference, prompts, options)
+    refs = [reference] if reference is not None else []
+    t_model, drafters, kept, encoded, _ = _load_for_bench(target, draft, refs, prompts, options)
     return run_batched_bench(t_model, drafters, kept, encoded, options, progress=progress)
 
 

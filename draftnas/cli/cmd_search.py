@@ -14,6 +14,7 @@ from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
 from draftnas.cli.search_render import ranked_table
 from draftnas.core.options import option
+from draftnas.search.hand_made import hand_made_best
 from draftnas.search.requests import SearchRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,8 +29,10 @@ class Rows:
     top: int = option(15, low=1, help="Rows in the ranked table (the JSON holds every trial).")
 
 
-def result_json(result: SearchResult, exported: BestExport | None = None) -> dict[str, Any]:
-    """The result as JSON, with the export's folder, gamma and record after --export."""
+def result_json(result: SearchResult, exported: BestExport | None = None,
+                hand_made: BestExport | None = None) -> dict[str, Any]:
+    """The result as JSON, with the export's folder, gamma and record after --export (and the hand-made
+    best's, where it is not the winner)."""
     data = result.to_dict()
     info = result.info
     data["acceptance"] = ("FITTED" if info.acceptance_model else "ASSUMED" if info.acceptance_assumed
@@ -37,6 +40,9 @@ def result_json(result: SearchResult, exported: BestExport | None = None) -> dic
     data["note"] = result.info.note
     if exported is not None:
         data["export"] = {"folder": exported.folder, "gamma": exported.gamma, "record": exported.record}
+    if hand_made is not None:
+        data["hand_made_export"] = {"folder": hand_made.folder, "gamma": hand_made.gamma,
+                                    "record": hand_made.record}
     return data
 
 
@@ -59,12 +65,17 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
                 if result.interrupted_trial is not None else "no trial was in flight")
         err_console.print(f"[yellow]interrupted: {lost}; re-run the same command to resume[/yellow]")
         sys.exit(130)
-    exported = None
+    exported = hand = None
     if request.export:
         from draftnas.export.request import export_best
 
         with progress_bars(output.json) as on:
             exported = export_best(result, Path("drafters"), progress=on("healing the best drafter"),
+                                   data_progress=on("target continuations"))
+            bar = hand_made_best(result)  # the bar the winner is benched against, beside the stock drafter
+            if bar is not None and result.best is not None and bar.number != result.best.number:
+                hand = export_best(result, Path("drafters"), trial=bar,
+                                   progress=on("exporting the hand-made best"),
                                    data_progress=on("target continuations"))
         if not output.json:
             if exported.result is None:
@@ -72,10 +83,12 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
                               f"{result.study_name} (exported before; its README.md has the figures)")
             else:
                 render_export(exported.result)
-    if emit_json(output, result_json(result, exported)):
+    if emit_json(output, result_json(result, exported, hand)):
         return
     done = (exported.folder, exported.gamma) if exported else None
-    for line in next_commands(result, done, request.target_gguf):
+    if hand is not None and not output.json:
+        console.print(f"the hand-made best is in {hand.folder}, at γ {hand.gamma}", highlight=False)
+    for line in next_commands(result, done, request.target_gguf, hand.folder if hand else None):
         console.print(line, highlight=False, soft_wrap=True)
 
 

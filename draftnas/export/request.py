@@ -251,15 +251,17 @@ def teacher_for(traces: str | None, target: str, base: str, loaded: Any, dtype: 
 
 
 def export_best(result: SearchResult, root: Path, *, progress: Progress | None = None,
-                data_progress: Progress | None = None, device: str | None = None) -> BestExport:
-    """A search's best trial exported as `draftnas export` would (its default healing) into
-    root/<name> and priced again at its acceptance as exported. A folder that already holds that
-    trial is kept (its `draftnas.json` is the record); one holding another study's drafter of the same
-    name is kept too, and this one goes beside it (root/<name>-<study>)."""
+                data_progress: Progress | None = None, device: str | None = None,
+                trial: RankedTrial | None = None) -> BestExport:
+    """A search's best trial (or `trial`, another ranked one: the hand-made best) exported as `draftnas
+    export` would (its default healing) into root/<name> and priced again at its acceptance as exported.
+    A folder that already holds that trial is kept (its `draftnas.json` is the record); one holding
+    another study's drafter of the same name is kept too, and this one goes beside it
+    (root/<name>-<study>)."""
     from draftnas.export.folder import exported_record
     from draftnas.search.explain import exportable
 
-    b = result.best
+    b = trial or result.best
     if b is None or not exportable(result):
         raise ExportError("exporting the best trial needs a search that pruned real weights and measured "
                           "acceptance; this study has no such drafter to export")

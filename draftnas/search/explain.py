@@ -112,11 +112,11 @@ def exportable(result: SearchResult) -> bool:
 
 
 def next_commands(result: SearchResult, exported: tuple[str, int] | None = None,
-                  target_gguf: str | None = None) -> list[str]:
+                  target_gguf: str | None = None, hand_made: str | None = None) -> list[str]:
     """What to run next with the best drafter: export it (unless `exported`: its folder and gamma),
-    bench it (beside the first reference with weights, at its own best gamma, in the dtype the search
-    chose, on `target_gguf` when llama.cpp timed another file of the target), use it from transformers
-    or llama.cpp."""
+    bench it (beside the first reference with weights, at its own best gamma, and the hand-made best
+    exported into the folder `hand_made`, at its own; in the dtype the search chose, on `target_gguf`
+    when llama.cpp timed another file of the target), use it from transformers or llama.cpp."""
     from draftnas.models.sources import has_weights
 
     b = result.best
@@ -154,6 +154,7 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None,
         + (f" --device {result.info.device}" if result.info.device != "cpu" else "")
         + (f" --reference {reference}" if reference else "")
         + (f" --reference-gamma {ref_gamma}" if ref_gamma != gamma else "")
+        + (f" --reference {hand_made}" if hand_made else "")
         + (f" --prompts {w.prompt_set} --per-domain 3" if w.prompt_set != "all" else "")
         + (f" --predictions {result.predictions_file}" if result.predictions_file else ""),
         *use,

@@ -219,7 +219,36 @@ def test_an_int8_drafter_folder_that_records_bf16_activations_runs_in_bf16_besid
     (tmp_path / "draftnas.json").write_text(json.dumps({"weights": "int8", "dtype": "bf16"}))
     fp32 = BenchOptions(dtype="fp32", engine="static")
     assert _drafter_dtype("draftnas", str(tmp_path), fp32) == "bf16"
-    assert _drafter_dtype("reference", str(tmp_path), fp32) == "fp32"  # the reference runs as users run it
+    # an exported reference (the search's hand-made best) runs as its folder records, unless told dense
+    assert _drafter_dtype("reference2", str(tmp_path), fp32) == "bf16"
+    assert _drafter_dtype("reference", str(tmp_path), BenchOptions(reference_weights="dense")) == "fp32"
     assert _drafter_dtype("draftnas", str(tmp_path), BenchOptions(draft_weights="dense")) == "fp32"
     (tmp_path / "draftnas.json").write_text(json.dumps({"weights": "dense", "dtype": "bf16"}))
     assert _drafter_dtype("draftnas", str(tmp_path), fp32) == "fp32"  # a dense drafter: the bench's dtype
+
+
+def test_several_references_run_in_one_interleaved_run_each_at_its_own_gamma_and_weights(tiny_pair):
+    target, draft = tiny_pair
+    stock = _loaded(truncated(target.model, 1), "tiny-stock")
+    made = _loaded(truncated(target.model, 3), "tiny-hand-made")
+    options = BenchOptions(gamma=3, reference_gamma=2, max_new_tokens=10, engine="static", hf_assisted=False,
+                           reference_weights="int8")
+    result = run_bench(target, draft, PROMPTS[:2], options, references=[stock, made])
+    assert result.drafters == {"draftnas": "tiny-draft", "reference": "tiny-stock",
+                               "reference2": "tiny-hand-made"}
+    assert [a.name for a in result.arms] == ["target", "draftnas", "reference", "reference2"]
+    for name in ("reference", "reference2"):
+        arm = result.arm(name)
+        assert arm.gamma == 2 and arm.draft_weights == "int8" and arm.lossless is True
+    assert [(c.numerator, c.denominator) for c in result.comparisons] == [("draftnas", "reference"),
+                                                                         ("draftnas", "reference2")]
+    assert {p.run("reference2").arm for p in result.prompts} == {"reference2"}  # every prompt, every round
+
+
+def test_several_references_are_refused_where_a_bench_takes_one():
+    from draftnas.bench.records import BenchRequest
+
+    with pytest.raises(OptionError, match="takes one drafter with") as e:
+        BenchRequest(target="t", draft="d", references=("a", "b"),
+                     options=BenchOptions(batch_sizes=(1, 2), engine="static")).validate()
+    assert "--reference takes one drafter with --batch-size, not 2" in e.value.for_flags()
