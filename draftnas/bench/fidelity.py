@@ -14,7 +14,14 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from draftnas.bench.records import Decomposition, DrafterRow, Fidelity, Measured, MeasuredTerms, Prediction
+from draftnas.bench.fidelity_records import (
+    Decomposition,
+    DrafterRow,
+    Fidelity,
+    Measured,
+    MeasuredTerms,
+    Prediction,
+)
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import predict_throughput, speculative_speedup
 

@@ -128,10 +128,20 @@ class BenchRequest(Record):
              "drafter and the search's hand-made best beside the winner. An exported folder runs at the γ "
              "and weights its draftnas.json records (its own best), a name at --reference-gamma.")
     prompts: str = option("all", short="-p", help="Prompt set or JSONL file.")
+    ablation: bool = option(
+        False, help="Bench where the drafter's speed comes from: the chain from the stock drafter to it, "
+                    "one transform added per link (weight format, head, depth/width/selection, per-layer "
+                    "formats), each the drafter its study priced (exported into drafters/ first), all in one "
+                    "run of draftnas's static loop, each at its own γ. The drafter must be a search's "
+                    "export; the table also goes into its README.md.")
     options: BenchOptions = option_group(BenchOptions)
 
     def validate(self) -> BenchRequest:
         extra = []
+        if self.ablation and (self.references or self.options.batch_sizes or self.options.engine
+                              not in (None, "static")):
+            extra.append(("ablation", "benches its own chain in draftnas's static loop: drop {references}, "
+                                      "{batch_sizes} and {engine} other than static"))
         if (self.options.engine == "llama.cpp" or self.options.batch_sizes) and len(self.references) > 1:
             what = "{engine} llama.cpp" if self.options.engine == "llama.cpp" else "{batch_sizes}"
             extra.append(("references", f"takes one drafter with {what}, not {len(self.references)}"))
@@ -283,6 +293,7 @@ class BenchResult(Record):
     comparisons: tuple[Comparison, ...] = ()  # the drafter's loop over the reference's, with its interval
     predictions: tuple[PredictionCheck, ...] = ()  # the search's predictions beside the measured figures
     verdict: dict[str, Any] | None = None  # llama.cpp: the search's verdict with this bench's figures
+    ablation: dict[str, Any] | None = None  # --ablation: the chain's links measured (`bench.ablation`)
 
     def arm(self, name: str) -> ArmResult:
         for a in self.arms:
@@ -300,113 +311,3 @@ class BenchResult(Record):
     @property
     def tokens_per_step(self) -> float:
         return self.arm("draftnas").tokens_per_step or 0.0
-
-
-@dataclass(frozen=True)
-class MeasuredTerms(Record):
-    """Each latency of the model, measured alone (median ms over repeats) at one context length.
-
-    verify_ms[str(g)]: the target over g + 1 new tokens; prefill_*_ms: one pass over the
-    mean prompt (the analytical model ignores prefill).
-    """
-
-    context_tokens: int
-    draft_ms: float
-    target_ms: float
-    verify_ms: dict[str, float]
-    prefill_target_ms: float
-    prefill_draft_ms: float
-    prompt_tokens: int
-    repeats: int
-
-
-@dataclass(frozen=True)
-class Prediction(Record):
-    """The analytical model's figures for one drafter at one gamma (latencies from the profile)."""
-
-    gamma: int
-    tokens_per_step: float
-    draft_ms: float
-    verify_ms: float
-    target_ms: float
-    tokens_per_s: float
-    speedup: float
-
-
-@dataclass(frozen=True)
-class Measured(Record):
-    """Medians over repeats of the bench at one gamma."""
-
-    gamma: int
-    target_tokens_per_s: float
-    tokens_per_s: float
-    speedup: float
-    speedup_spread: tuple[float, float]
-    tokens_per_step: float
-    mean_accepted_per_step: float
-    bench_estimate_tokens_per_step: float | None
-    lossless: bool | None
-    repeats: int
-    step_ms: float  # per speculative step, prefill removed
-    target_token_ms: float  # per token of the target alone, prefill removed
-    drafted_per_step: float
-
-
-@dataclass(frozen=True)
-class Decomposition(Record):
-    """Predicted speedup with the model's terms replaced by measurements one at a time.
-
-    Each `delta_*` is the change in predicted speedup that term's measurement makes;
-    `overhead` is what remains (prefill, the Python loop, cache crops, generate()).
-    """
-
-    gamma: int
-    predicted: float
-    with_acceptance: float
-    with_draft: float
-    with_verify: float
-    with_target: float
-    measured: float
-    delta_acceptance: float
-    delta_draft: float
-    delta_verify: float
-    delta_target: float
-    delta_overhead: float
-    loop_overhead_ms_per_step: float
-    target_overhead_ms_per_token: float
-    worst_term: str
-
-
-@dataclass(frozen=True)
-class Fidelity(Record):
-    """Predicted vs measured speedup across drafters (target alone excluded)."""
-
-    n_drafters: int
-    mape_fixed_gamma: float
-    mape_best_gamma: float
-    spearman_fixed_gamma: float | None
-    spearman_best_gamma: float | None
-    worst_terms: dict[str, str]
-
-
-@dataclass(frozen=True)
-class DrafterRow(Record):
-    name: str
-    role: str
-    layers: tuple[int, ...]
-    shape: str
-    parameters: int
-    non_embedding_parameters: int
-    folder: str | None
-    heal_top1_before: float | None
-    heal_top1_after: float | None
-    estimate_tokens_per_step: dict[str, float]
-    estimate_per_domain: dict[str, dict[str, float]]
-    predicted_best_gamma: int
-    predicted: dict[str, Prediction]  # str(gamma) -> at fixed and best gamma
-    measured: dict[str, Measured]
-    terms: MeasuredTerms | None
-    decomposition: dict[str, Decomposition]
-    measured_per_domain: dict[str, dict[str, float]]
-    gpu_predicted_speedup: float | None = None
-    same_as: str | None = None

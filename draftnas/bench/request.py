@@ -19,7 +19,11 @@ def bench_from_request(request: BenchRequest, *, progress: Progress | None = Non
     on the same prompts (None otherwise)."""
     from draftnas.bench.run import run_batch_sizes, run_bench
 
-    options = request.options.validate()
+    options = request.validate().options
+    if request.ablation:
+        from draftnas.bench.ablation import run_ablation
+
+        return run_ablation(request, progress=progress), None
     prompts = load_prompts(request.prompts)
     if options.engine == "llama.cpp":
         from draftnas.bench.llama_cpp import run_llama_cpp_bench

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from draftnas.bench.records import BenchResult, Measured, MeasuredTerms
+from draftnas.bench.fidelity_records import Measured, MeasuredTerms
+from draftnas.bench.records import BenchResult
 from draftnas.core.machine import median_ms
 from draftnas.models.engines import crop_cache
 from draftnas.models.hf_head import CACHE_ARG

@@ -189,6 +189,13 @@ def bench(request: BenchRequest, output: Output) -> None:
         console.print(line, highlight=False, soft_wrap=True)
     if result.predictions:
         console.print(predictions_table(result))
+    if result.ablation is not None:
+        from draftnas.bench.ablation import HEADING, table_lines
+
+        console.print(HEADING.removeprefix("## "), style="bold", highlight=False)
+        for line in table_lines(result):
+            console.print(line, highlight=False, soft_wrap=True)
+        console.print(f"(the table is in {request.draft}/README.md too)", highlight=False)
     if torch_result is not None:
         console.print(arms_table(torch_result))
         console.print(engines_table(result, torch_result))

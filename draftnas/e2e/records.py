@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from draftnas.bench.records import DrafterRow, Fidelity
+from draftnas.bench.fidelity_records import DrafterRow, Fidelity
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option

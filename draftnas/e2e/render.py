@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from draftnas.report.fmt import fmt_opt
 
 if TYPE_CHECKING:
-    from draftnas.bench.records import DrafterRow, Measured
+    from draftnas.bench.fidelity_records import DrafterRow, Measured
     from draftnas.e2e.records import E2EResult
 
 

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftnas.bench.fidelity import best_predicted_gamma, decompose, fidelity, predict
-from draftnas.bench.records import DrafterRow, MeasuredTerms
+from draftnas.bench.fidelity_records import DrafterRow, MeasuredTerms
 from draftnas.bench.terms import measure_terms, per_domain_measured, summarize_bench
 from draftnas.core.errors import DraftnasError, InvalidInputError
 from draftnas.core.machine import load_average, machine_info, require_device

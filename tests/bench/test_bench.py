@@ -252,3 +252,34 @@ def test_several_references_are_refused_where_a_bench_takes_one():
         BenchRequest(target="t", draft="d", references=("a", "b"),
                      options=BenchOptions(batch_sizes=(1, 2), engine="static")).validate()
     assert "--reference takes one drafter with --batch-size, not 2" in e.value.for_flags()
+
+
+def test_the_ablation_table_says_each_links_figures_and_goes_into_the_folders_card(tiny_pair, tmp_path):
+    from dataclasses import replace
+
+    from draftnas.bench.ablation import HEADING, AblationLink, table_lines, write_card_section
+
+    target, draft = tiny_pair
+    stock = _loaded(truncated(target.model, 1), "tiny-stock")
+    options = BenchOptions(gamma=3, max_new_tokens=8, engine="static", hf_assisted=False, rounds=1)
+    bench = run_bench(target, draft, PROMPTS[:2], options, references=[stock])
+    links = [AblationLink(adds=adds, drafter=spec, trial=trial, arm=arm, gamma=a.gamma,
+                          weights=a.draft_weights, tokens_per_s=a.tokens_per_s,
+                          tokens_per_s_interval=a.tokens_per_s_interval,
+                          speedup=a.speedup, speedup_interval=a.speedup_interval,
+                          tokens_per_step=a.tokens_per_step, predicted_tokens_per_s=None)
+             for adds, spec, trial, arm in (("stock", "tiny-stock", None, "reference"),
+                                            ("+ int8 weights", "drafters/x", 7, "draftnas"))
+             for a in (bench.arm(arm),)]
+    notes = ["'+ head': none"]
+    result = replace(bench, ablation={"links": [link.to_dict() for link in links], "notes": notes})
+    lines = table_lines(result)
+    ratio = bench.arm("draftnas").tokens_per_s / bench.arm("reference").tokens_per_s
+    assert lines[-3].startswith("| stock | tiny-stock | 3 | dense |")
+    assert lines[-2].startswith("| + int8 weights | x (trial 7) |") and lines[-2].endswith(f"| {ratio:.3f} |")
+    assert lines[-1] == "\nNot in the chain: '+ head': none"
+    (tmp_path / "README.md").write_text("# card\n\nbody\n")
+    write_card_section(tmp_path, lines, result)
+    write_card_section(tmp_path, lines, result)  # a second run replaces the section, not appends one
+    card = (tmp_path / "README.md").read_text()
+    assert card.startswith("# card\n\nbody\n\n" + HEADING) and card.count(HEADING) == 1

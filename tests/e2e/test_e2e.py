@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from draftnas.bench.fidelity import decompose, mape, spearman
-from draftnas.bench.records import Measured, MeasuredTerms, Prediction
+from draftnas.bench.fidelity_records import Measured, MeasuredTerms, Prediction
 from draftnas.core.errors import InvalidInputError
 from draftnas.e2e.records import Budget, E2EOptions, budget_preset
 from draftnas.e2e.run import run_e2e

@@ -1,0 +1,135 @@
+"""`draftnas bench --ablation`: the chain from the stock drafter to a search's winner
+(`search.ablation.ablation_chain`: + weight format, + head, + depth/width/selection, + per-layer formats),
+every link measured in one interleaved run of draftnas's static loop, each at its own γ, so the table says
+what each transform buys on this host. The links are the study's own trials, exported into drafters/
+(an export already there is reused); the stock drafter runs by name. The table also goes into the winner
+folder's README.md, under its own heading (replaced by a later run)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from draftnas.bench.arms import MAIN, reference_label
+from draftnas.bench.records import BenchRequest, BenchResult
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.prompts import load_prompts
+from draftnas.core.records import Progress, Record
+
+HEADING = "## Ablation: where the speed comes from (measured)"
+
+
+@dataclass(frozen=True)
+class AblationLink(Record):
+    """One link of the chain as measured: what it adds, the drafter (a name or folder), its study trial,
+    its bench arm, and its figures there (medians over prompts with 95% intervals)."""
+
+    adds: str
+    drafter: str
+    trial: int | None
+    arm: str
+    gamma: int | None
+    weights: str | None
+    tokens_per_s: float
+    tokens_per_s_interval: tuple[float, ...]
+    speedup: float | None
+    speedup_interval: tuple[float, ...]
+    tokens_per_step: float | None
+    predicted_tokens_per_s: float | None  # the study's figure for that trial (None: the stock by name)
+
+
+def _study_of(folder: Path) -> tuple[str, int]:
+    from draftnas.export.folder import exported_record
+
+    source = str((exported_record(folder) or {}).get("source", ""))
+    found = re.fullmatch(r"study (\S+) trial (\d+)", source)
+    if found is None:
+        raise InvalidInputError(f"--ablation needs a drafter a search exported (its draftnas.json names the "
+                                f"study and trial); {folder} does not")
+    return found.group(1), int(found.group(2))
+
+
+def run_ablation(request: BenchRequest, progress: Progress | None = None,
+                 export_progress: Progress | None = None) -> BenchResult:
+    """The chain of `request.draft` (a search's export) benched in one run; the result's `ablation` holds the
+    links in chain order and notes on the links left out. Writes the table into the folder's README.md."""
+    from draftnas.bench.run import run_bench
+    from draftnas.export.request import export_best
+    from draftnas.search.ablation import ablation_chain
+    from draftnas.search.results import load_results
+
+    request.validate()
+    folder = Path(request.draft).expanduser()
+    study, number = _study_of(folder)
+    result = load_results(study, None)
+    winner = next((r for r in result.ranked if r.number == number), None)
+    if winner is None:
+        raise InvalidInputError(f"study {study} ranks no completed trial {number}")
+    links, notes = ablation_chain(result, winner)
+    specs: list[str] = []
+    for link in links[:-1]:
+        if link.trial is None:  # the stock drafter, as users load it
+            specs.append(result.info.base)
+        else:
+            exported = export_best(result, Path("drafters"), trial=link.trial, progress=export_progress)
+            specs.append(exported.folder)
+    stock = links[0].trial
+    options = replace(request.options, engine="static", hf_assisted=False,
+                      reference_gamma=request.options.reference_gamma or (
+                          stock.primary.gamma if stock is not None else None))
+    bench = run_bench(request.target, str(folder), load_prompts(request.prompts), options, references=specs,
+                      progress=progress)
+    arms = [reference_label(i) for i in range(len(specs))] + [MAIN]
+    measured = []
+    for link, arm, spec in zip(links, arms, [*specs, str(folder)], strict=True):
+        a = bench.arm(arm)
+        measured.append(AblationLink(
+            adds=link.adds, drafter=spec, trial=link.trial.number if link.trial else None, arm=arm,
+            gamma=a.gamma, weights=a.draft_weights, tokens_per_s=a.tokens_per_s,
+            tokens_per_s_interval=a.tokens_per_s_interval, speedup=a.speedup,
+            speedup_interval=a.speedup_interval, tokens_per_step=a.tokens_per_step,
+            predicted_tokens_per_s=link.trial.throughput.tokens_per_s if link.trial else None))
+    out = replace(bench, ablation={"study": study, "links": [m.to_dict() for m in measured], "notes": notes})
+    write_card_section(folder, table_lines(out), bench)
+    return out
+
+
+def links_of(result: BenchResult) -> list[AblationLink]:
+    return [AblationLink.from_dict(d) for d in (result.ablation or {}).get("links", [])]
+
+
+def table_lines(result: BenchResult) -> list[str]:
+    """The chain as a Markdown table: each link's tokens/s and speedup over the target alone (medians,
+    95% intervals), tokens per step, γ, and its tokens/s over the link before it."""
+    target = result.arm("target")
+    lines = [f"Target alone: {target.tokens_per_s:.2f} tokens/s "
+             f"[{target.tokens_per_s_interval[0]:.2f}, {target.tokens_per_s_interval[1]:.2f}] "
+             "(draftnas's static loop, the same run).", "",
+             "| link | drafter | γ | weights | tokens/s [95%] | × target [95%] | tokens/step "
+             "| × link before |",
+             "|---|---|---|---|---|---|---|---|"]
+    before = None
+    for link in links_of(result):
+        lo, hi = link.tokens_per_s_interval
+        speed = "-" if link.speedup is None else (f"{link.speedup:.3f} [{link.speedup_interval[0]:.3f}, "
+                                                  f"{link.speedup_interval[1]:.3f}]")
+        step = "-" if link.tokens_per_step is None else f"{link.tokens_per_step:.2f}"
+        over = "-" if before is None else f"{link.tokens_per_s / before:.3f}"
+        trial = f" (trial {link.trial})" if link.trial is not None else ""
+        lines.append(f"| {link.adds} | {Path(link.drafter).name}{trial} | {link.gamma} | {link.weights} | "
+                     f"{link.tokens_per_s:.2f} [{lo:.2f}, {hi:.2f}] | {speed} | {step} | {over} |")
+        before = link.tokens_per_s
+    return lines + [f"\nNot in the chain: {note}" for note in (result.ablation or {}).get("notes", [])]
+
+
+def write_card_section(folder: Path, table: list[str], bench: BenchResult) -> None:
+    """Put the table into the folder's README.md under `HEADING`, replacing an earlier one."""
+    card = folder / "README.md"
+    text = card.read_text() if card.exists() else ""
+    text = text.split(HEADING)[0].rstrip() + "\n\n" if HEADING in text else text.rstrip() + "\n\n"
+    host = f"{bench.host}, {bench.threads} threads, load average before {bench.load_average_before}"
+    command = f"draftnas bench --target {bench.target} --draft {folder} --ablation"
+    section = [HEADING, "", f"`{command}` on {host}; {bench.n_prompts} prompts x {bench.max_new_tokens} "
+               f"tokens, {bench.rounds} interleaved rounds, {bench.dtype}.", "", *table, ""]
+    card.write_text(text + "\n".join(section))

@@ -1,0 +1,73 @@
+"""Where a winner's speed comes from: the chain of drafters from the stock one to the winner, one transform
+added per link, each a drafter the study priced (`draftnas bench --ablation` measures them in one run).
+
+    stock -> + weight format -> + head -> + depth/width/selection -> + per-layer formats
+
+A link the winner does not take (a full head, dense weights, the stock's own shape, one format for every
+layer) is left out; a link the study priced no drafter for is left out with a note saying so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from draftnas.models.records import WEIGHT_FORMATS, weight_roles
+from draftnas.search.records import CandidateChoice, RankedTrial, SearchResult
+
+
+@dataclass(frozen=True)
+class ChainLink:
+    """One link: what it adds, and the study's trial of that drafter (None: the stock drafter by name)."""
+
+    adds: str
+    trial: RankedTrial | None
+    choice: CandidateChoice
+
+
+def _stock(choice: CandidateChoice, depth: int) -> CandidateChoice:
+    return replace(choice, depth=depth, kv_head_ratio=1.0, query_head_ratio=1.0, mlp_ratio=1.0,
+                   hidden_ratio=1.0)
+
+
+def _same(a: CandidateChoice, b: CandidateChoice, full_depth: int) -> bool:
+    """The same drafter: at the base's full depth and width every layer selection keeps every layer."""
+    def shape(c: CandidateChoice) -> tuple[object, ...]:
+        selection = "all" if c.depth == full_depth else c.layer_selection
+        return (c.depth, selection, c.kv_head_ratio, c.query_head_ratio, c.mlp_ratio, c.hidden_ratio,
+                c.vocab_size, c.weights)
+
+    return shape(a) == shape(b)
+
+
+def ablation_chain(result: SearchResult, winner: RankedTrial) -> tuple[list[ChainLink], list[str]]:
+    """The links from the stock drafter (the study's base at full depth and width, dense, its full head)
+    to `winner`, each the study's trial of that drafter, and a note per link it priced no drafter for."""
+    full = result.info.base_arch.num_hidden_layers
+    w = winner.candidate.choice
+    roles = weight_roles(w.weights)
+    per_layer = w.weights not in WEIGHT_FORMATS
+    uniform = w.weights if not per_layer else roles["mlp"]  # the format most of the weights are in
+    stock = _stock(replace(w, layer_selection="first", vocab_size=0, weights="dense"), full)
+    steps = [("stock", stock)]
+    if uniform != "dense":
+        steps.append((f"+ {uniform} weights", replace(stock, weights=uniform)))
+    if w.vocab_size:
+        steps.append((f"+ head of {w.vocab_size:,} rows", replace(steps[-1][1], vocab_size=w.vocab_size)))
+    shaped = replace(w, weights=uniform)
+    if not _same(shaped, steps[-1][1], full):
+        steps.append(("+ depth/width/selection", shaped))
+    if per_layer:
+        steps.append(("+ per-layer formats", w))
+    links, notes = [], []
+    for adds, choice in steps:
+        trial = next((r for r in result.ranked if _same(r.candidate.choice, choice, full)), None)
+        if adds == "stock":
+            links.append(ChainLink(adds, trial if trial is not None and trial.hand_made else None, choice))
+        elif trial is None:
+            notes.append(f"'{adds}': the study priced no drafter of that shape and format ({choice.weights}, "
+                         f"{choice.depth} layers, head {choice.vocab_size or 'full'}), so the chain skips it")
+        else:
+            links.append(ChainLink(adds, trial, choice))
+    if links[-1].trial is None or not _same(links[-1].choice, w, full):
+        links.append(ChainLink("the winner", winner, w))
+    return links, notes
