@@ -158,7 +158,7 @@ class FakeMeasured:
     """A 'measuring' evaluator: deeper drafters are accepted more (alpha = 1 - 0.6 / depth^0.5)."""
 
     measured = True
-    hand_made = False  # True: the search prices the stock drafter's hand-made variants with it too
+    builds = False  # True: the search prices the stock drafter's hand-made variants with it too
 
     def __init__(self, fail_when=None, interrupt_at=None, alpha=None):
         self.alpha = alpha

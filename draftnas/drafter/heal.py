@@ -60,8 +60,9 @@ log = logging.getLogger(__name__)
 STATE_FILE = "heal-state.pt"
 
 
-def trainable_parameters(drafter: Any, train: str) -> list[tuple[str, Any]]:
-    """(name, parameter) pairs healing updates; everything else gets requires_grad False."""
+def trainable_parameters(drafter: Any, train: str, only_layers: Sequence[int] = ()) -> list[tuple[str, Any]]:
+    """(name, parameter) pairs healing updates; everything else gets requires_grad False. `only_layers`:
+    of the decoder layers, only these positions train (with "layers")."""
     named = list(drafter.named_parameters())
     if train == "all":
         chosen = {n for n, _ in named}
@@ -70,7 +71,14 @@ def trainable_parameters(drafter: Any, train: str) -> list[tuple[str, Any]]:
         head = drafter.get_output_embeddings()
         if head is not None and head_subset(drafter) is None:  # a reduced head is untied: it trains
             frozen_ids.add(id(head.weight))
-        chosen = {n for n, p in named if id(p) not in frozen_ids and (".layers." in n or "norm" in n)}
+        keys = tuple(f".layers.{i}." for i in only_layers)
+
+        def trains(name: str) -> bool:  # a decoder layer's weight (of `only_layers`), or the final norm
+            if ".layers." in name:
+                return not keys or any(k in name for k in keys)
+            return "norm" in name
+
+        chosen = {n for n, p in named if id(p) not in frozen_ids and trains(n)}
         if head is not None and head_subset(drafter) is not None:
             chosen |= {n for n, p in named if p is head.weight}
     out = []
@@ -184,7 +192,7 @@ def heal(
         _check_traces_vocab(drafter, teacher)
     data = load_or_make_data(teacher, tokenizer, options, folder, data, data_progress)
     pad = pad_id(tokenizer)
-    params = trainable_parameters(drafter, options.train)
+    params = trainable_parameters(drafter, options.train, options.only_layers)
     optimizer = torch.optim.AdamW([p for _, p in params], lr=options.lr,
                                   weight_decay=options.weight_decay, betas=(0.9, 0.95))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(options))

@@ -67,6 +67,15 @@ class PruningPlan(Record):
         """Rows of the reduced draft head; 0 when the plan keeps the base's head."""
         return self.vocab.size if self.vocab is not None else 0
 
+    def cut_neighbours(self) -> tuple[int, ...]:
+        """Drafter layer positions next to a cut: each kept layer whose neighbour in the base (before or
+        after it) was dropped; every kept layer when widths were pruned (each layer holds a cut)."""
+        if any(k is not None for k in (self.kept_heads, self.kept_kv_heads, self.kept_channels)):
+            return tuple(range(self.num_layers))
+        kept = set(self.layers)
+        return tuple(i for i, layer in enumerate(self.layers)
+                     if any(0 <= n < self.base_num_layers and n not in kept for n in (layer - 1, layer + 1)))
+
     def label(self) -> str:
         """Short readable name, e.g. `L4bi-h6kv2-i768` (`-v4096` with a reduced head of that many rows)."""
         return drafter_label(self.num_layers, self.layer_selection, self.num_attention_heads,
@@ -283,6 +292,10 @@ class HealOptions(Record):
     warmup_steps: int | None = option(None, help="Warm-up steps (default: 10% of steps).", low=0, cli=False)
     train: str = option("layers", help="What trains: layers (the kept layers and the final norm) or all.",
                         choices=("layers", "all"))
+    # train "layers" on these drafter layer positions only (the final norm too): the layers next to a cut,
+    # which a search healing within a budget trains (`drafter.plan.cut_neighbours`); () = every kept layer
+    only_layers: tuple[int, ...] = option((), help="Drafter layers that train (default: all kept).",
+                                          cli=False)
     eval_every: int = option(25, help="Steps between held-out readings (0: ends).", low=0)
     heldout_every: int = option(5, help="Every n-th prompt is held out for the readings.", low=2, cli=False)
     prompts: str = option("all", help="Prompt set for self-distillation data (live).")

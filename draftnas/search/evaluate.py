@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,26 +40,27 @@ class Evaluation:
 
 
 class Evaluator(Protocol):
-    """Turns a candidate into an acceptance reading. `measured` = it really runs a drafter; `hand_made` = it
-    builds drafters from the base's weights, so the stock drafter's hand-made variants are priced too
-    (`search.hand_made`)."""
+    """Turns a candidate into an acceptance reading. `measured` = it really runs a drafter; `builds` = it
+    builds each drafter from the base's weights, so the stock drafter's hand-made variants are priced too
+    (`search.hand_made`) and `heal` (a budget's healing instead of the space's) heals the drafter."""
 
     measured: bool
-    hand_made: bool
+    builds: bool
 
-    def evaluate(self, candidate: Candidate) -> Evaluation: ...
+    def evaluate(self, candidate: Candidate, heal: HealBudget | None = None) -> Evaluation: ...
 
 
 class PriorEvaluator:
     """Latency-only search: every candidate gets the acceptance the user assumed."""
 
     measured = False
-    hand_made = False
+    builds = False
 
     def __init__(self, acceptance_rate: float) -> None:
         self.reading = assumed_acceptance(acceptance_rate)
 
-    def evaluate(self, candidate: Candidate) -> Evaluation:
+    def evaluate(self, candidate: Candidate, heal: HealBudget | None = None) -> Evaluation:
+        """The assumed acceptance (nothing is built, so there is nothing to `heal`)."""
         return Evaluation(candidate=candidate, acceptance=self.reading)
 
 
@@ -70,7 +71,7 @@ class ModelEvaluator:
     alpha: the model then supplies only how acceptance differs between drafters."""
 
     measured = False
-    hand_made = False
+    builds = False
 
     def __init__(self, model: AlphaModel, base_arch: Architecture, heal_steps: int, domain: str | None = None,
                  anchor: tuple[Candidate, float] | None = None) -> None:
@@ -81,9 +82,10 @@ class ModelEvaluator:
             features = drafter_features(reference, base_arch, heal_steps)
             self.shift = math.log(alpha / (1 - alpha)) - model.log_odds(features, domain)
 
-    def evaluate(self, candidate: Candidate) -> Evaluation:
-        """The model's alpha for `candidate`; a drafter unlike every measured pair (a feature outside
-        the fitted range) is refused as infeasible rather than extrapolated."""
+    def evaluate(self, candidate: Candidate, heal: HealBudget | None = None) -> Evaluation:
+        """The model's alpha for `candidate` at its fitted `heal_steps` (nothing is built, so `heal` changes
+        nothing); a drafter unlike every measured pair (a feature outside the fitted range) is refused as
+        infeasible rather than extrapolated."""
         features = drafter_features(candidate, self.base_arch, self.heal_steps)
         outside = self.model.outside(features)
         if outside:
@@ -104,14 +106,15 @@ class WeightsEvaluator:
     """
 
     measured = True
-    hand_made = True
+    builds = True
     calibration_sequences = 4
     calibration_seq_len = 96
 
     def __init__(self, base: str, base_arch: Architecture, traces_path: Path, space: SearchSpace,
                  seed: int = 0, dtype: str = "fp32", device: str = "cpu",
-                 quant_dtype: str | None = None) -> None:
+                 quant_dtype: str | None = None, heals: bool = False) -> None:
         self.base, self.dtype, self.device = base, dtype, device
+        self.heals = heals or space.heal.steps > 0  # some evaluation heals (the trials', or within a budget)
         self.quant_dtype = quant_dtype or dtype  # quantized drafters' activations (bf16 beside fp32 targets)
         self.base_arch = base_arch
         self.traces_path = traces_path
@@ -128,7 +131,7 @@ class WeightsEvaluator:
 
         torch.manual_seed(self.seed)
         # healing trains in fp32 (the drafter is cast to the run's dtype before it is estimated)
-        dtype = "fp32" if self.space.heal.steps else self.dtype
+        dtype = "fp32" if self.heals else self.dtype
         self._loaded = load_model(self.base, dtype=TORCH_DTYPES[dtype], device=self.device)
         self._loaded.model.eval()
         traces = load_traces(self.traces_path).select(temperature=self.space.workload.temperature)
@@ -150,6 +153,8 @@ class WeightsEvaluator:
         options = heal_options(steps=h.steps, batch_size=h.batch_size, lr=h.learning_rate, seq_len=h.seq_len,
                                seed=self.seed, n_records=len(self._heal_traces.records),
                                max_seconds=h.max_seconds, device=self.device)
+        if options is not None and h.train == "cut":  # only the layers next to a cut train
+            options = replace(options, only_layers=plan.cut_neighbours())
         if options is not None and self._heal_data is None:  # the same data for every trial
             self._heal_data = data_from_traces(self._heal_traces, options)
         built = build_drafter(plan, self._loaded, heal=options, teacher=self._heal_traces,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from draftnas.search.hand_made import bar_line
+from draftnas.search.healing import healing_lines
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.core.registry import Architecture
@@ -39,6 +40,7 @@ def summary_lines(result: SearchResult) -> list[str]:
         bar = bar_line(result)
         if bar is not None:
             lines.append(bar)
+        lines += healing_lines(result)
         lines += [f"WARNING: the best sits on an edge of the space: {edge}; the optimum may lie beyond it "
                   "(widen the space there and search again)"
                   for edge in space_edges(result.info.space, b.candidate.choice, b.primary.gamma,

@@ -20,14 +20,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from draftnas.core.errors import DraftnasError, InfeasibleCandidateError, InvalidInputError
@@ -37,6 +36,7 @@ from draftnas.search.candidate import build_candidate, reference_candidate
 from draftnas.search.evaluate import Evaluation, Evaluator, WeightsEvaluator
 from draftnas.search.hand_made import ATTR as HAND_MADE
 from draftnas.search.hand_made import hand_made_params, next_hand_made
+from draftnas.search.healing import heal_within_budget
 from draftnas.search.records import (
     AcceptanceReading,
     BatchEconomics,
@@ -59,77 +59,22 @@ from draftnas.search.scoring import (
     target_latency,
     weights_predictor,
 )
-from draftnas.search.space import SearchSpace
+from draftnas.search.space import HealBudget
 from draftnas.search.storage import (
     InterruptGate,
     ask_with_worker,
     fail_own_running_trials,
     heartbeat,
     normalize_storage,
-    open_storage,
+    ranked_trials,
     recover_stale_trials,
-    redact,
 )
+from draftnas.search.study import distributions, make_sampler, objectives, open_study
 
 log = logging.getLogger(__name__)
 SamplerName = Literal["tpe", "nsga2", "random"]
 STUDY_SCHEMA = 1
 MAX_CONSECUTIVE_FAILURES = 3
-
-
-def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
-    """Optuna distributions of the space's knobs (a knob with one value is not searched)."""
-    out: dict[str, BaseDistribution] = {}
-    d = space.depth
-    if d.max > d.min:
-        out["depth"] = IntDistribution(d.min, d.max - (d.max - d.min) % d.step, step=d.step)
-    w = space.width
-    for name, values in (("layer_selection", space.layer_selection), ("kv_head_ratio", w.kv_head_ratios),
-                         ("query_head_ratio", w.query_head_ratios), ("mlp_ratio", w.mlp_ratios),
-                         ("hidden_ratio", w.hidden_ratios), ("vocab_size", space.vocab_sizes),
-                         ("weights", space.weights)):
-        if len(values) > 1:
-            out[name] = CategoricalDistribution(list(values))
-    return out
-
-
-def make_sampler(name: str, seed: int | None, n_trials: int) -> optuna.samplers.BaseSampler:
-    """TPE (default; multivariate, constant liar for parallel workers), NSGA-II or random."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        if name == "tpe":
-            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(3, min(10, n_trials // 3)),
-                                              multivariate=True, constant_liar=True)
-        if name == "nsga2":
-            return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, min(50, n_trials // 5)))
-    return optuna.samplers.RandomSampler(seed=seed)
-
-
-def _objectives(sampler: str) -> tuple[str, list[optuna.study.StudyDirection]]:
-    up, down = optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE
-    if sampler == "nsga2":
-        return "latency,acceptance", [down, up]
-    return "throughput", [up]
-
-
-def open_study(options: SearchOptions, info: StudyInfo, storage_url: str) -> optuna.Study:
-    """Create the study or load it (several workers, resume); refuse a study made for another search."""
-    _, directions = _objectives(options.study.sampler)
-    storage = open_storage(storage_url)
-    name = options.study_name
-    study = optuna.create_study(study_name=name, storage=storage, directions=directions,
-                                load_if_exists=True)
-    stored = study.user_attrs.get("draftnas")
-    if stored is None:
-        study.set_user_attr("draftnas", info.to_dict())
-        return study
-    old = StudyInfo.from_dict(stored).fingerprint()
-    new = info.fingerprint()
-    diff = [k for k in new if old.get(k) != new[k]]
-    if diff:
-        raise InvalidInputError(f"study {name!r} in {redact(storage_url)} was made with a different "
-                                f"{', '.join(diff)}; pass another --study (or the same settings) to resume")
-    return study
 
 
 @dataclass
@@ -160,11 +105,11 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
     """
     start = time.monotonic()
     settings = options.study
-    objectives, _ = _objectives(settings.sampler)
+    kind, _ = objectives(settings.sampler)
     if evaluator.measured != (options.acceptance_prior is None and options.acceptance_model is None):
         raise InvalidInputError("an acceptance prior and a measuring evaluator exclude each other")
     info = StudyInfo(schema=STUDY_SCHEMA, target=options.target, base=options.base, space=options.space,
-                     objectives=objectives, acceptance_assumed=not evaluator.measured,
+                     objectives=kind, acceptance_assumed=not evaluator.measured,
                      acceptance_prior=options.acceptance_prior, profile=options.profile,
                      target_arch=options.target_arch, base_arch=options.base_arch,
                      acceptance_model=options.acceptance_model, placement=options.placement,
@@ -183,12 +128,15 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
                target_latency=target_latency(target_predictor, options.target_arch, options.space.workload,
                                              options.space.gamma),
                dists=distributions(options.space))
-    if evaluator.hand_made:  # the stock drafter under each global transform, first
+    if evaluator.builds:  # the stock drafter under each global transform, first
         run.hand_made = len(hand_made_params(options.space, options.base_arch, run.dists))
     interrupted = False
     try:
         with run.gate.installed():
             _loop(run, start, progress)
+            if settings.heal_budget_s and evaluator.builds:
+                heal_within_budget(ranked_trials(study), options.base_arch, options.space.heal,
+                                   settings.heal_budget_s, lambda r, h: _heal_one(run, r, h))
     except KeyboardInterrupt:
         interrupted = True
         # A second Ctrl-C raises wherever it lands (the gate's escape hatch), e.g. between
@@ -252,6 +200,30 @@ def _one_trial(run: _Run, trials: Sequence[FrozenTrial]) -> None:
             raise DraftnasError(f"{run.failures_in_a_row} trials in a row failed; last: {exc}") from exc
         return
     run.failures_in_a_row = 0
+    run.study.tell(trial, values=values, state=state)
+    run.told.append(trial.number)
+
+
+def _heal_one(run: _Run, r: RankedTrial, heal: HealBudget) -> None:
+    """Heal trial `r`'s drafter with `heal`, score and price it again, and tell it as a trial of its own
+    that records what the healing cost and gained."""
+    started = time.monotonic()
+    params = run.study.trials[r.number].params
+    trial = ask_with_worker(run.study, run.dists, params, {"healed": {"from": r.number}})
+    try:
+        with heartbeat(run.study, trial._trial_id), run.gate.immediate():
+            evaluation = run.evaluator.evaluate(r.candidate, heal=heal)
+            state, values = _finish(run, trial, evaluation, r.candidate, _read(run, r.candidate), True)
+    except Exception as exc:  # a failed healing fails its own trial, not the search
+        log.warning("healing trial %d failed: %s", r.number, exc)
+        trial.set_user_attr("failed_reason", f"{type(exc).__name__}: {exc}"[:500])
+        run.study.tell(trial, state=TrialState.FAIL)
+        run.told.append(trial.number)
+        return
+    trial.set_user_attr("healed", {
+        "from": r.number, "minutes": round((time.monotonic() - started) / 60, 2),
+        "top1_before": r.acceptance.acceptance_rate, "top1_after": evaluation.acceptance.acceptance_rate,
+        "tokens_per_s_before": r.throughput.tokens_per_s})
     run.study.tell(trial, values=values, state=state)
     run.told.append(trial.number)
 

@@ -234,6 +234,7 @@ class RankedTrial(Record):
     economics: BatchEconomics | None = None
     reference: str | None = None  # a published drafter priced beside the trials (number -1), not a trial
     hand_made: str | None = None  # a trial pricing the stock drafter under one transform ("int8, head 32768")
+    healed: dict[str, Any] | None = None  # a trial healing another within the budget (`search.healing`)
 
     @property
     def primary(self) -> ThroughputEstimate:
@@ -302,6 +303,12 @@ class StudySettings(Record):
                                                         "or random.")  # stored lower-case
     seed: int | None = option(0, help="Sampler seed (also the healing and trace subsampling seed).")
     run_dir: str = option("runs", help="Folder for studies' outputs.")
+    heal_budget_s: float | None = option(
+        None, flag="--heal-budget", scale=60.0, low=0.0, low_open=True,
+        help="Minutes to heal with after the trials: the best-ranked drafters with a depth or width cut, "
+             "best first, each distilled on the target's traces with only the layers next to its cuts "
+             "training, then scored again and ranked as a trial of its own while the minutes last. The study "
+             "records minutes spent against agreement gained (default: no healing beyond the space's own).")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sampler", self.sampler.lower())

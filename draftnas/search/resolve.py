@@ -321,7 +321,8 @@ def _measuring_evaluator(request: SearchRequest, options: SearchOptions,
     if not traces.is_file():
         raise option_error("traces", f"{traces} is not a file")
     return WeightsEvaluator(options.base, options.base_arch, traces, space, seed=request.study.seed or 0,
-                            dtype=options.dtype, device=options.device, quant_dtype=options.quant_dtype)
+                            dtype=options.dtype, device=options.device, quant_dtype=options.quant_dtype,
+                            heals=request.study.heal_budget_s is not None)
 
 
 def search(request: SearchRequest, *, progress: Callable[[int, int], None] | None = None,

@@ -76,6 +76,7 @@ class HealBudget(Record):
     seq_len: int = 128
     learning_rate: float = 2e-3
     max_seconds: float | None = None
+    train: str = "layers"  # "cut": only the layers next to a cut train (`PruningPlan.cut_neighbours`)
 
 
 @dataclass(frozen=True)

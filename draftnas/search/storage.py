@@ -326,8 +326,9 @@ def ranked_trials(study: optuna.Study) -> tuple[RankedTrial, ...]:
     seen: set[str] = set()
     unique = []
     for r in out:
-        if r.candidate.built_key not in seen:
-            seen.add(r.candidate.built_key)
+        key = r.candidate.built_key + ("|healed" if r.healed else "")  # a healed drafter beside its own
+        if key not in seen:
+            seen.add(key)
             unique.append(r)
     return tuple(unique)
 
@@ -340,7 +341,7 @@ def _ranked(t: FrozenTrial) -> RankedTrial | None:
                        latency=LatencyReading.from_dict(a["latency"]),
                        acceptance=AcceptanceReading.from_dict(a["acceptance"]),
                        throughput=WorkloadPrediction.from_dict(a["throughput"]),
-                       reused_from=a.get("reused_from"), hand_made=a.get("hand_made"),
+                       reused_from=a.get("reused_from"), hand_made=a.get("hand_made"), healed=a.get("healed"),
                        economics=BatchEconomics.from_dict(a["economics"]) if "economics" in a else None)
 
 

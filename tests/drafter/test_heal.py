@@ -127,6 +127,32 @@ def test_heal_trains_only_layers_by_default(tiny_llama_config):
     assert result.trainable_parameters == per_layer + drafter.model.norm.weight.numel()
 
 
+def test_healing_within_a_budget_trains_only_the_layers_next_to_a_cut(tiny_llama_config):
+    import torch
+
+    from draftnas.drafter.heal import heal
+    from draftnas.drafter.records import PruningPlan
+
+    plan = PruningPlan(base="b", base_num_layers=8, layers=(0, 1, 2, 5, 6), layer_selection="block_influence",
+                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
+    assert plan.cut_neighbours() == (2, 3, 4)  # layers 2, 5 and 6 border the dropped 3, 4 and 7
+    assert replace(plan, layers=tuple(range(8))).cut_neighbours() == ()  # nothing cut
+    assert replace(plan, kept_channels=((0,),) * 5).cut_neighbours() == (0, 1, 2, 3, 4)  # widths: every layer
+
+    from draftnas.drafter.surgery import apply_plan
+
+    target, _ = _models(tiny_llama_config)  # a 2-layer drafter (its layer 1 borders a cut): train it only
+    drafter = apply_plan(target, replace(plan, base="tiny", base_num_layers=4, layers=(0, 2)))
+    first = drafter.model.layers[0].mlp.up_proj.weight.clone()
+    second = drafter.model.layers[1].mlp.up_proj.weight.clone()
+    result = heal(drafter, target, HealOptions(steps=3, batch_size=2, eval_every=0, only_layers=(1,)),
+                  data=_data(target, 4, 2))
+    assert torch.equal(drafter.model.layers[0].mlp.up_proj.weight, first)
+    assert not torch.equal(drafter.model.layers[1].mlp.up_proj.weight, second)
+    one_layer = sum(p.numel() for p in drafter.model.layers[1].parameters())
+    assert result.trainable_parameters == one_layer + drafter.model.norm.weight.numel()
+
+
 def test_heal_topk_teacher(tiny_llama_config):
     from draftnas.drafter.heal import heal
 

@@ -613,7 +613,7 @@ def test_a_registry_target_without_a_shipped_space_gets_the_default_space_writte
 
 
 class _HandMade(FakeMeasured):
-    hand_made = True
+    builds = True
 
 
 class _Formats(StubLatency):
@@ -658,3 +658,73 @@ def test_the_stock_drafter_under_each_global_format_and_head_is_priced_first_as_
     short = replace(options, space=replace(space, depth=replace(space.depth, max=29)),
                     study=replace(options.study, study_name="short"))
     assert not any(r.hand_made for r in run_search(short, _Formats(), _HandMade()).ranked)
+
+
+class _Heals(FakeMeasured):
+    """Builds drafters: healing within a budget raises a drafter's acceptance by 0.05."""
+
+    builds = True
+
+    def __init__(self):
+        super().__init__()
+        self.heals = []
+
+    def evaluate(self, candidate, heal=None):
+        evaluation = super().evaluate(candidate)
+        if heal is None:
+            return evaluation
+        from draftnas.core.throughput import expected_tokens_per_step
+
+        self.heals.append(heal)
+        alpha = evaluation.acceptance.acceptance_rate + 0.05
+        tokens = {str(g): expected_tokens_per_step(alpha, g) for g in range(1, 9)}
+        return replace(evaluation, acceptance=AcceptanceReading(kind="measured", acceptance_rate=alpha,
+                                                                tokens_per_step=tokens))
+
+
+def test_a_heal_budget_heals_the_best_cut_drafters_as_trials_of_their_own_and_records_cost_and_gain(tmp_path):
+    from draftnas.search.explain import summary_lines
+
+    options = smol_options(tmp_path, n_trials=4, sampler="random", seed=3)
+    options = replace(options, study=replace(options.study, heal_budget_s=600.0))
+    evaluator = _Heals()
+    result = run_search(options, StubLatency(), evaluator)
+    healed = [r for r in result.ranked if r.healed]
+    originals = {r.number: r for r in result.ranked if not r.healed}
+    assert healed and len(healed) == len(evaluator.heals) == len(originals)  # every drafter here has a cut
+    assert all(h.train == "cut" and h.max_seconds is not None and h.max_seconds <= 600
+               for h in evaluator.heals)
+    for r in healed:
+        before = originals[r.healed["from"]]
+        assert r.candidate.name == before.candidate.name
+        assert r.healed["top1_before"] == before.acceptance.acceptance_rate
+        assert r.healed["top1_after"] == pytest.approx(before.acceptance.acceptance_rate + 0.05)
+        assert r.healed["minutes"] >= 0 and r.throughput.tokens_per_s > before.throughput.tokens_per_s
+    lines = summary_lines(result)
+    assert any(line.startswith(f"healed within the budget: {len(healed)} drafter(s)") for line in lines)
+    # resumed: nothing is healed twice
+    again = run_search(options, StubLatency(), evaluator)
+    assert len(evaluator.heals) == len(healed) and not again.told_here
+
+
+def test_the_budget_stops_healing_when_too_little_is_left():
+    from types import SimpleNamespace as NS
+
+    from draftnas.search.healing import MIN_SECONDS, heal_within_budget
+    from draftnas.search.records import CandidateChoice
+    from draftnas.search.space import HealBudget
+
+    def trial(number, depth):
+        return NS(number=number, healed=None, candidate=NS(choice=CandidateChoice(depth=depth)))
+
+    now = [0.0]
+    done = []
+
+    def heal_one(r, heal):
+        done.append((r.number, heal.max_seconds))
+        now[0] += 100.0
+
+    ranked = [trial(1, 8), trial(2, 30), trial(3, 6), trial(4, 4)]  # trial 2 is the base's full depth: no cut
+    n = heal_within_budget(ranked, SMOL, HealBudget(), 200.0 + MIN_SECONDS - 1, heal_one,
+                           clock=lambda: now[0])
+    assert n == 2 and done == [(1, 229.0), (3, 129.0)]  # the third would start with 29 s left

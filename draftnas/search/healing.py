@@ -1,0 +1,72 @@
+"""Healing within a budget (`draftnas search --heal-budget MINUTES`).
+
+The trials score drafters as cut (a space may heal each a little). A drafter with a depth or width cut can
+win back agreement by distillation, at minutes a drafter. With a budget, after the trials the search takes
+the best-ranked drafters with a cut, best first, and heals each on the target's traces with only the layers
+next to its cuts training (`PruningPlan.cut_neighbours`), for as long as the minutes last; each healed
+drafter is scored again and ranked as a trial of its own. The study records what each cost against what it
+gained: minutes, top-1 agreement and predicted tokens/s before and after.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from draftnas.core.registry import Architecture
+from draftnas.search.records import RankedTrial, SearchResult
+from draftnas.search.space import HealBudget
+
+HEAL_STEPS = 100  # optimizer steps a drafter gets when the space heals none itself (the budget may stop it)
+MIN_SECONDS = 30.0  # a drafter is not started with less of the budget left
+
+
+def has_cut(r: RankedTrial, base: Architecture) -> bool:
+    """Whether the trial's drafter drops layers or width of its base (what healing can win back)."""
+    c = r.candidate.choice
+    return c.depth < base.num_hidden_layers or min(c.kv_head_ratio, c.query_head_ratio, c.mlp_ratio,
+                                                   c.hidden_ratio) < 1.0
+
+
+def budget_heal(space_heal: HealBudget, seconds: float) -> HealBudget:
+    """The space's healing (or `HEAL_STEPS` steps where it heals none), the layers next to a cut only,
+    stopped after `seconds`."""
+    h = space_heal if space_heal.steps > 0 else HealBudget(steps=HEAL_STEPS)
+    return replace(h, train="cut", max_seconds=seconds)
+
+
+def heal_within_budget(ranked: Sequence[RankedTrial], base: Architecture, space_heal: HealBudget,
+                       budget_s: float, heal_one: Callable[[RankedTrial, HealBudget], None],
+                       clock: Callable[[], float] = time.monotonic) -> int:
+    """Heal the ranked drafters with a cut, best first, while `budget_s` lasts (`heal_one` heals, scores and
+    records one); one healed before (a resumed study) is not healed again. Returns how many were healed."""
+    done = {int(r.healed["from"]) for r in ranked if r.healed}
+    spent, healed = 0.0, 0
+    for r in ranked:
+        if r.healed or r.number in done or not has_cut(r, base):
+            continue
+        left = budget_s - spent
+        if left < MIN_SECONDS:
+            break
+        started = clock()
+        heal_one(r, budget_heal(space_heal, left))
+        spent += clock() - started
+        healed += 1
+    return healed
+
+
+def healing_lines(result: SearchResult) -> list[str]:
+    """What healing within the budget cost and gained, drafter by drafter."""
+    healed = sorted((r for r in result.ranked if r.healed), key=lambda r: r.number)
+    if not healed:
+        return []
+    minutes = sum(float(r.healed["minutes"]) for r in healed if r.healed)
+    lines = [f"healed within the budget: {len(healed)} drafter(s) in {minutes:.1f} min (the layers next to "
+             "each cut trained on the target's traces; minutes spent against agreement gained):"]
+    for r in healed:
+        h = r.healed or {}
+        lines.append(f"  trial {r.number} (healed trial {h['from']}) {r.candidate.name}: "
+                     f"{h['minutes']:.1f} min, top-1 {h['top1_before']:.3f} -> {h['top1_after']:.3f}, "
+                     f"predicted {h['tokens_per_s_before']:.2f} -> {r.throughput.tokens_per_s:.2f} tokens/s")
+    return lines
