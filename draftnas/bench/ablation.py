@@ -69,7 +69,7 @@ def run_ablation(request: BenchRequest, progress: Progress | None = None,
     links, notes = ablation_chain(result, winner)
     specs: list[str] = []
     for link in links[:-1]:
-        if link.trial is None:  # the stock drafter, as users load it
+        if link is links[0]:  # the stock drafter, as users load it (at the γ its hand-made trial priced best)
             specs.append(result.info.base)
         else:
             exported = export_best(result, Path("drafters"), trial=link.trial, progress=export_progress)
@@ -91,8 +91,18 @@ def run_ablation(request: BenchRequest, progress: Progress | None = None,
             speedup_interval=a.speedup_interval, tokens_per_step=a.tokens_per_step,
             predicted_tokens_per_s=link.trial.throughput.tokens_per_s if link.trial else None))
     out = replace(bench, ablation={"study": study, "links": [m.to_dict() for m in measured], "notes": notes})
-    write_card_section(folder, table_lines(out), bench)
+    write_card_section(folder, table_lines(out), bench, ablation_command(request))
     return out
+
+
+def ablation_command(request: BenchRequest) -> str:
+    """The `draftnas bench --ablation` command line `request` stands for (what the card quotes)."""
+    o = request.options
+    return (f"draftnas bench --target {request.target} --draft {request.draft} --ablation --gamma {o.gamma} "
+            f"--dtype {o.dtype} --prompts {request.prompts}"
+            + (f" --per-domain {o.per_domain}" if o.per_domain else "")
+            + (f" --rounds {o.rounds}" if o.rounds != 3 else "")
+            + (f" --max-new-tokens {o.max_new_tokens}" if o.max_new_tokens != 64 else ""))
 
 
 def links_of(result: BenchResult) -> list[AblationLink]:
@@ -123,13 +133,12 @@ def table_lines(result: BenchResult) -> list[str]:
     return lines + [f"\nNot in the chain: {note}" for note in (result.ablation or {}).get("notes", [])]
 
 
-def write_card_section(folder: Path, table: list[str], bench: BenchResult) -> None:
+def write_card_section(folder: Path, table: list[str], bench: BenchResult, command: str) -> None:
     """Put the table into the folder's README.md under `HEADING`, replacing an earlier one."""
     card = folder / "README.md"
     text = card.read_text() if card.exists() else ""
     text = text.split(HEADING)[0].rstrip() + "\n\n" if HEADING in text else text.rstrip() + "\n\n"
     host = f"{bench.host}, {bench.threads} threads, load average before {bench.load_average_before}"
-    command = f"draftnas bench --target {bench.target} --draft {folder} --ablation"
     section = [HEADING, "", f"`{command}` on {host}; {bench.n_prompts} prompts x {bench.max_new_tokens} "
                f"tokens, {bench.rounds} interleaved rounds, {bench.dtype}.", "", *table, ""]
     card.write_text(text + "\n".join(section))

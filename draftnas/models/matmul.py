@@ -9,7 +9,7 @@ and `models.linears.route_linears` multiply through it.
 A weight may also be multiplied quantized (`MatmulChooser.quantize`), activations left in the run's
 dtype: in int8, one scale per output row (`torch._weight_int8pack_mm`; half the bytes of bf16), or in
 int4, a scale and zero point per group of 32 inputs (`torch._weight_int4pack_mm_for_cpu`; a quarter).
-`benchmarks/int8_weights.py` times them; docs/hosts/ has the figures.
+`benchmarks/weight_formats.py` times them; docs/hosts/ has the figures.
 """
 
 from __future__ import annotations

@@ -279,7 +279,7 @@ def test_the_ablation_table_says_each_links_figures_and_goes_into_the_folders_ca
     assert lines[-2].startswith("| + int8 weights | x (trial 7) |") and lines[-2].endswith(f"| {ratio:.3f} |")
     assert lines[-1] == "\nNot in the chain: '+ head': none"
     (tmp_path / "README.md").write_text("# card\n\nbody\n")
-    write_card_section(tmp_path, lines, result)
-    write_card_section(tmp_path, lines, result)  # a second run replaces the section, not appends one
+    write_card_section(tmp_path, lines, result, "draftnas bench --ablation")
+    write_card_section(tmp_path, lines, result, "draftnas bench --ablation")  # replaced, not appended
     card = (tmp_path / "README.md").read_text()
     assert card.startswith("# card\n\nbody\n\n" + HEADING) and card.count(HEADING) == 1

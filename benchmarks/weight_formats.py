@@ -1,14 +1,18 @@
-"""Dense against int8 weights for a drafter-sized stack: the linear layers' products, and a decode step.
+"""Dense, int8, int4 and per-layer weight formats for a drafter-sized stack: the linear layers' products,
+the LM head's, and a decode step.
 
 For a registry shape (default Qwen2.5-Coder-0.5B, the drafter of the Qwen pair), random weights:
-- the products of every layer's seven linear layers at 1..4 rows, F.linear in the dtype against
-  `torch._weight_int8pack_mm` (weight-only int8, one scale per output row), interleaved, fastest pass;
+- the products of every layer's seven linear layers at 1..4 rows, and of the LM head at one row: F.linear in
+  the dtype against `torch._weight_int8pack_mm` (weight-only int8, one scale per output row) and
+  `torch._weight_int4pack_mm_for_cpu` (int4, a scale and zero point per 32 inputs), interleaved, fastest
+  pass;
 - draftnas's static decoder decoding one token after a 128-token context, dense against
-  `StaticDecoder.quantize_weights()`, interleaved, median of the repeats.
+  `StaticDecoder.quantize_weights(F)` for each format F (int8, int4, and int8 layers under an int4 head),
+  interleaved, median of the repeats.
 
 The kernels differ between hosts (FIELD-NOTES): compare only figures of one run on one host.
 
-    python benchmarks/int8_weights.py --arch qwen2.5-coder-0.5b --dtype bf16 --json out.json
+    python benchmarks/weight_formats.py --arch qwen2.5-coder-0.5b --dtype bf16 --json out.json
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 
 def main() -> None:
@@ -26,8 +31,8 @@ def main() -> None:
     from draftnas.core.machine import host_fields, print_figures
     from draftnas.core.registry import get_architecture
     from draftnas.models.decoder import StaticDecoder
-    from draftnas.models.matmul import quantize_int8
-    from draftnas.models.records import TORCH_DTYPES
+    from draftnas.models.matmul import pack_int4, quantize_int8
+    from draftnas.models.records import INT4_GROUP, TORCH_DTYPES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="qwen2.5-coder-0.5b")
@@ -44,35 +49,49 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     dense = [[torch.randn(o, i, generator=gen).mul_(0.02).to(dtype) for o, i in shapes]
              for _ in range(arch.num_hidden_layers)]
-    packed = [[quantize_int8(w) for w in layer] for layer in dense]
+    head = torch.randn(arch.vocab_size, h, generator=gen).mul_(0.02).to(dtype)
 
-    def linear(x: torch.Tensor) -> None:
-        for layer in dense:
-            for w in layer:
+    def formats(weights: list[torch.Tensor]) -> dict[str, Any]:
+        """Each format's product over `weights` (a list of [out, in] matrices) for an input x."""
+        int8 = [quantize_int8(w) for w in weights]
+        int4 = [pack_int4(w) for w in weights]
+
+        def dense_fn(x: torch.Tensor) -> None:
+            for w in weights:
                 F.linear(x[:, :w.shape[1]], w)
 
-    def int8(x: torch.Tensor) -> None:
-        for layer in packed:
-            for values, scales in layer:
+        def int8_fn(x: torch.Tensor) -> None:
+            for values, scales in int8:
                 torch._weight_int8pack_mm(x[:, :values.shape[1]].contiguous(), values, scales)
 
-    products: dict[str, dict[str, float]] = {}
-    for rows in (1, 2, 3, 4):
-        x = torch.randn(rows, max(h, q, inter), generator=gen).to(dtype)
-        times: dict[str, list[float]] = {"dense": [], "int8": []}
+        def int4_fn(x: torch.Tensor) -> None:
+            for w, (values, scales) in zip(weights, int4, strict=True):
+                torch._weight_int4pack_mm_for_cpu(x[:, :w.shape[1]].contiguous(), values, INT4_GROUP, scales)
+
+        return {"dense": dense_fn, "int8": int8_fn, "int4": int4_fn}
+
+    def fastest(fns: dict[str, Any], x: torch.Tensor) -> dict[str, float]:
+        times: dict[str, list[float]] = {name: [] for name in fns}
         for i in range(args.repeats + 2):
-            for name, fn in (("dense", linear), ("int8", int8)):
+            for name, fn in fns.items():
                 started = time.perf_counter()
                 fn(x)
                 if i >= 2:
                     times[name].append(1000 * (time.perf_counter() - started))
-        products[str(rows)] = {name: round(min(t), 2) for name, t in times.items()}
+        return {name: round(min(t), 2) for name, t in times.items()}
+
+    layers = formats([w for layer in dense for w in layer])
+    products = {str(rows): fastest(layers, torch.randn(rows, max(h, q, inter), generator=gen).to(dtype))
+                for rows in (1, 2, 3, 4)}
+    head_product = fastest(formats([head]), torch.randn(1, h, generator=gen).to(dtype))
 
     def fresh() -> StaticDecoder:
         return StaticDecoder(arch, dtype=dtype, device="cpu", max_positions=256).init_random(0).eval()
 
-    decoders = {"dense": fresh(), "int8": fresh()}
-    decoders["int8"].quantize_weights()
+    decoders = {name: fresh() for name in ("dense", "int8", "int4", "attn=int8,mlp=int8,head=int4")}
+    for name, d in decoders.items():
+        if name != "dense":
+            d.quantize_weights(name)
     context = 128
     step: dict[str, list[float]] = {name: [] for name in decoders}
     with torch.inference_mode():
@@ -90,10 +109,10 @@ def main() -> None:
                     step[name].append(1000 * (time.perf_counter() - started))
     print_figures({
         **before, "arch": arch.name, "dtype": args.dtype, "repeats": args.repeats,
-        "layer_products_ms_by_rows": products,
+        "layer_products_ms_by_rows": products, "head_product_ms": head_product,
         "decode_step_ms": {name: round(statistics.median(t), 2) for name, t in step.items()},
-        "int8_over_dense_decode": round(
-            statistics.median(step["int8"]) / statistics.median(step["dense"]), 3),
+        "over_dense_decode": {name: round(statistics.median(t) / statistics.median(step["dense"]), 3)
+                              for name, t in step.items() if name != "dense"},
     }, args.json)
 
 
