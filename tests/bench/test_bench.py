@@ -283,3 +283,17 @@ def test_the_ablation_table_says_each_links_figures_and_goes_into_the_folders_ca
     write_card_section(tmp_path, lines, result, "draftnas bench --ablation")  # replaced, not appended
     card = (tmp_path / "README.md").read_text()
     assert card.startswith("# card\n\nbody\n\n" + HEADING) and card.count(HEADING) == 1
+
+
+def test_the_ablation_card_quotes_the_command_that_made_it():
+    from dataclasses import replace
+
+    from draftnas.bench.ablation import ablation_command
+    from draftnas.bench.records import BenchRequest
+
+    request = BenchRequest(target="t", draft="drafters/w", ablation=True, prompts="code,chat",
+                           options=BenchOptions(gamma=4, dtype="bf16", per_domain=3, rounds=2))
+    assert ablation_command(request) == ("draftnas bench --target t --draft drafters/w --ablation --gamma 4 "
+                                         "--dtype bf16 --prompts code,chat --per-domain 3 --rounds 2")
+    with pytest.raises(OptionError, match="ablation benches its own chain"):
+        replace(request, references=("r",)).validate()
