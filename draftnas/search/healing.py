@@ -18,7 +18,7 @@ from draftnas.core.registry import Architecture
 from draftnas.search.records import RankedTrial, SearchResult
 from draftnas.search.space import HealBudget
 
-HEAL_STEPS = 100  # optimizer steps a drafter gets when the space heals none itself (the budget may stop it)
+HEAL_STEPS = 100  # optimizer steps a drafter gets beyond the space's own healing (the budget may stop it)
 MIN_SECONDS = 30.0  # a drafter is not started with less of the budget left
 
 
@@ -30,10 +30,10 @@ def has_cut(r: RankedTrial, base: Architecture) -> bool:
 
 
 def budget_heal(space_heal: HealBudget, seconds: float) -> HealBudget:
-    """The space's healing (or `HEAL_STEPS` steps where it heals none), the layers next to a cut only,
-    stopped after `seconds`."""
-    h = space_heal if space_heal.steps > 0 else HealBudget(steps=HEAL_STEPS)
-    return replace(h, train="cut", max_seconds=seconds)
+    """The space's healing settings with `HEAL_STEPS` steps more than the trials got (a drafter is healed
+    from its base again, so fewer would only repeat the trial), the layers next to a cut only, stopped
+    after `seconds`."""
+    return replace(space_heal, steps=space_heal.steps + HEAL_STEPS, train="cut", max_seconds=seconds)
 
 
 def heal_within_budget(ranked: Sequence[RankedTrial], base: Architecture, space_heal: HealBudget,

@@ -692,8 +692,11 @@ def test_a_heal_budget_heals_the_best_cut_drafters_as_trials_of_their_own_and_re
     healed = [r for r in result.ranked if r.healed]
     originals = {r.number: r for r in result.ranked if not r.healed}
     assert healed and len(healed) == len(evaluator.heals) == len(originals)  # every drafter here has a cut
+    from draftnas.search.healing import HEAL_STEPS
+
     assert all(h.train == "cut" and h.max_seconds is not None and h.max_seconds <= 600
                for h in evaluator.heals)
+    assert {h.steps for h in evaluator.heals} == {options.space.heal.steps + HEAL_STEPS}  # beyond the trials
     for r in healed:
         before = originals[r.healed["from"]]
         assert r.candidate.name == before.candidate.name
