@@ -38,7 +38,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.registry import Architecture
 from draftnas.models.matmul import MatmulChooser
 from draftnas.models.random_weights import fill_random, no_default_init
-from draftnas.models.records import weight_roles
+from draftnas.models.records import linear_role, weight_roles
 from draftnas.models.spec import DecoderSpec, spec_from_hf_config
 
 
@@ -244,12 +244,9 @@ class StaticDecoder(nn.Module):
         """Multiply each layer group (attention, MLP, head) in its format of `weights` from now on (CPU;
         `models.records.weight_roles`, `MatmulChooser.quantize`). Dense weights stay (healing reads them)."""
         roles = weight_roles(weights)
-        for layer in self.layers:
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                self.matmul.quantize(getattr(layer, name).weight, roles["attn"])
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                self.matmul.quantize(getattr(layer, name).weight, roles["mlp"])
-        self.matmul.quantize(self.lm_head.weight, roles["head"])
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                self.matmul.quantize(module.weight, roles[linear_role(name)])
         return self
 
     def init_random(self, seed: int, std: float = 0.02, pool: int | None = None) -> StaticDecoder:

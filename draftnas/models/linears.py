@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from draftnas.models.matmul import MatmulChooser
-from draftnas.models.records import weight_roles
+from draftnas.models.records import linear_role, weight_roles
 
 _MARK = "_draftnas_routed"  # on a routed layer: id() of the routing that routed it
 
@@ -122,15 +122,6 @@ def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = 
         routing.chooser.register(weight)
         routing.chooser.quantize(weight, kinds[id(weight)])
     return routing.attach() if attach else routing
-
-
-def linear_role(name: str) -> str:
-    """The layer group of a transformers decoder's linear layer by its module name: "attn" for the
-    q/k/v/o projections, "head" for lm_head, "mlp" for the rest (gate/up/down)."""
-    leaf = name.rsplit(".", 1)[-1]
-    if leaf in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        return "attn"
-    return "head" if leaf == "lm_head" else "mlp"
 
 
 def copy_weights(weights: Sequence[torch.Tensor]) -> None:

@@ -139,6 +139,16 @@ def weight_roles(weights: str) -> dict[str, str]:
     return roles
 
 
+def linear_role(name: str) -> str:
+    """The layer group of a decoder's linear layer by its module name (transformers' and draftnas's static
+    decoder name them alike): "attn" for the q/k/v/o projections, "head" for lm_head, "mlp" for the rest
+    (gate/up/down)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        return "attn"
+    return "head" if leaf == "lm_head" else "mlp"
+
+
 def weights_name(roles: dict[str, str]) -> str:
     """The canonical spelling of a per-group format: one word when every group shares it."""
     kinds = {roles[r] for r in WEIGHT_ROLES}

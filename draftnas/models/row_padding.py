@@ -29,10 +29,10 @@ def choose_row_padding(decoder: StaticDecoder, steps: int = 4, rounds: int = 3,
     and keep padding unless its median costs more than `tolerance` (a fraction) over the unpadded
     one; inside `kernel_choices.kept_choices()` a choice made for the same shapes on this host is reused.
     Returns whether padding was kept (False on a device whose products are not chosen here, or
-    of an int8 decoder)."""
+    of a decoder whose every product is quantized)."""
     chooser = decoder.matmul
     if not chooser.enabled or all(id(w) in chooser.packed for ws in chooser.by_shape.values() for w in ws):
-        return False  # products not chosen here, or every one in int8: no F.linear row to pad
+        return False  # products not chosen here, or every one quantized: no F.linear row to pad
     context = MAX_WEIGHT_ONCE_ROWS + 1  # a context read by plain F.linear: it times no product form
     with torch.inference_mode():
         cache = decoder.new_cache(1, context + 1)
