@@ -24,11 +24,6 @@ class ChainLink:
     choice: CandidateChoice
 
 
-def _stock(choice: CandidateChoice, depth: int) -> CandidateChoice:
-    return replace(choice, depth=depth, kv_head_ratio=1.0, query_head_ratio=1.0, mlp_ratio=1.0,
-                   hidden_ratio=1.0)
-
-
 def _same(a: CandidateChoice, b: CandidateChoice, full_depth: int) -> bool:
     """The same drafter: at the base's full depth and width every layer selection keeps every layer."""
     def shape(c: CandidateChoice) -> tuple[object, ...]:
@@ -47,7 +42,7 @@ def ablation_chain(result: SearchResult, winner: RankedTrial) -> tuple[list[Chai
     roles = weight_roles(w.weights)
     per_layer = w.weights not in WEIGHT_FORMATS
     uniform = w.weights if not per_layer else roles["mlp"]  # the format most of the weights are in
-    stock = _stock(replace(w, layer_selection="first", vocab_size=0, weights="dense"), full)
+    stock = CandidateChoice(depth=full)  # every other knob at its stock default
     steps = [("stock", stock)]
     if uniform != "dense":
         steps.append((f"+ {uniform} weights", replace(stock, weights=uniform)))

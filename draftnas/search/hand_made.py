@@ -14,11 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from draftnas.models.records import WEIGHT_FORMATS
+from draftnas.search.records import CandidateChoice
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Sequence
 
-    from optuna.distributions import BaseDistribution
     from optuna.trial import FrozenTrial
 
     from draftnas.core.registry import Architecture
@@ -28,36 +28,34 @@ if TYPE_CHECKING:  # pragma: no cover
 ATTR = "hand_made"  # the trial's user attribute: the hand-made transform it prices ("int8, head 32768")
 
 
-def hand_made_params(space: SearchSpace, base: Architecture,
-                     dists: dict[str, BaseDistribution]) -> list[tuple[dict[str, Any], str]]:
-    """The trial params (and a label) of the stock drafter under each global format × head size the space
-    offers; none where the space cannot build the stock drafter (depth short of the base's, no full
-    width, or latency-only shapes with no weights to quantize)."""
+def hand_made_params(space: SearchSpace, base: Architecture) -> list[tuple[dict[str, Any], str]]:
+    """The trial params (and a label) of the stock drafter (`CandidateChoice` at the base's depth, its
+    other knobs at their stock defaults) under each global format × head size the space offers; none where
+    the space cannot build the stock drafter (depth short of the base's, no full width, or latency-only
+    shapes with no weights to quantize). The trial keeps the params its space searches."""
     w = space.width
     full_width = all(1.0 in ratios for ratios in (w.kv_head_ratios, w.query_head_ratios, w.mlp_ratios,
                                                   w.hidden_ratios))
     depth = base.num_hidden_layers
     if space.latency_only or not full_width or depth not in space.depth.values():
         return []
-    fixed = {"depth": depth, "kv_head_ratio": 1.0, "query_head_ratio": 1.0, "mlp_ratio": 1.0,
-             "hidden_ratio": 1.0, "layer_selection": space.layer_selection[0]}
     out = []
     for weights in (f for f in space.weights if f in WEIGHT_FORMATS):
         for rows in space.vocab_sizes:
-            params = {**fixed, "vocab_size": rows, "weights": weights}
-            head = f"head {rows}" if rows else "full head"
-            out.append(({k: v for k, v in params.items() if k in dists}, f"{weights}, {head}"))
+            choice = CandidateChoice(depth=depth, layer_selection=space.layer_selection[0], vocab_size=rows,
+                                     weights=weights)
+            out.append((choice.to_dict(), f"{weights}, " + (f"head {rows}" if rows else "full head")))
     return out
 
 
-def next_hand_made(trials: Sequence[FrozenTrial], space: SearchSpace, base: Architecture,
-                   dists: dict[str, BaseDistribution]) -> tuple[dict[str, Any], dict[str, str]] | None:
+def next_hand_made(trials: Sequence[FrozenTrial], space: SearchSpace, base: Architecture
+                   ) -> tuple[dict[str, Any], dict[str, str]] | None:
     """The params and user attributes of the first hand-made drafter no trial of the study has run or
     is running (a failed one runs again); None once every one has."""
     from optuna.trial import TrialState
 
     done = {t.user_attrs.get(ATTR) for t in trials if t.state != TrialState.FAIL}
-    return next(((params, {ATTR: label}) for params, label in hand_made_params(space, base, dists)
+    return next(((params, {ATTR: label}) for params, label in hand_made_params(space, base)
                  if label not in done), None)
 
 

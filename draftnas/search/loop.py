@@ -129,7 +129,7 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
                                              options.space.gamma),
                dists=distributions(options.space))
     if evaluator.builds:  # the stock drafter under each global transform, first
-        run.hand_made = len(hand_made_params(options.space, options.base_arch, run.dists))
+        run.hand_made = len(hand_made_params(options.space, options.base_arch))
     interrupted = False
     try:
         with run.gate.installed():
@@ -178,7 +178,7 @@ def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) 
 
 def _one_trial(run: _Run, trials: Sequence[FrozenTrial]) -> None:
     o = run.options
-    made = next_hand_made(trials, o.space, o.base_arch, run.dists) if run.hand_made else None
+    made = next_hand_made(trials, o.space, o.base_arch) if run.hand_made else None
     trial = ask_with_worker(run.study, run.dists, *(made or ()))
     try:
         with heartbeat(run.study, trial._trial_id):
