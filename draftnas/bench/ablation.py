@@ -53,13 +53,13 @@ def _study_of(folder: Path) -> tuple[str, int]:
 def run_ablation(request: BenchRequest, progress: Progress | None = None,
                  export_progress: Progress | None = None) -> BenchResult:
     """The chain of `request.draft` (a search's export) benched in one run; the result's `ablation` holds the
-    links in chain order and notes on the links left out. Writes the table into the folder's README.md."""
+    links in chain order and notes on the links left out. Writes the table into the folder's README.md.
+    `request` comes checked (`bench_from_request`)."""
     from draftnas.bench.run import run_bench
     from draftnas.export.request import export_best
     from draftnas.search.ablation import ablation_chain
     from draftnas.search.results import load_results
 
-    request.validate()
     folder = Path(request.draft).expanduser()
     study, number = _study_of(folder)
     result = load_results(study, None)

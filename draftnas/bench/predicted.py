@@ -60,10 +60,8 @@ def check_predictions(result: BenchResult, predictions: SearchPredictions,
         winner = _exported_arm("winner", winner.name, exported)
     if winner is not None:
         rows.append(_check(result, MAIN, winner, "export" if exported is not None else "search"))
-    for label, spec in result.drafters.items():
+    for label, spec in ((k, v) for k, v in result.drafters.items() if k != MAIN):
         own = (references or {}).get(label)
-        if label == MAIN:
-            continue
         if own is not None:
             rows.append(_check(result, label, _exported_arm(REFERENCE, spec, own), "export"))
             continue

@@ -40,8 +40,9 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
 
     On the profile's device: a CPU here, or the present GPU for a CUDA profile, where the static
     engine's steps are timed as CUDA graphs (what bench replays there) and the dtype is the faster
-    of bf16 and fp16. `quant_stacks`: bases timed in each of the space's quantized weight formats too
-    (`quant_formats`), pricing those drafters (`CalibratedModel.for_weights`). The calibration is kept
+    of bf16 and fp16. `quant_stacks`: bases timed in each of the space's quantized weight formats too,
+    where they run (`quant_formats`; none elsewhere), pricing those drafters
+    (`CalibratedModel.for_weights`). The calibration is kept
     per host and reused after a drift check (`latency.calibrate.stored_or_calibrated`; `given`:
     --calibration FILE), and every kernel choice made while timing is kept for this host too
     (`models.kernel_choices`)."""
@@ -56,6 +57,8 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     reduced = sorted(v for v in space.vocab_sizes if v > 0)
     heads = sorted({reduced[0], reduced[-1]}) if reduced else []
     w = space.workload
+    formats = quant_formats(space, profile.device, engine)
+    quant_stacks = quant_stacks if formats else ()
 
     def calibrate() -> HostCalibration:
         chosen = options
@@ -77,12 +80,12 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
                                      quant_dtype=int8_activations(chosen.resolved_dtype(), quant_stacks))
         return replace(calibration, dtype_ms=dtype_ms)
 
-    formats = quant_formats(space, profile.device, engine) if quant_stacks else []
     request = {"target": target.to_dict(), "format": 3, "dtype": dtype or "auto", "mode": mode,
                "device": profile.device,
                "counts": counts, "context": w.context_tokens, "prompt_tokens": w.prompt_tokens,
                "heads": heads, "stacks": [a.to_dict() for a in stacks],
-               "quant_stacks": [a.to_dict() for a in quant_stacks], "quant_formats": formats}
+               "quant_stacks": [a.to_dict() for a in quant_stacks],
+               "quant_formats": formats if quant_stacks else []}
     with kept_choices():
         calibration, where = stored_or_calibrated(options, target, request, calibrate, given=given,
                                                   progress=progress)

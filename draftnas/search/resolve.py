@@ -34,7 +34,7 @@ from draftnas.latency.model import LatencyModel
 from draftnas.models.records import GGUF_WEIGHTS, quantized
 from draftnas.models.sources import ensure_local_folder, has_weights
 from draftnas.search.alpha import load_alpha_model
-from draftnas.search.calibration import calibrated_predictor, quant_formats
+from draftnas.search.calibration import calibrated_predictor
 from draftnas.search.candidate import reference_candidate
 from draftnas.search.engine import ENGINE as LLAMA_CPP
 from draftnas.search.engine import llama_cpp_model, verdict
@@ -178,7 +178,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         predictor, profile_note, dtype = calibrated_predictor(
             latency_profile, target_arch, space, calibration_progress, engine=engine, dtype=request.dtype,
             stacks=stacks, given=Path(request.calibration).expanduser() if request.calibration else None,
-            quant_stacks=[base_arch] if quant_formats(space, latency_profile.device, engine) else [])
+            quant_stacks=[base_arch])
     quant_dtype = None
     if isinstance(predictor, CalibratedModel) and predictor.calibration.quant_dtype not in ("", dtype):
         quant_dtype = predictor.calibration.quant_dtype  # quantized drafters beside an fp32 target: bf16
