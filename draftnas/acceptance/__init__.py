@@ -14,6 +14,8 @@ _EXPORTS = {
     "TraceRequest": "records",
     "TraceMetadata": "records",
     "AcceptanceEstimate": "records",
+    "AcceptsFile": "accepts",
+    "read_accepts": "accepts",
     "trace_from_request": "tracing",
     "build_traces": "tracing",
     "load_traces": "traces",
@@ -21,17 +23,20 @@ _EXPORTS = {
 }
 __all__ = [
     "AcceptanceEstimate",
+    "AcceptsFile",
     "TraceMetadata",
     "TraceOptions",
     "TraceRequest",
     "build_traces",
     "estimate_acceptance",
     "load_traces",
+    "read_accepts",
     "trace_from_request",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from draftnas.acceptance.accepts import AcceptsFile, read_accepts
     from draftnas.acceptance.estimate import estimate_acceptance
     from draftnas.acceptance.records import AcceptanceEstimate, TraceMetadata, TraceOptions, TraceRequest
     from draftnas.acceptance.traces import load_traces

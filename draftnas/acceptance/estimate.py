@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from draftnas.acceptance.accepts import AcceptsPrompt, AcceptsTrace, walk_accepts
 from draftnas.acceptance.records import AcceptanceEstimate, DomainAcceptance
 from draftnas.acceptance.traces import (
     TraceRecord,
@@ -85,19 +86,7 @@ def expected_steps(beta: np.ndarray, lengths: np.ndarray, gamma: int, max_new_to
 def greedy_steps(agree: Sequence[np.ndarray], gamma: int, max_new_tokens: int) -> np.ndarray:
     """Exact steps of greedy speculative decoding per sequence (the replay `expected_steps`
     computes, walked directly: much faster for 0/1 agreement). agree: per sequence [C] of 0/1."""
-    out = np.zeros(len(agree))
-    for i, a in enumerate(agree):
-        n = len(a)
-        run = np.zeros(n + 1, dtype=np.int64)  # run[t] = agreements in a row from t
-        for t in range(n - 1, -1, -1):
-            run[t] = run[t + 1] + 1 if a[t] > 0.5 else 0
-        t = steps = 0
-        while t < n:
-            g = max(0, min(gamma, max_new_tokens - t - 1))
-            t += min(int(run[t]), g) + 1
-            steps += 1
-        out[i] = steps
-    return out
+    return np.array([len(walk_accepts(a.tolist(), gamma, max_new_tokens)[0]) for a in agree], dtype=float)
 
 
 def _bootstrap(tokens: np.ndarray, steps: np.ndarray, n: int, confidence: float,
@@ -296,6 +285,38 @@ def _replay(per: _PerPosition, lengths: np.ndarray, max_gamma: int, max_new: int
     )
 
 
+def _agreement(drafter_model: Any, traces: Traces, temperature: float, vocab_subset: Any,
+               progress: Progress | None) -> tuple[Traces, _PerPosition, torch.Tensor | None]:
+    """The drafter checked against the traces and run teacher-forced over the records at
+    `temperature` -> (those records, per-position acceptance, the head's subset)."""
+    model, fingerprint = _unwrap(drafter_model)
+    check_compatible(traces, vocab_size=model_vocab_size(model), fingerprint=fingerprint)
+    selected = traces.select(temperature=temperature)
+    if vocab_subset is None:  # a drafter given a reduced head by draftnas.drafter.vocab.apply_vocab_subset
+        vocab_subset = getattr(model, "draft_vocab_subset", None)
+    if vocab_subset is not None and hasattr(vocab_subset, "ids"):
+        vocab_subset = list(vocab_subset.ids)
+    subset = _subset_tensor(vocab_subset, traces.metadata.vocab_size)
+    _check_head(model, traces.metadata.vocab_size, subset)
+    per = _teacher_forced(model, selected.records, temperature, subset, traces.metadata.vocab_size, progress)
+    return selected, per, subset
+
+
+def estimated_accepts(drafter_model: Any, traces: Traces, *, gamma: int, label: str, drafter: str = "",
+                      vocab_subset: Any = None) -> AcceptsTrace:
+    """The accepted counts per step greedy speculative decoding at `gamma` would have on each greedy
+    record of `traces`: the drafter's agreement with the target's own outputs, walked step by step
+    (`accepts.walk_accepts`). Exact where the drafter's teacher-forced argmax is the one it drafts."""
+    selected, per, _ = _agreement(drafter_model, traces, 0.0, vocab_subset, None)
+    budget = traces.metadata.max_new_tokens
+    prompts = []
+    for record, agree in zip(selected.records, per.beta, strict=True):
+        accepted, drafted = walk_accepts(agree.tolist(), gamma, max(budget, len(agree)))
+        prompts.append(AcceptsPrompt(prompt_id=record.info.prompt_id, prompt_tokens=len(record.prompt_ids),
+                                     new_tokens=len(agree), accepted=tuple(accepted), drafted=tuple(drafted)))
+    return AcceptsTrace(label=label, drafter=drafter, source="estimate", gamma=gamma, prompts=tuple(prompts))
+
+
 def estimate_acceptance(
     drafter_model: Any,
     traces: Traces,
@@ -321,16 +342,7 @@ def estimate_acceptance(
     if temperature < 0:
         raise InvalidInputError(f"temperature must be >= 0, got {temperature:g}")
     started = time.perf_counter()
-    model, fingerprint = _unwrap(drafter_model)
-    check_compatible(traces, vocab_size=model_vocab_size(model), fingerprint=fingerprint)
-    selected = traces.select(temperature=temperature)
-    if vocab_subset is None:  # a drafter given a reduced head by draftnas.drafter.vocab.apply_vocab_subset
-        vocab_subset = getattr(model, "draft_vocab_subset", None)
-    if vocab_subset is not None and hasattr(vocab_subset, "ids"):
-        vocab_subset = list(vocab_subset.ids)
-    subset = _subset_tensor(vocab_subset, traces.metadata.vocab_size)
-    _check_head(model, traces.metadata.vocab_size, subset)
-    per = _teacher_forced(model, selected.records, temperature, subset, traces.metadata.vocab_size, progress)
+    selected, per, subset = _agreement(drafter_model, traces, temperature, vocab_subset, progress)
     lengths = np.array([len(r.continuation_ids) for r in selected.records])
     max_new = max(traces.metadata.max_new_tokens, int(lengths.max()))
     steps = _replay(per, lengths, max_gamma, max_new, greedy=temperature <= 0)

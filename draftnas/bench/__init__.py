@@ -15,6 +15,8 @@ _EXPORTS = {
     "BenchResult": "records",
     "ArmResult": "records",
     "BatchedBenchResult": "batch_records",
+    "ReplayResult": "replay_records",
+    "run_replay": "replay",
     "bench_from_request": "request",
     "run_bench": "run",
     "run_batch_sizes": "run",
@@ -25,14 +27,18 @@ __all__ = [
     "BenchOptions",
     "BenchRequest",
     "BenchResult",
+    "ReplayResult",
     "bench_from_request",
     "run_batch_sizes",
     "run_bench",
+    "run_replay",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.bench.batch_records import BatchedBenchResult
     from draftnas.bench.records import ArmResult, BenchOptions, BenchRequest, BenchResult
+    from draftnas.bench.replay import run_replay
+    from draftnas.bench.replay_records import ReplayResult
     from draftnas.bench.request import bench_from_request
     from draftnas.bench.run import run_batch_sizes, run_bench

@@ -60,7 +60,9 @@ class Run:
     accepted: int = 0
     drafted: int = 0
     draft_s: float = 0.0
-    margins: list[float] | None = None  # greedy target runs in draftnas's engines: top-1 minus top-2
+    margins: list[float] | None = None
+    accepted_steps: tuple[int, ...] = ()  # draftnas's loop: per step
+    drafted_steps: tuple[int, ...] = ()  # greedy target runs in draftnas's engines: top-1 minus top-2
 
 
 @dataclass
@@ -198,6 +200,19 @@ class Bench:
         for engine in self.engines.values():  # one-token steps padded to two rows where that is faster
             choose_row_padding(engine.decoder)
 
+    def warm(self, arms: Sequence[Arm], encoded: Sequence[list[int]]) -> None:
+        """Every arm run once before timing: in full on the first prompt (a static engine's full-length
+        run meets, and on CUDA captures, every step size), then two tokens of every other prompt, so
+        that no timed run is the first at its prompt's length. A serving engine has met its lengths (or
+        buckets them into captured shapes); a first prefill at a new length (CUDA's kernel selection,
+        an allocation) is a one-time cost of the process, not of the request."""
+        warm_tokens = self.options.max_new_tokens if self.engines else min(8, self.options.max_new_tokens)
+        for arm in arms:
+            arm.run(encoded[0], self.options.seed, warm_tokens)
+        for ids in encoded[1:]:
+            for arm in arms:
+                arm.run(ids, self.options.seed, min(2, self.options.max_new_tokens))
+
     def choice_timing_s(self) -> float:
         return sum(c.timing_s for c in self.choosers())
 
@@ -287,7 +302,8 @@ class LoopArm(Arm):
                                    temperature=b.options.temperature, eos_token_ids=b.eos,
                                    generator=torch.Generator().manual_seed(seed), vocab_subset=d.subset)
         return Run(tokens=out.tokens, elapsed_s=out.elapsed_s, steps=out.steps, accepted=sum(out.accepted),
-                   drafted=sum(out.drafted), draft_s=out.draft_s)
+                   drafted=sum(out.drafted), draft_s=out.draft_s, accepted_steps=tuple(out.accepted),
+                   drafted_steps=tuple(out.drafted))
 
 
 class HfTargetArm(Arm):

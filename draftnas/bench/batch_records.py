@@ -45,3 +45,4 @@ class BatchedBenchResult(Record):
     load_average_before: str = ""
     versions: dict[str, str] | None = None
     wall_s: float = 0.0
+    replay: str = ""  # `bench --replay`: the accepts replayed (file or alpha=RATE) and their source

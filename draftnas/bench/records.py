@@ -85,6 +85,10 @@ class BenchOptions(Record):
         None, help="A search's predictions.json (it prints the path): each arm's predicted tokens/s and "
                    "speedup beside the measured ones, with the error, and apart from them the held-out "
                    "prediction (the latency model on a shape the calibration did not time).")
+    write_accepts: str | None = option(
+        None, help="Write each drafter's accepted counts per step and prompt (draftnas's loop, first round) "
+                   "and the estimator's for the same prompts to this JSON: what `bench --replay` replays on "
+                   "another machine at the same or other shapes.")
     profile: str | None = option(
         None, help="Latency profile the batch sizes' predictions use (a shipped name or a JSON file). "
                    "Default: on CPU the shipped profile measured on this host; on CUDA the spec sheet "
@@ -102,6 +106,9 @@ class BenchOptions(Record):
         if self.batch_sizes and self.reference_gamma not in (None, self.gamma):
             extra.append(("reference_gamma", "applies to the arms bench; {batch_sizes} runs every "
                                              "drafter at {gamma}"))
+        if self.write_accepts and (self.batch_sizes or self.engine == "llama.cpp" or self.temperature > 0):
+            extra.append(("write_accepts", "records draftnas's greedy loop: drop {batch_sizes} and {engine} "
+                                           "llama.cpp, set {temperature} 0"))
         if self.engine == "llama.cpp" and (self.batch_sizes or self.device != "cpu" or self.temperature > 0):
             extra.append(("engine", "llama.cpp is benched on the CPU, greedy, one sequence at a time"))
         for name in ("draft_weights", "reference_weights"):
@@ -134,10 +141,28 @@ class BenchRequest(Record):
                     "formats), each the drafter its study priced (exported into drafters/ first), all in one "
                     "run of draftnas's static loop, each at its own γ. The drafter must be a search's "
                     "export; the table also goes into its README.md.")
+    replay: str | None = option(
+        None, help="Replay recorded acceptance instead of running the models: an accepts JSON (written by "
+                   "--write-accepts) or alpha=RATE (counts drawn at that per-token acceptance rate, a "
+                   "stand-in). --target and --draft are then shapes: a registered name (draftnas targets) "
+                   "or a model folder (its config.json, draft head and draftnas.json; no weights are read), "
+                   "built with random weights in the static engine; each step accepts the recorded count. "
+                   "Reports tokens/s of the loop and of the target alone, the speedup and the latency "
+                   "model's prediction; with --batch-size, at each batch size.")
+    replay_drafter: str | None = option(
+        None, help="Which trace of the accepts file to replay (its labels: draftnas, reference, ..., "
+                   "draftnas-estimate); default: the only one, else draftnas.")
     options: BenchOptions = option_group(BenchOptions)
 
     def validate(self) -> BenchRequest:
         extra = []
+        if self.replay and (self.references or self.ablation or self.options.engine not in (None, "static")
+                            or self.options.temperature > 0 or self.options.write_accepts):
+            extra.append(("replay", "replays one drafter's greedy counts in draftnas's static loop: drop "
+                                    "{references}, {ablation}, {write_accepts} and {engine} other than "
+                                    "static, set {temperature} 0"))
+        if self.replay_drafter and not self.replay:
+            extra.append(("replay_drafter", "names a trace of {replay}'s file: give --replay"))
         if self.ablation and (self.references or self.options.batch_sizes or self.options.engine
                               not in (None, "static")):
             extra.append(("ablation", "benches its own chain in draftnas's static loop: drop {references}, "
@@ -167,6 +192,8 @@ class ArmRun(Record):
     accepted: int = 0
     drafted: int = 0
     draft_s: float = 0.0  # time inside the drafter (draftnas's loop)
+    accepted_steps: tuple[int, ...] = ()  # draftnas's loop: drafts accepted at each step
+    drafted_steps: tuple[int, ...] = ()  # and drafts proposed at each step
     lossless: bool | None = None
     first_divergence: int | None = None
     divergence_margin: float | None = None

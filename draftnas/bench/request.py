@@ -7,19 +7,25 @@ from dataclasses import replace
 
 from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.records import BenchRequest, BenchResult
+from draftnas.bench.replay_records import ReplayResult
 from draftnas.core.prompts import load_prompts
 from draftnas.core.records import Progress
 
 
 def bench_from_request(request: BenchRequest, *, progress: Progress | None = None,
                        torch_progress: Progress | None = None
-                       ) -> tuple[BenchResult | BatchedBenchResult, BenchResult | None]:
+                       ) -> tuple[BenchResult | BatchedBenchResult | ReplayResult, BenchResult | None]:
     """The bench the request asks for (the arms in one interleaved run, or with `batch_sizes` the
-    batched loop per batch size) and, for the llama.cpp engine with `torch_arms`, draftnas's own loop
-    on the same prompts (None otherwise)."""
+    batched loop per batch size, or with `replay` the recorded acceptance over random weights of the
+    named shapes) and, for the llama.cpp engine with `torch_arms`, draftnas's own loop on the same
+    prompts (None otherwise)."""
     from draftnas.bench.run import run_batch_sizes, run_bench
 
     options = request.validate().options
+    if request.replay:
+        from draftnas.bench.replay import run_replay
+
+        return run_replay(request, progress=progress), None
     if request.ablation:
         from draftnas.bench.ablation import run_ablation
 
@@ -28,7 +34,7 @@ def bench_from_request(request: BenchRequest, *, progress: Progress | None = Non
     if options.engine == "llama.cpp":
         from draftnas.bench.llama_cpp import run_llama_cpp_bench
 
-        result: BenchResult | BatchedBenchResult = run_llama_cpp_bench(
+        result: BenchResult | BatchedBenchResult | ReplayResult = run_llama_cpp_bench(
             request.target, request.draft, prompts, options, reference=request.one_reference(),
             progress=progress)
     elif options.batch_sizes:

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from draftnas.acceptance.estimate import estimate_acceptance
+from draftnas.acceptance.accepts import AcceptsTrace
+from draftnas.acceptance.estimate import estimate_acceptance, estimated_accepts
 from draftnas.acceptance.records import TraceOptions
 from draftnas.acceptance.traces import Traces, make_metadata, model_vocab_size, tokenizer_fingerprint
 from draftnas.acceptance.tracing import record_from_continuation
@@ -34,6 +35,7 @@ from draftnas.bench.arms import MAIN, Arm, Bench, Drafter, Run, arm_names, refer
 from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.batched import host_label, run_batched_bench
 from draftnas.bench.predicted import check_predictions, exported_prediction
+from draftnas.bench.recorded import write_bench_accepts
 from draftnas.bench.records import (
     ArmResult,
     ArmRun,
@@ -80,7 +82,8 @@ def _bench_prompt(bench: Bench, arms: Sequence[Arm], prompt: Prompt, ids: list[i
     for arm in arms:
         run = runs[arm.name]
         row = ArmRun(arm=arm.name, seconds=run.elapsed_s, new_tokens=len(run.tokens), steps=run.steps,
-                     accepted=run.accepted, drafted=run.drafted, draft_s=run.draft_s)
+                     accepted=run.accepted, drafted=run.drafted, draft_s=run.draft_s,
+                     accepted_steps=run.accepted_steps, drafted_steps=run.drafted_steps)
         base = runs[arm.baseline] if arm.baseline else None
         if base is not None and greedy:
             divergence = first_divergence(run.tokens, base.tokens)
@@ -288,10 +291,7 @@ def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Seq
         bench.build_engines(max(len(ids) for ids in encoded) + options.max_new_tokens + bench.max_gamma + 1)
     bench.prepare(encoded)
     arms = bench.arms()
-    # warm-up; a static engine's full-length run also meets (and on CUDA captures) every step size
-    warm_tokens = options.max_new_tokens if bench.engines else min(8, options.max_new_tokens)
-    for arm in arms:
-        arm.run(encoded[0], options.seed, warm_tokens)
+    bench.warm(arms, encoded)
     rows: list[BenchPrompt] = []
     continuations: list[list[int]] = []
     timing_before = bench.choice_timing_s()
@@ -309,12 +309,13 @@ def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Seq
     if choice_timing > 0:
         log.warning("%.2f s of the timed runs went to timing the products of shapes met there first",
                     choice_timing)
+    estimated: list[AcceptsTrace] = []
     if options.estimate:
-        results = _with_predictions(results, bench, prompts, encoded, continuations, options)
+        results, estimated = _with_predictions(results, bench, prompts, encoded, continuations, options)
         if progress:
             progress(total, total)
     param = next(t_model.model.parameters())
-    return BenchResult(
+    result = BenchResult(
         target=t_model.source.spec, drafters={d.label: d.loaded.source.spec for d in drafters},
         gamma=options.gamma, temperature=options.temperature, max_new_tokens=options.max_new_tokens,
         n_prompts=len(prompts), device=str(param.device), dtype=str(param.dtype).removeprefix("torch."),
@@ -325,6 +326,9 @@ def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Seq
         comparisons=_comparisons(arms, rows, drafters),
         wall_s=round(time.perf_counter() - started, 2),
     )
+    if options.write_accepts:
+        write_bench_accepts(options.write_accepts, result, estimated)
+    return result
 
 
 def run_batch_sizes(
@@ -375,10 +379,10 @@ def unseen_prompts(prompts: Sequence[Prompt], tokenizer: Any, folders: Sequence[
 
 def _with_predictions(results: list[ArmResult], bench: Bench, prompts: Sequence[Prompt],
                       encoded: Sequence[list[int]], continuations: Sequence[list[int]],
-                      options: BenchOptions) -> list[ArmResult]:
+                      options: BenchOptions) -> tuple[list[ArmResult], list[AcceptsTrace]]:
     """Each drafter's loop arm with the estimator's prediction on these prompts, from traces of the
-    target's own runs. Greedy: the target's continuations; sampling: its sampled outputs are
-    samples of p, which is what a sampled trace holds."""
+    target's own runs (greedy: the target's continuations; sampling: its sampled outputs are samples of
+    p, which is what a sampled trace holds), and with `write_accepts` the estimator's counts per step."""
     traces = bench_traces(bench.target, prompts, encoded, continuations, options)
     by_name = {r.name: r for r in results}
     for d in bench.drafters.values():
@@ -387,4 +391,7 @@ def _with_predictions(results: list[ArmResult], bench: Bench, prompts: Sequence[
         by_name[name] = replace(by_name[name], predicted_tokens_per_step=est.tokens_per_step[g],
                                 predicted_ci_low=est.ci_low[g], predicted_ci_high=est.ci_high[g],
                                 predicted_acceptance_rate=est.acceptance_rate, estimator_s=est.elapsed_s)
-    return [by_name[r.name] for r in results]
+    estimated = [estimated_accepts(d.loaded, traces, gamma=d.gamma, label=f"{d.label}-estimate",
+                                   drafter=d.loaded.source.spec) for d in bench.drafters.values()
+                 ] if options.write_accepts else []
+    return [by_name[r.name] for r in results], estimated

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.records import BenchRequest
+from draftnas.bench.replay_records import ReplayResult
 from draftnas.cli.app import app, console
 from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
@@ -147,8 +148,47 @@ def _crossover(batch: int | None, upto: int) -> str:
     return f"B={batch}" if batch is not None else f"not reached up to B={upto}"
 
 
+def replay_table(result: ReplayResult) -> Table:
+    """A replay: the target alone and the replayed loop (medians over prompts [95% interval]), the
+    speedup beside the latency model's, and whether the replay took exactly the recorded steps."""
+    table = Table(title=f"Replay of {result.source} acceptance ({result.label}), gamma={result.gamma}: "
+                        f"{result.n_prompts} prompts, {result.rounds} rounds, {result.device}, "
+                        f"{result.dtype}, {result.threads} threads, random weights; "
+                        "median over prompts [95% interval]",
+                  header_style="bold")
+    for col in ("target", "drafter", "target tok/s", "loop tok/s", "speedup", "predicted", "tok/step",
+                "steps replayed/recorded", "exact"):
+        table.add_column(col, justify="left" if col in ("target", "drafter") else "right")
+    weights = f" {result.draft_weights}" if result.draft_weights != "dense" else ""
+    head = f" head {result.head_rows}" if result.head_rows else ""
+    table.add_row(result.target, result.drafter + weights + head,
+                  _with_interval(result.target_tokens_per_s, result.target_tokens_per_s_interval, ".2f"),
+                  _with_interval(result.tokens_per_s, result.tokens_per_s_interval, ".2f"),
+                  _with_interval(result.speedup, result.speedup_interval, ".3f", "x"),
+                  _fmt(result.predicted_speedup, ".3f") + ("x" if result.predicted_speedup else ""),
+                  f"{result.tokens_per_step:.3f}", f"{result.replayed_steps}/{result.recorded_steps}",
+                  _flag(result.exact))
+    return table
+
+
+def _print_replay(result: ReplayResult) -> None:
+    console.print(replay_table(result))
+    lines = [f"accepts: {result.accepts} ({result.source}, recorded on {result.recorded_on})"]
+    if result.note:
+        lines.append(f"STAND-IN: {result.note}")
+    lines.append(f"predicted: {result.profile}" if result.profile else
+                 "predicted: none (a quantized drafter, or no profile for this device: --profile)")
+    lines.append(f"host: {result.host}, {result.threads} threads, load average before "
+                 f"{result.load_average_before}")
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True)
+
+
 def _print_batched(result: BatchedBenchResult) -> None:
     console.print(batch_table(result))
+    if result.replay:
+        console.print(f"replayed: {result.replay}; random weights; the exact column is the share of "
+                      "sequences whose replayed counts equal the record", highlight=False, soft_wrap=True)
     largest = max(p.batch_size for p in result.points)
     for label, spec in result.drafters.items():
         predicted = (_crossover(result.predicted_crossover[label], 1024) if result.profile
@@ -168,7 +208,8 @@ def _print_batched(result: BatchedBenchResult) -> None:
 def bench(request: BenchRequest, output: Output) -> None:
     """Decode with every arm (target alone, draftnas's loop, transformers' assisted generation) for the
     drafter and, with --reference, the drafter it must beat; compare them in one run. With
-    --batch-size: the target alone and each drafter's batched loop at each batch size instead."""
+    --batch-size: the target alone and each drafter's batched loop at each batch size instead. With
+    --replay: recorded acceptance replayed over random weights of the shapes --target and --draft name."""
     from draftnas.bench.request import bench_from_request
 
     with progress_bars(output.json) as on:
@@ -178,6 +219,11 @@ def bench(request: BenchRequest, output: Output) -> None:
     if emit_json(output, data):
         return
     out_json = output.out_json
+    if isinstance(result, ReplayResult):
+        _print_replay(result)
+        if out_json is not None:
+            console.print(f"result written to {out_json}")
+        return
     if isinstance(result, BatchedBenchResult):
         _print_batched(result)
         if out_json is not None:
@@ -214,3 +260,6 @@ def bench(request: BenchRequest, output: Output) -> None:
                       f"{', '.join(result.left_out)}", highlight=False, soft_wrap=True)
     if out_json is not None:
         console.print(f"result written to {out_json}")
+    if request.options.write_accepts:
+        console.print(f"accepted counts per step written to {request.options.write_accepts} (replay them "
+                      "with bench --replay)", highlight=False, soft_wrap=True)

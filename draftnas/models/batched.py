@@ -126,12 +126,14 @@ def _emit(tokens: list[int], new: list[int], budget: int, eos: set[int]) -> bool
 
 
 def batched_greedy(target: BatchedStatic, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                   eos_token_ids: Sequence[int] = ()) -> BatchedOutput:
-    """Plain greedy decoding of every prompt together: one [B, 1] step per token (the baseline)."""
+                   eos_token_ids: Sequence[int] = (), budgets: Sequence[int] | None = None) -> BatchedOutput:
+    """Plain greedy decoding of every prompt together: one [B, 1] step per token (the baseline).
+    `budgets`: per sequence, its own token budget (default `max_new_tokens` for each)."""
     _check(prompts, [target], max_new_tokens, 1, 1)
     started = time.perf_counter()
     device, eos = target.device, set(eos_token_ids)
     out = BatchedOutput(tokens=[[] for _ in prompts])
+    budget = list(budgets) if budgets is not None else [max_new_tokens] * len(prompts)
     with torch.inference_mode():
         for row, prompt in enumerate(prompts):
             target.prefill(row, prompt[:-1])
@@ -147,7 +149,7 @@ def batched_greedy(target: BatchedStatic, prompts: Sequence[Sequence[int]], *, m
             out.host_reads += 1
             for row, tok in enumerate(read):
                 if not done[row]:
-                    done[row] = _emit(out.tokens[row], [tok], max_new_tokens, eos)
+                    done[row] = _emit(out.tokens[row], [tok], budget[row], eos)
     out.elapsed_s = time.perf_counter() - started
     return out
 
@@ -155,12 +157,17 @@ def batched_greedy(target: BatchedStatic, prompts: Sequence[Sequence[int]], *, m
 def batched_speculative_generate(target: BatchedStatic, drafter: BatchedStatic,
                                  prompts: Sequence[Sequence[int]], *, gamma: int, max_new_tokens: int,
                                  eos_token_ids: Sequence[int] = (),
-                                 head_ids: torch.Tensor | None = None) -> BatchedOutput:
+                                 head_ids: torch.Tensor | None = None,
+                                 replay: Sequence[Sequence[int]] | None = None,
+                                 budgets: Sequence[int] | None = None) -> BatchedOutput:
     """Greedy speculative decoding of every prompt together (each sequence lossless).
 
     `head_ids`: the full-vocabulary id of each row of the drafter's reduced head (None: a full head).
     Each step drafts g = min(gamma, the largest remaining budget - 1) tokens for every sequence; a
     finished sequence keeps its row (its tokens are no longer emitted) until all are done.
+    `replay`: per sequence, the accepted count of each step of a recorded run: every step does the
+    same work, then accepts min(recorded, g) on the device; a sequence is done after its last recorded
+    step. `budgets`: per sequence, its own token budget (default `max_new_tokens` for each).
     """
     if gamma < 1:
         raise InvalidInputError(f"gamma must be >= 1, got {gamma}")
@@ -169,6 +176,13 @@ def batched_speculative_generate(target: BatchedStatic, drafter: BatchedStatic,
     device, eos = target.device, set(eos_token_ids)
     table = None if head_ids is None else head_ids.to(device=device, dtype=torch.long)
     out = BatchedOutput(tokens=[[] for _ in prompts], accepted=[[] for _ in prompts])
+    budget = list(budgets) if budgets is not None else [max_new_tokens] * len(prompts)
+    forced = None
+    if replay is not None:  # [steps, B] on the device, zero past a sequence's last step
+        forced = torch.zeros((max(map(len, replay)), len(prompts)), dtype=torch.long)
+        for row, counts in enumerate(replay):
+            forced[:len(counts), row] = torch.tensor(list(counts), dtype=torch.long)
+        forced = forced.to(device)
     with torch.inference_mode():
         for row, prompt in enumerate(prompts):  # the target holds all but the last token, the drafter
             target.prefill(row, prompt[:-1])   # all but the last two
@@ -178,7 +192,7 @@ def batched_speculative_generate(target: BatchedStatic, drafter: BatchedStatic,
         lengths, done = [len(p) for p in prompts], [False] * len(prompts)
         running = torch.ones(len(prompts), dtype=torch.bool, device=device)
         while not all(done):
-            remaining = max(max_new_tokens - len(t) for t, d in zip(out.tokens, done, strict=True) if not d)
+            remaining = max(b - len(t) for t, b, d in zip(out.tokens, budget, done, strict=True) if not d)
             g = max(1, min(gamma, remaining - 1))
             span = max(lengths) + g  # slots the step reads: every position it writes lies below
             feed, at = last2, torch.stack((length - 2, length - 1), dim=1)
@@ -194,6 +208,8 @@ def batched_speculative_generate(target: BatchedStatic, drafter: BatchedStatic,
             verify_at = length[:, None] - 1 + torch.arange(g + 1, device=device)
             best = target.step(torch.cat((last2[:, 1:], drafted), dim=1), verify_at, span).argmax(-1)
             k = (drafted == best[:, :g]).long().cumprod(dim=1).sum(dim=1)  # [B] drafts accepted
+            if forced is not None:
+                k = forced[out.steps].clamp(max=g)
             nxt = best.gather(1, k[:, None])[:, 0]
             read = torch.cat((k, nxt, drafted.flatten())).tolist()  # the step's one read by the host
             out.host_reads += 1
@@ -206,7 +222,8 @@ def batched_speculative_generate(target: BatchedStatic, drafter: BatchedStatic,
                 lengths[row] += accepted + 1
                 out.accepted[row].append(accepted)
                 own = read[2 * n + row * g: 2 * n + row * g + accepted]
-                done[row] = _emit(out.tokens[row], [*own, read[n + row]], max_new_tokens, eos)
+                done[row] = _emit(out.tokens[row], [*own, read[n + row]], budget[row], eos) or (
+                    replay is not None and out.steps >= len(replay[row]))
                 finished |= done[row]
             if finished:  # a finished sequence stays where it is (a copy to the device only then)
                 running = torch.tensor([not d for d in done], device=device)

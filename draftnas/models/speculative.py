@@ -155,10 +155,11 @@ class _Clock:
         return self.begin.elapsed_time(self.end) / 1e3 if self.cuda else self.stopped - self.started
 
 
-def _greedy_step(draft: _Drafter, target: Engine, seq: list[int], cached: int,
-                 g: int) -> tuple[list[int], int, int, float]:
+def _greedy_step(draft: _Drafter, target: Engine, seq: list[int], cached: int, g: int,
+                 forced: int | None = None) -> tuple[list[int], int, int, float]:
     """One greedy step on the device, read once: (drafts, accepted count k, the target's next token,
-    seconds spent drafting). The target reads seq[cached:] and the g drafts."""
+    seconds spent drafting). The target reads seq[cached:] and the g drafts. `forced`: a replay's
+    count, taken for k after the same work and read (the next token is the target's at that k)."""
     clock = _Clock(draft.engine.device)
     feed: list[int] | torch.Tensor = seq[draft.cached:]
     drafts: list[torch.Tensor] = []
@@ -172,7 +173,7 @@ def _greedy_step(draft: _Drafter, target: Engine, seq: list[int], cached: int,
     best = logits.argmax(-1)  # [g + 1]
     k = (drafted == best[:g]).long().cumprod(0).sum().reshape(1)
     read = torch.cat((k, best, drafted)).tolist()  # the step's one read by the host
-    k_ = int(read[0])
+    k_ = int(read[0]) if forced is None else min(forced, g)
     return [int(t) for t in read[g + 2:]], k_, int(read[1 + k_]), clock.seconds()
 
 
@@ -209,6 +210,7 @@ def speculative_generate(
     eos_token_ids: Sequence[int] = (),
     vocab_subset: Any = None,
     generator: torch.Generator | None = None,
+    replay: Sequence[tuple[int, int]] | None = None,
 ) -> SpeculativeOutput:
     """Generate up to `max_new_tokens` new tokens after `prompt_ids` with speculative decoding.
 
@@ -217,8 +219,13 @@ def speculative_generate(
     reused across calls). Stops after an end-of-sequence token (included in the output).
     `vocab_subset`: the full-vocabulary ids of a reduced draft head's rows (default: the
     subset `draftnas.drafter.vocab.apply_vocab_subset` attached to the drafter model, if any).
+    `replay`: (drafted, accepted) per step of a recorded run (greedy): each step drafts and verifies as
+    usual, then accepts the recorded count; the run stops after the last recorded step (a replay over
+    random weights of the recorded models' shapes times the recorded run, `draftnas bench --replay`).
     """
 
+    if replay is not None and temperature > 0:
+        raise InvalidInputError("a replay of recorded accepted counts is greedy: temperature 0")
     if gamma < 0 or max_new_tokens < 1 or temperature < 0:
         raise InvalidInputError(f"need gamma >= 0, max_new_tokens >= 1, temperature >= 0; got "
                                 f"{gamma}, {max_new_tokens}, {temperature:g}")
@@ -237,9 +244,12 @@ def speculative_generate(
     seq, eos = list(prompt_ids), set(eos_token_ids)
     out = SpeculativeOutput(tokens=[])
     with torch.inference_mode():
-        while len(out.tokens) < max_new_tokens:
+        while len(out.tokens) < max_new_tokens and (replay is None or out.steps < len(replay)):
             base = len(seq)
             g = max(0, min(gamma, max_new_tokens - len(out.tokens) - 1))
+            forced = None
+            if replay is not None:
+                g, forced = replay[out.steps]
             if temperature > 0:
                 t0 = time.perf_counter()
                 drafts, qs = _draft(draft, seq, g, temperature, eos, generator)
@@ -248,7 +258,7 @@ def speculative_generate(
                 k, nxt = _accept(logits, drafts, qs, temperature, generator)
                 out.host_reads += len(drafts) + 1
             else:
-                drafts, k, nxt, draft_s = _greedy_step(draft, target_engine, seq, cached, g)
+                drafts, k, nxt, draft_s = _greedy_step(draft, target_engine, seq, cached, g, forced)
                 out.draft_s += draft_s
                 out.host_reads += 1
             emitted = drafts[:k] + [nxt]

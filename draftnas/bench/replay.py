@@ -1,0 +1,311 @@
+"""`draftnas bench --replay`: the speculative loop at any size the device holds, with acceptance replayed.
+
+The target and the drafter are shapes (a registry name, or a model folder whose config.json, draft head
+and draftnas.json are read, never its weights), built with random weights in draftnas's static decoder
+(CUDA graphs on a GPU). Each prompt is a run of the accepts file (`acceptance.accepts`): random token ids
+of its prompt length, then the loop drafting and verifying as in `draftnas bench`, accepting at each step
+the recorded count, for the recorded steps; the target alone decodes the same number of tokens. Same
+kernels, cache lengths, captured graphs and host work as the recorded run; only the weights differ, which
+at batch 1 with dense kernels leaves a step's latency where it was.
+
+The protocol is the bench's: every step size and every prompt length met once before timing (a prefill
+of a length first met inside a timed run would charge a one-time cost to that run), then `rounds`
+interleaved rounds over the prompts, the order rotating; medians over rounds, then over prompts, with
+bootstrap intervals. With `batch_sizes`, B runs are replayed together (`models.batched`) at each B.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from draftnas.acceptance.accepts import (
+    AcceptsPrompt,
+    AcceptsTrace,
+    parse_rate,
+    read_accepts,
+    synthetic_accepts,
+)
+from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
+from draftnas.bench.batched import (
+    PREDICTED_BATCHES,
+    first_below_one,
+    host_label,
+    latency_model,
+    predicted_speedup,
+)
+from draftnas.bench.records import BenchRequest
+from draftnas.bench.replay_records import ReplayResult, ReplayRun
+from draftnas.bench.stats import median_interval, per_prompt_median
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.machine import load_average, require_device
+from draftnas.core.options import option_error
+from draftnas.core.provenance import package_versions
+from draftnas.core.records import Progress
+from draftnas.core.registry import Architecture, resolve_architecture
+from draftnas.drafter.records import VOCAB_FILE, load_vocab_subset
+from draftnas.export.folder import exported_record
+from draftnas.latency.runtime import RANDOM_POOL
+from draftnas.models.batched import BatchedOutput, BatchedStatic, batched_greedy, batched_speculative_generate
+from draftnas.models.decoder import StaticDecoder
+from draftnas.models.engines import StaticEngine
+from draftnas.models.kernel_choices import kept_choices
+from draftnas.models.records import TORCH_DTYPES, quantized
+from draftnas.models.row_padding import choose_row_padding
+from draftnas.models.spec import DecoderSpec
+from draftnas.models.speculative import greedy_decode, speculative_generate
+
+#: prompts and prompt length of an `alpha=RATE` replay (no run recorded their lengths)
+RATE_PROMPTS, RATE_PROMPT_TOKENS = 8, 128
+
+
+@dataclass
+class Shape:
+    """A model to replay: its name, shape, reduced head rows (0: full), weight format, and the γ an
+    exported folder records (None elsewhere)."""
+
+    name: str
+    arch: Architecture
+    head_rows: int = 0
+    weights: str = "dense"
+    gamma: int | None = None
+
+
+def resolve_shape(spec: str, field: str) -> Shape:
+    """A registry name or a model folder as a `Shape` (a folder's draft head and draftnas.json read)."""
+    try:
+        arch = resolve_architecture(spec)
+    except InvalidInputError as e:
+        raise option_error(field, f"{spec!r} is neither a registered architecture nor a model folder "
+                                  f"({e})") from None
+    folder = Path(spec).expanduser()
+    if not folder.is_dir():
+        return Shape(spec, arch)
+    record = exported_record(folder) or {}
+    rows = load_vocab_subset(folder).size if (folder / VOCAB_FILE).is_file() else 0
+    gamma = record.get("gamma")
+    return Shape(folder.name, arch, rows, str(record.get("weights", "dense")),
+                 gamma if isinstance(gamma, int) else None)
+
+
+def load_trace(request: BenchRequest, drafter: Shape) -> tuple[AcceptsTrace, str]:
+    """The counts to replay and the host they were recorded on: the accepts file's trace, or counts
+    drawn at `alpha=RATE` (the drafter's exported γ, else --gamma)."""
+    spec, options = request.replay or "", request.options
+    rate = parse_rate(spec)
+    if rate is None:
+        accepts = read_accepts(spec)
+        return accepts.trace(request.replay_drafter), accepts.host
+    gamma = drafter.gamma or options.gamma
+    return synthetic_accepts(rate, gamma, options.max_new_tokens, [RATE_PROMPT_TOKENS] * RATE_PROMPTS,
+                             seed=options.seed, drafter=drafter.name), "synthetic"
+
+
+def build_decoder(shape: Shape, device: str, dtype: torch.dtype, slots: int, seed: int) -> StaticDecoder:
+    """`shape` in draftnas's static decoder with random weights (quantized as it records, on the CPU)."""
+    spec = DecoderSpec(arch=shape.arch, head_rows=shape.head_rows)
+    decoder = StaticDecoder(spec, dtype=dtype, device=device, max_positions=slots,
+                            skip_init=True).init_random(seed, pool=RANDOM_POOL)
+    if quantized(shape.weights):
+        decoder.quantize_weights(shape.weights)
+    return decoder.eval()
+
+
+def _ids(length: int, vocab: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (length,), generator=gen).tolist()
+
+
+def _check(target: Shape, drafter: Shape, trace: AcceptsTrace, options_device: str) -> None:
+    rows = drafter.head_rows or drafter.arch.vocab_size
+    if rows > target.arch.vocab_size:
+        raise option_error("draft", f"{drafter.name}'s head has {rows} rows, more than the target "
+                                    f"{target.name}'s vocabulary ({target.arch.vocab_size})")
+    if quantized(drafter.weights) and options_device != "cpu":
+        raise option_error("draft", f"{drafter.name} runs {drafter.weights} weights, which draftnas "
+                                    f"multiplies on the CPU only: replay it on the CPU")
+
+
+def _context(trace: AcceptsTrace) -> int:
+    """The mean cache length a step reads: the prompt and half the new tokens."""
+    return round(sum(p.prompt_tokens + p.new_tokens / 2 for p in trace.prompts) / len(trace.prompts))
+
+
+def _interval(rows: Sequence[ReplayRun], value: object) -> tuple[float, tuple[float, float]]:
+    by_prompt: dict[str, list[float]] = {}
+    for r in rows:
+        by_prompt.setdefault(r.prompt_id, []).append(float(value(r)))  # type: ignore[operator]
+    mid, low, high = median_interval(per_prompt_median(by_prompt))
+    return mid, (low, high)
+
+
+def run_replay(request: BenchRequest, *, progress: Progress | None = None
+               ) -> ReplayResult | BatchedBenchResult:
+    """The replay `request` asks for (see the module's text); with `batch_sizes`, one point per B."""
+    options = request.validate().options
+    require_device(options.device)
+    target, drafter = resolve_shape(request.target, "target"), resolve_shape(request.draft, "draft")
+    trace, recorded_on = load_trace(request, drafter)
+    _check(target, drafter, trace, options.device)
+    with kept_choices():
+        if options.batch_sizes:
+            return _run_batched(request, target, drafter, trace, progress)
+        return _run_single(request, target, drafter, trace, recorded_on, progress)
+
+
+def _engines(target: Shape, drafter: Shape, request: BenchRequest, slots: int,
+             lengths: Sequence[int], gamma: int) -> tuple[StaticEngine, StaticEngine]:
+    options = request.options
+    dtype, capture = getattr(torch, TORCH_DTYPES[options.dtype]), options.device == "cuda"
+    engines = tuple(StaticEngine(build_decoder(s, options.device, dtype, slots, options.seed + i), slots,
+                                 capture=capture) for i, s in enumerate((target, drafter)))
+    rows = set(range(1, gamma + 2)) | {n + k for n in lengths for k in (-1, 0, gamma)}
+    for engine in engines:  # every product timed, and single rows padded where faster, before timing
+        if engine.decoder.matmul.enabled:
+            engine.decoder.matmul.prepare(rows)
+        choose_row_padding(engine.decoder)
+    return engines[0], engines[1]
+
+
+def _run_single(request: BenchRequest, target: Shape, drafter: Shape, trace: AcceptsTrace, recorded_on: str,
+                progress: Progress | None) -> ReplayResult:
+    options, started, load_before = request.options, time.perf_counter(), load_average()
+    prompts = trace.prompts
+    slots = max(p.prompt_tokens + p.new_tokens for p in prompts) + trace.gamma + 2
+    t_engine, d_engine = _engines(target, drafter, request, slots, [p.prompt_tokens for p in prompts],
+                                  trace.gamma)
+    encoded = [_ids(p.prompt_tokens, target.arch.vocab_size, options.seed + i) for i, p in enumerate(prompts)]
+
+    def target_alone(i: int) -> tuple[float, int, int, float]:
+        out = greedy_decode(t_engine, encoded[i], max_new_tokens=prompts[i].new_tokens)
+        return out.elapsed_s, len(out.tokens), len(out.tokens), 0.0
+
+    def loop(i: int) -> tuple[float, int, int, float]:
+        p = prompts[i]
+        out = speculative_generate(t_engine, d_engine, encoded[i], gamma=trace.gamma,
+                                   max_new_tokens=p.new_tokens,
+                                   replay=list(zip(p.drafted, p.accepted, strict=True)))
+        return out.elapsed_s, len(out.tokens), out.steps, out.draft_s
+
+    arms = [target_alone, loop]
+    for i in range(len(prompts)):  # every prompt length and step size met before timing
+        for arm in arms:
+            arm(i)
+    runs: list[ReplayRun] = []
+    total = options.rounds * len(prompts)
+    for r in range(options.rounds):
+        for i, p in enumerate(prompts):
+            order = arms if (i + r) % 2 == 0 else arms[::-1]
+            timed = {arm: arm(i) for arm in order}
+            (t_s, _, _, _), (l_s, tokens, steps, draft_s) = timed[target_alone], timed[loop]
+            runs.append(ReplayRun(prompt_id=p.prompt_id, round=r, prompt_tokens=p.prompt_tokens,
+                                  target_seconds=t_s, loop_seconds=l_s, new_tokens=tokens, steps=steps,
+                                  draft_seconds=draft_s))
+            if progress:
+                progress(r * len(prompts) + i + 1, total)
+    return _result(request, target, drafter, trace, recorded_on, runs, started, load_before)
+
+
+def _result(request: BenchRequest, target: Shape, drafter: Shape, trace: AcceptsTrace, recorded_on: str,
+            runs: Sequence[ReplayRun], started: float, load_before: str) -> ReplayResult:
+    options = request.options
+    first = [r for r in runs if r.round == 0]
+    recorded = {p.prompt_id: p for p in trace.prompts}
+    exact = all(r.steps == recorded[r.prompt_id].steps and r.new_tokens == recorded[r.prompt_id].new_tokens
+                for r in runs)
+    t_tps, t_int = _interval(runs, lambda r: r.new_tokens / r.target_seconds)
+    tps, tps_int = _interval(runs, lambda r: r.new_tokens / r.loop_seconds)
+    speed, speed_int = _interval(runs, lambda r: r.target_seconds / r.loop_seconds)
+    tokens = sum(r.new_tokens for r in runs)
+    predicted, label = None, ""
+    if not quantized(drafter.weights):
+        label, model = latency_model(options.profile, options.device, options.dtype)
+        if model is not None:
+            predicted = predicted_speedup(model, target.arch, drafter.arch, drafter.head_rows or None, 1,
+                                          trace.gamma, trace.tokens_per_step, _context(trace))
+    return ReplayResult(
+        target=target.name, drafter=drafter.name, label=trace.label, source=trace.source, gamma=trace.gamma,
+        device=options.device, dtype=options.dtype, threads=torch.get_num_threads(),
+        host=host_label(options.device), rounds=options.rounds, n_prompts=len(trace.prompts),
+        recorded_steps=sum(p.steps for p in trace.prompts),
+        recorded_tokens=sum(p.new_tokens for p in trace.prompts),
+        replayed_steps=sum(r.steps for r in first), replayed_tokens=sum(r.new_tokens for r in first),
+        exact=exact, tokens_per_step=trace.tokens_per_step, acceptance_rate=trace.acceptance_rate,
+        target_tokens_per_s=t_tps, target_tokens_per_s_interval=t_int, tokens_per_s=tps,
+        tokens_per_s_interval=tps_int, speedup=speed, speedup_interval=speed_int,
+        pooled_target_tokens_per_s=tokens / sum(r.target_seconds for r in runs),
+        pooled_tokens_per_s=tokens / sum(r.loop_seconds for r in runs),
+        draft_weights=drafter.weights, head_rows=drafter.head_rows or None, predicted_speedup=predicted,
+        profile=label, note=trace.note, recorded_on=recorded_on, accepts=request.replay or "",
+        load_average_before=load_before, runs=tuple(runs), versions=package_versions(),
+        wall_s=round(time.perf_counter() - started, 2))
+
+
+def _run_batched(request: BenchRequest, target: Shape, drafter: Shape, trace: AcceptsTrace,
+                 progress: Progress | None) -> BatchedBenchResult:
+    """At each B: B recorded runs (the prompts cycled) replayed together, and the target alone decoding
+    the same tokens; `exact_match_rate` is here the share of sequences whose replayed counts equal the
+    record (a batch drafts as its longest sequence needs, so a count near a budget's end may be cut)."""
+    options, started, load_before = request.options, time.perf_counter(), load_average()
+    dtype, capture, gamma = getattr(torch, TORCH_DTYPES[options.dtype]), options.device == "cuda", trace.gamma
+    prompts = trace.prompts
+    slots = max(p.prompt_tokens + p.new_tokens for p in prompts) + gamma + 2
+    decoders = [build_decoder(s, options.device, dtype, slots, options.seed + i)
+                for i, s in enumerate((target, drafter))]
+    label, model = latency_model(options.profile, options.device, options.dtype)
+    context = _context(trace)
+    points, sizes = [], sorted(options.batch_sizes)
+    for index, size in enumerate(sizes):
+        chosen = [prompts[i % len(prompts)] for i in range(size)]
+        t_eng, d_eng = (BatchedStatic(d, size, slots, capture=capture) for d in decoders)
+        base, out = _batched_pair(t_eng, d_eng, chosen, target.arch.vocab_size, gamma, options.seed, index)
+        same = sum(list(a) == list(p.accepted) for a, p in zip(out.accepted, chosen, strict=True))
+        predicted = {} if model is None or quantized(drafter.weights) else {
+            trace.label: predicted_speedup(model, target.arch, drafter.arch, drafter.head_rows or None, size,
+                                           gamma, out.tokens_per_step, context)}
+        points.append(BatchPoint(
+            batch_size=size, target_tokens_per_s=base.tokens_per_s,
+            tokens_per_s={trace.label: out.tokens_per_s},
+            speedup={trace.label: out.tokens_per_s / base.tokens_per_s},
+            tokens_per_step={trace.label: out.tokens_per_step}, exact_match_rate={trace.label: same / size},
+            predicted_speedup=predicted))
+        if progress:
+            progress(index + 1, len(sizes))
+    predicted_cross = None
+    if model is not None and not quantized(drafter.weights):
+        mean_step = sum(p.tokens_per_step[trace.label] for p in points) / len(points)
+        predicted_cross = first_below_one([
+            (b, predicted_speedup(model, target.arch, drafter.arch, drafter.head_rows or None, b, gamma,
+                                  mean_step, context)) for b in PREDICTED_BATCHES])
+    return BatchedBenchResult(
+        target=target.name, drafters={trace.label: drafter.name}, gamma=gamma,
+        max_new_tokens=max(p.new_tokens for p in prompts), device=options.device, dtype=options.dtype,
+        threads=torch.get_num_threads(), profile=label, points=tuple(points),
+        measured_crossover={trace.label: first_below_one([(p.batch_size, p.speedup[trace.label])
+                                                          for p in points])},
+        predicted_crossover={trace.label: predicted_cross}, prompts=tuple(p.prompt_id for p in prompts),
+        host=host_label(options.device), load_average_before=load_before, versions=package_versions(),
+        wall_s=round(time.perf_counter() - started, 2), replay=f"{request.replay} ({trace.source})")
+
+
+def _batched_pair(t_eng: BatchedStatic, d_eng: BatchedStatic, chosen: Sequence[AcceptsPrompt], vocab: int,
+                  gamma: int, seed: int, index: int) -> tuple[BatchedOutput, BatchedOutput]:
+    """One batch size: the target alone and the replayed loop, each warmed once (every step width met,
+    on CUDA captured), then timed in an order that rotates with the batch size -> (target, loop)."""
+    batch = [_ids(p.prompt_tokens, vocab, seed + i) for i, p in enumerate(chosen)]
+    budgets = [p.new_tokens for p in chosen]
+    runs = {
+        "target": lambda: batched_greedy(t_eng, batch, max_new_tokens=max(budgets), budgets=budgets),
+        "loop": lambda: batched_speculative_generate(t_eng, d_eng, batch, gamma=gamma,
+                                                     max_new_tokens=max(budgets),
+                                                     replay=[p.accepted for p in chosen], budgets=budgets),
+    }
+    order = ["target", "loop"] if index % 2 == 0 else ["loop", "target"]
+    for name in order:
+        runs[name]()
+    outs = {name: runs[name]() for name in order}
+    return outs["target"], outs["loop"]
