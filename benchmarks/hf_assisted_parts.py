@@ -121,7 +121,7 @@ def main() -> None:
     result: dict[str, Any] = {**host_fields(), "target": args.target, "draft": args.draft,
                               "gamma": args.gamma, "prompts": [p.id for p in prompts],
                               "max_new_tokens": args.max_new_tokens}
-    rows = product_rows(encoded, args.gamma)  # timed before the runs, as `draftnas bench` does
+    rows = product_rows([len(ids) for ids in encoded], args.gamma)  # timed before the runs, as bench does
     for arm in ("plain", "routed"):
         routings = ([route_linears(m).prepare(rows) for m in (target.model, drafter.model)]
                     if arm == "routed" else [])

@@ -115,11 +115,11 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def product_rows(encoded: Sequence[list[int]], gamma: int) -> set[int]:
-    """The row counts speculative decoding of these prompts multiplies by: steps of 1 to γ+1
+def product_rows(lengths: Sequence[int], gamma: int) -> set[int]:
+    """The row counts speculative decoding of prompts of these lengths multiplies by: steps of 1 to γ+1
     tokens; each prompt's prefill (n), a drafter's in the loop (n - 1, its last token left to the
     first step) and transformers' first verify of the prompt and γ drafts at once (n + γ)."""
-    return set(range(1, gamma + 2)) | {len(ids) + k for ids in encoded for k in (-1, 0, gamma)}
+    return set(range(1, gamma + 2)) | {n + k for n in lengths for k in (-1, 0, gamma)}
 
 
 class Bench:
@@ -194,7 +194,7 @@ class Bench:
         """Time every product the runs will meet (`product_rows`) before any run is timed. One
         timing costs many passes over the weights; met first inside a timed run, it would be
         charged to that run."""
-        rows = product_rows(encoded, self.max_gamma)
+        rows = product_rows([len(ids) for ids in encoded], self.max_gamma)
         for chooser in self.choosers():
             chooser.prepare(rows)
         for engine in self.engines.values():  # one-token steps padded to two rows where that is faster

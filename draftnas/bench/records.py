@@ -148,7 +148,8 @@ class BenchRequest(Record):
                    "or a model folder (its config.json, draft head and draftnas.json; no weights are read), "
                    "built with random weights in the static engine; each step accepts the recorded count. "
                    "Reports tokens/s of the loop and of the target alone, the speedup and the latency "
-                   "model's prediction; with --batch-size, at each batch size.")
+                   "model's prediction; with --batch-size, at each batch size. A --max-new-tokens below "
+                   "the recorded runs' replays each run's first steps that fit it.")
     replay_drafter: str | None = option(
         None, help="Which trace of the accepts file to replay (its labels: draftnas, reference, ..., "
                    "draftnas-estimate); default: the only one, else draftnas.")

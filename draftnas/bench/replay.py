@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from draftnas.acceptance.accepts import (
     read_accepts,
     synthetic_accepts,
 )
+from draftnas.bench.arms import product_rows
 from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
 from draftnas.bench.batched import (
     PREDICTED_BATCHES,
@@ -76,20 +77,35 @@ class Shape:
 
 
 def resolve_shape(spec: str, field: str) -> Shape:
-    """A registry name or a model folder as a `Shape` (a folder's draft head and draftnas.json read)."""
+    """A shape to replay: a registry name or a model folder (its config.json; a folder's draft head and
+    draftnas.json read too), optionally followed by `,head=ROWS` (a reduced draft head) and
+    `,weights=FORMAT`, e.g. `qwen2.5-coder-0.5b,head=98304`: a searched drafter's shape without its files."""
+    name, *extras = spec.split(",")
     try:
-        arch = resolve_architecture(spec)
+        arch = resolve_architecture(name)
     except InvalidInputError as e:
-        raise option_error(field, f"{spec!r} is neither a registered architecture nor a model folder "
+        raise option_error(field, f"{name!r} is neither a registered architecture nor a model folder "
                                   f"({e})") from None
-    folder = Path(spec).expanduser()
-    if not folder.is_dir():
-        return Shape(spec, arch)
-    record = exported_record(folder) or {}
-    rows = load_vocab_subset(folder).size if (folder / VOCAB_FILE).is_file() else 0
-    gamma = record.get("gamma")
-    return Shape(folder.name, arch, rows, str(record.get("weights", "dense")),
-                 gamma if isinstance(gamma, int) else None)
+    shape = Shape(name, arch)
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        record = exported_record(folder) or {}
+        gamma = record.get("gamma")
+        rows = load_vocab_subset(folder).size if (folder / VOCAB_FILE).is_file() else 0
+        shape = Shape(folder.name, arch, rows, str(record.get("weights", "dense")),
+                      gamma if isinstance(gamma, int) else None)
+    for extra in extras:
+        key, _, value = extra.partition("=")
+        if key == "head" and value.isdigit() and 0 < int(value) <= arch.vocab_size:
+            shape.head_rows = int(value)
+        elif key == "weights" and value:
+            shape.weights = value
+        else:
+            raise option_error(field, f"{extra!r} in {spec!r}: a shape takes ,head=ROWS (1 to "
+                                      f"{arch.vocab_size}) and ,weights=FORMAT")
+    if extras:
+        shape.name = spec
+    return shape
 
 
 def load_trace(request: BenchRequest, drafter: Shape) -> tuple[AcceptsTrace, str]:
@@ -99,10 +115,25 @@ def load_trace(request: BenchRequest, drafter: Shape) -> tuple[AcceptsTrace, str
     rate = parse_rate(spec)
     if rate is None:
         accepts = read_accepts(spec)
-        return accepts.trace(request.replay_drafter), accepts.host
+        trace = accepts.trace(request.replay_drafter)
+        cut = tuple(head(p, options.max_new_tokens) for p in trace.prompts)
+        return replace(trace, prompts=cut), accepts.host
     gamma = drafter.gamma or options.gamma
     return synthetic_accepts(rate, gamma, options.max_new_tokens, [RATE_PROMPT_TOKENS] * RATE_PROMPTS,
                              seed=options.seed, drafter=drafter.name), "synthetic"
+
+
+def head(prompt: AcceptsPrompt, budget: int) -> AcceptsPrompt:
+    """`prompt`'s run cut to the steps whose tokens fit `budget` (--max-new-tokens below the recorded
+    run's: its first steps, as recorded)."""
+    if prompt.new_tokens <= budget:
+        return prompt
+    steps, emitted = 0, 0
+    while steps < prompt.steps and emitted + prompt.accepted[steps] + 1 <= budget:
+        emitted += prompt.accepted[steps] + 1
+        steps += 1
+    return replace(prompt, new_tokens=emitted, accepted=prompt.accepted[:steps],
+                   drafted=prompt.drafted[:steps])
 
 
 def build_decoder(shape: Shape, device: str, dtype: torch.dtype, slots: int, seed: int) -> StaticDecoder:
@@ -149,6 +180,8 @@ def run_replay(request: BenchRequest, *, progress: Progress | None = None
     options = request.validate().options
     require_device(options.device)
     target, drafter = resolve_shape(request.target, "target"), resolve_shape(request.draft, "draft")
+    if options.draft_weights is not None:  # as asked, over what a folder records (dense on a GPU)
+        drafter.weights = options.draft_weights
     trace, recorded_on = load_trace(request, drafter)
     _check(target, drafter, trace, options.device)
     with kept_choices():
@@ -157,18 +190,23 @@ def run_replay(request: BenchRequest, *, progress: Progress | None = None
         return _run_single(request, target, drafter, trace, recorded_on, progress)
 
 
+def replay_engine(shape: Shape, device: str, dtype: torch.dtype, slots: int, seed: int,
+                  rows: set[int]) -> StaticEngine:
+    """`shape` with random weights in a static engine of `slots` positions (CUDA graphs on a GPU), its
+    products of `rows` rows timed and single rows padded where faster before any run is timed."""
+    engine = StaticEngine(build_decoder(shape, device, dtype, slots, seed), slots, capture=device == "cuda")
+    if engine.decoder.matmul.enabled:
+        engine.decoder.matmul.prepare(rows)
+    choose_row_padding(engine.decoder)
+    return engine
+
+
 def _engines(target: Shape, drafter: Shape, request: BenchRequest, slots: int,
              lengths: Sequence[int], gamma: int) -> tuple[StaticEngine, StaticEngine]:
     options = request.options
-    dtype, capture = getattr(torch, TORCH_DTYPES[options.dtype]), options.device == "cuda"
-    engines = tuple(StaticEngine(build_decoder(s, options.device, dtype, slots, options.seed + i), slots,
-                                 capture=capture) for i, s in enumerate((target, drafter)))
-    rows = set(range(1, gamma + 2)) | {n + k for n in lengths for k in (-1, 0, gamma)}
-    for engine in engines:  # every product timed, and single rows padded where faster, before timing
-        if engine.decoder.matmul.enabled:
-            engine.decoder.matmul.prepare(rows)
-        choose_row_padding(engine.decoder)
-    return engines[0], engines[1]
+    dtype, rows = getattr(torch, TORCH_DTYPES[options.dtype]), product_rows(lengths, gamma)
+    return (replay_engine(target, options.device, dtype, slots, options.seed, rows),
+            replay_engine(drafter, options.device, dtype, slots, options.seed + 1, rows))
 
 
 def _run_single(request: BenchRequest, target: Shape, drafter: Shape, trace: AcceptsTrace, recorded_on: str,
@@ -180,21 +218,22 @@ def _run_single(request: BenchRequest, target: Shape, drafter: Shape, trace: Acc
                                   trace.gamma)
     encoded = [_ids(p.prompt_tokens, target.arch.vocab_size, options.seed + i) for i, p in enumerate(prompts)]
 
-    def target_alone(i: int) -> tuple[float, int, int, float]:
-        out = greedy_decode(t_engine, encoded[i], max_new_tokens=prompts[i].new_tokens)
+    def target_alone(i: int, budget: int | None = None) -> tuple[float, int, int, float]:
+        n = prompts[i].new_tokens if budget is None else min(prompts[i].new_tokens, budget)
+        out = greedy_decode(t_engine, encoded[i], max_new_tokens=n)
         return out.elapsed_s, len(out.tokens), len(out.tokens), 0.0
 
-    def loop(i: int) -> tuple[float, int, int, float]:
-        p = prompts[i]
+    def loop(i: int, budget: int | None = None) -> tuple[float, int, int, float]:
+        p = prompts[i] if budget is None else head(prompts[i], budget)
         out = speculative_generate(t_engine, d_engine, encoded[i], gamma=trace.gamma,
-                                   max_new_tokens=p.new_tokens,
+                                   max_new_tokens=max(p.new_tokens, 1),
                                    replay=list(zip(p.drafted, p.accepted, strict=True)))
         return out.elapsed_s, len(out.tokens), out.steps, out.draft_s
 
     arms = [target_alone, loop]
-    for i in range(len(prompts)):  # every prompt length and step size met before timing
-        for arm in arms:
-            arm(i)
+    for i in range(len(prompts)):  # in full on the first prompt (every step size), then the first
+        for arm in arms:           # steps of each other one: no timed run is the first at its length
+            arm(i, None if i == 0 else trace.gamma + 1)
     runs: list[ReplayRun] = []
     total = options.rounds * len(prompts)
     for r in range(options.rounds):

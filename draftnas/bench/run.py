@@ -227,7 +227,7 @@ def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:
     return weights
 
 
-def _load_for_bench(target: str | LoadedModel, draft: str | LoadedModel,
+def load_for_bench(target: str | LoadedModel, draft: str | LoadedModel,
                     references: Sequence[str | LoadedModel], prompts: Sequence[Prompt], options: BenchOptions
                     ) -> tuple[LoadedModel, list[Drafter], list[Prompt], list[list[int]], tuple[str, ...]]:
     """What every bench starts from: the options checked, the target and drafters loaded in the
@@ -284,7 +284,7 @@ def _folder(draft: str | LoadedModel) -> Path | None:
 def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Sequence[Prompt],
                options: BenchOptions, references: Sequence[str | LoadedModel], progress: Progress | None,
                started: float, load_before: str) -> BenchResult:
-    t_model, drafters, prompts, encoded, left_out = _load_for_bench(target, draft, references, prompts,
+    t_model, drafters, prompts, encoded, left_out = load_for_bench(target, draft, references, prompts,
                                                                     options)
     bench = Bench(t_model, drafters, options)
     if options.resolved_engine() == "static":
@@ -343,7 +343,7 @@ def run_batch_sizes(
     """`draftnas bench --batch-size`: the target alone and each drafter's batched loop at every batch
     size of `options.batch_sizes` (`bench.batched`), on the prompts no drafter was healed on."""
     refs = [reference] if reference is not None else []
-    t_model, drafters, kept, encoded, _ = _load_for_bench(target, draft, refs, prompts, options)
+    t_model, drafters, kept, encoded, _ = load_for_bench(target, draft, refs, prompts, options)
     return run_batched_bench(t_model, drafters, kept, encoded, options, progress=progress)
 
 

@@ -56,13 +56,21 @@ def test_bad_input_one_line_exit_2(args, needle):
     (["bench", "-t", "smollm2-135m", "-d", "x", "--rounds", "0"], "--rounds must be in [1, 100]"),
     (["bench", "-t", "smollm2-135m", "-d", "x", "--predictions", "{dir}/corrupt.json"],
      "not a search's predictions"),
+    (["bench", "-t", "smollm2-135m", "-d", "smollm2-135m", "--replay", "{dir}/corrupt.json"],
+     "--replay '{dir}/corrupt.json' is not JSON"),
+    (["bench", "-t", "smollm2-135m", "-d", "qwen2.5-coder-0.5b", "--replay", "alpha=0.5"],
+     "more than the target smollm2-135m's vocabulary"),
+    (["bench", "-t", "smollm2-135m", "-d", "smollm2-135m,head=9", "--replay", "alpha=0.5", "--device", "cpu",
+      "--draft-weights", "int4", "--reference", "x"], "--replay replays one drafter's greedy counts"),
+    (["bench", "-t", "smollm2-135m", "-d", "smollm2-135m", "--replay-drafter", "reference"],
+     "--replay-drafter names a trace of --replay's file"),
 ])
 def test_bad_calibration_threads_rounds_or_predictions_are_one_line_and_write_nothing(tmp_path, args, needle):
     (tmp_path / "corrupt.json").write_text('{"format": 1, "host"')
     out = subprocess.run([sys.executable, "-m", "draftnas", *(a.format(dir=tmp_path) for a in args)],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+    assert out.returncode == 2 and len(lines) == 1 and needle.format(dir=tmp_path) in lines[0], out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.json"]  # no runs/, nothing else
 
 
