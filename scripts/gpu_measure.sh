@@ -1,49 +1,63 @@
 #!/usr/bin/env bash
-# The GPU runbook: run on the GPU machine (no registry) after scripts/gpu_prepare.sh's files arrived
-# in .whl/gpu/ (one transfer of at most 64 MiB each: wheels, then each model part). Every phase
-# writes its results under $OUT (default ./gpu-out) and $OUT/done/PHASE when it finished, so a
-# later call resumes where the last one stopped (FORCE=1 runs finished phases again). On the GPU each
-# phase is bounded by its planned device seconds (the `timeout` below; the CPU dry run has no bound);
-# group phases into calls of <= 9 min.
+# The GPU runbook: run on the GPU machine (no registry). Every phase writes its results under $OUT
+# (default ./gpu-out) and $OUT/done/PHASE when it finished, so a later call resumes where the last one
+# stopped (FORCE=1 runs finished phases again). On the GPU each phase is bounded by its planned device
+# seconds (the `timeout` below; the CPU dry run has no bound).
 #
-#   phase           planned s  what
-#   setup                  30  install the wheelhouse into .whl/site (--no-index), join the model parts
-#   tests                  90  the CUDA tests: captured steps equal eager ones, every family's capture,
-#                              traces and healing on CUDA
-#   profile-graph         200  draftnas profile, bf16, CUDA graphs (held-out error in the profile)
-#   profile-static        160  the same without graphs (what capture buys)
-#   bench-bf16            220  SmolLM2-135M + each packed drafter, 3 runs (median, min, max in summary)
-#   bench-fp32            220  the same in fp32 (the exact lossless check), 3 runs
-#   gemma                 120  Gemma-3-270M captured and benched, drafting for itself (capture and exactness, not speed)
-#   batched               200  bench --batch-size 1..64: measured crossover beside the graph profile's
-#   search-cuda           180  search --device cuda on the graph profile (calibrated on the GPU), export,
-#                              bench the winner: predicted beside measured tokens/s
-#   e2e                   240  draftnas e2e --device cuda (quick budget, the graph profile)
-#   summary                 5  one JSON of every figure above ($OUT/summary.json, also printed)
-#   total                1665  about 28 min: more than one session's 15 min of device time, so a
-#                              session picks phases (each resumes where an earlier one stopped)
+# The plan, by value, fits one loan of 720 s of device time with its start and transfers. The replay
+# phases need no weights (random weights of the real shapes, acceptance replayed from the CPU run in
+# benchmarks/results), so they go first and need nothing but the checkout; the SmolLM2 phases after
+# them need scripts/gpu_prepare.sh's files in .whl/gpu/ (wheels, the model's parts).
 #
-#   bash scripts/gpu_measure.sh setup tests profile-graph     (one call; the next call goes on)
-#   bash scripts/gpu_measure.sh setup tests search-cuda summary
-#       (a short session: SmolLM2-135M's parts only; without profile-graph's own profile the
-#        phases that price use the shipped draftnas/data/profiles/h100-bf16-cuda-graph.json)
-#   DRY_RUN=1 bash scripts/gpu_measure.sh all                 (on a CPU: every phase, tiny sizes;
-#                                                              fp32 for bf16 where the CPU has no bf16)
+#   plan phase       planned s  what
+#   (machine start)        120  one start, counted against the loan
+#   (transfers)             30  the checkout there, the results back
+#   setup                   15  install the wheelhouse if it came, join the model parts if they came
+#   replay-qwen            180  Qwen2.5-Coder-7B and -32B shapes, each with the stock 0.5B and the searched
+#                               drafter's shape (0.5B, 98,304-row head), the 1.5B pair's measured
+#                               acceptance replayed (a stand-in for the bigger pairs' own)
+#   replay-paper           150  LLaMA-65B (a GPU of < 135 GB: LLaMA-33B) with the paper's drafters, LLaMA-7B
+#                               cut to 1, 3, 5 layers at full width, at PAPER_ALPHA (default 0.8)
+#   replay-batched          90  the 7B shape with the 0.5B, B = 1..64: the measured crossover beside the
+#                               latency model's
+#   search-cuda            120  SmolLM2-135M: search --device cuda, export, bench the winner (every prompt
+#                               length warmed): predicted beside measured tokens/s
+#   summary                  5  one JSON of every figure ($OUT/summary.json, also printed)
+#   total                  710
+#
+#   extras (run by name, outside the plan): tests 90, profile-graph 200, profile-static 160,
+#   bench-bf16 220, bench-fp32 220, gemma 120, batched 200, e2e 240
+#
+#   bash scripts/gpu_measure.sh plan               (or: all, every phase of the plan, in order)
+#   bash scripts/gpu_measure.sh replay-qwen summary
+#   DRY_RUN=1 bash scripts/gpu_measure.sh every    (on a CPU: the plan and the extras, tiny sizes;
+#                                                   fp32 for bf16 where the CPU has no bf16)
+#   bash scripts/gpu_measure.sh budget             (the plan's total against the loan; exit 1 if over)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-gpu-out}")
-mkdir -p "$OUT/done"
+[ "${1:-}" = budget ] || mkdir -p "$OUT/done"  # the budget check writes nothing
 export PYTHONPATH="$PWD/.whl/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 PY=${PYTHON:-python3}
 case $PY in */*) PY=$(realpath -s "$PY") ;; esac  # a path stays valid in phases that change folder
-ALL="setup tests profile-graph profile-static bench-bf16 bench-fp32 gemma batched search-cuda e2e summary"
-declare -A PLANNED=([setup]=30 [tests]=90 [profile-graph]=200 [profile-static]=160 [bench-bf16]=220
-                    [bench-fp32]=220 [gemma]=120 [batched]=200 [search-cuda]=180 [e2e]=240 [summary]=5)
+PLAN="setup replay-qwen replay-paper replay-batched search-cuda summary"
+EXTRAS="tests profile-graph profile-static bench-bf16 bench-fp32 gemma batched e2e"
+ALL="${PLAN% summary} $EXTRAS summary"  # every phase, the summary last
+START_S=120 TRANSFER_S=30 LOAN_S=720  # one machine start and the transfers, and the loan they count in
+declare -A PLANNED=([setup]=15 [replay-qwen]=180 [replay-paper]=150 [replay-batched]=90 [search-cuda]=120
+                    [summary]=5 [tests]=90 [profile-graph]=200 [profile-static]=160 [bench-bf16]=220
+                    [bench-fp32]=220 [gemma]=120 [batched]=200 [e2e]=240)
+ACCEPTS=benchmarks/results/cpu-intel-xeon-f6m167-qwen2.5-coder-1.5b-accepts.json
+WINNER_SHAPE=qwen2.5-coder-0.5b,head=98304  # the main job's winner without its files (int4 is CPU-only)
+PAPER_ALPHA=${PAPER_ALPHA:-0.8}
 if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny sizes
     DEVICE=cpu TARGET=smollm2-135m GEMMA=gemma-3-270m NEW=4 PER=1 BATCHES=1,2 PROMPTS=chat
     PROFILE_ARGS=(--device cpu --dtype fp32 --from draftnas/data/profiles/cpu-amd-2core-fp32-static.json
                   --target smollm2-135m --layers 1,2 --batch-sizes 1 --max-gamma 1 --context 16 --repeats 3)
     GRAPH_MODE=static HALF=bf16 TRIALS=2 E2E_BUDGET=smoke
+    QWEN_TARGETS=smollm2-135m PAPER_TARGET=smollm2-135m PAPER_DRAFTERS=smollm2-135m REPLAY_ROUNDS=1
+    QWEN_DRAFTERS="reference:smollm2-135m draftnas:smollm2-135m,head=4096" REPLAY_BATCHES=1,2 REPLAY_NEW=4
+    REPLAY_FILE_NEW=8
     cat > "$OUT/dry-space.yaml" <<'YAML'
 schema_version: 1
 name: dry-run
@@ -61,6 +75,13 @@ else
     export DRAFTNAS_CACHE="$PWD/.whl/cache"
     DEVICE=cuda TARGET=.whl/smollm2.gguf GEMMA=.whl/gemma3.gguf NEW=64 PER=3 BATCHES=1,2,4,8,16,32,64
     PROMPTS=all PROFILE_ARGS=(--device cuda --dtype bf16) GRAPH_MODE=cuda-graph HALF=bf16 TRIALS=8 E2E_BUDGET=quick
+    QWEN_TARGETS="qwen2.5-coder-7b qwen2.5-coder-32b" REPLAY_ROUNDS=3 REPLAY_BATCHES=1,2,4,8,16,32,64
+    REPLAY_FILE_NEW=64
+    QWEN_DRAFTERS="reference:qwen2.5-coder-0.5b draftnas:$WINNER_SHAPE" REPLAY_NEW=32
+    PAPER_DRAFTERS="wide-sheared-llama-1l wide-sheared-llama-3l wide-sheared-llama-5l"
+    PAPER_TARGET=llama-33b  # LLaMA-65B's 130 GB of bf16 weights fit a GPU of 135 GB or more only
+    "$PY" -c 'import torch, sys; sys.exit(torch.cuda.get_device_properties(0).total_memory < 135e9)' \
+        2>/dev/null && PAPER_TARGET=llama-65b
     SEARCH_ARGS=(--space smollm2-135m)
 fi
 
@@ -105,19 +126,48 @@ bench3() {  # bench3 LABEL DTYPE: each drafter benched 3 times in DTYPE, results
     [ "$n" -gt 0 ] || { echo "[gpu] no drafter arrived in .whl/gpu/drafters"; return 1; }
 }
 
+replay() {  # replay NAME TARGET DRAFTER [ARGS...]: one bench --replay into $OUT/replay-NAME.json
+    local name=$1 target=$2 drafter=$3; shift 3
+    "$PY" -m draftnas bench --replay "$@" --target "$target" --draft "$drafter" --device "$DEVICE" \
+        --dtype "$HALF" --draft-weights dense --rounds "$REPLAY_ROUNDS" --out-json "$OUT/replay-$name.json"
+}
+
 phase() {
     case $1 in
     setup)
         [ "${DRY_RUN:-0}" = 1 ] && return 0
-        find .whl/gpu/wheels -name '*.whl' -print0 | xargs -0 "$PY" -m pip install -q --no-index --no-deps \
-            --upgrade --target .whl/site || return 1
-        join_parts smollm2 .whl/smollm2.gguf || return 1
+        if [ -d .whl/gpu/wheels ]; then  # the replay phases need neither the wheels nor the models
+            find .whl/gpu/wheels -name '*.whl' -print0 | xargs -0 "$PY" -m pip install -q --no-index \
+                --no-deps --upgrade --target .whl/site || return 1
+        fi
+        if ls .whl/gpu/smollm2.[0-9]* > /dev/null 2>&1; then join_parts smollm2 .whl/smollm2.gguf || return 1; fi
         if ls .whl/gpu/gemma3.[0-9]* > /dev/null 2>&1; then  # Gemma's parts are optional: only its phase needs them
             join_parts gemma3 .whl/gemma3.gguf || return 1
         fi
         { nvidia-smi; "$PY" -c 'import torch, transformers, optuna, gguf; print("torch", torch.__version__,
 "cuda", torch.version.cuda, "| transformers", transformers.__version__, "| optuna", optuna.__version__)'; } \
             > "$OUT/env.txt" 2>&1 ;;
+    replay-qwen)  # the 1.5B pair's measured counts at the bigger targets' shapes (a stand-in acceptance)
+        local t d
+        for t in $QWEN_TARGETS; do
+            for d in $QWEN_DRAFTERS; do
+                replay "$t-${d%%:*}" "$t" "${d#*:}" "$ACCEPTS" --replay-drafter "${d%%:*}" \
+                    --max-new-tokens "$REPLAY_FILE_NEW" || return 1
+            done
+        done ;;
+    replay-paper)  # the paper's drafters at one stated acceptance rate (the same for each: a stand-in)
+        local d
+        for d in $PAPER_DRAFTERS; do
+            replay "paper-$PAPER_TARGET-$d" "$PAPER_TARGET" "$d" "alpha=$PAPER_ALPHA" --gamma 4 \
+                --max-new-tokens "$REPLAY_NEW" || return 1
+        done ;;
+    replay-batched)
+        local t
+        t=$(echo "$QWEN_TARGETS" | cut -d' ' -f1)
+        "$PY" -m draftnas bench --replay "$ACCEPTS" --replay-drafter reference --target "$t" \
+            --draft "$(echo "$QWEN_DRAFTERS" | cut -d' ' -f1 | cut -d: -f2)" --device "$DEVICE" --dtype "$HALF" \
+            --batch-size "$REPLAY_BATCHES" --max-new-tokens "$REPLAY_FILE_NEW" \
+            --out-json "$OUT/replay-batched.json" ;;
     tests)
         "$PY" -m pytest -q -p no:cacheprovider tests/models/test_decoder.py tests/models/test_batched.py \
             tests/models/test_speculative.py tests/latency/test_measure.py tests/acceptance/test_traces.py \
@@ -164,7 +214,21 @@ PYEOF
     esac
 }
 
-[ "${1:-}" = all ] && set -- $ALL
+plan_total() {  # the plan's device seconds: the machine start, the transfers and each phase
+    local total=$((START_S + TRANSFER_S)) name
+    for name in $PLAN; do total=$((total + PLANNED[$name])); done
+    echo "$total"
+}
+if [ "${1:-}" = budget ]; then
+    total=$(plan_total)
+    echo "[gpu] plan: $PLAN; $total s of device time planned (start $START_S s, transfers $TRANSFER_S s) of $LOAN_S s"
+    [ "$total" -le "$LOAN_S" ]; exit
+fi
+case ${1:-} in
+    plan|all) set -- $PLAN ;;
+    every) set -- $ALL ;;
+esac
+echo "[gpu] plan total $(plan_total) s of $LOAN_S s (start and transfers included)"
 for name in "$@"; do
     if [ -f "$OUT/done/$name" ] && [ "${FORCE:-0}" != 1 ]; then
         echo "[gpu] $name: done already ($(cat "$OUT/done/$name"))"; continue
@@ -173,9 +237,10 @@ for name in "$@"; do
     # on the GPU a phase is bounded by its planned device seconds; the CPU dry run checks what each phase
     # wrote, not how long it took (a slow or loaded host is no failure there): no bound
     limit=${PLANNED[$name]:-60}; [ "${DRY_RUN:-0}" = 1 ] && limit=0
-    timeout "$limit" bash -c "$(declare -f phase drafters graph_profile as_folder join_parts bench3); $(declare -p \
-        PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE HALF TRIALS E2E_BUDGET SEARCH_ARGS ALL); \
-        phase $name" \
+    timeout "$limit" bash -c "$(declare -f phase drafters graph_profile as_folder join_parts bench3 replay); \
+        $(declare -p PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE HALF TRIALS \
+        E2E_BUDGET SEARCH_ARGS ALL ACCEPTS QWEN_TARGETS QWEN_DRAFTERS PAPER_TARGET PAPER_DRAFTERS PAPER_ALPHA \
+        REPLAY_ROUNDS REPLAY_BATCHES REPLAY_NEW REPLAY_FILE_NEW); phase $name" \
         > "$OUT/$name.log" 2>&1
     status=$?
     took=$((SECONDS - started))

@@ -1,7 +1,8 @@
 """The GPU runbook's last phase: one JSON of every figure its phases wrote under OUT.
 
 Repeated benches are reported as median, min and max with every run listed, so a run that
-contradicts the others stays in view.
+contradicts the others stays in view. Replays (`bench --replay`) are medians over prompts with their
+intervals, each marked with the source of its acceptance (a stand-in says so in its note).
 
     python scripts/gpu_summary.py OUT
 """
@@ -51,6 +52,23 @@ def summarize(out: Path) -> dict[str, Any]:
                        for p in data["points"]],
             "measured_crossover": data["measured_crossover"],
             "predicted_crossover": data["predicted_crossover"], "profile": data["profile"]}
+    replays = {}
+    for path in sorted(out.glob("replay-*.json")):  # replay-batched.json is a batched result
+        data = json.loads(path.read_text())
+        if "points" in data:
+            summary["replay_batched"] = {
+                "target": data["target"], "drafters": data["drafters"], "replay": data["replay"],
+                "points": [{"batch_size": p["batch_size"], "speedup": p["speedup"],
+                            "predicted_speedup": p["predicted_speedup"]} for p in data["points"]],
+                "measured_crossover": data["measured_crossover"],
+                "predicted_crossover": data["predicted_crossover"], "profile": data["profile"]}
+            continue
+        replays[path.stem.removeprefix("replay-")] = {
+            k: data[k] for k in ("target", "drafter", "source", "note", "gamma", "device", "dtype", "exact",
+                                 "tokens_per_step", "target_tokens_per_s", "tokens_per_s", "speedup",
+                                 "speedup_interval", "predicted_speedup", "profile")}
+    if replays:
+        summary["replays"] = replays
     if (out / "search-cuda.json").is_file() and (out / "search-cuda-bench.json").is_file():
         searched, benched = (json.loads((out / f"{n}.json").read_text())
                              for n in ("search-cuda", "search-cuda-bench"))

@@ -1,5 +1,5 @@
 """The GPU runbook's dry run: every phase on this CPU with tiny sizes, resumable, ending in one
-summary JSON with the repeated benches as median, min and max."""
+summary JSON with the repeated benches as median, min and max and the replays; its plan fits one loan."""
 
 from __future__ import annotations
 
@@ -17,11 +17,14 @@ pytestmark = pytest.mark.integration
 
 def test_the_dry_run_walks_every_phase_and_a_second_call_resumes(tmp_path):
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path / "out"), "PYTHON": sys.executable}
-    first = subprocess.run(["bash", "scripts/gpu_measure.sh", "all"], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=3600)  # a hang guard, not a speed goal
+    first = subprocess.run(["bash", "scripts/gpu_measure.sh", "every"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=3600)  # a hang guard, not a speed goal
     assert first.returncode == 0, first.stdout + first.stderr
-    phases = [line for line in first.stdout.splitlines() if line.startswith("[gpu] ")]
-    assert len(phases) == 11 and all(": exit 0 in " in line for line in phases), phases
+    phases = [line for line in first.stdout.splitlines() if line.startswith("[gpu] ") and " exit " in line]
+    assert len(phases) == 14 and all(": exit 0 in " in line for line in phases), phases
+    names = [line.split()[1].rstrip(":") for line in phases]
+    assert names[:5] == ["setup", "replay-qwen", "replay-paper", "replay-batched", "search-cuda"]
+    assert names[-1] == "summary"  # every phase: the plan's, the extras, then the summary
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     bf16 = summary["benches"]["bench-bf16-smollm2-135m"]["speedup"]
     assert len(bf16["runs"]) == 3 and bf16["min"] <= bf16["median"] <= bf16["max"]
@@ -32,6 +35,21 @@ def test_the_dry_run_walks_every_phase_and_a_second_call_resumes(tmp_path):
     assert all(r["measured_tokens_per_s"] > 0 for r in searched.values())
     assert (tmp_path / "out" / summary["search_cuda"]["winner"]).is_dir()  # exported in OUT, not the checkout
     assert set(summary["e2e"]["drafters"]) >= {"winner", "first-k"}
+    replays = summary["replays"]  # the replay phases need no weights: each names its acceptance's source
+    assert {"smollm2-135m-reference", "smollm2-135m-draftnas", "paper-smollm2-135m-smollm2-135m"} <= set(
+        replays)
+    assert replays["smollm2-135m-reference"]["source"] == "bench"
+    assert all(r["exact"] for r in replays.values())
+    assert replays["paper-smollm2-135m-smollm2-135m"]["source"] == "rate"
+    assert [p["batch_size"] for p in summary["replay_batched"]["points"]] == [1, 2]
     again = subprocess.run(["bash", "scripts/gpu_measure.sh", "tests", "batched"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and again.stdout.count("done already") == 2, again.stdout
+
+
+def test_the_plan_fits_one_loan_with_its_start_and_transfers():
+    out = subprocess.run(["bash", "scripts/gpu_measure.sh", "budget"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable})
+    assert out.returncode == 0, out.stdout + out.stderr
+    planned = int(out.stdout.split(" s of device time planned")[0].rsplit(" ", 1)[1])
+    assert planned <= 720 and "start 120 s, transfers 30 s" in out.stdout
