@@ -38,7 +38,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.registry import Architecture
 from draftnas.models.matmul import MatmulChooser
 from draftnas.models.random_weights import fill_random, no_default_init
-from draftnas.models.records import linear_role, weight_roles
+from draftnas.models.records import linear_formats
 from draftnas.models.spec import DecoderSpec, spec_from_hf_config
 
 
@@ -243,10 +243,9 @@ class StaticDecoder(nn.Module):
     def quantize_weights(self, weights: str = "int8") -> StaticDecoder:
         """Multiply each layer group (attention, MLP, head) in its format of `weights` from now on (CPU;
         `models.records.weight_roles`, `MatmulChooser.quantize`). Dense weights stay (healing reads them)."""
-        roles = weight_roles(weights)
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                self.matmul.quantize(module.weight, roles[linear_role(name)])
+        linears = {name: m for name, m in self.named_modules() if isinstance(m, nn.Linear)}
+        for name, kind in linear_formats(weights, list(linears)).items():
+            self.matmul.quantize(linears[name].weight, kind)
         return self
 
     def init_random(self, seed: int, std: float = 0.02, pool: int | None = None) -> StaticDecoder:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from draftnas.models.matmul import MatmulChooser
-from draftnas.models.records import linear_role, weight_roles
+from draftnas.models.records import linear_formats
 
 _MARK = "_draftnas_routed"  # on a routed layer: id() of the routing that routed it
 
@@ -103,17 +103,17 @@ def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = 
     (`copy_weights`: faster to stream than the file mapping `from_pretrained` leaves).
     `weights`: multiply the routed layers quantized as a drafter exported with that weight format runs:
     "int8", "int4", or one per layer group ("attn=int8,mlp=int8,head=int4"; attention projections are the
-    q/k/v/o layers, MLP ones gate/up/down, the head lm_head; `models.records.weight_roles`,
-    `MatmulChooser.quantize`). The model's own weights stay as they are.
+    q/k/v/o layers, MLP ones gate/up/down, the head lm_head), attn and mlp maybe per band of depth
+    ("attn=int8/int4"); `models.records.linear_formats`, `MatmulChooser.quantize`. The model's own
+    weights stay as they are.
     """
-    roles = weight_roles(weights)
-    layers: list[nn.Linear] = []
+    named = {name: module for name, module in model.named_modules()
+             if isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
+             and module.weight.device.type == "cpu" and getattr(module, _MARK, None) is None}
+    layers = list(named.values())
     kinds: dict[int, str] = {}  # id(weight) -> its format
-    for name, module in model.named_modules():
-        if (isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
-                and module.weight.device.type == "cpu" and getattr(module, _MARK, None) is None):
-            layers.append(module)
-            kinds.setdefault(id(module.weight), roles[linear_role(name)])
+    for name, kind in linear_formats(weights, list(named)).items():
+        kinds.setdefault(id(named[name].weight), kind)
     tensors = list({id(layer.weight): layer.weight for layer in layers}.values())  # tied ones once
     if own_weights:
         copy_weights(tensors)

@@ -4,6 +4,8 @@ folders, hub ids), and the names of the engines and dtypes the loop runs. No tor
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -113,30 +115,57 @@ MAX_WEIGHT_ONCE_ROWS = 16
 #: how a drafter's linear layers hold their weights at run time: "dense" in the run's dtype, "int8"
 #: (weight-only, one scale per output row) or "int4" (weight-only, a scale and zero point per group of
 #: `INT4_GROUP` inputs); CPU only; see `models.matmul`. A per-layer format names one per layer group:
-#: "attn=int8,mlp=int8,head=int4" (`weight_roles`).
+#: "attn=int8,mlp=int8,head=int4" (`weight_roles`), and a group of the decoder's layers may take one per
+#: band of depth: "attn=int8/int4" runs the first half of the layers' attention in int8, the rest in int4.
 WEIGHT_FORMATS = ("dense", "int8", "int4")
 #: the layer groups a per-layer format sets: attention projections, MLP projections, the LM head
 WEIGHT_ROLES = ("attn", "mlp", "head")
 INT4_GROUP = 32  # inputs per int4 scale and zero point (every embedded model's widths are multiples of it)
 _SHORT = {"dense": "d", "int8": "8", "int4": "4"}
+#: bands of depth a layer group's format may name (equal parts of the layers, first to last)
+MAX_BANDS = 4
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def weight_roles(weights: str) -> dict[str, str]:
     """Each layer group's format in `weights`: a format of `WEIGHT_FORMATS` for all of them, or
-    "attn=F,mlp=F,head=F" (every group named once); raises ValueError with what is allowed."""
+    "attn=F,mlp=F,head=F" (every group named once), where attn and mlp may name one format per band of
+    depth, "F/G" (first half, second half; up to `MAX_BANDS` equal bands); raises ValueError with what is
+    allowed."""
     if weights in WEIGHT_FORMATS:
         return dict.fromkeys(WEIGHT_ROLES, weights)
     roles: dict[str, str] = {}
     for part in weights.split(","):
         role, _, kind = part.strip().partition("=")
-        if role not in WEIGHT_ROLES or kind not in WEIGHT_FORMATS or role in roles:
+        bands = kind.split("/")
+        if (role not in WEIGHT_ROLES or role in roles or not all(b in WEIGHT_FORMATS for b in bands)
+                or len(bands) > (1 if role == "head" else MAX_BANDS)):
             raise ValueError(f"weight format {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}, or "
-                             f"attn=F,mlp=F,head=F with F one of them")
-        roles[role] = kind
+                             f"attn=F,mlp=F,head=F with F one of them (attn and mlp may name one per band "
+                             f"of depth, F/F, up to {MAX_BANDS}; the head one)")
+        roles[role] = kind if len(set(bands)) > 1 else bands[0]
     if set(roles) != set(WEIGHT_ROLES):
         raise ValueError(f"weight format {weights!r} names {', '.join(sorted(roles))}: a per-layer format "
                          f"names each of {', '.join(WEIGHT_ROLES)}")
     return roles
+
+
+def format_kinds(weights: str) -> set[str]:
+    """Every format of `WEIGHT_FORMATS` some layer of `weights` runs in."""
+    return {band for kind in weight_roles(weights).values() for band in kind.split("/")}
+
+
+def linear_formats(weights: str, names: Sequence[str]) -> dict[str, str]:
+    """The format of each linear layer (by module name) under `weights`: its group's (`linear_role`), and
+    for a group given per band of depth, its layer's band (layer i of n in band i * bands // n)."""
+    roles = weight_roles(weights)
+    indices = {name: int(m.group(1)) for name in names if (m := _LAYER.search(name))}
+    layers = max(indices.values(), default=0) + 1
+    out = {}
+    for name in names:
+        bands = roles[linear_role(name)].split("/")
+        out[name] = bands[indices.get(name, 0) * len(bands) // layers] if len(bands) > 1 else bands[0]
+    return out
 
 
 def linear_role(name: str) -> str:
@@ -159,7 +188,7 @@ def quantized(weights: str) -> bool:
     """Whether any layer group of `weights` runs quantized (int8/int4: CPU, static decoder only)."""
     if weights == "dense" or weights in GGUF_WEIGHTS:
         return False
-    return any(kind != "dense" for kind in weight_roles(weights).values())
+    return format_kinds(weights) != {"dense"}
 
 
 #: a llama.cpp drafter's weights: ggml block types draftnas writes into a GGUF itself (acceptance is
@@ -169,14 +198,14 @@ GGUF_WEIGHTS = ("Q8_0", "Q4_0")
 
 def weights_suffix(weights: str) -> str:
     """What a drafter's name adds for its weight format: "-int8", nothing for dense, "-a8m8h4" for
-    attention and MLP in int8 under an int4 head (the search's table and the exported folder name the
-    same drafter alike)."""
+    attention and MLP in int8 under an int4 head, "-a84m4h4" for attention in int8 then int4 by halves of
+    depth (the search's table and the exported folder name the same drafter alike)."""
     if weights == "dense":
         return ""
     if weights in WEIGHT_FORMATS or weights in GGUF_WEIGHTS:
         return f"-{weights}"
     roles = weight_roles(weights)
-    return "-" + "".join(f"{r[0]}{_SHORT[roles[r]]}" for r in WEIGHT_ROLES)
+    return "-" + "".join(r[0] + "".join(_SHORT[b] for b in roles[r].split("/")) for r in WEIGHT_ROLES)
 
 
 #: the module a reduced-head drafter folder ships (a copy of draftnas/models/hf_head.py) and its

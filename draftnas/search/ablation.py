@@ -41,7 +41,7 @@ def ablation_chain(result: SearchResult, winner: RankedTrial) -> tuple[list[Chai
     w = winner.candidate.choice
     roles = weight_roles(w.weights)
     per_layer = w.weights not in WEIGHT_FORMATS
-    uniform = w.weights if not per_layer else roles["mlp"]  # the format most of the weights are in
+    uniform = w.weights if not per_layer else roles["mlp"].split("/")[0]  # the format most weights are in
     stock = CandidateChoice(depth=full)  # every other knob at its stock default
     steps = [("stock", stock)]
     if uniform != "dense":

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
 from draftnas.drafter.importance import LAYER_SELECTIONS as ALL_LAYER_SELECTIONS
-from draftnas.models.records import GGUF_WEIGHTS, INT4_GROUP, weight_roles
+from draftnas.models.records import GGUF_WEIGHTS, INT4_GROUP, format_kinds
 
 SCHEMA_VERSION = 1
 #: the registered layer-selection strategies a search may propose ("explicit" takes a hand-made list)
@@ -76,7 +76,9 @@ class HealBudget(Record):
     seq_len: int = 128
     learning_rate: float = 2e-3
     max_seconds: float | None = None
-    train: str = "layers"  # "cut": only the layers next to a cut train (`PruningPlan.cut_neighbours`)
+    # "cut": only the layers next to a cut train (`PruningPlan.cut_neighbours`); "lowrank": a low-rank
+    # update over the stack (`drafter.adapters`), merged after
+    train: str = "layers"
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ class SearchSpace(Record):
         if above:
             out.append(f"vocab.sizes: {', '.join(map(str, above))} rows but base {base.name}'s vocabulary "
                        f"has {base.vocab_size} (allowed: 1..{base.vocab_size - 1}, or full)")
-        int4 = [w for w in self.weights if w not in GGUF_WEIGHTS and "int4" in weight_roles(w).values()]
+        int4 = [w for w in self.weights if w not in GGUF_WEIGHTS and "int4" in format_kinds(w)]
         widths = {base.hidden_size, base.num_attention_heads * base.head_dim, base.intermediate_size}
         if int4 and any(w % INT4_GROUP for w in widths):
             out.append(f"weights: {int4[0]} needs layer widths in multiples of {INT4_GROUP}, and base "

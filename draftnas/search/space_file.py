@@ -191,11 +191,13 @@ def _parse_choices(c: _Checker, key: str, raw: Any, allowed: tuple[str, ...],
 
 def _parse_weights(c: _Checker, raw: Any) -> tuple[str, ...]:
     """How the drafters' linear layers may run: dense, int8 and/or int4 (weight-only, CPU) in draftnas's
-    loop, each for every layer or one per layer group: a list [attn, mlp, head] or "attn=F,mlp=F,head=F"
-    (`models.records.weight_roles`); ggml types (Q8_0, Q4_0) for llama.cpp drafters (`--engine llama.cpp`)."""
+    loop, each for every layer or one per layer group: a list [attn, mlp, head] or "attn=F,mlp=F,head=F",
+    attn and mlp maybe one per band of depth, "F/G" (`models.records.weight_roles`); ggml types (Q8_0,
+    Q4_0) for llama.cpp drafters (`--engine llama.cpp`)."""
     items = [raw] if isinstance(raw, str) else raw
     allowed = (f"{', '.join((*WEIGHT_FORMATS, *GGUF_WEIGHTS))}, or per layer group [attn, mlp, head] "
-               f"with each one of {', '.join(WEIGHT_FORMATS)}")
+               f"with each one of {', '.join(WEIGHT_FORMATS)}, attn and mlp maybe one per band of depth: "
+               "int8/int4")
     if not isinstance(items, list | tuple) or not items:
         c.add("weights", f"{raw!r} is not a non-empty list (allowed: {allowed})")
         return ("dense",)

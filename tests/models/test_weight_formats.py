@@ -9,12 +9,21 @@ import pytest
 import torch
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.models.records import INT4_GROUP, quantized, weight_roles, weights_name, weights_suffix
+from draftnas.models.records import (
+    INT4_GROUP,
+    format_kinds,
+    linear_formats,
+    quantized,
+    weight_roles,
+    weights_name,
+    weights_suffix,
+)
 from draftnas.models.speculative import greedy_generate, speculative_generate
 from tests.helpers import tiny_llama, truncated
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PER_LAYER = "attn=int8,mlp=int4,head=int4"
+BANDED = "attn=int8/int4,mlp=int4/int8,head=int4"  # by halves of depth
 
 
 def test_int4_quantization_round_trips_within_half_a_step_per_group():
@@ -51,6 +60,8 @@ def test_the_packed_int4_product_is_the_product_with_the_dequantized_weight():
     ("int4", {"attn": "int4", "mlp": "int4", "head": "int4"}, "-int4"),
     (PER_LAYER, {"attn": "int8", "mlp": "int4", "head": "int4"}, "-a8m4h4"),
     ("head=int4,attn=dense,mlp=int8", {"attn": "dense", "mlp": "int8", "head": "int4"}, "-adm8h4"),
+    (BANDED, {"attn": "int8/int4", "mlp": "int4/int8", "head": "int4"}, "-a84m48h4"),
+    ("attn=int8/int8,mlp=int4,head=int4", {"attn": "int8", "mlp": "int4", "head": "int4"}, "-a8m4h4"),
 ])
 def test_a_weight_format_names_each_layer_groups_format(text, roles, suffix):
     assert weight_roles(text) == roles
@@ -62,6 +73,8 @@ def test_a_weight_format_names_each_layer_groups_format(text, roles, suffix):
     ("int3", "use one of dense, int8, int4"),
     ("attn=int8,mlp=int4", "names attn, mlp: a per-layer format names each of attn, mlp, head"),
     ("attn=int8,attn=int4,head=dense", "use one of"),
+    ("attn=int8,mlp=int8,head=int8/int4", "the head one"),
+    ("attn=int8/int4/int8/int4/int8,mlp=int8,head=int4", "up to 4"),
 ])
 def test_a_bad_weight_format_says_what_is_allowed(text, message):
     with pytest.raises(ValueError, match=message):
@@ -83,6 +96,29 @@ def test_a_per_layer_decoder_multiplies_each_group_in_its_format(tiny_llama_conf
     assert id(dense_head.lm_head.weight) not in dense_head.matmul.packed
 
 
+def test_bands_of_depth_split_the_layers_into_equal_parts():
+    names = [f"model.layers.{i}.self_attn.q_proj" for i in range(6)]
+    names += ["model.layers.5.mlp.up_proj", "lm_head"]
+    kinds = linear_formats("attn=int8/dense/int4,mlp=int4/int8,head=dense", names)
+    assert [kinds[n] for n in names[:6]] == ["int8", "int8", "dense", "dense", "int4", "int4"]
+    assert kinds["model.layers.5.mlp.up_proj"] == "int8" and kinds["lm_head"] == "dense"
+    assert format_kinds(BANDED) == {"int8", "int4"} and not quantized("attn=dense/dense,mlp=dense,head=dense")
+
+
+def test_a_banded_decoder_and_routed_model_multiply_each_layer_in_its_bands_format(tiny_llama_config):
+    from draftnas.models.decoder import StaticDecoder
+    from draftnas.models.linears import route_linears
+
+    model = tiny_llama(tiny_llama_config)  # 4 layers: 0-1 the first band, 2-3 the second
+    decoder = StaticDecoder.from_hf(model, max_positions=32).quantize_weights(BANDED)
+    routed = route_linears(model, weights=BANDED, own_weights=False, attach=False).chooser.packed
+    for packed, layers in ((decoder.matmul.packed, decoder.layers),
+                           (routed, [layer.self_attn for layer in model.model.layers])):
+        assert [packed[id(layer.q_proj.weight)][0] for layer in layers] == ["int8", "int8", "int4", "int4"]
+    assert [decoder.matmul.packed[id(layer.gate_proj.weight)][0] for layer in decoder.layers] == [
+        "int4", "int4", "int8", "int8"]
+
+
 def test_route_linears_gives_each_transformers_layer_its_groups_format(tiny_llama_config):
     from draftnas.models.linears import route_linears
 
@@ -95,7 +131,7 @@ def test_route_linears_gives_each_transformers_layer_its_groups_format(tiny_llam
     assert packed[id(model.lm_head.weight)][0] == "int4"
 
 
-@pytest.mark.parametrize("weights", ["int4", PER_LAYER])
+@pytest.mark.parametrize("weights", ["int4", PER_LAYER, BANDED])
 def test_an_int4_or_per_layer_drafter_stays_lossless_in_fp32(tiny_llama_config, weights):
     """The target decides every token: greedy output with such a drafter is the target's, exactly."""
     from draftnas.models.decoder import StaticDecoder

@@ -120,13 +120,16 @@ def test_weight_formats_are_a_searched_choice_with_the_allowed_values_named():
     assert space.weights == ("dense", "int8") and space.size() == 2 * parse_search_space(GOOD).size()
     assert list(distributions(space)["weights"].choices) == ["dense", "int8"]
     refused = (r"weights\[0\]: 'int3' is not allowed \(allowed: dense, int8, int4, Q8_0, Q4_0, or per layer "
-               r"group \[attn, mlp, head\] with each one of dense, int8, int4\)")
+               r"group \[attn, mlp, head\] with each one of dense, int8, int4, attn and mlp maybe one per "
+               r"band of depth: int8/int4\)")
     with pytest.raises(SearchSpaceError, match=refused):
         parse_search_space({**GOOD, "weights": ["int3"]})
     # a per-layer format, as a list or as text, is one choice spelled one way; a uniform one is one word
     mixed = parse_search_space({**GOOD, "weights": [["int8", "int8", "int4"], "attn=int8,mlp=int8,head=int4",
                                                     ["int4", "int4", "int4"]]})
     assert mixed.weights == ("attn=int8,mlp=int8,head=int4", "int4")
+    banded = parse_search_space({**GOOD, "weights": [["int8/int4", "int8/int4", "int4"], "int4"]})
+    assert banded.weights == ("attn=int8/int4,mlp=int8/int4,head=int4", "int4")  # bands of depth: halves
     assert "int8" in load_search_space("qwen2.5-coder-1.5b").weights
 
 
