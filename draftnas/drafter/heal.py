@@ -44,6 +44,7 @@ from draftnas.acceptance.traces import check_compatible
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import require_device
 from draftnas.core.records import Progress
+from draftnas.drafter.adapters import attach_low_rank, is_adapter, merge_low_rank
 from draftnas.drafter.heal_data import HealData, is_traces, load_or_make_data, pad_id
 from draftnas.drafter.losses import (
     collate,
@@ -66,6 +67,8 @@ def trainable_parameters(drafter: Any, train: str, only_layers: Sequence[int] = 
     named = list(drafter.named_parameters())
     if train == "all":
         chosen = {n for n, _ in named}
+    elif train == "lowrank":  # the adapters `attach_low_rank` put on (and the final norm)
+        chosen = {n for n, _ in named if is_adapter(n) or (".layers." not in n and "norm" in n)}
     else:
         frozen_ids = {id(drafter.get_input_embeddings().weight)}
         head = drafter.get_output_embeddings()
@@ -124,6 +127,8 @@ def _state_key(drafter: Any, options: HealOptions, data: HealData) -> str:
     opts = options.to_dict()
     for volatile in ("eval_every", "checkpoint_every", "max_seconds", "device"):
         opts.pop(volatile)
+    if options.train != "lowrank":  # the rank changes nothing else: earlier runs keep their key
+        opts.pop("rank")
     payload = json.dumps([opts, drafter.config.to_dict(), data.fingerprint()], sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -192,6 +197,8 @@ def heal(
         _check_traces_vocab(drafter, teacher)
     data = load_or_make_data(teacher, tokenizer, options, folder, data, data_progress)
     pad = pad_id(tokenizer)
+    if options.train == "lowrank":
+        attach_low_rank(drafter, options.rank, options.only_layers, options.seed)
     params = trainable_parameters(drafter, options.train, options.only_layers)
     optimizer = torch.optim.AdamW([p for _, p in params], lr=options.lr,
                                   weight_decay=options.weight_decay, betas=(0.9, 0.95))
@@ -211,8 +218,11 @@ def heal(
         teacher.eval()
         for p in teacher.parameters():
             p.requires_grad_(False)
-    _train(drafter, teacher if forward else None, data, options, params, optimizer, scheduler, run,
-           folder, key, pad, progress, on_reading)
+    try:
+        _train(drafter, teacher if forward else None, data, options, params, optimizer, scheduler, run,
+               folder, key, pad, progress, on_reading)
+    finally:  # a low-rank update folded into its weight: the drafter's shape is unchanged
+        merge_low_rank(drafter)
     return _result(drafter, data, options, params, run, resumed,
                    "traces" if not live else "live" if forward else f"target top-{options.teacher_topk}")
 

@@ -266,7 +266,8 @@ class HealOptions(Record):
     """How to heal. `steps` optimizer steps of `batch_size` sequences (prompt + continuation).
 
     lr: peak AdamW learning rate after `warmup_steps` (default: 10% of steps), cosine to 0.
-    train: "layers" (kept decoder layers + final norm; embedding/LM head frozen) or "all".
+    train: "layers" (kept decoder layers + final norm; embedding/LM head frozen), "all", or "lowrank"
+    (rank-`rank` adapters over the decoder layers' linear layers, merged at the end; `drafter.adapters`).
     eval_every: steps between held-out readings (0: only before and after).
     heldout_every: every n-th prompt (or trace record) is held out for the readings.
     prompts / prompts_per_domain / max_new_tokens / data_temperature: self-distillation data in
@@ -290,8 +291,12 @@ class HealOptions(Record):
                        high=1.0)
     weight_decay: float = option(0.0, help="AdamW weight decay.", low=0.0, cli=False)
     warmup_steps: int | None = option(None, help="Warm-up steps (default: 10% of steps).", low=0, cli=False)
-    train: str = option("layers", help="What trains: layers (the kept layers and the final norm) or all.",
-                        choices=("layers", "all"))
+    train: str = option(
+        "layers", help="What trains: layers (the kept layers and the final norm), all, or lowrank (a rank "
+                       "--rank update on every linear layer of the decoder layers, merged into the weights "
+                       "at the end: the healed drafter keeps its shape and kernels).",
+        choices=("layers", "all", "lowrank"))
+    rank: int = option(8, help="Rank of the low-rank updates (--train lowrank).", low=1, high=1024)
     # train "layers" on these drafter layer positions only (the final norm too): the layers next to a cut,
     # which a search healing within a budget trains (`drafter.plan.cut_neighbours`); () = every kept layer
     only_layers: tuple[int, ...] = option((), help="Drafter layers that train (default: all kept).",

@@ -155,6 +155,8 @@ class WeightsEvaluator:
                                max_seconds=h.max_seconds, device=self.device)
         if options is not None and h.train == "cut":  # only the layers next to a cut train
             options = replace(options, only_layers=plan.cut_neighbours())
+        if options is not None and h.train == "lowrank":  # a low-rank update over the stack, merged after
+            options = replace(options, train="lowrank")
         if options is not None and self._heal_data is None:  # the same data for every trial
             self._heal_data = data_from_traces(self._heal_traces, options)
         built = build_drafter(plan, self._loaded, heal=options, teacher=self._heal_traces,

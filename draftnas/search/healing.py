@@ -3,7 +3,9 @@
 The trials score drafters as cut (a space may heal each a little). A drafter with a depth or width cut can
 win back agreement by distillation, at minutes a drafter. With a budget, after the trials the search takes
 the best-ranked drafters with a cut, best first, and heals each on the target's traces with only the layers
-next to its cuts training (`PruningPlan.cut_neighbours`), for as long as the minutes last; each healed
+next to its cuts training (`PruningPlan.cut_neighbours`), or with `--heal-with lowrank` a low-rank update
+over the whole stack (`drafter.adapters`, merged after: the drafter keeps its shape and its latency), for
+as long as the minutes last; each healed
 drafter is scored again and ranked as a trial of its own. The study records what each cost against what it
 gained: minutes, top-1 agreement and predicted tokens/s before and after.
 """
@@ -29,16 +31,16 @@ def has_cut(r: RankedTrial, base: Architecture) -> bool:
                                                    c.hidden_ratio) < 1.0
 
 
-def budget_heal(space_heal: HealBudget, seconds: float) -> HealBudget:
+def budget_heal(space_heal: HealBudget, seconds: float, train: str = "cut") -> HealBudget:
     """The space's healing settings with `HEAL_STEPS` steps more than the trials got (a drafter is healed
-    from its base again, so fewer would only repeat the trial), the layers next to a cut only, stopped
-    after `seconds`."""
-    return replace(space_heal, steps=space_heal.steps + HEAL_STEPS, train="cut", max_seconds=seconds)
+    from its base again, so fewer would only repeat the trial), stopped after `seconds`; `train`: "cut"
+    (the layers next to a cut only) or "lowrank" (a low-rank update over the stack, merged after)."""
+    return replace(space_heal, steps=space_heal.steps + HEAL_STEPS, train=train, max_seconds=seconds)
 
 
 def heal_within_budget(ranked: Sequence[RankedTrial], base: Architecture, space_heal: HealBudget,
                        budget_s: float, heal_one: Callable[[RankedTrial, HealBudget], None],
-                       clock: Callable[[], float] = time.monotonic) -> int:
+                       clock: Callable[[], float] = time.monotonic, train: str = "cut") -> int:
     """Heal the ranked drafters with a cut, best first, while `budget_s` lasts (`heal_one` heals, scores and
     records one); one healed before (a resumed study) is not healed again. Returns how many were healed."""
     done = {int(r.healed["from"]) for r in ranked if r.healed}
@@ -50,7 +52,7 @@ def heal_within_budget(ranked: Sequence[RankedTrial], base: Architecture, space_
         if left < MIN_SECONDS:
             break
         started = clock()
-        heal_one(r, budget_heal(space_heal, left))
+        heal_one(r, budget_heal(space_heal, left, train))
         spent += clock() - started
         healed += 1
     return healed
@@ -62,8 +64,10 @@ def healing_lines(result: SearchResult) -> list[str]:
     if not healed:
         return []
     minutes = sum(float(r.healed["minutes"]) for r in healed if r.healed)
-    lines = [f"healed within the budget: {len(healed)} drafter(s) in {minutes:.1f} min (the layers next to "
-             "each cut trained on the target's traces; minutes spent against agreement gained):"]
+    how = {"lowrank": "a low-rank update over each stack, merged after"}.get(
+        str(healed[0].healed.get("train") if healed[0].healed else ""), "the layers next to each cut")
+    lines = [f"healed within the budget: {len(healed)} drafter(s) in {minutes:.1f} min ({how} trained on the "
+             "target's traces; minutes spent against agreement gained):"]
     for r in healed:
         h = r.healed or {}
         lines.append(f"  trial {r.number} (healed trial {h['from']}) {r.candidate.name}: "

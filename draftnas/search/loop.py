@@ -136,7 +136,8 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
             _loop(run, start, progress)
             if settings.heal_budget_s and evaluator.builds:
                 heal_within_budget(ranked_trials(study), options.base_arch, options.space.heal,
-                                   settings.heal_budget_s, lambda r, h: _heal_one(run, r, h))
+                                   settings.heal_budget_s, lambda r, h: _heal_one(run, r, h),
+                                   train=settings.heal_with)
     except KeyboardInterrupt:
         interrupted = True
         # A second Ctrl-C raises wherever it lands (the gate's escape hatch), e.g. between
@@ -223,7 +224,7 @@ def _heal_one(run: _Run, r: RankedTrial, heal: HealBudget) -> None:
     trial.set_user_attr("healed", {
         "from": r.number, "minutes": round((time.monotonic() - started) / 60, 2),
         "top1_before": r.acceptance.acceptance_rate, "top1_after": evaluation.acceptance.acceptance_rate,
-        "tokens_per_s_before": r.throughput.tokens_per_s})
+        "tokens_per_s_before": r.throughput.tokens_per_s, "train": heal.train})
     run.study.tell(trial, values=values, state=state)
     run.told.append(trial.number)
 

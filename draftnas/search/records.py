@@ -309,6 +309,11 @@ class StudySettings(Record):
              "best first, each distilled on the target's traces with only the layers next to its cuts "
              "training, then scored again and ranked as a trial of its own while the minutes last. The study "
              "records minutes spent against agreement gained (default: no healing beyond the space's own).")
+    heal_with: str = option(
+        "cut", choices=("cut", "lowrank"),
+        help="How --heal-budget heals: cut (the layers next to a cut train) or lowrank (a rank-8 update on "
+             "every linear layer of the stack, merged into the weights after: the healed drafter keeps its "
+             "shape, so its latency is the unhealed one's).")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sampler", self.sampler.lower())

@@ -181,14 +181,37 @@ def test_a_live_target_with_teacher_topk_is_never_run_while_training(tiny_llama_
         heal(drafter, target, options, data=plain)
 
 
-def test_interrupted_heal_resumes_to_the_same_weights(tiny_llama_config, tmp_path):
+def test_low_rank_healing_trains_adapters_over_the_stack_and_merges_them(tiny_llama_config):
+    import torch
+
+    from draftnas.drafter.heal import heal
+
+    target, drafter = _models(tiny_llama_config)
+    data = _data(target, memorize=True)
+    shapes = {n: p.shape for n, p in drafter.named_parameters()}
+    embed = drafter.get_input_embeddings().weight.clone()
+    q = drafter.model.layers[0].self_attn.q_proj.weight.clone()
+    options = HealOptions(steps=40, batch_size=4, lr=1e-2, eval_every=0, train="lowrank", rank=2, seed=0)
+    result = heal(drafter, target, options, data=data)
+    assert {n: p.shape for n, p in drafter.named_parameters()} == shapes  # merged: the drafter's own shape
+    assert torch.equal(drafter.get_input_embeddings().weight, embed)
+    delta = drafter.model.layers[0].self_attn.q_proj.weight - q
+    assert 0 < int(torch.linalg.matrix_rank(delta.float())) <= 2  # the update is of rank 2 at most
+    linears = [m for m in drafter.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    adapters = sum(2 * (m.in_features + m.out_features) for m in linears)
+    assert result.trainable_parameters == adapters + drafter.model.norm.weight.numel()
+    assert result.top1_after > result.top1_before
+
+
+@pytest.mark.parametrize("train", ["layers", "lowrank"])
+def test_interrupted_heal_resumes_to_the_same_weights(tiny_llama_config, tmp_path, train):
     import torch
 
     from draftnas.drafter.heal import heal
 
     target, _ = _models(tiny_llama_config)
     data = _data(target, 6, 2)
-    options = HealOptions(steps=8, batch_size=2, lr=5e-3, eval_every=0, checkpoint_every=2)
+    options = HealOptions(steps=8, batch_size=2, lr=5e-3, eval_every=0, checkpoint_every=2, train=train)
 
     _, straight = _models(tiny_llama_config)
     heal(straight, target, options, data=data)

@@ -731,3 +731,7 @@ def test_the_budget_stops_healing_when_too_little_is_left():
     n = heal_within_budget(ranked, SMOL, HealBudget(), 200.0 + MIN_SECONDS - 1, heal_one,
                            clock=lambda: now[0])
     assert n == 2 and done == [(1, 229.0), (3, 129.0)]  # the third would start with 29 s left
+    trains = []
+    heal_within_budget(ranked[:1], SMOL, HealBudget(), 600.0, lambda r, h: trains.append(h.train),
+                       train="lowrank")
+    assert trains == ["lowrank"]  # --heal-with lowrank: a low-rank update over the stack
