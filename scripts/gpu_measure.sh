@@ -166,7 +166,7 @@ phase() {
         t=$(echo "$QWEN_TARGETS" | cut -d' ' -f1)
         "$PY" -m draftnas bench --replay "$ACCEPTS" --replay-drafter reference --target "$t" \
             --draft "$(echo "$QWEN_DRAFTERS" | cut -d' ' -f1 | cut -d: -f2)" --device "$DEVICE" --dtype "$HALF" \
-            --batch-size "$REPLAY_BATCHES" --max-new-tokens "$REPLAY_FILE_NEW" \
+            --batch-size "$REPLAY_BATCHES" --max-new-tokens "$REPLAY_FILE_NEW" --rounds "$REPLAY_ROUNDS" \
             --out-json "$OUT/replay-batched.json" ;;
     tests)
         "$PY" -m pytest -q -p no:cacheprovider tests/models/test_decoder.py tests/models/test_batched.py \

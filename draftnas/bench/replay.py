@@ -287,8 +287,9 @@ def _result(request: BenchRequest, target: Shape, drafter: Shape, trace: Accepts
 def _run_batched(request: BenchRequest, target: Shape, drafter: Shape, trace: AcceptsTrace,
                  progress: Progress | None) -> BatchedBenchResult:
     """At each B: B recorded runs (the prompts cycled) replayed together, and the target alone decoding
-    the same tokens; `exact_match_rate` is here the share of sequences whose replayed counts equal the
-    record (a batch drafts as its longest sequence needs, so a count near a budget's end may be cut)."""
+    the same tokens, each timed `rounds` times (the run of median time kept); `exact_match_rate` is here
+    the share of sequences whose replayed counts equal the record (a batch drafts as its longest sequence
+    needs, so a count near a budget's end may be cut)."""
     options, started, load_before = request.options, time.perf_counter(), load_average()
     dtype, capture, gamma = getattr(torch, TORCH_DTYPES[options.dtype]), options.device == "cuda", trace.gamma
     prompts = trace.prompts
@@ -301,7 +302,8 @@ def _run_batched(request: BenchRequest, target: Shape, drafter: Shape, trace: Ac
     for index, size in enumerate(sizes):
         chosen = [prompts[i % len(prompts)] for i in range(size)]
         t_eng, d_eng = (BatchedStatic(d, size, slots, capture=capture) for d in decoders)
-        base, out = _batched_pair(t_eng, d_eng, chosen, target.arch.vocab_size, gamma, options.seed, index)
+        base, out = _batched_pair(t_eng, d_eng, chosen, target.arch.vocab_size, gamma, options.seed, index,
+                                  options.rounds)
         same = sum(list(a) == list(p.accepted) for a, p in zip(out.accepted, chosen, strict=True))
         predicted = {} if model is None or quantized(drafter.weights) else {
             trace.label: predicted_speedup(model, target.arch, drafter.arch, drafter.head_rows or None, size,
@@ -332,9 +334,10 @@ def _run_batched(request: BenchRequest, target: Shape, drafter: Shape, trace: Ac
 
 
 def _batched_pair(t_eng: BatchedStatic, d_eng: BatchedStatic, chosen: Sequence[AcceptsPrompt], vocab: int,
-                  gamma: int, seed: int, index: int) -> tuple[BatchedOutput, BatchedOutput]:
+                  gamma: int, seed: int, index: int, rounds: int) -> tuple[BatchedOutput, BatchedOutput]:
     """One batch size: the target alone and the replayed loop, each warmed once (every step width met,
-    on CUDA captured), then timed in an order that rotates with the batch size -> (target, loop)."""
+    on CUDA captured), then timed `rounds` times each, alternating, the order rotating with the batch size
+    -> (target, loop), each its run of median time."""
     batch = [_ids(p.prompt_tokens, vocab, seed + i) for i, p in enumerate(chosen)]
     budgets = [p.new_tokens for p in chosen]
     runs = {
@@ -346,5 +349,9 @@ def _batched_pair(t_eng: BatchedStatic, d_eng: BatchedStatic, chosen: Sequence[A
     order = ["target", "loop"] if index % 2 == 0 else ["loop", "target"]
     for name in order:
         runs[name]()
-    outs = {name: runs[name]() for name in order}
-    return outs["target"], outs["loop"]
+    timed: dict[str, list[BatchedOutput]] = {name: [] for name in order}
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            timed[name].append(runs[name]())
+    median = {name: sorted(outs, key=lambda o: o.elapsed_s)[len(outs) // 2] for name, outs in timed.items()}
+    return median["target"], median["loop"]
