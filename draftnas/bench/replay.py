@@ -41,7 +41,7 @@ from draftnas.bench.batched import (
 )
 from draftnas.bench.records import BenchRequest
 from draftnas.bench.replay_records import ReplayResult, ReplayRun
-from draftnas.bench.stats import median_interval, per_prompt_median
+from draftnas.bench.stats import interval_of
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
 from draftnas.core.options import option_error
@@ -166,14 +166,6 @@ def _context(trace: AcceptsTrace) -> int:
     return round(sum(p.prompt_tokens + p.new_tokens / 2 for p in trace.prompts) / len(trace.prompts))
 
 
-def _interval(rows: Sequence[ReplayRun], value: object) -> tuple[float, tuple[float, float]]:
-    by_prompt: dict[str, list[float]] = {}
-    for r in rows:
-        by_prompt.setdefault(r.prompt_id, []).append(float(value(r)))  # type: ignore[operator]
-    mid, low, high = median_interval(per_prompt_median(by_prompt))
-    return mid, (low, high)
-
-
 def run_replay(request: BenchRequest, *, progress: Progress | None = None
                ) -> ReplayResult | BatchedBenchResult:
     """The replay `request` asks for (see the module's text); with `batch_sizes`, one point per B."""
@@ -256,9 +248,9 @@ def _result(request: BenchRequest, target: Shape, drafter: Shape, trace: Accepts
     recorded = {p.prompt_id: p for p in trace.prompts}
     exact = all(r.steps == recorded[r.prompt_id].steps and r.new_tokens == recorded[r.prompt_id].new_tokens
                 for r in runs)
-    t_tps, t_int = _interval(runs, lambda r: r.new_tokens / r.target_seconds)
-    tps, tps_int = _interval(runs, lambda r: r.new_tokens / r.loop_seconds)
-    speed, speed_int = _interval(runs, lambda r: r.target_seconds / r.loop_seconds)
+    t_tps, t_int = interval_of(runs, lambda r: r.new_tokens / r.target_seconds)
+    tps, tps_int = interval_of(runs, lambda r: r.new_tokens / r.loop_seconds)
+    speed, speed_int = interval_of(runs, lambda r: r.target_seconds / r.loop_seconds)
     tokens = sum(r.new_tokens for r in runs)
     predicted, label = None, ""
     if not quantized(drafter.weights):

@@ -44,7 +44,7 @@ from draftnas.bench.records import (
     BenchResult,
     Comparison,
 )
-from draftnas.bench.stats import median_interval, per_prompt_median, verdict
+from draftnas.bench.stats import interval_of, verdict
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
 from draftnas.core.options import option_error
@@ -119,16 +119,6 @@ def bench_traces(target: LoadedModel, prompts: Sequence[Prompt], encoded: Sequen
 
 def tokens_per_s(run: ArmRun) -> float:
     return run.new_tokens / run.seconds if run.seconds > 0 else 0.0
-
-
-def interval_of(rows: Sequence[BenchPrompt], value: Any) -> tuple[float, tuple[float, float]]:
-    """The median over prompts of each prompt's median over rounds of `value(row)`, and its 95%
-    bootstrap interval over prompts (`bench.stats`)."""
-    by_prompt: dict[str, list[float]] = {}
-    for row in rows:
-        by_prompt.setdefault(row.prompt_id, []).append(float(value(row)))
-    mid, low, high = median_interval(per_prompt_median(by_prompt))
-    return mid, (low, high)
 
 
 def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResult:

@@ -10,7 +10,8 @@ of one prompt only measure the host's noise, which the per-prompt median already
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -56,3 +57,21 @@ def relative_error(predicted: float | None, measured: float | None) -> float | N
     if predicted is None or not measured:
         return None
     return (predicted - measured) / measured
+
+
+class _PromptRow(Protocol):
+    @property
+    def prompt_id(self) -> str: ...
+
+
+Row = TypeVar("Row", bound=_PromptRow)
+
+
+def interval_of(rows: Sequence[Row], value: Callable[[Row], float]) -> tuple[float, tuple[float, float]]:
+    """The median over prompts of each prompt's median over rounds of `value(row)`, and its 95%
+    bootstrap interval over prompts (rows: one per prompt and round, each with its `prompt_id`)."""
+    by_prompt: dict[str, list[float]] = {}
+    for row in rows:
+        by_prompt.setdefault(row.prompt_id, []).append(float(value(row)))
+    mid, low, high = median_interval(per_prompt_median(by_prompt))
+    return mid, (low, high)
