@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftnas.acceptance.records import PolicySteps
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.options import option_error
 from draftnas.core.records import Record, write_json_file
@@ -135,23 +136,57 @@ def read_accepts(path: str | Path) -> AcceptsFile:
     return accepts
 
 
-def walk_accepts(agree: Sequence[float], gamma: int, max_new_tokens: int) -> tuple[list[int], list[int]]:
+def walk_accepts(agree: Sequence[float], gamma: int, max_new_tokens: int,
+                 confidence: Sequence[float] | None = None,
+                 p_min: float = 0.0) -> tuple[list[int], list[int]]:
     """Greedy speculative decoding walked over one continuation's 0/1 agreement of drafter and target
     (position t: the drafter's argmax equals the target's token) -> (accepted, drafted) per step.
     A step at position t drafts g = min(gamma, budget - t - 1) and accepts the agreements in a row
-    from t, at most g; it emits those and one token of the target's."""
+    from t, at most g; it emits those and one token of the target's. With `p_min` > 0 and the drafter's
+    `confidence` per position (its probability of its own argmax), a step stops drafting after the first
+    draft whose confidence is below `p_min` (that draft still goes to the verify: the rule of
+    transformers' `assistant_confidence_threshold`, `models.speculative`)."""
     n = len(agree)
     run = [0] * (n + 1)  # run[t] = agreements in a row from t
     for t in range(n - 1, -1, -1):
         run[t] = run[t + 1] + 1 if agree[t] > 0.5 else 0
+    stops = p_min > 0 and confidence is not None
+    low = [n + max_new_tokens] * (n + 1)  # low[t] = the first position >= t drafted below p_min
+    if stops:
+        assert confidence is not None
+        for t in range(n - 1, -1, -1):
+            low[t] = t if confidence[t] < p_min else low[t + 1]
     accepted, drafted, t = [], [], 0
     while t < n:
         g = max(0, min(gamma, max_new_tokens - t - 1))
+        if stops:
+            g = min(g, low[t] - t + 1)
         k = min(run[t], g)
         accepted.append(k)
         drafted.append(g)
         t += k + 1
     return accepted, drafted
+
+
+def policy_steps(agree: Sequence[Sequence[float]], confidence: Sequence[Sequence[float]], max_gamma: int,
+                 max_new_tokens: int, p_mins: Sequence[float] = (0.0,)) -> tuple[PolicySteps, ...]:
+    """Each drafting policy (gamma 1..max_gamma, each p_min and 0) walked over every record's agreement
+    and the drafter's confidence per position (`walk_accepts`): pooled and per record."""
+    out = []
+    for gamma in range(1, max_gamma + 1):
+        for p_min in sorted({float(p) for p in p_mins} | {0.0}):
+            tokens, steps, drafted = [], [], []
+            for a, c in zip(agree, confidence, strict=True):
+                accepted, drafts = walk_accepts(list(a), gamma, max(max_new_tokens, len(a)), list(c), p_min)
+                tokens.append(len(a))
+                steps.append(max(len(accepted), 1))
+                drafted.append(sum(drafts))
+            out.append(PolicySteps(
+                gamma=gamma, p_min=p_min, tokens_per_step=sum(tokens) / max(sum(steps), 1),
+                drafted_per_step=sum(drafted) / max(sum(steps), 1),
+                prompt_tokens_per_step=tuple(round(n / s, 4) for n, s in zip(tokens, steps, strict=True)),
+                prompt_drafted_per_step=tuple(round(d / s, 4) for d, s in zip(drafted, steps, strict=True))))
+    return tuple(out)
 
 
 def synthetic_accepts(alpha: float, gamma: int, max_new_tokens: int, prompt_tokens: Sequence[int], *,

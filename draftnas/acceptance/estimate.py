@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftnas.acceptance.accepts import AcceptsPrompt, AcceptsTrace, walk_accepts
+from draftnas.acceptance.accepts import AcceptsPrompt, AcceptsTrace, policy_steps, walk_accepts
 from draftnas.acceptance.records import AcceptanceEstimate, DomainAcceptance
 from draftnas.acceptance.traces import (
     TraceRecord,
@@ -136,6 +136,7 @@ class _PerPosition:
     beta: list[np.ndarray]  # per record [C]
     beta_hi: list[np.ndarray]
     top1: list[np.ndarray]
+    confidence: list[np.ndarray]  # the drafter's probability of its own argmax
 
 
 def _unwrap(drafter: Any) -> tuple[Any, str | None]:
@@ -200,22 +201,25 @@ def _batches(records: Sequence[TraceRecord]) -> list[list[int]]:
 
 def _score_rows(logits: torch.Tensor, rec: TraceRecord, temperature: float,
                 head_to_full: torch.Tensor | None, full_to_head: torch.Tensor | None
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-position (beta, beta_upper, top1 agreement) for one record. logits: [C, V_head]."""
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-position (beta, beta_upper, top1 agreement, the drafter's probability of its own argmax over
+    its head: what a confidence stop reads) for one record. logits: [C, V_head]."""
 
     pred = logits.argmax(-1)
+    confidence = torch.softmax(logits.float(), dim=-1).amax(-1).double().numpy() if len(logits) else \
+        np.zeros(0)
     if head_to_full is not None:
         pred = head_to_full[pred]
     top1 = (pred == rec.topk_ids[:, 0]).float()
     if temperature <= 0:
         agree = (pred == rec.continuation_ids).double().numpy()
-        return agree, agree, top1.numpy()
+        return agree, agree, top1.numpy(), confidence
     q = torch.softmax(logits / temperature, dim=-1)  # [C, V_head]
     idx = rec.topk_ids if full_to_head is None else full_to_head[rec.topk_ids]  # [C, K]
     q_top = q.gather(1, idx.clamp(min=0)) * (idx >= 0)
     low = torch.minimum(rec.topk_probs, q_top).sum(-1)
     high = low + torch.minimum(rec.leftover, (1.0 - q_top.sum(-1)).clamp(min=0.0))
-    return low.double().numpy(), high.clamp(max=1.0).double().numpy(), top1.numpy()
+    return low.double().numpy(), high.clamp(max=1.0).double().numpy(), top1.numpy(), confidence
 
 
 def _teacher_forced(model: Any, records: Sequence[TraceRecord], temperature: float,
@@ -226,7 +230,7 @@ def _teacher_forced(model: Any, records: Sequence[TraceRecord], temperature: flo
         full_to_head = torch.full((vocab_size,), -1, dtype=torch.long)
         full_to_head[subset] = torch.arange(subset.numel())
     empty = [np.zeros(0)] * len(records)
-    out = _PerPosition(list(empty), list(empty), list(empty))
+    out = _PerPosition(list(empty), list(empty), list(empty), list(empty))
     done = 0
     with torch.inference_mode():
         for batch in _batches(records):
@@ -244,7 +248,7 @@ def _teacher_forced(model: Any, records: Sequence[TraceRecord], temperature: flo
                 logits = logits.cpu()  # scoring reads the traces' CPU tensors
                 if subset is not None and logits.shape[-1] == vocab_size:
                     logits = logits[:, subset]
-                out.beta[i], out.beta_hi[i], out.top1[i] = _score_rows(
+                out.beta[i], out.beta_hi[i], out.top1[i], out.confidence[i] = _score_rows(
                     logits, rec, temperature, subset, full_to_head)
             done += len(batch)
             if progress:
@@ -303,15 +307,17 @@ def _agreement(drafter_model: Any, traces: Traces, temperature: float, vocab_sub
 
 
 def estimated_accepts(drafter_model: Any, traces: Traces, *, gamma: int, label: str, drafter: str = "",
-                      vocab_subset: Any = None) -> AcceptsTrace:
-    """The accepted counts per step greedy speculative decoding at `gamma` would have on each greedy
-    record of `traces`: the drafter's agreement with the target's own outputs, walked step by step
-    (`accepts.walk_accepts`). Exact where the drafter's teacher-forced argmax is the one it drafts."""
+                      vocab_subset: Any = None, p_min: float = 0.0) -> AcceptsTrace:
+    """The accepted counts per step greedy speculative decoding at `gamma` (stopping after a draft below
+    `p_min`) would have on each greedy record of `traces`: the drafter's agreement with the target's own
+    outputs, walked step by step (`accepts.walk_accepts`). Exact where the drafter's teacher-forced argmax
+    is the one it drafts (the drafted counts after a rejected draft are the teacher-forced walk's)."""
     selected, per, _ = _agreement(drafter_model, traces, 0.0, vocab_subset, None)
     budget = traces.metadata.max_new_tokens
     prompts = []
-    for record, agree in zip(selected.records, per.beta, strict=True):
-        accepted, drafted = walk_accepts(agree.tolist(), gamma, max(budget, len(agree)))
+    for record, agree, confidence in zip(selected.records, per.beta, per.confidence, strict=True):
+        accepted, drafted = walk_accepts(agree.tolist(), gamma, max(budget, len(agree)), confidence.tolist(),
+                                         p_min)
         prompts.append(AcceptsPrompt(prompt_id=record.info.prompt_id, prompt_tokens=len(record.prompt_ids),
                                      new_tokens=len(agree), accepted=tuple(accepted), drafted=tuple(drafted)))
     return AcceptsTrace(label=label, drafter=drafter, source="estimate", gamma=gamma, prompts=tuple(prompts))
@@ -328,6 +334,7 @@ def estimate_acceptance(
     n_bootstrap: int = 1000,
     confidence: float = 0.95,
     seed: int = 0,
+    p_mins: Sequence[float] = (0.0,),
 ) -> AcceptanceEstimate:
     """Expected tokens per speculative step of `drafter_model` against the target in `traces`.
 
@@ -336,11 +343,14 @@ def estimate_acceptance(
     vocab_subset: full-vocabulary ids the drafter's head predicts over (its head may have
     len(vocab_subset) rows, row j = id vocab_subset[j], or the full vocabulary).
     progress(done, total) is called after each batch of records.
+    p_mins: greedy only, the confidence stops to walk beside gamma (`PolicySteps`; 0 = draft gamma always).
     """
     if not 1 <= max_gamma <= 64:
         raise InvalidInputError(f"max_gamma must be in [1, 64], got {max_gamma}")
     if temperature < 0:
         raise InvalidInputError(f"temperature must be >= 0, got {temperature:g}")
+    if any(not 0.0 <= p < 1.0 for p in p_mins):
+        raise InvalidInputError(f"p_mins must be in [0, 1), got {list(p_mins)}")
     started = time.perf_counter()
     selected, per, subset = _agreement(drafter_model, traces, temperature, vocab_subset, progress)
     lengths = np.array([len(r.continuation_ids) for r in selected.records])
@@ -353,6 +363,8 @@ def estimate_acceptance(
                            n_bootstrap, confidence, seed)
         for domain in selected.domains
     }
+    policies = policy_steps([a.tolist() for a in per.beta], [c.tolist() for c in per.confidence], max_gamma,
+                            max_new, p_mins) if temperature <= 0 else ()
     upper = steps.tokens.sum() / steps.steps_hi.sum(0)
     rate_hi = float(steps.beta_hi_sum.sum() / max(overall.n_positions, 1))
     elapsed = time.perf_counter() - started
@@ -367,5 +379,5 @@ def estimate_acceptance(
         ci_low=overall.ci_low, ci_high=overall.ci_high, per_domain=per_domain,
         confidence=confidence, n_bootstrap=n_bootstrap,
         vocab_subset_size=None if subset is None else int(subset.numel()),
-        elapsed_s=round(elapsed, 4),
+        elapsed_s=round(elapsed, 4), policies=policies,
     )

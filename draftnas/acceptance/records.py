@@ -115,6 +115,21 @@ class DomainAcceptance(Record):
 
 
 @dataclass(frozen=True)
+class PolicySteps(Record):
+    """Greedy speculative decoding under one drafting policy, walked over the held-out traces: up to
+    `gamma` drafts a step, stopping after the first whose drafter probability is below `p_min` (0: always
+    `gamma`). Pooled over records (all tokens over all steps) and per record, in the traces' order, so a
+    latency model can price the median over prompts a bench reports beside the pooled figure."""
+
+    gamma: int
+    p_min: float
+    tokens_per_step: float
+    drafted_per_step: float
+    prompt_tokens_per_step: tuple[float, ...] = ()
+    prompt_drafted_per_step: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
 class AcceptanceEstimate(Record):
     """Expected tokens per speculative step for gamma = 1..max_gamma (keys are str(gamma)).
 
@@ -141,6 +156,12 @@ class AcceptanceEstimate(Record):
     n_bootstrap: int = 1000
     vocab_subset_size: int | None = None
     elapsed_s: float = 0.0
+    # greedy: each (gamma, p_min) the search may run, the drafter's stop rule (`PolicySteps`)
+    policies: tuple[PolicySteps, ...] = ()
 
     def expected_tokens(self, gamma: int) -> float:
         return self.tokens_per_step[str(gamma)]
+
+    def policy(self, gamma: int, p_min: float = 0.0) -> PolicySteps | None:
+        """The walk at (gamma, p_min), if the estimate made it."""
+        return next((p for p in self.policies if p.gamma == gamma and abs(p.p_min - p_min) < 1e-9), None)

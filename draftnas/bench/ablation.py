@@ -37,6 +37,7 @@ class AblationLink(Record):
     speedup_interval: tuple[float, ...]
     tokens_per_step: float | None
     predicted_tokens_per_s: float | None  # the study's figure for that trial (None: the stock by name)
+    p_min: float = 0.0  # its confidence stop (the chain's last link, where the winner has one)
 
 
 def _study_of(folder: Path) -> tuple[str, int]:
@@ -57,7 +58,7 @@ def run_ablation(request: BenchRequest, progress: Progress | None = None,
     `request` comes checked (`bench_from_request`)."""
     from draftnas.bench.run import run_bench
     from draftnas.export.request import export_best
-    from draftnas.search.ablation import ablation_chain
+    from draftnas.search.ablation import ablation_chain, fixed_gamma
     from draftnas.search.results import load_results
 
     folder = Path(request.draft).expanduser()
@@ -68,25 +69,28 @@ def run_ablation(request: BenchRequest, progress: Progress | None = None,
         raise InvalidInputError(f"study {study} ranks no completed trial {number}")
     links, notes = ablation_chain(result, winner)
     specs: list[str] = []
-    for link in links[:-1]:
+    policies: dict[int, tuple[int, float]] = {}  # each link before the stop at its best fixed γ
+    for i, link in enumerate(links[:-1]):
         if link is links[0]:  # the stock drafter, as users load it (at the γ its hand-made trial priced best)
             specs.append(result.info.base)
         else:
             exported = export_best(result, Path("drafters"), trial=link.trial, progress=export_progress)
             specs.append(exported.folder)
+        if link.trial is not None:
+            policies[i] = (fixed_gamma(result, link.trial), 0.0)
     stock = links[0].trial
     options = replace(request.options, engine="static", hf_assisted=False,
                       reference_gamma=request.options.reference_gamma or (
-                          stock.primary.gamma if stock is not None else None))
+                          fixed_gamma(result, stock) if stock is not None else None))
     bench = run_bench(request.target, str(folder), load_prompts(request.prompts), options, references=specs,
-                      progress=progress)
+                      progress=progress, policies=policies)
     arms = [reference_label(i) for i in range(len(specs))] + [MAIN]
     measured = []
     for link, arm, spec in zip(links, arms, [*specs, str(folder)], strict=True):
         a = bench.arm(arm)
         measured.append(AblationLink(
             adds=link.adds, drafter=spec, trial=link.trial.number if link.trial else None, arm=arm,
-            gamma=a.gamma, weights=a.draft_weights, tokens_per_s=a.tokens_per_s,
+            gamma=a.gamma, p_min=a.p_min, weights=a.draft_weights, tokens_per_s=a.tokens_per_s,
             tokens_per_s_interval=a.tokens_per_s_interval, speedup=a.speedup,
             speedup_interval=a.speedup_interval, tokens_per_step=a.tokens_per_step,
             predicted_tokens_per_s=link.trial.throughput.tokens_per_s if link.trial else None))
@@ -116,7 +120,7 @@ def table_lines(result: BenchResult) -> list[str]:
     lines = [f"Target alone: {target.tokens_per_s:.2f} tokens/s "
              f"[{target.tokens_per_s_interval[0]:.2f}, {target.tokens_per_s_interval[1]:.2f}] "
              "(draftnas's static loop, the same run).", "",
-             "| link | drafter | γ | weights | tokens/s [95%] | × target [95%] | tokens/step "
+             "| link | drafter | γ <stop | weights | tokens/s [95%] | × target [95%] | tokens/step "
              "| × link before |",
              "|---|---|---|---|---|---|---|---|"]
     before = None
@@ -127,7 +131,8 @@ def table_lines(result: BenchResult) -> list[str]:
         step = "-" if link.tokens_per_step is None else f"{link.tokens_per_step:.2f}"
         over = "-" if before is None else f"{link.tokens_per_s / before:.3f}"
         trial = f" (trial {link.trial})" if link.trial is not None else ""
-        lines.append(f"| {link.adds} | {Path(link.drafter).name}{trial} | {link.gamma} | {link.weights} | "
+        drafting = f"{link.gamma} <{link.p_min:g}" if link.p_min else f"{link.gamma}"
+        lines.append(f"| {link.adds} | {Path(link.drafter).name}{trial} | {drafting} | {link.weights} | "
                      f"{link.tokens_per_s:.2f} [{lo:.2f}, {hi:.2f}] | {speed} | {step} | {over} |")
         before = link.tokens_per_s
     return lines + [f"\nNot in the chain: {note}" for note in (result.ablation or {}).get("notes", [])]

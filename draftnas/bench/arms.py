@@ -78,17 +78,19 @@ class Drafter:
     reduced_head: Any = None
     weights: str = "dense"  # how its linear layers run in the static engine and the routed arm
     gamma: int = 4  # draft tokens per step, in every arm of this drafter
+    p_min: float = 0.0  # its confidence stop (greedy; 0: gamma drafts every step)
 
     @classmethod
-    def of(cls, label: str, loaded: LoadedModel, weights: str = "dense", gamma: int = 4) -> Drafter:
+    def of(cls, label: str, loaded: LoadedModel, weights: str = "dense", gamma: int = 4,
+           p_min: float = 0.0) -> Drafter:
         subset = model_subset(loaded.model)
         if subset is not None or loaded.folder is None:
-            return cls(label, loaded, subset, weights=weights, gamma=gamma)
+            return cls(label, loaded, subset, weights=weights, gamma=gamma, p_min=p_min)
         full = loaded.model.get_output_embeddings()
         subset = maybe_apply_saved_subset(loaded.model, loaded.folder)
         if subset is None:
-            return cls(label, loaded, weights=weights, gamma=gamma)
-        return cls(label, loaded, subset, full, loaded.model.get_output_embeddings(), weights, gamma)
+            return cls(label, loaded, weights=weights, gamma=gamma, p_min=p_min)
+        return cls(label, loaded, subset, full, loaded.model.get_output_embeddings(), weights, gamma, p_min)
 
     @contextlib.contextmanager
     def full_vocabulary(self, model: Any) -> Any:
@@ -138,11 +140,11 @@ class Bench:
         }
         if sampling:  # the plain temperature-T softmax: no top-k/top-p warping
             self.gen_kwargs.update(temperature=options.temperature, top_k=0, top_p=1.0)
-        for d in drafters:  # a constant gamma and no confidence cut-off, as the loop drafts
+        for d in drafters:  # a constant gamma and the drafter's confidence stop, as the loop drafts
             cfg = d.loaded.model.generation_config
             cfg.num_assistant_tokens = d.gamma
             cfg.num_assistant_tokens_schedule = "constant"
-            cfg.assistant_confidence_threshold = 0.0
+            cfg.assistant_confidence_threshold = d.p_min
         self.engines: dict[str, StaticEngine] = {}  # "target" / drafter label -> engine
         self.routed = options.hf_assisted and options.hf_routed and options.device == "cpu"
         self._routings: dict[str, LinearRouting] = {}
@@ -300,7 +302,8 @@ class LoopArm(Arm):
         drafter = b.engines.get(d.label, d.loaded.model)
         out = speculative_generate(target, drafter, ids, gamma=d.gamma, max_new_tokens=max_new_tokens,
                                    temperature=b.options.temperature, eos_token_ids=b.eos,
-                                   generator=torch.Generator().manual_seed(seed), vocab_subset=d.subset)
+                                   generator=torch.Generator().manual_seed(seed), vocab_subset=d.subset,
+                                   p_min=d.p_min)
         return Run(tokens=out.tokens, elapsed_s=out.elapsed_s, steps=out.steps, accepted=sum(out.accepted),
                    drafted=sum(out.drafted), draft_s=out.draft_s, accepted_steps=tuple(out.accepted),
                    drafted_steps=tuple(out.drafted))

@@ -22,7 +22,9 @@ def _check(result: BenchResult, arm: str, p: ArmPrediction, source: str = "searc
     if not result.has(arm):
         return None
     measured = result.arm(arm)
-    error = relative_error(p.tokens_per_s, measured.tokens_per_s)
+    median_tps = p.median_tokens_per_s or p.tokens_per_s
+    median_speedup = p.median_speedup or p.speedup
+    error = relative_error(median_tps, measured.tokens_per_s)
     assert error is not None
     pooled = measured.pooled_tokens_per_s
     base = result.arm(measured.baseline).pooled_tokens_per_s if measured.baseline else None
@@ -30,7 +32,10 @@ def _check(result: BenchResult, arm: str, p: ArmPrediction, source: str = "searc
     return PredictionCheck(arm=arm, role=p.role, name=p.name, predicted_tokens_per_s=p.tokens_per_s,
                            measured_tokens_per_s=measured.tokens_per_s, tokens_per_s_error=error,
                            predicted_speedup=p.speedup, measured_speedup=measured.speedup,
-                           speedup_error=relative_error(p.speedup, measured.speedup), held_out=p.held_out,
+                           speedup_error=relative_error(median_speedup, measured.speedup),
+                           held_out=p.held_out,
+                           predicted_median_tokens_per_s=p.median_tokens_per_s,
+                           predicted_median_speedup=p.median_speedup,
                            source=source, pooled_tokens_per_s=pooled,
                            pooled_tokens_per_s_error=relative_error(p.tokens_per_s, pooled),
                            pooled_speedup=pooled_speedup,
@@ -41,7 +46,9 @@ def _exported_arm(role: str, name: str, exported: WorkloadPrediction) -> ArmPred
     e = exported.primary()
     return ArmPrediction(role=role, name=name, tokens_per_s=exported.tokens_per_s, speedup=exported.speedup,
                          gamma=e.gamma, tokens_per_step=e.tokens_per_step, draft_ms=e.draft_ms,
-                         verify_ms=e.verify_ms, target_ms=e.target_ms)
+                         verify_ms=e.verify_ms, target_ms=e.target_ms, p_min=e.p_min,
+                         median_tokens_per_s=exported.median_tokens_per_s,
+                         median_speedup=exported.median_speedup)
 
 
 def check_predictions(result: BenchResult, predictions: SearchPredictions,

@@ -31,6 +31,14 @@ class BenchOptions(Record):
         None, help="Draft tokens per step of a reference drafter given by name (default: --gamma); an "
                    "exported folder runs at the γ its draftnas.json records. Run it at the gamma its users "
                    "would pick (the search prints its best), not at the winner's.", low=1, high=32)
+    p_min: float = option(
+        0.0, help="The drafter's confidence stop (greedy): a step drafts up to --gamma tokens and stops "
+                  "after the first the drafter gives a probability below this (transformers' "
+                  "assistant_confidence_threshold runs the same rule); 0 drafts --gamma every step. An "
+                  "exported reference runs at the stop its draftnas.json records.", low=0.0, high=0.99)
+    reference_p_min: float = option(
+        0.0, help="The confidence stop of a reference drafter given by name (see --p-min; the search prints "
+                  "the reference's own best).", low=0.0, high=0.99)
     temperature: float = option(0.0, help="0 = greedy (checked lossless).", low=0.0, high=10.0)
     max_new_tokens: int = option(64, help="New tokens per prompt.", short="-n", low=1, high=8192)
     seed: int = option(0, help="Seed of sampling runs.")
@@ -106,6 +114,10 @@ class BenchOptions(Record):
         if self.batch_sizes and self.reference_gamma not in (None, self.gamma):
             extra.append(("reference_gamma", "applies to the arms bench; {batch_sizes} runs every "
                                              "drafter at {gamma}"))
+        one_greedy = not (self.batch_sizes or self.engine == "llama.cpp" or self.temperature > 0)
+        if max(self.p_min, self.reference_p_min) > 0 and not one_greedy:
+            extra.append(("p_min", "runs in the greedy one-sequence loops: drop {batch_sizes} and {engine} "
+                                   "llama.cpp, set {temperature} 0"))
         if self.write_accepts and (self.batch_sizes or self.engine == "llama.cpp" or self.temperature > 0):
             extra.append(("write_accepts", "records draftnas's greedy loop: drop {batch_sizes} and {engine} "
                                            "llama.cpp, set {temperature} 0"))
@@ -241,6 +253,7 @@ class ArmResult(Record):
     draft_vocab_size: int | None = None  # rows of a reduced draft head; None = the full vocabulary
     draft_weights: str | None = None  # how the drafter's linear layers ran: dense, int8, int4, per group
     gamma: int | None = None  # the drafter's tokens per step (a reference may run at its own)
+    p_min: float = 0.0  # its confidence stop (0: gamma drafts every step)
     lossless: bool | None = None  # greedy: equal to the baseline's output on every prompt
     exact_match_rate: float | None = None  # greedy: share of prompts whose output equals the baseline's
     divergence_margins: tuple[float, ...] = ()  # target's top-1 minus top-2 logit at each divergence
@@ -286,6 +299,10 @@ class PredictionCheck(Record):
     pooled_tokens_per_s_error: float | None = None
     pooled_speedup: float | None = None
     pooled_speedup_error: float | None = None
+    # the prediction of the median over prompts (per-prompt walks priced alike), which the median's errors
+    # then compare against; without it the pooled prediction stands for both
+    predicted_median_tokens_per_s: float | None = None
+    predicted_median_speedup: float | None = None
 
 
 @dataclass(frozen=True)

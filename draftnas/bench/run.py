@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -145,6 +145,7 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
         draft_ms_per_token=1000 * sum(r.draft_s for r in runs) / drafted if loop else None,
         draft_vocab_size=d.subset.size if d.subset is not None else None,
         draft_weights=d.weights if arm.engine in ("static", "hf-routed") else "dense", gamma=d.gamma,
+        p_min=d.p_min,
         lossless=all(bool(r.lossless) for r in runs) if greedy else None,
         exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs) if greedy else None,
         divergence_margins=tuple(r.divergence_margin for r in runs if r.divergence_margin is not None))
@@ -170,18 +171,23 @@ def _comparisons(arms: Sequence[Arm], rows: Sequence[BenchPrompt],
 
 
 def _load_drafters(draft: str | LoadedModel, references: Sequence[str | LoadedModel], target: LoadedModel,
-                   load: dict[str, Any], options: BenchOptions) -> list[Drafter]:
-    specs = {MAIN: draft} | {reference_label(i): r for i, r in enumerate(references)}
+                   load: dict[str, Any], options: BenchOptions,
+                   policies: Mapping[int, tuple[int, float]]) -> list[Drafter]:
+    """Each drafter at its γ and confidence stop: the main one at the options', a reference at `policies`'
+    (reference index -> (γ, p_min)), else its exported folder's own best, else the reference options'."""
     out = []
-    for label, spec in specs.items():
+    for index, spec in enumerate([draft, *references], start=-1):
+        label = MAIN if index < 0 else reference_label(index)
         own = {**load, "dtype": TORCH_DTYPES[_drafter_dtype(label, spec, options)]}
         loaded = load_drafter(spec, **own) if isinstance(spec, str) else spec
         _check_same_tokenizer(target, loaded)
-        record = exported_record(loaded.folder) if loaded.folder is not None else None
-        own_gamma = (record or {}).get("gamma")  # an exported reference runs at its own best γ
-        gamma = options.gamma if label == MAIN else own_gamma if isinstance(own_gamma, int) \
-            else options.reference_gamma or options.gamma
-        out.append(Drafter.of(label, loaded, _weights(label, loaded, options), gamma))
+        record = (exported_record(loaded.folder) if loaded.folder is not None else None) or {}
+        own_gamma, own_stop = record.get("gamma"), record.get("p_min")
+        gamma, p_min = (options.gamma, options.p_min) if label == MAIN else policies.get(index, (
+            own_gamma if isinstance(own_gamma, int) else options.reference_gamma or options.gamma,
+            float(own_stop) if isinstance(own_stop, int | float) else options.reference_p_min))
+        out.append(Drafter.of(label, loaded, _weights(label, loaded, options), gamma,
+                              p_min if options.temperature <= 0 and not options.batch_sizes else 0.0))
     return out
 
 
@@ -218,7 +224,8 @@ def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:
 
 
 def load_for_bench(target: str | LoadedModel, draft: str | LoadedModel,
-                    references: Sequence[str | LoadedModel], prompts: Sequence[Prompt], options: BenchOptions
+                    references: Sequence[str | LoadedModel], prompts: Sequence[Prompt], options: BenchOptions,
+                    policies: Mapping[int, tuple[int, float]] | None = None
                     ) -> tuple[LoadedModel, list[Drafter], list[Prompt], list[list[int]], tuple[str, ...]]:
     """What every bench starts from: the options checked, the target and drafters loaded in the
     options' dtype and device (one tokenizer), and the prompts no drafter was healed or searched on
@@ -229,7 +236,7 @@ def load_for_bench(target: str | LoadedModel, draft: str | LoadedModel,
     require_device(options.device)
     load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
     t_model = load_model(target, **load) if isinstance(target, str) else target
-    drafters = _load_drafters(draft, references, t_model, load, options)
+    drafters = _load_drafters(draft, references, t_model, load, options, policies or {})
     kept, encoded, left_out = unseen_prompts(prompts, t_model.tokenizer, [d.loaded.folder for d in drafters],
                                              options.per_domain)
     return t_model, drafters, kept, encoded, left_out
@@ -244,16 +251,17 @@ def run_bench(
     reference: str | LoadedModel | None = None,
     references: Sequence[str | LoadedModel] = (),
     progress: Progress | None = None,
+    policies: Mapping[int, tuple[int, float]] | None = None,
 ) -> BenchResult:
     """Decode `prompts` with every arm (`bench.arms`) for `draft` and, given, each reference drafter
     (`reference`, then `references`); compare. progress(done, total) is called after each prompt (total
-    = prompts + 1 for the estimate).
+    = prompts + 1 for the estimate). `policies`: reference index -> (γ, p_min) it runs at instead.
     """
     started, load_before = time.perf_counter(), load_average()
     predictions = read_predictions(options.predictions) if options.predictions else None
     refs = [*([reference] if reference is not None else []), *references]
     with kept_choices():  # the kernel choices a calibration on this host made are reused, and kept
-        result = _run_bench(target, draft, prompts, options, refs, progress, started, load_before)
+        result = _run_bench(target, draft, prompts, options, refs, progress, started, load_before, policies)
     if predictions is None:
         return result
     folder = _folder(draft)
@@ -273,9 +281,10 @@ def _folder(draft: str | LoadedModel) -> Path | None:
 
 def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Sequence[Prompt],
                options: BenchOptions, references: Sequence[str | LoadedModel], progress: Progress | None,
-               started: float, load_before: str) -> BenchResult:
+               started: float, load_before: str, policies: Mapping[int, tuple[int, float]] | None
+               ) -> BenchResult:
     t_model, drafters, prompts, encoded, left_out = load_for_bench(target, draft, references, prompts,
-                                                                    options)
+                                                                    options, policies)
     bench = Bench(t_model, drafters, options)
     if options.resolved_engine() == "static":
         bench.build_engines(max(len(ids) for ids in encoded) + options.max_new_tokens + bench.max_gamma + 1)
@@ -377,11 +386,14 @@ def _with_predictions(results: list[ArmResult], bench: Bench, prompts: Sequence[
     by_name = {r.name: r for r in results}
     for d in bench.drafters.values():
         name, g = arm_names(d.label)[0], str(d.gamma)
-        est = estimate_acceptance(d.loaded, traces, max_gamma=d.gamma, temperature=options.temperature)
-        by_name[name] = replace(by_name[name], predicted_tokens_per_step=est.tokens_per_step[g],
-                                predicted_ci_low=est.ci_low[g], predicted_ci_high=est.ci_high[g],
+        est = estimate_acceptance(d.loaded, traces, max_gamma=d.gamma, temperature=options.temperature,
+                                  p_mins=(d.p_min,))
+        stop = est.policy(d.gamma, d.p_min) if d.p_min > 0 else None  # a stop's walk has no interval here
+        by_name[name] = replace(by_name[name], predicted_tokens_per_step=stop.tokens_per_step if stop
+                                else est.tokens_per_step[g], predicted_ci_low=None if stop else est.ci_low[g],
+                                predicted_ci_high=None if stop else est.ci_high[g],
                                 predicted_acceptance_rate=est.acceptance_rate, estimator_s=est.elapsed_s)
     estimated = [estimated_accepts(d.loaded, traces, gamma=d.gamma, label=f"{d.label}-estimate",
-                                   drafter=d.loaded.source.spec) for d in bench.drafters.values()
-                 ] if options.write_accepts else []
+                                   p_min=d.p_min, drafter=d.loaded.source.spec)
+                 for d in bench.drafters.values()] if options.write_accepts else []
     return [by_name[r.name] for r in results], estimated

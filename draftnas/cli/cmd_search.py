@@ -85,7 +85,7 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
                 render_export(exported.result)
     if emit_json(output, result_json(result, exported, hand)):
         return
-    done = (exported.folder, exported.gamma) if exported else None
+    done = (exported.folder, exported.gamma, exported.p_min) if exported else None
     if hand is not None and not output.json:
         console.print(f"the hand-made best is in {hand.folder}, at γ {hand.gamma}", highlight=False)
     for line in next_commands(result, done, request.target_gguf, hand.folder if hand else None):

@@ -31,7 +31,7 @@ def ranked_table(result: SearchResult, top: int = 15) -> Table:
     rows = rows_with_references(result, top)
     name_width = max((len(r.candidate.name) for r in rows), default=9)
     for col in ("#", "trial", "candidate", "layers x width", "params", "draft / verify ms",
-                acc_col, "best γ", "tokens/s", "speedup", "break-even α b1 / bN", "stops paying at b"):
+                acc_col, "best γ <stop", "tokens/s", "speedup", "break-even α b1 / bN", "stops paying at b"):
         # the name is never cut ("L1bi-h6kv2-m0.5-v4…" was): its column keeps its width, the
         # others wrap at their spaces when the terminal is narrow
         if col == "candidate":
@@ -83,5 +83,5 @@ def _row(rank: int, r: RankedTrial) -> list[str]:
                                   else f"> {e.sweep_batches[-1]}")
     return ["ref" if r.reference else str(rank), "—" if r.reference else trial, r.candidate.name,
             r.candidate.shape_label(), fmt_params(r.candidate.parameters),
-            f"{p.draft_ms:.3f} / {p.verify_ms:.3f}", acc, str(p.gamma), f"{r.throughput.tokens_per_s:,.1f}",
+            f"{p.draft_ms:.3f} / {p.verify_ms:.3f}", acc, p.drafting, f"{r.throughput.tokens_per_s:,.1f}",
             f"{r.throughput.speedup:.3f}x", even, stops]

@@ -125,6 +125,19 @@ class ThroughputEstimate(Record):
     baseline_tokens_per_s: float
     speedup: float
     baseline_batch_size: int | None = None  # plain decoding's batch where memory lets it differ
+    # a confidence stop: each step drafts up to gamma, stopping after a draft below p_min (0: never), and
+    # drafts `drafted_per_step` on average (None: gamma); `verify_ms` is then the verify at that mean
+    p_min: float = 0.0
+    drafted_per_step: float | None = None
+    # the median over prompts of each prompt's tokens/s (what a bench reports), where the acceptance
+    # reading holds per-prompt walks; `tokens_per_s` is the pooled figure (all tokens over all time)
+    median_tokens_per_s: float | None = None
+    median_speedup: float | None = None
+
+    @property
+    def drafting(self) -> str:
+        """The drafting policy as tables print it: gamma, with its confidence stop ("8 <0.5") if any."""
+        return f"{self.gamma} <{self.p_min:g}" if self.p_min else str(self.gamma)
 
 
 def predict_throughput(
@@ -137,8 +150,13 @@ def predict_throughput(
     tokens_per_step: float | None = None,
     batch_size: int = 1,
     baseline_batch_size: int | None = None,
+    drafted_per_step: float | None = None,
+    p_min: float = 0.0,
 ) -> ThroughputEstimate:
     """Predicted tokens/s and speedup for one gamma.
+
+    `drafted_per_step`: the mean drafts a step makes where it is not `gamma` (a confidence stop at
+    `p_min`); `verify_ms` is then the verify of that many drafts plus one.
 
     Give either `acceptance_rate` (i.i.d. alpha) or a measured `tokens_per_step`.
     `verify_ms` (target latency over gamma + 1 positions) defaults to `target_ms`,
@@ -162,16 +180,24 @@ def predict_throughput(
         assert tokens_per_step is not None
         check_range("tokens per step", tokens_per_step, 1.0, float(gamma + 1))
         tokens = tokens_per_step
-    tps = speculative_tokens_per_s(tokens, gamma, draft_ms, verify, batch_size)
+    drafted = float(gamma) if drafted_per_step is None or gamma == 0 else drafted_per_step
+    if not 0.0 <= drafted <= gamma:
+        raise InvalidInputError(f"drafts per step must be in [0, gamma={gamma}], got {drafted:g}")
+    _check_latency("draft latency", draft_ms)
+    _check_latency("verify latency", verify, strictly_positive=True)
+    step = drafted * draft_ms + verify
+    tps = batch_size * tokens / (step / MS_PER_S)
     base = baseline_tokens_per_s(target_ms, plain_batch)
-    speedup = (speculative_speedup(tokens, gamma, draft_ms, verify, target_ms) if plain_batch == batch_size
+    speedup = (speculative_speedup(tokens, drafted, draft_ms, verify, target_ms) if plain_batch == batch_size
                else tps / base)
     return ThroughputEstimate(
         batch_size=batch_size, gamma=gamma, acceptance_rate=acceptance_rate,
         tokens_per_step=tokens, draft_ms=draft_ms, verify_ms=verify, target_ms=target_ms,
-        step_ms=step_latency_ms(gamma, draft_ms, verify), tokens_per_s=tps,
+        step_ms=step, tokens_per_s=tps,
         baseline_tokens_per_s=base, speedup=speedup,
         baseline_batch_size=plain_batch if plain_batch != batch_size else None,
+        p_min=p_min if gamma else 0.0, drafted_per_step=None if drafted_per_step is None or gamma == 0
+        else drafted_per_step,
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,7 +88,8 @@ def choose_head(plan: PruningPlan, head_rows: int, traces: Traces | None, tokeni
 
 def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | None = None,
                   teacher: Any = None, data: HealData | None = None, held: Traces | None = None,
-                  max_gamma: int = 8, temperature: float = 0.0, checkpoint_dir: str | Path | None = None,
+                  max_gamma: int = 8, temperature: float = 0.0, p_mins: Sequence[float] = (0.0,),
+                  checkpoint_dir: str | Path | None = None,
                   progress: Progress | None = None, data_progress: Progress | None = None,
                   on_reading: Callable[[HealReading], None] | None = None,
                   dtype: str | None = None, weights: str = "dense") -> BuiltDrafter:
@@ -125,7 +126,8 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
         routing = route_linears(drafter, attach=False, own_weights=False, weights=weights) \
             if quantized(weights) else contextlib.nullcontext()
         with routing:
-            estimate = estimate_acceptance(drafter, held, max_gamma=max_gamma, temperature=temperature)
+            estimate = estimate_acceptance(drafter, held, max_gamma=max_gamma, temperature=temperature,
+                                           p_mins=p_mins)
     parameters = sum(p.numel() for p in {id(p): p for p in drafter.parameters()}.values())
     return BuiltDrafter(plan=plan, heal=result, estimate=estimate, parameters=parameters, model=drafter)
 

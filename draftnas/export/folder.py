@@ -84,7 +84,7 @@ def _replace(tmp: Path, out: Path) -> None:
 
 def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo,
                   full_head: bool = False) -> None:
-    _set_generation_config(model, info.gamma)
+    _set_generation_config(model, info.gamma, info.p_min)
     subset = model_subset(model)
     full_parameters = None
     if subset is not None:  # the reduced head as it is, and (asked for) a plain full-head variant beside it
@@ -158,16 +158,17 @@ def _save_full_head(model: Any, subset: Any, tokenizer: Any, folder: Path) -> in
         model.set_output_embeddings(reduced)
 
 
-def _set_generation_config(model: Any, gamma: int) -> None:
+def _set_generation_config(model: Any, gamma: int, p_min: float = 0.0) -> None:
     """Assisted-generation settings read from the drafter's generation_config by transformers:
-    a constant `gamma` draft tokens per step and no confidence cut-off, which is what the
-    search's estimates assume."""
+    a constant `gamma` draft tokens per step and the search's confidence stop (`p_min`; 0: none), which
+    is what the search's estimates assume (transformers stops on the same rule; where scikit-learn is
+    installed it also moves the threshold as it goes)."""
     gen = getattr(model, "generation_config", None)
     if gen is None:
         return
     gen.num_assistant_tokens = int(gamma)
     gen.num_assistant_tokens_schedule = "constant"
-    gen.assistant_confidence_threshold = 0.0
+    gen.assistant_confidence_threshold = float(p_min)
 
 
 def exported_record(folder: str | Path) -> dict[str, Any] | None:

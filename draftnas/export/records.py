@@ -54,6 +54,7 @@ class ExportInfo(Record):
     source: str = ""
     seed: int = 0
     gamma: int = 4
+    p_min: float = 0.0  # the confidence stop it drafts with: a step stops after a draft below it
     acceptance: AcceptanceEstimate | None = None  # this folder's drafter on the study's scored traces
     prediction: WorkloadPrediction | None = None  # the trial's latency at that acceptance
     dtype: str | None = None  # the activations' (and stored weights') dtype it drafts in
@@ -138,6 +139,7 @@ class ExportResult(Record):
     source: str = ""
     name: str = ""  # the drafter's name (search table, card, draftnas.json)
     gamma: int = DEFAULT_GAMMA
+    p_min: float = 0.0
     acceptance: AcceptanceEstimate | None = None
     prediction: WorkloadPrediction | None = None
     searched_tokens_per_step: float | None = None  # the search's reading at `gamma`, for comparison
@@ -190,3 +192,4 @@ class BestExport(Record):
     gamma: int
     record: dict[str, Any]
     result: ExportResult | None = None
+    p_min: float = 0.0

@@ -94,6 +94,17 @@ def _gamma(request: ExportRequest, trial: RankedTrial | None, prediction: Worklo
     return DEFAULT_GAMMA
 
 
+def _p_min(request: ExportRequest, trial: RankedTrial | None, prediction: WorkloadPrediction | None) -> float:
+    """The confidence stop that goes with `_gamma`'s pick: the prediction's where gamma came from it, else
+    none (a --gamma given by hand drafts that many every step)."""
+    if request.gamma is not None:
+        return 0.0
+    for source in (prediction, trial.throughput if trial is not None else None):
+        if source is not None and source.primary().gamma >= MIN_GAMMA:
+            return source.primary().p_min
+    return 0.0
+
+
 def study_source(study: str, trial: int) -> str:
     """How an export from a study trial names its source (ExportInfo.source, draftnas.json)."""
     return f"study {study} trial {trial}"
@@ -220,6 +231,7 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         base=base, target=target, plan=plan, trial=trial,
         profile=source.info.profile if source.info else None,
         heal=heal_result, source=source.label, seed=request.seed, gamma=_gamma(request, trial, prediction),
+        p_min=_p_min(request, trial, prediction),
         measured=measured, acceptance=built.estimate, prediction=prediction,
         searched_prompts=searched_prompts(source.info), weights=weights, dtype=draft_dtype,
     )
@@ -234,7 +246,7 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     hub_url = push_to_hub(out, request.push_to_hub) if request.push_to_hub else None
     return ExportResult(out_dir=str(out), plan=plan, parameters=built.parameters, heal=heal_result, gguf=gguf,
                         hub_url=hub_url, source=source.label, name=drafter_name(info), gamma=info.gamma,
-                        acceptance=built.estimate, prediction=prediction,
+                        p_min=info.p_min, acceptance=built.estimate, prediction=prediction,
                         searched_tokens_per_step=searched_tokens(trial, info.gamma))
 
 
@@ -268,11 +280,12 @@ def export_best(result: SearchResult, root: Path, *, progress: Progress | None =
     for out in (root / b.candidate.name, root / f"{b.candidate.name}-{result.study_name}"):
         record = exported_record(out)
         if record is not None and record.get("source") == study_source(result.study_name, b.number):
-            return BestExport(folder=str(out), gamma=int(record.get("gamma", b.primary.gamma)), record=record)
+            return BestExport(folder=str(out), gamma=int(record.get("gamma", b.primary.gamma)), record=record,
+                              p_min=float(record.get("p_min", 0.0)))
         if not out.exists() or not any(out.iterdir()):
             break
     request = ExportRequest(out_dir=str(out), study=result.study_name, storage=result.storage, trial=b.number,
                             device=device or result.info.device)
     exported = export_from_request(request, progress=progress, data_progress=data_progress)
     return BestExport(folder=exported.out_dir, gamma=exported.gamma, record=exported.to_dict(),
-                      result=exported)
+                      result=exported, p_min=exported.p_min)

@@ -92,10 +92,14 @@ class _Drafter:
             logits = logits[self.table.to(logits.device)]
         return logits
 
-    def next_token(self, feed: list[int] | torch.Tensor) -> torch.Tensor:
-        """The greedy draft after reading `feed`, a full-vocabulary id [1] left on the device."""
-        index = self.next_logits(feed).argmax().reshape(1)
-        return index if self.table is None else self.table.to(index.device)[index]
+    def next_token(self, feed: list[int] | torch.Tensor, p_min: float = 0.0) -> tuple[torch.Tensor, bool]:
+        """The greedy draft after reading `feed`, a full-vocabulary id [1] left on the device, and whether
+        drafting goes on: with `p_min` > 0 the host reads the drafter's probability of that draft (over
+        its head) and stops below it."""
+        logits = self.next_logits(feed)
+        index = logits.argmax().reshape(1)
+        go_on = p_min <= 0 or float(torch.softmax(logits.float(), dim=-1).amax()) >= p_min
+        return (index if self.table is None else self.table.to(index.device)[index]), go_on
 
     def to_full(self, head_index: int) -> int:
         return int(self.subset[head_index]) if self.subset is not None else head_index
@@ -156,16 +160,21 @@ class _Clock:
 
 
 def _greedy_step(draft: _Drafter, target: Engine, seq: list[int], cached: int, g: int,
-                 forced: int | None = None) -> tuple[list[int], int, int, float]:
+                 forced: int | None = None, p_min: float = 0.0) -> tuple[list[int], int, int, float]:
     """One greedy step on the device, read once: (drafts, accepted count k, the target's next token,
-    seconds spent drafting). The target reads seq[cached:] and the g drafts. `forced`: a replay's
+    seconds spent drafting). The target reads seq[cached:] and the drafts: g of them, or with `p_min` up
+    to the first the drafter gives less than p_min (one more host read per draft). `forced`: a replay's
     count, taken for k after the same work and read (the next token is the target's at that k)."""
     clock = _Clock(draft.engine.device)
     feed: list[int] | torch.Tensor = seq[draft.cached:]
     drafts: list[torch.Tensor] = []
     for _ in range(g):
-        drafts.append(draft.next_token(feed))
-        feed = drafts[-1]
+        token, go_on = draft.next_token(feed, p_min)
+        drafts.append(token)
+        feed = token
+        if not go_on:
+            break
+    g = len(drafts)
     clock.stop()
     device = target.device
     drafted = torch.cat(drafts).to(device) if drafts else torch.empty(0, dtype=torch.long, device=device)
@@ -211,6 +220,7 @@ def speculative_generate(
     vocab_subset: Any = None,
     generator: torch.Generator | None = None,
     replay: Sequence[tuple[int, int]] | None = None,
+    p_min: float = 0.0,
 ) -> SpeculativeOutput:
     """Generate up to `max_new_tokens` new tokens after `prompt_ids` with speculative decoding.
 
@@ -222,10 +232,15 @@ def speculative_generate(
     `replay`: (drafted, accepted) per step of a recorded run (greedy): each step drafts and verifies as
     usual, then accepts the recorded count; the run stops after the last recorded step (a replay over
     random weights of the recorded models' shapes times the recorded run, `draftnas bench --replay`).
+    `p_min` (greedy): a confidence stop; each step drafts up to gamma tokens and stops after the first
+    whose drafter probability is below p_min (the rule of transformers' `assistant_confidence_threshold`).
     """
 
     if replay is not None and temperature > 0:
         raise InvalidInputError("a replay of recorded accepted counts is greedy: temperature 0")
+    if p_min > 0 and temperature > 0 or not 0 <= p_min < 1:
+        raise InvalidInputError(f"a confidence stop p_min must be in [0, 1) and runs greedy (temperature 0); "
+                                f"got p_min {p_min:g} at temperature {temperature:g}")
     if gamma < 0 or max_new_tokens < 1 or temperature < 0:
         raise InvalidInputError(f"need gamma >= 0, max_new_tokens >= 1, temperature >= 0; got "
                                 f"{gamma}, {max_new_tokens}, {temperature:g}")
@@ -258,9 +273,10 @@ def speculative_generate(
                 k, nxt = _accept(logits, drafts, qs, temperature, generator)
                 out.host_reads += len(drafts) + 1
             else:
-                drafts, k, nxt, draft_s = _greedy_step(draft, target_engine, seq, cached, g, forced)
+                drafts, k, nxt, draft_s = _greedy_step(draft, target_engine, seq, cached, g, forced,
+                                                       p_min if replay is None else 0.0)
                 out.draft_s += draft_s
-                out.host_reads += 1
+                out.host_reads += 1 + (len(drafts) if p_min > 0 and replay is None else 0)
             emitted = drafts[:k] + [nxt]
             stop = next((j for j, t in enumerate(emitted) if t in eos), None)
             if stop is not None:

@@ -83,7 +83,7 @@ def _batches(workload: Any) -> str:
 def _table(ranked: tuple[RankedTrial, ...], assumed: bool) -> str:
     acc = "assumed α" if assumed else "top-1"
     head = ["#", "trial", "candidate", "layers x width", "params (M)", "draft ms", "verify ms", acc,
-            "tokens/step", "best γ", "tokens/s", "speedup", "break-even α b1 / bN", "stops paying at b"]
+            "tokens/step", "best γ <stop", "tokens/s", "speedup", "break-even α b1 / bN", "stops paying at b"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, r in enumerate(ranked, start=1):
         p = r.primary
@@ -95,7 +95,7 @@ def _table(ranked: tuple[RankedTrial, ...], assumed: bool) -> str:
                  else f"> {e.sweep_batches[-1]}")
         cells = [str(i), str(r.number), f"`{r.candidate.name}`", r.candidate.shape_label(),
                  f"{params_m:.1f}", f"{p.draft_ms:.3f}", f"{p.verify_ms:.3f}",
-                 f"{r.acceptance.acceptance_rate:.3f}", f"{p.tokens_per_step:.2f}", str(p.gamma),
+                 f"{r.acceptance.acceptance_rate:.3f}", f"{p.tokens_per_step:.2f}", p.drafting,
                  f"{r.throughput.tokens_per_s:,.1f}", f"{r.throughput.speedup:.3f}x", even, stops]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -147,8 +147,11 @@ def _speedup_vs_gamma(ax: Any, result: SearchResult) -> None:
         i = r.latency.batch_sizes.index(r.primary.batch_size)
         gammas = [g for g in range(gmax + 1) if r.acceptance.tokens_per_step is None
                   or r.acceptance.tokens_at(g) is not None]
-        ax.plot(gammas, [estimate_at(r.latency, r.acceptance, i, g).speedup for g in gammas], marker="o",
-                label=f"#{r.number} {r.candidate.name}")
+        stop = r.primary.p_min  # the winner's confidence stop at every gamma
+        points = [(g, e.speedup) for g in gammas
+                  if (e := estimate_at(r.latency, r.acceptance, i, g, stop if g else 0.0)) is not None]
+        ax.plot([g for g, _ in points], [v for _, v in points], marker="o",
+                label=f"#{r.number} {r.candidate.name}" + (f" (stop below p {stop:g})" if stop else ""))
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("γ (draft tokens per step)")
     ax.set_ylabel("predicted speedup over plain decoding")

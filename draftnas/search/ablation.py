@@ -1,10 +1,12 @@
 """Where a winner's speed comes from: the chain of drafters from the stock one to the winner, one transform
 added per link, each a drafter the study priced (`draftnas bench --ablation` measures them in one run).
 
-    stock -> + weight format -> + head -> + depth/width/selection -> + per-layer formats
+    stock -> + weight format -> + head -> + depth/width/selection -> + per-layer formats -> + confidence stop
 
-A link the winner does not take (a full head, dense weights, the stock's own shape, one format for every
-layer) is left out; a link the study priced no drafter for is left out with a note saying so.
+Every link but the last drafts its best fixed γ every step (`fixed_gamma`); a winner that stops drafting
+below a confidence (`ThroughputEstimate.p_min`) ends the chain with that stop added. A link the winner
+does not take (a full head, dense weights, the stock's own shape, one format for every layer, no stop) is
+left out; a link the study priced no drafter for is left out with a note saying so.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass, replace
 
 from draftnas.models.records import WEIGHT_FORMATS, weight_roles
 from draftnas.search.records import CandidateChoice, RankedTrial, SearchResult
+from draftnas.search.scoring import predict_workload
+from draftnas.search.space import GammaRange
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,15 @@ class ChainLink:
     adds: str
     trial: RankedTrial | None
     choice: CandidateChoice
+    stop: bool = False  # drafts at the trial's confidence stop (the last link); else its best fixed γ
+
+
+def fixed_gamma(result: SearchResult, trial: RankedTrial) -> int:
+    """`trial`'s best γ where every step drafts γ tokens (no confidence stop), as the study priced it."""
+    g = result.info.space.gamma
+    fixed = predict_workload(trial.latency, trial.acceptance, result.info.space.workload,
+                             GammaRange(g.min, g.max))
+    return fixed.primary().gamma
 
 
 def _same(a: CandidateChoice, b: CandidateChoice, full_depth: int) -> bool:
@@ -65,4 +78,6 @@ def ablation_chain(result: SearchResult, winner: RankedTrial) -> tuple[list[Chai
             links.append(ChainLink(adds, trial, choice))
     if links[-1].trial is None or not _same(links[-1].choice, w, full):
         links.append(ChainLink("the winner", winner, w))
+    if winner.primary.p_min:
+        links.append(ChainLink(f"+ confidence stop (below {winner.primary.p_min:g})", winner, w, stop=True))
     return links, notes

@@ -161,7 +161,7 @@ class WeightsEvaluator:
             self._heal_data = data_from_traces(self._heal_traces, options)
         built = build_drafter(plan, self._loaded, heal=options, teacher=self._heal_traces,
                               data=self._heal_data, held=self._eval_traces, max_gamma=self.space.gamma.max,
-                              temperature=self.space.workload.temperature,
+                              p_mins=self.space.gamma.p_min, temperature=self.space.workload.temperature,
                               dtype=self.quant_dtype if quantized(choice.weights) else self.dtype,
                               weights=choice.weights)
         estimate = built.estimate
@@ -177,7 +177,8 @@ class WeightsEvaluator:
         started = time.perf_counter()
         loaded = load_model(candidate.name, dtype=TORCH_DTYPES[self.dtype], device=self.device)
         estimate = estimate_acceptance(loaded.model, self._eval_traces, max_gamma=self.space.gamma.max,
-                                       temperature=self.space.workload.temperature)
+                                       temperature=self.space.workload.temperature,
+                                       p_mins=self.space.gamma.p_min)
         del loaded
         seconds = round(time.perf_counter() - started, 3)
         return Evaluation(candidate=candidate, acceptance=measured_acceptance(estimate, None, seconds))

@@ -113,7 +113,7 @@ def exportable(result: SearchResult) -> bool:
     return b is not None and b.candidate.plan is not None and not result.info.acceptance_assumed
 
 
-def next_commands(result: SearchResult, exported: tuple[str, int] | None = None,
+def next_commands(result: SearchResult, exported: tuple[str, int, float] | None = None,
                   target_gguf: str | None = None, hand_made: str | None = None) -> list[str]:
     """What to run next with the best drafter: export it (unless `exported`: its folder and gamma),
     bench it (beside the first reference with weights, at its own best gamma, and the hand-made best
@@ -127,7 +127,7 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None,
     if not exportable(result):
         return ["next: this was a latency-only search (no weights to prune); search with the base's weights "
                 "(--base) to get a drafter you can export"]
-    folder, gamma = exported or (f"drafters/{b.candidate.name}", b.primary.gamma)
+    folder, gamma, p_min = exported or (f"drafters/{b.candidate.name}", b.primary.gamma, b.primary.p_min)
     w = result.info.space.workload  # bench on the workload's prompt set, as the acceptance was measured
     reduced = b.candidate.head_vocab_size is not None
     load = f"AutoModelForCausalLM.from_pretrained('{folder}'{', trust_remote_code=True' if reduced else ''})"
@@ -150,12 +150,14 @@ def next_commands(result: SearchResult, exported: tuple[str, int] | None = None,
         "next:",
         *export,
         f"  draftnas bench --target {result.info.target} --draft {folder} --gamma {gamma}"
+        + (f" --p-min {p_min:g}" if p_min else "")
         + (f" --engine {result.info.engine}" if result.info.engine else "")
         + (f" --target-gguf {target_gguf}" if target_gguf else "")
         + (f" --dtype {result.info.dtype}" if result.info.dtype != "fp32" else "")
         + (f" --device {result.info.device}" if result.info.device != "cpu" else "")
         + (f" --reference {reference}" if reference else "")
         + (f" --reference-gamma {ref_gamma}" if ref_gamma != gamma else "")
+        + (f" --reference-p-min {ref.primary.p_min:g}" if ref is not None and ref.primary.p_min else "")
         + (f" --reference {hand_made}" if hand_made else "")
         + (f" --prompts {w.prompt_set} --per-domain 3" if w.prompt_set != "all" else "")
         + (f" --predictions {result.predictions_file}" if result.predictions_file else ""),

@@ -41,6 +41,11 @@ class ArmPrediction(Record):
     verify_ms: float | None = None
     target_ms: float | None = None
     held_out: bool = False  # priced by the latency model on a shape the calibration did not time
+    p_min: float = 0.0  # the drafter's confidence stop (0: gamma drafts every step)
+    # the median over prompts of each prompt's tokens/s and speedup (what a bench's headline is), where the
+    # acceptance was walked per prompt; tokens_per_s / speedup are the pooled figures
+    median_tokens_per_s: float | None = None
+    median_speedup: float | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,9 @@ def arm_prediction(role: str, r: RankedTrial, held_out: bool = False) -> ArmPred
     return ArmPrediction(role=role, name=r.reference or r.candidate.name,
                          tokens_per_s=r.throughput.tokens_per_s, speedup=r.throughput.speedup,
                          gamma=e.gamma, tokens_per_step=e.tokens_per_step,
-                         draft_ms=e.draft_ms, verify_ms=e.verify_ms, target_ms=e.target_ms, held_out=held_out)
+                         draft_ms=e.draft_ms, verify_ms=e.verify_ms, target_ms=e.target_ms, held_out=held_out,
+                         p_min=e.p_min, median_tokens_per_s=r.throughput.median_tokens_per_s,
+                         median_speedup=r.throughput.median_speedup)
 
 
 def _held_out(r: RankedTrial, model: CalibratedModel, options: SearchOptions) -> ArmPrediction | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from draftnas.acceptance.records import AcceptanceEstimate
+from draftnas.acceptance.records import AcceptanceEstimate, PolicySteps
 from draftnas.core.options import option
 from draftnas.core.placement import Placement
 from draftnas.core.records import Record
@@ -181,6 +181,10 @@ class AcceptanceReading(Record):
             return None
         return 1.0 if gamma == 0 else self.tokens_per_step.get(str(gamma))
 
+    def policy_at(self, gamma: int, p_min: float = 0.0) -> PolicySteps | None:
+        """The estimate's walk at (gamma, p_min) with its per-prompt figures, where it made one."""
+        return self.estimate.policy(gamma, p_min) if self.estimate is not None and gamma > 0 else None
+
 
 @dataclass(frozen=True)
 class WorkloadPrediction(Record):
@@ -195,6 +199,10 @@ class WorkloadPrediction(Record):
     baseline_tokens_per_s: float
     speedup: float
     acceptance_assumed: bool
+    # at batch 1: the median over prompts of each prompt's whole-request tokens/s and its speedup over
+    # plain decoding (`ThroughputEstimate.median_tokens_per_s`), where the acceptance has per-prompt walks
+    median_tokens_per_s: float | None = None
+    median_speedup: float | None = None
 
     def primary(self) -> ThroughputEstimate:
         """The estimate at the workload's largest-share batch size (the first of equal shares)."""

@@ -8,7 +8,10 @@ each batch size's best gamma (Yan et al. 2025, eq. 1-3; `draftnas.core.throughpu
 from __future__ import annotations
 
 import logging
+import math
+import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 
 from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.core.errors import InfeasibleCandidateError, InvalidInputError
@@ -133,17 +136,43 @@ def read_latency(predictor: LatencyPredictor, profile: str, arch: Architecture, 
                                                                       strict=True)))
 
 
+def _verify_at(row: Sequence[float], drafted: float) -> float:
+    """The verify of `drafted` drafts plus one (row[g]: of g + 1 tokens), linear between whole counts."""
+    low = min(int(math.floor(drafted)), len(row) - 1)
+    high = min(low + 1, len(row) - 1)
+    return row[low] + (drafted - low) * (row[high] - row[low])
+
+
 def estimate_at(latency: LatencyReading, acceptance: AcceptanceReading, index: int,
-                gamma: int) -> ThroughputEstimate:
-    """Predicted throughput at batch `latency.batch_sizes[index]` and one gamma."""
-    tokens = acceptance.tokens_at(gamma)
-    return predict_throughput(
+                gamma: int, p_min: float = 0.0) -> ThroughputEstimate | None:
+    """Predicted throughput at batch `latency.batch_sizes[index]` and one drafting policy (gamma, p_min);
+    None for a confidence stop the acceptance reading has no walk of. Where the reading has the
+    estimate's walk, each step drafts its mean drafts and the verify is priced at that mean; at batch 1
+    each prompt is priced alike and their median is kept beside the pooled figure."""
+    policy = acceptance.policy_at(gamma, p_min)
+    if p_min > 0 and policy is None:
+        return None
+    tokens = acceptance.tokens_at(gamma) if policy is None else policy.tokens_per_step
+    row = latency.verify_ms[index]
+    drafted = None if policy is None else min(policy.drafted_per_step, float(gamma))
+    est = predict_throughput(
         gamma=gamma, draft_ms=latency.draft_ms[index], target_ms=latency.target_ms[index],
-        verify_ms=latency.verify_ms[index][gamma], batch_size=latency.spec_batch(index),
-        baseline_batch_size=latency.plain_batch(index),
+        verify_ms=row[gamma] if drafted is None else _verify_at(row, drafted),
+        batch_size=latency.spec_batch(index), baseline_batch_size=latency.plain_batch(index),
         acceptance_rate=acceptance.acceptance_rate if tokens is None else None,
         tokens_per_step=None if tokens is None else min(max(tokens, 1.0), gamma + 1.0),
+        drafted_per_step=drafted, p_min=p_min,
     )
+    if policy is None or not policy.prompt_tokens_per_step or est.batch_size != 1:
+        return est
+    prompts = [predict_throughput(gamma=gamma, draft_ms=est.draft_ms, target_ms=est.target_ms,
+                                  verify_ms=_verify_at(row, min(d, float(gamma))),
+                                  tokens_per_step=min(max(t, 1.0), gamma + 1.0),
+                                  drafted_per_step=min(d, gamma),
+                                  baseline_batch_size=latency.plain_batch(index))
+               for t, d in zip(policy.prompt_tokens_per_step, policy.prompt_drafted_per_step, strict=True)]
+    return replace(est, median_tokens_per_s=statistics.median(e.tokens_per_s for e in prompts),
+                   median_speedup=statistics.median(e.speedup for e in prompts))
 
 
 def _best_at(latency: LatencyReading, acceptance: AcceptanceReading, index: int,
@@ -158,8 +187,9 @@ def _best_at(latency: LatencyReading, acceptance: AcceptanceReading, index: int,
               or acceptance.tokens_per_step is None]
     if not gammas:
         raise InvalidInputError(f"acceptance has no tokens per step for gamma {gamma.min}..{gamma.max}")
-    estimates = [estimate_at(latency, acceptance, index, g) for g in gammas]
-    return max(estimates, key=lambda e: e.tokens_per_s * (1 - 1e-12 * e.gamma))
+    estimates = [e for g in gammas for p in (gamma.p_min if g else (0.0,))
+                 if (e := estimate_at(latency, acceptance, index, g, p)) is not None]
+    return max(estimates, key=lambda e: e.tokens_per_s * (1 - 1e-12 * e.gamma) * (1 - 1e-13 * e.p_min))
 
 
 def predict_workload(latency: LatencyReading, acceptance: AcceptanceReading, workload: Workload,
@@ -181,9 +211,27 @@ def predict_workload(latency: LatencyReading, acceptance: AcceptanceReading, wor
             plain_tps[i] = with_prefill(e.baseline_tokens_per_s, plain_b * n, latency.target_prefill_ms[i])
     tps = 1.0 / sum(w / t for w, t in zip(weights, spec_tps, strict=True))
     base = 1.0 / sum(w / t for w, t in zip(weights, plain_tps, strict=True))
+    median = _median_request(latency, workload, per_batch[0]) if len(per_batch) == 1 else None
     return WorkloadPrediction(per_batch=per_batch, batch_weights=weights, tokens_per_s=tps,
                               baseline_tokens_per_s=base, speedup=tps / base,
-                              acceptance_assumed=acceptance.assumed)
+                              acceptance_assumed=acceptance.assumed,
+                              median_tokens_per_s=None if median is None else median[0],
+                              median_speedup=None if median is None else median[1])
+
+
+def _median_request(latency: LatencyReading, workload: Workload, e: ThroughputEstimate
+                    ) -> tuple[float, float] | None:
+    """(median tokens/s, median speedup) over prompts of whole requests at batch 1, as a bench reports
+    them: each prompt's steady tokens/s with the prefill (`with_prefill`) beside plain decoding's."""
+    if e.median_tokens_per_s is None or e.median_speedup is None:
+        return None
+    if not latency.target_prefill_ms:
+        return e.median_tokens_per_s, e.median_speedup
+    n = workload.new_tokens
+    plain = with_prefill(e.baseline_tokens_per_s, n, latency.target_prefill_ms[0])
+    spec = with_prefill(e.median_tokens_per_s, n, latency.spec_prefill_ms[0] if e.gamma else
+                        latency.target_prefill_ms[0])
+    return spec, spec / plain
 
 
 def pareto_front(ranked: Sequence[RankedTrial]) -> tuple[int, ...]:

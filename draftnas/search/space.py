@@ -61,10 +61,13 @@ class WidthChoices(Record):
 
 @dataclass(frozen=True)
 class GammaRange(Record):
-    """Draft tokens per step considered when picking each candidate's best gamma."""
+    """Draft tokens per step considered when picking each candidate's best gamma, and the confidence
+    stops beside it (`p_min`: a step stops drafting after a draft the drafter gives less than p_min;
+    0 drafts gamma every step). A stop is priced where the acceptance was measured greedily."""
 
     min: int = 0
     max: int = 8
+    p_min: tuple[float, ...] = (0.0,)
 
 
 @dataclass(frozen=True)

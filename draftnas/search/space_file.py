@@ -34,7 +34,7 @@ _TOP_FIELDS = ("schema_version", "name", "description", "target", "base", "laten
 _SECTION_FIELDS: dict[str, tuple[str, ...]] = {
     "depth": ("min", "max", "step"),
     "width": ("kv_head_ratios", "query_head_ratios", "mlp_ratios", "hidden_ratios", "channel_multiple"),
-    "gamma": ("min", "max"),
+    "gamma": ("min", "max", "p_min"),
     "heal": ("steps", "batch_size", "seq_len", "learning_rate", "max_seconds"),
     "workload": ("batch_sizes", "temperature", "context_tokens", "prompt_set", "domain", "prompt_tokens",
                  "new_tokens"),
@@ -240,7 +240,13 @@ def _parse_gamma(c: _Checker, raw: Any) -> GammaRange:
     high = c.int_("gamma.max", g.get("max", 8), 1, MAX_GAMMA)
     if low is not None and high is not None and high < low:
         c.add("gamma.max", f"{high} is below gamma.min={low} (allowed: {low}..{MAX_GAMMA})")
-    return GammaRange(low if low is not None else 0, high or 8)
+    raw_p = g.get("p_min", [0.0])
+    if not isinstance(raw_p, list) or not raw_p:
+        c.add("gamma.p_min", f"{raw_p!r} is not a list of confidence stops (allowed: numbers in [0, 0.99])")
+    read = [c.float_(f"gamma.p_min[{i}]", v, 0.0, 0.99) for i, v in enumerate(raw_p)] \
+        if isinstance(raw_p, list) else []
+    stops = {f for f in read if f is not None} if isinstance(raw_p, list) else set()
+    return GammaRange(low if low is not None else 0, high or 8, tuple(sorted(stops | {0.0})))
 
 
 def _parse_vocab(c: _Checker, raw: Any) -> tuple[int, ...]:

@@ -135,3 +135,32 @@ def test_drafter_with_another_vocabulary_is_refused():
     loaded = SimpleNamespace(model=StubDrafter(bigram), tokenizer=Tok())
     with pytest.raises(TraceError, match="tokenizer"):
         estimate_acceptance(loaded, make_traces([AGREE]))
+
+
+def test_a_confidence_stop_walks_fewer_drafts_per_step():
+    from draftnas.acceptance.accepts import walk_accepts
+
+    agree, confidence = [1, 1, 1, 1, 0, 1], [0.9, 0.3, 0.9, 0.9, 0.9, 0.9]
+    # t=0: the draft at 1 is below 0.5, so 2 drafts, both accepted -> t=3; t=3: budget 6-3-1 = 2 drafts,
+    # 1 accepted -> t=5; t=5: no budget left -> 0 drafts
+    assert walk_accepts(agree, 4, 6, confidence, 0.5) == ([2, 1, 0], [2, 2, 0])
+    assert walk_accepts(agree, 4, 6, confidence, 0.0) == walk_accepts(agree, 4, 6)
+    assert walk_accepts(agree, 4, 6, confidence, 0.2) == walk_accepts(agree, 4, 6)
+
+
+def test_the_estimate_walks_each_stop_on_the_drafters_own_probabilities():
+    def unsure_after_even(ids):  # right every time, but sure only after an odd token
+        scale = torch.where(ids % 2 == 0, 0.1, 10.0)[..., None]
+        return scale * torch.nn.functional.one_hot((ids + 1) % V, V).float()
+
+    est = estimate_acceptance(StubDrafter(unsure_after_even), make_traces([AGREE, AGREE]), max_gamma=4,
+                              p_mins=(0.5,))
+    for g in range(1, 5):
+        assert est.policy(g, 0.0).tokens_per_step == pytest.approx(est.tokens_per_step[str(g)])
+    fixed, stopped = est.policy(4, 0.0), est.policy(4, 0.5)
+    assert (fixed.tokens_per_step, fixed.drafted_per_step) == (pytest.approx(4.0), pytest.approx(3.0))
+    # every even position is unsure: each step drafts one token, accepts it and adds the target's
+    assert (stopped.tokens_per_step, stopped.drafted_per_step) == (pytest.approx(2.0), pytest.approx(1.0))
+    assert stopped.prompt_tokens_per_step == (2.0, 2.0) and est.policy(4, 0.7) is None
+    with pytest.raises(InvalidInputError, match="p_mins"):
+        estimate_acceptance(StubDrafter(bigram), make_traces([AGREE]), max_gamma=2, p_mins=(1.0,))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from draftnas.bench.records import BenchOptions, BenchResult
@@ -51,6 +53,24 @@ def test_greedy_bench_is_lossless_and_the_estimate_is_exact(tiny_pair):
     assert result.arm("target").speedup is None and result.arm("target").drafter is None
     assert not any("forward" in vars(m) for m in target.model.modules())  # the routed arms run a copy
     assert BenchResult.from_dict(result.to_dict()) == result
+
+
+def test_a_confidence_stop_benches_lossless_with_the_estimate_of_its_own_walk(tiny_pair):
+    """--p-min: the loop stops drafting below it and the estimate walks the same stop, so the prediction
+    of tokens per step stays exact; the stop is refused where it does not run, in one line."""
+    target, draft = tiny_pair
+    options = BenchOptions(gamma=4, max_new_tokens=16, rounds=1, p_min=0.99, engine="static",
+                           hf_assisted=False)
+    result = run_bench(target, draft, PROMPTS[:2], options)
+    own = result.arm("draftnas")
+    assert own.lossless is True and own.p_min == 0.99 and own.gamma == 4
+    assert own.predicted_tokens_per_step == pytest.approx(own.tokens_per_step, rel=1e-9)
+    fixed = run_bench(target, draft, PROMPTS[:2], replace(options, p_min=0.0)).arm("draftnas")
+    assert own.draft_acceptance_rate >= fixed.draft_acceptance_rate  # drafts it was unsure of are not made
+    with pytest.raises(InvalidInputError, match="p_min runs in the greedy one-sequence loops"):
+        BenchOptions(p_min=0.5, batch_sizes=(1, 2)).validate()
+    with pytest.raises(InvalidInputError, match="p_min runs in the greedy one-sequence loops"):
+        BenchOptions(reference_p_min=0.5, temperature=0.7).validate()
 
 
 def test_a_reference_drafter_gets_the_same_arms_in_the_same_run(tiny_pair):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from draftnas.core.errors import InvalidInputError
 from draftnas.models.engines import crop_cache
 from draftnas.models.speculative import _accept, greedy_generate, speculative_generate
 from tests.helpers import tiny_llama, truncated
@@ -254,3 +255,37 @@ def test_an_int8_drafter_with_bf16_activations_beside_an_fp32_target_stays_lossl
     for prompt in PROMPTS:
         out = speculative_generate(t_engine, d_engine, prompt, gamma=3, max_new_tokens=25)
         assert out.tokens == greedy_generate(target, prompt, max_new_tokens=25)
+
+
+@pytest.mark.parametrize("engines", ["hf", "static"])
+def test_a_confidence_stop_drafts_fewer_tokens_and_stays_lossless(pair, engines):
+    """With p_min a step stops after the first draft the drafter gives less than p_min (that draft still
+    goes to the verify): fewer drafts than gamma where the drafter is unsure, the target's output as is,
+    and the stop is where the drafter's own probabilities say."""
+    target, drafter = pair if engines == "hf" else (_static(m) for m in pair)
+    ref = greedy_generate(pair[0], PROMPTS[0], max_new_tokens=25)
+    fixed = speculative_generate(target, drafter, PROMPTS[0], gamma=6, max_new_tokens=25)
+    stopped = speculative_generate(target, drafter, PROMPTS[0], gamma=6, max_new_tokens=25, p_min=0.999)
+    assert fixed.tokens == stopped.tokens == ref
+    assert all(1 <= d <= 6 for d in stopped.drafted[:-1])
+    assert sum(stopped.drafted) < sum(fixed.drafted)
+    assert stopped.host_reads == stopped.steps + sum(stopped.drafted)  # one read per draft for the stop
+    # the first step's drafts: greedy from the prompt, stopping after the first below p_min
+    with torch.inference_mode():
+        seq, expected = list(PROMPTS[0]), 0
+        for _ in range(6):
+            probs = torch.softmax(pair[1](torch.tensor([seq])).logits[0, -1].float(), -1)
+            expected += 1
+            if float(probs.max()) < 0.999:
+                break
+            seq.append(int(probs.argmax()))
+    assert stopped.drafted[0] == expected
+
+
+def test_a_confidence_stop_is_greedy_and_below_one(pair):
+    target, drafter = pair
+    with pytest.raises(InvalidInputError, match="p_min"):
+        speculative_generate(target, drafter, PROMPTS[0], gamma=3, max_new_tokens=5, p_min=0.5,
+                             temperature=1.0)
+    with pytest.raises(InvalidInputError, match="p_min"):
+        speculative_generate(target, drafter, PROMPTS[0], gamma=3, max_new_tokens=5, p_min=1.0)

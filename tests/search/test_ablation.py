@@ -10,9 +10,9 @@ from draftnas.search.records import CandidateChoice
 FULL = 24
 
 
-def _trial(number, hand_made=None, **choice):
+def _trial(number, hand_made=None, p_min=0.0, **choice):
     choice = CandidateChoice(**{"depth": FULL, **choice})
-    return NS(number=number, hand_made=hand_made, candidate=NS(choice=choice))
+    return NS(number=number, hand_made=hand_made, candidate=NS(choice=choice), primary=NS(p_min=p_min))
 
 
 def _result(*ranked):
@@ -46,3 +46,13 @@ def test_a_winner_that_is_the_stock_drafter_under_one_transform_needs_no_shape_l
     links, _ = ablation_chain(_result(winner), winner)
     assert [(link.adds, link.trial.number if link.trial else None) for link in links] == [
         ("stock", None), ("+ int8 weights", 2)]
+
+
+def test_a_winner_with_a_confidence_stop_ends_the_chain_with_it_every_link_before_at_a_fixed_gamma():
+    winner = _trial(5, "int4, head 98304", p_min=0.6, layer_selection="first", weights="int4",
+                    vocab_size=98304)
+    int4 = _trial(4, "int4, full head", layer_selection="first", weights="int4")
+    links, _ = ablation_chain(_result(winner, int4), winner)
+    assert [(link.adds, link.trial.number if link.trial else None, link.stop) for link in links] == [
+        ("stock", None, False), ("+ int4 weights", 4, False), ("+ head of 98,304 rows", 5, False),
+        ("+ confidence stop (below 0.6)", 5, True)]

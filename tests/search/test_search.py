@@ -71,6 +71,40 @@ def test_measured_tokens_per_step_pick_the_best_gamma_in_range():
     assert not pred.acceptance_assumed
 
 
+def test_a_confidence_stop_is_priced_at_its_mean_drafts_and_per_prompt_for_the_median():
+    """A stop the estimate walked is priced at its mean drafts per step (the verify interpolated between
+    whole counts); it wins where it saves drafts; batch 1 also gets the median over prompts."""
+    from draftnas.acceptance.records import AcceptanceEstimate, PolicySteps
+
+    def policy(g, p, tokens, drafted, prompts):
+        return PolicySteps(gamma=g, p_min=p, tokens_per_step=tokens, drafted_per_step=drafted,
+                           prompt_tokens_per_step=tuple(t for t, _ in prompts),
+                           prompt_drafted_per_step=tuple(d for _, d in prompts))
+
+    policies = (policy(4, 0.0, 3.0, 4.0, [(2.0, 4.0), (3.0, 4.0), (4.0, 4.0)]),
+                policy(4, 0.5, 2.9, 2.5, [(1.5, 1.5), (3.0, 2.5), (4.0, 3.5)]))
+    est = AcceptanceEstimate(temperature=0.0, max_gamma=4, n_prompts=3, n_positions=30, top1_agreement=0.8,
+                             acceptance_rate=0.8, acceptance_rate_upper=0.8, tokens_per_step={"4": 3.0},
+                             tokens_per_step_upper={"4": 3.0}, ci_low={"4": 3.0}, ci_high={"4": 3.0},
+                             policies=policies)
+    acc = AcceptanceReading(kind="measured", acceptance_rate=0.8, tokens_per_step={"4": 3.0}, estimate=est)
+    lat = LatencyReading(profile="hand", batch_sizes=(1,), context_tokens=128, draft_ms=(10.0,),
+                         target_ms=(20.0,), verify_ms=(tuple(20.0 + g for g in range(5)),))
+    workload = Workload(batch_sizes=(1,), batch_weights=(1.0,))
+    fixed = predict_workload(lat, acc, workload, GammaRange(4, 4))
+    stopped = predict_workload(lat, acc, workload, GammaRange(4, 4, (0.0, 0.5)))
+    assert fixed.per_batch[0].p_min == 0.0 and stopped.per_batch[0].p_min == 0.5
+    e = stopped.per_batch[0]
+    assert e.verify_ms == pytest.approx(22.5) and e.step_ms == pytest.approx(2.5 * 10 + 22.5)
+    assert e.tokens_per_s == pytest.approx(1000 * 2.9 / 47.5) and e.drafting == "4 <0.5"
+    assert fixed.per_batch[0].tokens_per_s == pytest.approx(1000 * 3.0 / 64.0)
+    # the median prompt (3.0 tokens a step, 2.5 drafts): 3 / (25 + 22.5) ms, speedup over 20 ms a token
+    assert stopped.median_tokens_per_s == pytest.approx(1000 * 3.0 / 47.5)
+    assert stopped.median_speedup == pytest.approx(3.0 * 20.0 / 47.5)
+    assert predict_workload(lat, assumed_acceptance(0.8), workload, GammaRange(1, 4, (0.0, 0.5))
+                            ).median_tokens_per_s is None  # no walks: no median, no stop
+
+
 # ---------------------------------------------------------------- the loop
 
 
@@ -394,9 +428,12 @@ def test_the_table_keeps_whole_names_at_120_columns_and_says_what_to_run_next(tm
     assert f"--gamma {best.primary.gamma}" in bench and "assistant_model=" in lines[-2]
     assert "route_linears(target); route_linears(drafter)" in lines[-1]
     # after --export: no export line; bench the folder written, at the gamma it was exported with
-    exported = next_commands(result, ("drafters/x", 7))
+    exported = next_commands(result, ("drafters/x", 7, 0.0))
     assert not any("draftnas export" in line for line in exported)
-    assert any("--draft drafters/x --gamma 7" in line for line in exported) and "'drafters/x'" in exported[-2]
+    assert any("--draft drafters/x --gamma 7 " in line for line in exported)
+    assert "'drafters/x'" in exported[-2]
+    stopped = next_commands(result, ("drafters/x", 7, 0.6))  # and at the confidence stop it was exported with
+    assert any("--draft drafters/x --gamma 7 --p-min 0.6 " in line for line in stopped)
     assumed = run_search(smol_options(tmp_path, n_trials=4, prior=0.7, study="a"), StubLatency(),
                          PriorEvaluator(0.7))
     assert any("latency-only" in line for line in next_commands(assumed))
@@ -467,7 +504,7 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
 
     space = load_search_space("smollm2-135m")  # workload: chat prompts
     best = NS(candidate=NS(plan=object(), name="L1bi-x-v4096", head_vocab_size=4096,
-                           choice=NS(weights="dense")), number=3, primary=NS(gamma=2))
+                           choice=NS(weights="dense")), number=3, primary=NS(gamma=2, p_min=0.0))
     info = NS(acceptance_assumed=False, target="smollm2-135m", engine="static", space=space, dtype="fp32",
               device="cpu")
     lines = next_commands(NS(best=best, info=info, **S,
@@ -478,16 +515,17 @@ def test_the_printed_bench_command_runs_the_engine_and_prompts_the_search_priced
                              "--engine static --prompts chat --per-domain 3")
     assert "trust_remote_code=True" in lines[-2]  # a reduced head loads through the shipped class
     # in the dtype the search chose, beside the reference with weights it priced
-    ref = NS(reference="smollm2-135m", primary=NS(gamma=2))
+    ref = NS(reference="smollm2-135m", primary=NS(gamma=2, p_min=0.0))
     chosen = next_commands(NS(best=best, info=NS(**{**vars(info), "dtype": "bf16"}), **S,
                               storage="sqlite:///s.db", references=(ref,)))
     bench_bf16 = next(line for line in chosen if "draftnas bench" in line)
     assert "--dtype bf16 --reference smollm2-135m --prompts" in bench_bf16  # same gamma: no flag
     # the reference at its own best gamma, not the winner's
-    ref3 = NS(reference="smollm2-135m", primary=NS(gamma=3))
+    ref3 = NS(reference="smollm2-135m", primary=NS(gamma=3, p_min=0.5))
     own_gamma = next_commands(NS(best=best, info=info, **S, storage="sqlite:///s.db",
                                  references=(ref3,)))
-    assert "--reference smollm2-135m --reference-gamma 3" in next(x for x in own_gamma if "bench" in x)
+    assert "--reference smollm2-135m --reference-gamma 3 --reference-p-min 0.5" in next(
+        x for x in own_gamma if "bench" in x)
     uncalibrated = next_commands(NS(best=best, info=NS(**{**vars(info), "engine": None}), **S,
                                     storage="sqlite:///s.db", references=()))
     assert "--engine" not in next(line for line in uncalibrated if "draftnas bench" in line)
@@ -525,7 +563,7 @@ def test_export_keeps_a_folder_that_already_holds_the_best_trial_and_refuses_a_l
 
     from draftnas.export.request import export_best
 
-    best = NS(candidate=NS(plan=object(), name="L1bi-x"), number=3, primary=NS(gamma=2))
+    best = NS(candidate=NS(plan=object(), name="L1bi-x"), number=3, primary=NS(gamma=2, p_min=0.0))
     result = NS(best=best, info=NS(acceptance_assumed=False), study_name="s", storage="sqlite:///s.db")
     folder = tmp_path / "L1bi-x"
     folder.mkdir()

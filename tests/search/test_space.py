@@ -137,15 +137,15 @@ def test_the_search_names_each_edge_of_the_space_its_best_sits_on():
     from draftnas.search.explain import space_edges
     from draftnas.search.records import CandidateChoice
 
-    space = load_search_space("qwen2.5-coder-1.5b")  # depth 16-24, heads 4,096-98,304 and full, γ 1-7
+    space = load_search_space("qwen2.5-coder-1.5b")  # depth 16-24, heads 4,096-98,304 and full, γ 1-10
     base = get_architecture("qwen2.5-coder-0.5b")
     inside = CandidateChoice(depth=20, vocab_size=32768, mlp_ratio=1.0, weights="int8")
     assert space_edges(space, inside, 4, base) == []
     assert space_edges(space, CandidateChoice(depth=24, vocab_size=0), 3, base) == []  # the base's own edges
-    edges = space_edges(space, CandidateChoice(depth=16, vocab_size=98304, mlp_ratio=0.75), 7, base)
+    edges = space_edges(space, CandidateChoice(depth=16, vocab_size=98304, mlp_ratio=0.75), 10, base)
     assert edges == ["depth 16 is the least offered",
                      "head 98,304 rows is the largest reduced head offered, below the full 151,936",
-                     "MLP ratio 0.75 is the lowest offered", "γ 7 is the most considered"]
+                     "MLP ratio 0.75 is the lowest offered", "γ 10 is the most considered"]
     assert space_edges(space, CandidateChoice(depth=20, vocab_size=4096), 2, base) == [
         "head 4,096 rows is the smallest offered"]
 
@@ -159,3 +159,14 @@ def test_int4_needs_widths_its_groups_divide_and_a_head_fits_the_vocabulary():
     assert any("weights: attn=int8,mlp=int8,head=int4 needs layer widths in multiples of 32" in p
                for p in problems)
     assert any("vocab.sizes: 49152 rows but base smollm2-135m's vocabulary has 49152" in p for p in problems)
+
+
+def test_confidence_stops_are_read_with_no_stop_always_among_them_and_bad_ones_named():
+    assert parse_search_space(GOOD).gamma.p_min == (0.0,)
+    space = parse_search_space({**GOOD, "gamma": {"min": 1, "max": 6, "p_min": [0.7, 0.5]}})
+    assert space.gamma.p_min == (0.0, 0.5, 0.7)
+    with pytest.raises(SearchSpaceError, match=r"gamma.p_min\[1\]: 1.5 is out of range \(allowed: a number "
+                                               r"in \[0, 0.99\]\)"):
+        parse_search_space({**GOOD, "gamma": {"min": 1, "max": 6, "p_min": [0.5, 1.5]}})
+    with pytest.raises(SearchSpaceError, match="gamma.p_min: 0.5 is not a list of confidence stops"):
+        parse_search_space({**GOOD, "gamma": {"min": 1, "max": 6, "p_min": 0.5}})
