@@ -4,6 +4,7 @@ re-priced on the study's scored traces, written as a folder (and pushed).
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from dataclasses import dataclass, replace
@@ -103,6 +104,13 @@ def _p_min(request: ExportRequest, trial: RankedTrial | None, prediction: Worklo
         if source is not None and source.primary().gamma >= MIN_GAMMA:
             return source.primary().p_min
     return 0.0
+
+
+def _same_trial(record: dict[str, Any], trial: RankedTrial) -> bool:
+    """Whether a folder's draftnas.json was exported from `trial` as the study holds it now, not from a
+    trial of the same number in an earlier study of that name (deleted and searched again)."""
+    stored = (record.get("trial") or {}).get("throughput")
+    return bool(stored == json.loads(json.dumps(trial.throughput.to_dict())))
 
 
 def study_source(study: str, trial: int) -> str:
@@ -279,7 +287,8 @@ def export_best(result: SearchResult, root: Path, *, progress: Progress | None =
                           "acceptance; this study has no such drafter to export")
     for out in (root / b.candidate.name, root / f"{b.candidate.name}-{result.study_name}"):
         record = exported_record(out)
-        if record is not None and record.get("source") == study_source(result.study_name, b.number):
+        if record is not None and record.get("source") == study_source(result.study_name, b.number) \
+                and _same_trial(record, b):
             return BestExport(folder=str(out), gamma=int(record.get("gamma", b.primary.gamma)), record=record,
                               p_min=float(record.get("p_min", 0.0)))
         if not out.exists() or not any(out.iterdir()):
