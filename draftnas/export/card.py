@@ -105,7 +105,7 @@ def _figures_section(info: ExportInfo) -> list[str]:
             lines += ["Healing lowered held-out agreement, so this folder holds the **unhealed** weights "
                       "(the 'before healing' column).", ""]
     if info.prediction is not None and info.acceptance is not None:
-        searched = searched_tokens(info.trial, info.gamma)
+        searched = searched_tokens(info.trial, info.gamma, info.p_min)
         lines += [*rescored_lines(info.prediction, info.acceptance, searched), ""]
     predicted = None
     if info.trial is not None:
@@ -133,12 +133,15 @@ def rescored_lines(prediction: WorkloadPrediction, acceptance: AcceptanceEstimat
     """What the search predicts for the drafter as exported, in plain words (card and CLI);
     `searched`: the tokens per step the search scored at that gamma."""
     p = prediction.primary()
-    tokens = acceptance.tokens_per_step.get(str(p.gamma))
+    stop = acceptance.policy(p.gamma, p.p_min) if p.p_min else None
+    tokens = stop.tokens_per_step if stop is not None else acceptance.tokens_per_step.get(str(p.gamma))
     verdict = ("faster than" if prediction.speedup >= 1.005 else "slower than" if prediction.speedup <= 0.995
                else "level with")
     line = (f"Predicted for this drafter as exported: {prediction.tokens_per_s:.1f} tokens/s, "
             f"{prediction.speedup:.3f}x the target alone ({prediction.baseline_tokens_per_s:.1f}), so "
-            f"{verdict} plain decoding, at gamma {p.gamma}")
+            f"{verdict} plain decoding, at gamma {p.gamma}"
+            + (f" stopping after a draft below p {p.p_min:g} ({stop.drafted_per_step:.2f} drafts a step)"
+               if stop is not None else ""))
     if tokens is not None:
         line += (f" with {tokens:.3f} tokens per step, measured on {acceptance.n_positions} positions of "
                  f"{acceptance.n_prompts} trace records its healing never trained on")
@@ -282,6 +285,10 @@ def _vocab_section(subset: Any, info: ExportInfo, parameters: int = 0,
     ]
 
 
-def searched_tokens(trial: RankedTrial | None, gamma: int) -> float | None:
-    """The tokens per step the search scored for this trial at `gamma` (None: none measured)."""
-    return trial.acceptance.tokens_at(gamma) if trial is not None else None
+def searched_tokens(trial: RankedTrial | None, gamma: int, p_min: float = 0.0) -> float | None:
+    """The tokens per step the search scored for this trial at `gamma` and confidence stop `p_min` (None:
+    none measured)."""
+    if trial is None:
+        return None
+    stop = trial.acceptance.policy_at(gamma, p_min) if p_min else None
+    return stop.tokens_per_step if stop is not None else trial.acceptance.tokens_at(gamma)

@@ -216,7 +216,8 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     scoring: dict[str, Any] = {}
     if held is not None and source.info is not None:
         scoring = {"held": held, "max_gamma": max(source.info.space.gamma.max, 1),
-                   "temperature": source.info.space.workload.temperature}
+                   "temperature": source.info.space.workload.temperature,
+                   "p_mins": source.info.space.gamma.p_min}
     teacher = teacher_for(request.traces, target, base, loaded, dtype) if options else None
     built = build_drafter(plan, loaded, heal=options, teacher=teacher,
                           checkpoint_dir=checkpoint, progress=progress, data_progress=data_progress,
@@ -255,7 +256,7 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     return ExportResult(out_dir=str(out), plan=plan, parameters=built.parameters, heal=heal_result, gguf=gguf,
                         hub_url=hub_url, source=source.label, name=drafter_name(info), gamma=info.gamma,
                         p_min=info.p_min, acceptance=built.estimate, prediction=prediction,
-                        searched_tokens_per_step=searched_tokens(trial, info.gamma))
+                        searched_tokens_per_step=searched_tokens(trial, info.gamma, info.p_min))
 
 
 def teacher_for(traces: str | None, target: str, base: str, loaded: Any, dtype: str = "fp32") -> Any:
