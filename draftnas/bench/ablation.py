@@ -58,7 +58,7 @@ def run_ablation(request: BenchRequest, progress: Progress | None = None,
     `request` comes checked (`bench_from_request`)."""
     from draftnas.bench.run import run_bench
     from draftnas.export.request import export_best
-    from draftnas.search.ablation import ablation_chain, fixed_gamma
+    from draftnas.search.ablation import ablation_chain, fixed_gamma, fixed_prediction
     from draftnas.search.results import load_results
 
     folder = Path(request.draft).expanduser()
@@ -93,7 +93,8 @@ def run_ablation(request: BenchRequest, progress: Progress | None = None,
             gamma=a.gamma, p_min=a.p_min, weights=a.draft_weights, tokens_per_s=a.tokens_per_s,
             tokens_per_s_interval=a.tokens_per_s_interval, speedup=a.speedup,
             speedup_interval=a.speedup_interval, tokens_per_step=a.tokens_per_step,
-            predicted_tokens_per_s=link.trial.throughput.tokens_per_s if link.trial else None))
+            predicted_tokens_per_s=None if link.trial is None else link.trial.throughput.tokens_per_s
+            if link.stop else fixed_prediction(result, link.trial).tokens_per_s))
     out = replace(bench, ablation={"study": study, "links": [m.to_dict() for m in measured], "notes": notes})
     write_card_section(folder, table_lines(out), bench, ablation_command(request))
     return out

@@ -266,7 +266,8 @@ def run_bench(
         return result
     folder = _folder(draft)
     record = exported_record(folder) if folder is not None else None
-    folders = {reference_label(i): _folder(r) for i, r in enumerate(refs)}
+    # a reference run at another policy than its folder's (`policies`) is not checked against that one's
+    folders = {reference_label(i): _folder(r) for i, r in enumerate(refs) if i not in (policies or {})}
     priced = {label: exported_prediction(exported_record(f)) for label, f in folders.items() if f is not None}
     return replace(result, predictions=check_predictions(
         result, predictions, exported_prediction(record), {k: p for k, p in priced.items() if p is not None}))

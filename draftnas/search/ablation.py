@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from draftnas.models.records import WEIGHT_FORMATS, weight_roles
-from draftnas.search.records import CandidateChoice, RankedTrial, SearchResult
+from draftnas.search.records import CandidateChoice, RankedTrial, SearchResult, WorkloadPrediction
 from draftnas.search.scoring import predict_workload
 from draftnas.search.space import GammaRange
 
@@ -29,12 +29,16 @@ class ChainLink:
     stop: bool = False  # drafts at the trial's confidence stop (the last link); else its best fixed γ
 
 
-def fixed_gamma(result: SearchResult, trial: RankedTrial) -> int:
-    """`trial`'s best γ where every step drafts γ tokens (no confidence stop), as the study priced it."""
+def fixed_prediction(result: SearchResult, trial: RankedTrial) -> WorkloadPrediction:
+    """`trial` priced as the study priced it, at its best γ drafted every step (no confidence stop)."""
     g = result.info.space.gamma
-    fixed = predict_workload(trial.latency, trial.acceptance, result.info.space.workload,
-                             GammaRange(g.min, g.max))
-    return fixed.primary().gamma
+    return predict_workload(trial.latency, trial.acceptance, result.info.space.workload,
+                            GammaRange(g.min, g.max))
+
+
+def fixed_gamma(result: SearchResult, trial: RankedTrial) -> int:
+    """`trial`'s best γ where every step drafts γ tokens (`fixed_prediction`)."""
+    return fixed_prediction(result, trial).primary().gamma
 
 
 def _same(a: CandidateChoice, b: CandidateChoice, full_depth: int) -> bool:

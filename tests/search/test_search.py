@@ -572,7 +572,8 @@ def test_export_keeps_a_folder_that_already_holds_the_best_trial_and_refuses_a_l
               "trial": {"throughput": {"tokens_per_s": 5.0, "per_batch": [1, 2]}}}
     (folder / "draftnas.json").write_text(json.dumps(record))
     kept = export_best(result, tmp_path)  # nothing re-healed
-    assert (kept.folder, kept.gamma, kept.p_min, kept.record, kept.result) == (str(folder), 1, 0.5, record, None)
+    assert (kept.folder, kept.gamma, kept.p_min, kept.record, kept.result) == (
+        str(folder), 1, 0.5, record, None)
     # trial 3 of an earlier study of that name (deleted and searched again) is not this trial
     stale = NS(throughput=NS(to_dict=lambda: {"tokens_per_s": 4.0, "per_batch": (1, 2)}))
     assert _same_trial(record, best) and not _same_trial(record, stale)
