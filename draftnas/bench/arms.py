@@ -92,6 +92,13 @@ class Drafter:
             return cls(label, loaded, weights=weights, gamma=gamma, p_min=p_min)
         return cls(label, loaded, subset, full, loaded.model.get_output_embeddings(), weights, gamma, p_min)
 
+    def own_products(self) -> Any:
+        """A context inside which this drafter's model multiplies its linear layers as it drafts (its
+        weight format, on the CPU), so an estimate reads the probabilities and argmaxes it drafts with."""
+        if self.weights == "dense" or self.loaded.model.device.type != "cpu":
+            return contextlib.nullcontext()
+        return route_linears(self.loaded.model, attach=False, own_weights=False, weights=self.weights)
+
     @contextlib.contextmanager
     def full_vocabulary(self, model: Any) -> Any:
         """`model` (this drafter or a copy of it) with the full-vocabulary head while inside."""

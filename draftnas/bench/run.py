@@ -255,8 +255,8 @@ def run_bench(
 ) -> BenchResult:
     """Decode `prompts` with every arm (`bench.arms`) for `draft` and, given, each reference drafter
     (`reference`, then `references`); compare. progress(done, total) is called after each prompt (total
-    = prompts + 1 for the estimate). `policies`: reference index -> (γ, p_min) it runs at instead.
-    """
+    = prompts + 1 for the estimate). `policies`: reference index -> (γ, p_min) it runs at instead of its
+    folder's (and is then not checked against its folder's prediction)."""
     started, load_before = time.perf_counter(), load_average()
     predictions = read_predictions(options.predictions) if options.predictions else None
     refs = [*([reference] if reference is not None else []), *references]
@@ -266,7 +266,6 @@ def run_bench(
         return result
     folder = _folder(draft)
     record = exported_record(folder) if folder is not None else None
-    # a reference run at another policy than its folder's (`policies`) is not checked against that one's
     folders = {reference_label(i): _folder(r) for i, r in enumerate(refs) if i not in (policies or {})}
     priced = {label: exported_prediction(exported_record(f)) for label, f in folders.items() if f is not None}
     return replace(result, predictions=check_predictions(
@@ -387,8 +386,9 @@ def _with_predictions(results: list[ArmResult], bench: Bench, prompts: Sequence[
     by_name = {r.name: r for r in results}
     for d in bench.drafters.values():
         name, g = arm_names(d.label)[0], str(d.gamma)
-        est = estimate_acceptance(d.loaded, traces, max_gamma=d.gamma, temperature=options.temperature,
-                                  p_mins=(d.p_min,))
+        with d.own_products():  # its weight format's products, as it drafts
+            est = estimate_acceptance(d.loaded, traces, max_gamma=d.gamma, temperature=options.temperature,
+                                      p_mins=(d.p_min,))
         stop = est.policy(d.gamma, d.p_min) if d.p_min > 0 else None  # a stop's walk has no interval here
         by_name[name] = replace(by_name[name], predicted_tokens_per_step=stop.tokens_per_step if stop
                                 else est.tokens_per_step[g], predicted_ci_low=None if stop else est.ci_low[g],

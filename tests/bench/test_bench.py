@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
 from draftnas.bench.records import BenchOptions, BenchResult
 from draftnas.bench.run import run_bench
@@ -199,6 +200,17 @@ def test_an_int8_drafter_runs_int8_in_the_static_engine_and_the_routed_arm_only(
     assert result.arm("hf").draft_weights == "dense"  # plain transformers runs the weights as loaded
     assert ref.draft_weights == "dense" and result.arm("reference_hf_routed").draft_weights == "dense"
     assert own.lossless is True  # the target decides every token, whatever the drafter's weights
+    # the estimate reads the int8 products the loop drafts with (in fp32: the same tokens per step)
+    assert own.predicted_tokens_per_step == pytest.approx(own.tokens_per_step, rel=1e-9)
+    from draftnas.bench.arms import Drafter
+
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.inference_mode():
+        dense_logits = draft.model(ids).logits
+        with Drafter.of("draftnas", draft, weights="int8").own_products():
+            int8_logits = draft.model(ids).logits
+        assert not torch.equal(int8_logits, dense_logits)  # int8 products inside
+        assert torch.equal(draft.model(ids).logits, dense_logits)  # the weights as loaded after
     assert not any("forward" in vars(m) for m in draft.model.modules())  # the drafter as loaded is untouched
     dense = run_bench(target, draft, PROMPTS[:2], BenchOptions(gamma=3, max_new_tokens=12, engine="static",
                                                                hf_assisted=False))
