@@ -70,19 +70,22 @@ def acceptance_rate_from_tokens_per_step(tokens_per_step: float, gamma: int) -> 
     return (lo + hi) / 2
 
 
-def step_latency_ms(gamma: int, draft_ms: float, verify_ms: float) -> float:
-    """One speculative step: gamma sequential drafts plus one verification pass."""
-    _check_gamma(gamma)
-    return gamma * draft_ms + verify_ms
+def step_latency_ms(drafted: float, draft_ms: float, verify_ms: float) -> float:
+    """One speculative step: `drafted` sequential drafts (gamma, or the mean a confidence stop drafts)
+    plus one verification pass."""
+    if isinstance(drafted, bool) or not drafted >= 0:
+        raise InvalidInputError(f"drafts per step must be >= 0, got {drafted!r}")
+    return drafted * draft_ms + verify_ms
 
 
 def speculative_tokens_per_s(
-    tokens_per_step: float, gamma: int, draft_ms: float, verify_ms: float, batch_size: int = 1
+    tokens_per_step: float, drafted: float, draft_ms: float, verify_ms: float, batch_size: int = 1
 ) -> float:
-    """tokens/s = b * E[tokens] / (gamma * T_draft(b, 1) + T_target(b, gamma + 1))."""
+    """tokens/s = b * E[tokens] / (drafted * T_draft(b, 1) + T_target(b, drafted + 1)); `drafted` is gamma,
+    or the mean drafts a step makes under a confidence stop."""
     _check_latency("draft latency", draft_ms)
     _check_latency("verify latency", verify_ms, strictly_positive=True)
-    return batch_size * tokens_per_step / (step_latency_ms(gamma, draft_ms, verify_ms) / MS_PER_S)
+    return batch_size * tokens_per_step / (step_latency_ms(drafted, draft_ms, verify_ms) / MS_PER_S)
 
 
 def speculative_speedup(tokens_per_step: float, drafted_per_step: float, draft_ms: float, verify_ms: float,
@@ -170,6 +173,7 @@ def predict_throughput(
         raise InvalidInputError("give exactly one of acceptance rate or tokens per step")
     if batch_size < 1:
         raise InvalidInputError(f"batch size must be >= 1, got {batch_size}")
+    _check_gamma(gamma)
     plain_batch = batch_size if baseline_batch_size is None else baseline_batch_size
     if gamma == 0:
         batch_size = plain_batch
@@ -183,17 +187,14 @@ def predict_throughput(
     drafted = float(gamma) if drafted_per_step is None or gamma == 0 else drafted_per_step
     if not 0.0 <= drafted <= gamma:
         raise InvalidInputError(f"drafts per step must be in [0, gamma={gamma}], got {drafted:g}")
-    _check_latency("draft latency", draft_ms)
-    _check_latency("verify latency", verify, strictly_positive=True)
-    step = drafted * draft_ms + verify
-    tps = batch_size * tokens / (step / MS_PER_S)
+    tps = speculative_tokens_per_s(tokens, drafted, draft_ms, verify, batch_size)
     base = baseline_tokens_per_s(target_ms, plain_batch)
     speedup = (speculative_speedup(tokens, drafted, draft_ms, verify, target_ms) if plain_batch == batch_size
                else tps / base)
     return ThroughputEstimate(
         batch_size=batch_size, gamma=gamma, acceptance_rate=acceptance_rate,
         tokens_per_step=tokens, draft_ms=draft_ms, verify_ms=verify, target_ms=target_ms,
-        step_ms=step, tokens_per_s=tps,
+        step_ms=step_latency_ms(drafted, draft_ms, verify), tokens_per_s=tps,
         baseline_tokens_per_s=base, speedup=speedup,
         baseline_batch_size=plain_batch if plain_batch != batch_size else None,
         p_min=p_min if gamma else 0.0, drafted_per_step=None if drafted_per_step is None or gamma == 0
