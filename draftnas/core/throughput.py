@@ -132,10 +132,6 @@ class ThroughputEstimate(Record):
     # drafts `drafted_per_step` on average (None: gamma); `verify_ms` is then the verify at that mean
     p_min: float = 0.0
     drafted_per_step: float | None = None
-    # the median over prompts of each prompt's tokens/s (what a bench reports), where the acceptance
-    # reading holds per-prompt walks; `tokens_per_s` is the pooled figure (all tokens over all time)
-    median_tokens_per_s: float | None = None
-    median_speedup: float | None = None
 
     @property
     def drafting(self) -> str:

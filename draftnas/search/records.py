@@ -200,7 +200,8 @@ class WorkloadPrediction(Record):
     speedup: float
     acceptance_assumed: bool
     # at batch 1: the median over prompts of each prompt's whole-request tokens/s and its speedup over
-    # plain decoding (`ThroughputEstimate.median_tokens_per_s`), where the acceptance has per-prompt walks
+    # plain decoding (`search.scoring`), where the acceptance has per-prompt walks; the fields above are
+    # the pooled figures
     median_tokens_per_s: float | None = None
     median_speedup: float | None = None
 

@@ -11,7 +11,6 @@ import logging
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import replace
 
 from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.core.errors import InfeasibleCandidateError, InvalidInputError
@@ -147,15 +146,14 @@ def estimate_at(latency: LatencyReading, acceptance: AcceptanceReading, index: i
                 gamma: int, p_min: float = 0.0) -> ThroughputEstimate | None:
     """Predicted throughput at batch `latency.batch_sizes[index]` and one drafting policy (gamma, p_min);
     None for a confidence stop the acceptance reading has no walk of. Where the reading has the
-    estimate's walk, each step drafts its mean drafts and the verify is priced at that mean; at batch 1
-    each prompt is priced alike and their median is kept beside the pooled figure."""
+    estimate's walk, each step drafts its mean drafts and the verify is priced at that mean."""
     policy = acceptance.policy_at(gamma, p_min)
     if p_min > 0 and policy is None:
         return None
     tokens = acceptance.tokens_at(gamma) if policy is None else policy.tokens_per_step
     row = latency.verify_ms[index]
     drafted = None if policy is None else min(policy.drafted_per_step, float(gamma))
-    est = predict_throughput(
+    return predict_throughput(
         gamma=gamma, draft_ms=latency.draft_ms[index], target_ms=latency.target_ms[index],
         verify_ms=row[gamma] if drafted is None else _verify_at(row, drafted),
         batch_size=latency.spec_batch(index), baseline_batch_size=latency.plain_batch(index),
@@ -163,16 +161,6 @@ def estimate_at(latency: LatencyReading, acceptance: AcceptanceReading, index: i
         tokens_per_step=None if tokens is None else min(max(tokens, 1.0), gamma + 1.0),
         drafted_per_step=drafted, p_min=p_min,
     )
-    if policy is None or not policy.prompt_tokens_per_step or est.batch_size != 1:
-        return est
-    prompts = [predict_throughput(gamma=gamma, draft_ms=est.draft_ms, target_ms=est.target_ms,
-                                  verify_ms=_verify_at(row, min(d, float(gamma))),
-                                  tokens_per_step=min(max(t, 1.0), gamma + 1.0),
-                                  drafted_per_step=min(d, gamma),
-                                  baseline_batch_size=latency.plain_batch(index))
-               for t, d in zip(policy.prompt_tokens_per_step, policy.prompt_drafted_per_step, strict=True)]
-    return replace(est, median_tokens_per_s=statistics.median(e.tokens_per_s for e in prompts),
-                   median_speedup=statistics.median(e.speedup for e in prompts))
 
 
 def _best_at(latency: LatencyReading, acceptance: AcceptanceReading, index: int,
@@ -211,7 +199,7 @@ def predict_workload(latency: LatencyReading, acceptance: AcceptanceReading, wor
             plain_tps[i] = with_prefill(e.baseline_tokens_per_s, plain_b * n, latency.target_prefill_ms[i])
     tps = 1.0 / sum(w / t for w, t in zip(weights, spec_tps, strict=True))
     base = 1.0 / sum(w / t for w, t in zip(weights, plain_tps, strict=True))
-    median = _median_request(latency, workload, per_batch[0]) if len(per_batch) == 1 else None
+    median = _median_request(latency, acceptance, workload, per_batch[0]) if len(per_batch) == 1 else None
     return WorkloadPrediction(per_batch=per_batch, batch_weights=weights, tokens_per_s=tps,
                               baseline_tokens_per_s=base, speedup=tps / base,
                               acceptance_assumed=acceptance.assumed,
@@ -219,18 +207,28 @@ def predict_workload(latency: LatencyReading, acceptance: AcceptanceReading, wor
                               median_speedup=None if median is None else median[1])
 
 
-def _median_request(latency: LatencyReading, workload: Workload, e: ThroughputEstimate
-                    ) -> tuple[float, float] | None:
+def _median_request(latency: LatencyReading, acceptance: AcceptanceReading, workload: Workload,
+                    e: ThroughputEstimate) -> tuple[float, float] | None:
     """(median tokens/s, median speedup) over prompts of whole requests at batch 1, as a bench reports
-    them: each prompt's steady tokens/s with the prefill (`with_prefill`) beside plain decoding's."""
-    if e.median_tokens_per_s is None or e.median_speedup is None:
+    them: each prompt's walk at `e`'s policy (its gamma and stop) priced alike, with the prefill
+    (`with_prefill`) beside plain decoding's; None where the acceptance has no per-prompt walks. Priced
+    for the chosen policy only (not for every one `_best_at` weighs)."""
+    policy = acceptance.policy_at(e.gamma, e.p_min)
+    if policy is None or not policy.prompt_tokens_per_step or e.batch_size != 1:
         return None
+    row, g = latency.verify_ms[0], e.gamma
+    prompts = [predict_throughput(gamma=g, draft_ms=e.draft_ms, target_ms=e.target_ms,
+                                  verify_ms=_verify_at(row, min(d, float(g))),
+                                  tokens_per_step=min(max(t, 1.0), g + 1.0), drafted_per_step=min(d, g),
+                                  baseline_batch_size=latency.plain_batch(0))
+               for t, d in zip(policy.prompt_tokens_per_step, policy.prompt_drafted_per_step, strict=True)]
+    tps = statistics.median(p.tokens_per_s for p in prompts)
+    speedup = statistics.median(p.speedup for p in prompts)
     if not latency.target_prefill_ms:
-        return e.median_tokens_per_s, e.median_speedup
+        return tps, speedup
     n = workload.new_tokens
     plain = with_prefill(e.baseline_tokens_per_s, n, latency.target_prefill_ms[0])
-    spec = with_prefill(e.median_tokens_per_s, n, latency.spec_prefill_ms[0] if e.gamma else
-                        latency.target_prefill_ms[0])
+    spec = with_prefill(tps, n, latency.spec_prefill_ms[0])
     return spec, spec / plain
 
 
