@@ -80,30 +80,21 @@ def _resolve_plan(request: ExportRequest) -> _Source:
     return _Source(plan=plan, label=study_source(study, trial.number), trial=trial, info=info)
 
 
-def _gamma(request: ExportRequest, trial: RankedTrial | None, prediction: WorkloadPrediction | None) -> int:
-    """--gamma, else the best gamma at the workload's main batch size for the drafter as exported
-    (`prediction`), else the search's, else 4; never 0 (a folder is for speculating).
+def _drafting(request: ExportRequest, trial: RankedTrial | None,
+              prediction: WorkloadPrediction | None) -> tuple[int, float]:
+    """(gamma, confidence stop): --gamma with no stop, else the best policy at the workload's main batch
+    size for the drafter as exported (`prediction`), else the search's, else gamma 4 with no stop; never
+    gamma 0 (a folder is for speculating).
 
     (This once looked for top-level keys the stored prediction does not have, so every
     exported drafter said gamma 4 whatever the search found.)
     """
     if request.gamma is not None:
-        return request.gamma
+        return request.gamma, 0.0
     for source in (prediction, trial.throughput if trial is not None else None):
         if source is not None and source.primary().gamma >= MIN_GAMMA:
-            return source.primary().gamma
-    return DEFAULT_GAMMA
-
-
-def _p_min(request: ExportRequest, trial: RankedTrial | None, prediction: WorkloadPrediction | None) -> float:
-    """The confidence stop that goes with `_gamma`'s pick: the prediction's where gamma came from it, else
-    none (a --gamma given by hand drafts that many every step)."""
-    if request.gamma is not None:
-        return 0.0
-    for source in (prediction, trial.throughput if trial is not None else None):
-        if source is not None and source.primary().gamma >= MIN_GAMMA:
-            return source.primary().p_min
-    return 0.0
+            return source.primary().gamma, source.primary().p_min
+    return DEFAULT_GAMMA, 0.0
 
 
 def _same_trial(record: dict[str, Any], trial: RankedTrial) -> bool:
@@ -236,11 +227,11 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
     if heal_result is not None:
         measured = ({"top1_agreement_after_healing": heal_result.top1_after} if heal_result.kept
                     else {"top1_agreement": heal_result.top1_before})
+    gamma, p_min = _drafting(request, trial, prediction)
     info = ExportInfo(
         base=base, target=target, plan=plan, trial=trial,
         profile=source.info.profile if source.info else None,
-        heal=heal_result, source=source.label, seed=request.seed, gamma=_gamma(request, trial, prediction),
-        p_min=_p_min(request, trial, prediction),
+        heal=heal_result, source=source.label, seed=request.seed, gamma=gamma, p_min=p_min,
         measured=measured, acceptance=built.estimate, prediction=prediction,
         searched_prompts=searched_prompts(source.info), weights=weights, dtype=draft_dtype,
     )

@@ -249,23 +249,28 @@ def test_export_from_study_end_to_end(tiny_base, tmp_path):
 
 def test_exported_gamma_is_the_best_for_the_drafter_as_exported_else_the_searched_one():
     from draftnas.export.records import ExportRequest
-    from draftnas.export.request import _gamma
+    from draftnas.export.request import _drafting
     from draftnas.search.records import WorkloadPrediction
 
     request = ExportRequest(out_dir="x", study="s")
     trial = _trial(0, 1.0)
-    assert _gamma(request, trial, None) == 5
+    assert _drafting(request, trial, None)[0] == 5
     one = _prediction(1.0)
     one["batch_weights"] = [0.2, 0.8]  # batch 8 now carries most tokens
     heavy = dataclasses.replace(trial, throughput=WorkloadPrediction.from_dict(one))
-    assert _gamma(request, heavy, None) == 2
-    assert _gamma(ExportRequest(out_dir="x", study="s", gamma=3), heavy, None) == 3  # --gamma wins
-    assert _gamma(request, None, None) == 4
+    assert _drafting(request, heavy, None)[0] == 2
+    assert _drafting(ExportRequest(out_dir="x", study="s", gamma=3), heavy, None)[0] == 3  # --gamma wins
+    assert _drafting(request, None, None)[0] == 4
     rescored = _prediction(1.0)
     rescored["per_batch"][0]["gamma"] = 1  # priced again at the exported drafter's acceptance
-    assert _gamma(request, trial, WorkloadPrediction.from_dict(rescored)) == 1
+    assert _drafting(request, trial, WorkloadPrediction.from_dict(rescored))[0] == 1
     rescored["per_batch"][0]["gamma"] = 0  # "do not speculate": a folder still says the search's gamma
-    assert _gamma(request, trial, WorkloadPrediction.from_dict(rescored)) == 5
+    assert _drafting(request, trial, WorkloadPrediction.from_dict(rescored))[0] == 5
+    stopped = _prediction(1.0)
+    stopped["per_batch"][0].update(gamma=9, p_min=0.6)  # its stop goes with its gamma
+    assert _drafting(request, trial, WorkloadPrediction.from_dict(stopped)) == (9, 0.6)
+    by_hand = ExportRequest(out_dir="x", study="s", gamma=3)  # --gamma drafts that many every step
+    assert _drafting(by_hand, trial, WorkloadPrediction.from_dict(stopped)) == (3, 0.0)
 
 
 def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never_saw(tiny_base, tmp_path):
