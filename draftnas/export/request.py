@@ -4,7 +4,6 @@ re-priced on the study's scored traces, written as a folder (and pushed).
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from dataclasses import dataclass, replace
@@ -101,7 +100,8 @@ def _same_trial(record: dict[str, Any], trial: RankedTrial) -> bool:
     """Whether a folder's draftnas.json was exported from `trial` as the study holds it now, not from a
     trial of the same number in an earlier study of that name (deleted and searched again)."""
     stored = (record.get("trial") or {}).get("throughput")
-    return bool(stored == json.loads(json.dumps(trial.throughput.to_dict())))
+    # read back as a record: fields added or dropped since the folder was written do not make it another trial
+    return isinstance(stored, dict) and WorkloadPrediction.from_dict(stored) == trial.throughput
 
 
 def study_source(study: str, trial: int) -> str:

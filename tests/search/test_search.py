@@ -562,20 +562,25 @@ def test_export_keeps_a_folder_that_already_holds_the_best_trial_and_refuses_a_l
     from types import SimpleNamespace as NS
 
     from draftnas.export.request import _same_trial, export_best
+    from draftnas.search.records import WorkloadPrediction
+
+    def prediction(tps):
+        return WorkloadPrediction(per_batch=(), batch_weights=(1.0,), tokens_per_s=tps,
+                                  baseline_tokens_per_s=2.0, speedup=tps / 2.0, acceptance_assumed=False)
 
     best = NS(candidate=NS(plan=object(), name="L1bi-x"), number=3, primary=NS(gamma=2, p_min=0.0),
-              throughput=NS(to_dict=lambda: {"tokens_per_s": 5.0, "per_batch": (1, 2)}))
+              throughput=prediction(5.0))
     result = NS(best=best, info=NS(acceptance_assumed=False), study_name="s", storage="sqlite:///s.db")
     folder = tmp_path / "L1bi-x"
     folder.mkdir()
     record = {"source": "study s trial 3", "gamma": 1, "p_min": 0.5,
-              "trial": {"throughput": {"tokens_per_s": 5.0, "per_batch": [1, 2]}}}
+              "trial": {"throughput": {**prediction(5.0).to_dict(), "a_field_dropped_since": 1}}}
     (folder / "draftnas.json").write_text(json.dumps(record))
     kept = export_best(result, tmp_path)  # nothing re-healed
     assert (kept.folder, kept.gamma, kept.p_min, kept.record, kept.result) == (
         str(folder), 1, 0.5, record, None)
     # trial 3 of an earlier study of that name (deleted and searched again) is not this trial
-    stale = NS(throughput=NS(to_dict=lambda: {"tokens_per_s": 4.0, "per_batch": (1, 2)}))
+    stale = NS(throughput=prediction(4.0))
     assert _same_trial(record, best) and not _same_trial(record, stale)
     latency_only = NS(best=NS(candidate=NS(plan=None, name="x"), number=0, primary=NS(gamma=2)),
                       info=NS(acceptance_assumed=True), study_name="s", storage="sqlite:///s.db")
