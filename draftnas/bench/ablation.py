@@ -58,7 +58,7 @@ def run_ablation(request: BenchRequest, progress: Progress | None = None,
     `request` comes checked (`bench_from_request`)."""
     from draftnas.bench.run import run_bench
     from draftnas.export.request import export_best
-    from draftnas.search.ablation import ablation_chain, fixed_gamma, fixed_prediction
+    from draftnas.search.ablation import ablation_chain, fixed_prediction
     from draftnas.search.results import load_results
 
     folder = Path(request.draft).expanduser()
@@ -69,32 +69,32 @@ def run_ablation(request: BenchRequest, progress: Progress | None = None,
         raise InvalidInputError(f"study {study} ranks no completed trial {number}")
     links, notes = ablation_chain(result, winner)
     specs: list[str] = []
-    policies: dict[int, tuple[int, float]] = {}  # each link before the stop at its best fixed γ
-    for i, link in enumerate(links[:-1]):
+    for link in links[:-1]:
         if link is links[0]:  # the stock drafter, as users load it (at the γ its hand-made trial priced best)
             specs.append(result.info.base)
         else:
             exported = export_best(result, Path("drafters"), trial=link.trial, progress=export_progress)
             specs.append(exported.folder)
-        if link.trial is not None:
-            policies[i] = (fixed_gamma(result, link.trial), 0.0)
-    stock = links[0].trial
+    # each link before the stop at its best fixed γ: priced once, run and checked at it
+    fixed = {i: fixed_prediction(result, link.trial) for i, link in enumerate(links)
+             if link.trial is not None and not link.stop}
+    policies = {i: (f.primary().gamma, 0.0) for i, f in fixed.items() if 0 < i < len(specs)}
     options = replace(request.options, engine="static", hf_assisted=False,
                       reference_gamma=request.options.reference_gamma or (
-                          fixed_gamma(result, stock) if stock is not None else None))
+                          fixed[0].primary().gamma if 0 in fixed else None))
     bench = run_bench(request.target, str(folder), load_prompts(request.prompts), options, references=specs,
                       progress=progress, policies=policies)
     arms = [reference_label(i) for i in range(len(specs))] + [MAIN]
     measured = []
-    for link, arm, spec in zip(links, arms, [*specs, str(folder)], strict=True):
+    for i, (link, arm, spec) in enumerate(zip(links, arms, [*specs, str(folder)], strict=True)):
         a = bench.arm(arm)
         measured.append(AblationLink(
             adds=link.adds, drafter=spec, trial=link.trial.number if link.trial else None, arm=arm,
             gamma=a.gamma, p_min=a.p_min, weights=a.draft_weights, tokens_per_s=a.tokens_per_s,
             tokens_per_s_interval=a.tokens_per_s_interval, speedup=a.speedup,
             speedup_interval=a.speedup_interval, tokens_per_step=a.tokens_per_step,
-            predicted_tokens_per_s=None if link.trial is None else link.trial.throughput.tokens_per_s
-            if link.stop else fixed_prediction(result, link.trial).tokens_per_s))
+            predicted_tokens_per_s=fixed[i].tokens_per_s if i in fixed else
+            link.trial.throughput.tokens_per_s if link.trial else None))
     out = replace(bench, ablation={"study": study, "links": [m.to_dict() for m in measured], "notes": notes})
     write_card_section(folder, table_lines(out), bench, ablation_command(request))
     return out

@@ -3,7 +3,7 @@ added per link, each a drafter the study priced (`draftnas bench --ablation` mea
 
     stock -> + weight format -> + head -> + depth/width/selection -> + per-layer formats -> + confidence stop
 
-Every link but the last drafts its best fixed γ every step (`fixed_gamma`); a winner that stops drafting
+Every link but the last drafts its best fixed γ every step (`fixed_prediction`); a winner that stops drafting
 below a confidence (`ThroughputEstimate.p_min`) ends the chain with that stop added. A link the winner
 does not take (a full head, dense weights, the stock's own shape, one format for every layer, no stop) is
 left out; a link the study priced no drafter for is left out with a note saying so.
@@ -34,11 +34,6 @@ def fixed_prediction(result: SearchResult, trial: RankedTrial) -> WorkloadPredic
     g = result.info.space.gamma
     return predict_workload(trial.latency, trial.acceptance, result.info.space.workload,
                             GammaRange(g.min, g.max))
-
-
-def fixed_gamma(result: SearchResult, trial: RankedTrial) -> int:
-    """`trial`'s best γ where every step drafts γ tokens (`fixed_prediction`)."""
-    return fixed_prediction(result, trial).primary().gamma
 
 
 def _same(a: CandidateChoice, b: CandidateChoice, full_depth: int) -> bool:
