@@ -94,8 +94,9 @@ class Drafter:
 
     def own_products(self) -> Any:
         """A context inside which this drafter's model multiplies its linear layers as it drafts (its
-        weight format, on the CPU), so an estimate reads the probabilities and argmaxes it drafts with."""
-        if self.weights == "dense" or self.loaded.model.device.type != "cpu":
+        weight format, on the CPU), so an estimate reads the probabilities and argmaxes it drafts with: what
+        `drafter.build.build_drafter` does around its estimate (`route_linears` leaves other devices be)."""
+        if not quantized(self.weights):
             return contextlib.nullcontext()
         return route_linears(self.loaded.model, attach=False, own_weights=False, weights=self.weights)
 

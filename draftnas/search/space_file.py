@@ -241,11 +241,12 @@ def _parse_gamma(c: _Checker, raw: Any) -> GammaRange:
     if low is not None and high is not None and high < low:
         c.add("gamma.max", f"{high} is below gamma.min={low} (allowed: {low}..{MAX_GAMMA})")
     raw_p = g.get("p_min", [0.0])
+    stops: set[float] = set()
     if not isinstance(raw_p, list) or not raw_p:
         c.add("gamma.p_min", f"{raw_p!r} is not a list of confidence stops (allowed: numbers in [0, 0.99])")
-    read = [c.float_(f"gamma.p_min[{i}]", v, 0.0, 0.99) for i, v in enumerate(raw_p)] \
-        if isinstance(raw_p, list) else []
-    stops = {f for f in read if f is not None} if isinstance(raw_p, list) else set()
+    else:
+        read = (c.float_(f"gamma.p_min[{i}]", v, 0.0, 0.99) for i, v in enumerate(raw_p))
+        stops = {f for f in read if f is not None}
     return GammaRange(low if low is not None else 0, high or 8, tuple(sorted(stops | {0.0})))
 
 
