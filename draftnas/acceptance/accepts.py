@@ -177,7 +177,7 @@ def policy_steps(agree: Sequence[Sequence[float]], confidence: Sequence[Sequence
         for p_min in sorted({float(p) for p in p_mins} | {0.0}):
             tokens, steps, drafted = [], [], []
             for a, c in zip(agree, confidence, strict=True):
-                accepted, drafts = walk_accepts(list(a), gamma, max(max_new_tokens, len(a)), list(c), p_min)
+                accepted, drafts = walk_accepts(a, gamma, max(max_new_tokens, len(a)), c, p_min)
                 tokens.append(len(a))
                 steps.append(max(len(accepted), 1))
                 drafted.append(sum(drafts))
