@@ -4,29 +4,32 @@
 # stopped (FORCE=1 runs finished phases again). On the GPU each phase is bounded by its planned device
 # seconds (the `timeout` below; the CPU dry run has no bound).
 #
-# The plan, by value, fits one loan of 720 s of device time with its start and transfers. The replay
-# phases need no weights (random weights of the real shapes, acceptance replayed from the CPU run in
-# benchmarks/results), so they go first and need nothing but the checkout; the SmolLM2 phases after
-# them need scripts/gpu_prepare.sh's files in .whl/gpu/ (wheels, the model's parts).
+# The plan, by value, fits one loan of 900 s of device time with its start and transfers, and its phases
+# one command of at most 600 s. Its phases need no weights (random weights of the real shapes, acceptance
+# replayed from the CPU run in benchmarks/results) and nothing but the checkout; the SmolLM2 phases among
+# the extras need scripts/gpu_prepare.sh's files in .whl/gpu/ (wheels, the model's parts).
 #
 #   plan phase       planned s  what
 #   (machine start)        120  one start, counted against the loan
 #   (transfers)             30  the checkout there, the results back
 #   setup                   15  install the wheelhouse if it came, join the model parts if they came
-#   replay-qwen            180  Qwen2.5-Coder-7B and -32B shapes, each with the stock 0.5B and the searched
-#                               drafter's shape (0.5B, 98,304-row head), the 1.5B pair's measured
-#                               acceptance replayed (a stand-in for the bigger pairs' own)
-#   replay-paper           150  LLaMA-65B (a GPU of < 135 GB: LLaMA-33B) with the paper's drafters, LLaMA-7B
+#   int4-cuda              120  the CUDA tests (int4 through torch._weight_int4pack_mm among them), then
+#                               dense against int4 at the Qwen drafter's and target's shapes: products and
+#                               a captured decode step (benchmarks/weight_formats.py --device cuda)
+#   replay-qwen            210  Qwen2.5-Coder-7B and -32B shapes, each with the stock 0.5B and the searched
+#                               drafter's shape (0.5B, 98,304-row head), dense and in int4 as it was
+#                               searched, the 1.5B pair's measured acceptance replayed (a stand-in for the
+#                               bigger pairs' own)
+#   replay-paper           140  LLaMA-65B (a GPU of < 135 GB: LLaMA-33B) with the paper's drafters, LLaMA-7B
 #                               cut to 1, 3, 5 layers at full width, at PAPER_ALPHA (default 0.8)
 #   replay-batched          90  the 7B shape with the 0.5B, B = 1..64: the measured crossover beside the
 #                               latency model's
-#   search-cuda            120  SmolLM2-135M: search --device cuda, export, bench the winner (every prompt
-#                               length warmed): predicted beside measured tokens/s
 #   summary                  5  one JSON of every figure ($OUT/summary.json, also printed)
-#   total                  710
+#   total                  730  (phases 580)
 #
-#   extras (run by name, outside the plan): tests 90, profile-graph 200, profile-static 160,
-#   bench-bf16 220, bench-fp32 220, gemma 120, batched 200, e2e 240
+#   extras (run by name, outside the plan): search-cuda 120 (SmolLM2-135M: search --device cuda, export,
+#   bench the winner, every prompt length warmed: predicted beside measured tokens/s), tests 90,
+#   profile-graph 200, profile-static 160, bench-bf16 220, bench-fp32 220, gemma 120, batched 200, e2e 240
 #
 #   bash scripts/gpu_measure.sh plan               (or: all, every phase of the plan, in order)
 #   bash scripts/gpu_measure.sh replay-qwen summary
@@ -40,15 +43,15 @@ OUT=$(realpath -m "${OUT:-gpu-out}")
 export PYTHONPATH="$PWD/.whl/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 PY=${PYTHON:-python3}
 case $PY in */*) PY=$(realpath -s "$PY") ;; esac  # a path stays valid in phases that change folder
-PLAN="setup replay-qwen replay-paper replay-batched search-cuda summary"
-EXTRAS="tests profile-graph profile-static bench-bf16 bench-fp32 gemma batched e2e"
+PLAN="setup int4-cuda replay-qwen replay-paper replay-batched summary"
+EXTRAS="search-cuda tests profile-graph profile-static bench-bf16 bench-fp32 gemma batched e2e"
 ALL="${PLAN% summary} $EXTRAS summary"  # every phase, the summary last
-START_S=120 TRANSFER_S=30 LOAN_S=720  # one machine start and the transfers, and the loan they count in
-declare -A PLANNED=([setup]=15 [replay-qwen]=180 [replay-paper]=150 [replay-batched]=90 [search-cuda]=120
-                    [summary]=5 [tests]=90 [profile-graph]=200 [profile-static]=160 [bench-bf16]=220
+START_S=120 TRANSFER_S=30 LOAN_S=900 COMMAND_S=600  # one start and the transfers, the loan, one command
+declare -A PLANNED=([setup]=15 [int4-cuda]=120 [replay-qwen]=210 [replay-paper]=140 [replay-batched]=90
+                    [search-cuda]=120 [summary]=5 [tests]=90 [profile-graph]=200 [profile-static]=160 [bench-bf16]=220
                     [bench-fp32]=220 [gemma]=120 [batched]=200 [e2e]=240)
 ACCEPTS=benchmarks/results/cpu-intel-xeon-f6m167-qwen2.5-coder-1.5b-accepts.json
-WINNER_SHAPE=qwen2.5-coder-0.5b,head=98304  # the main job's winner without its files (int4 is CPU-only)
+WINNER_SHAPE=qwen2.5-coder-0.5b,head=98304  # the main job's winner without its files (dense; int4 below)
 PAPER_ALPHA=${PAPER_ALPHA:-0.8}
 if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny sizes
     DEVICE=cpu TARGET=smollm2-135m GEMMA=gemma-3-270m NEW=4 PER=1 BATCHES=1,2 PROMPTS=chat
@@ -56,8 +59,9 @@ if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny sizes
                   --target smollm2-135m --layers 1,2 --batch-sizes 1 --max-gamma 1 --context 16 --repeats 3)
     GRAPH_MODE=static HALF=bf16 TRIALS=2 E2E_BUDGET=smoke
     QWEN_TARGETS=smollm2-135m PAPER_TARGET=smollm2-135m PAPER_DRAFTERS=smollm2-135m REPLAY_ROUNDS=1
-    QWEN_DRAFTERS="reference:smollm2-135m draftnas:smollm2-135m,head=4096" REPLAY_BATCHES=1,2 REPLAY_NEW=4
-    REPLAY_FILE_NEW=8
+    QWEN_DRAFTERS="reference:smollm2-135m draftnas:smollm2-135m,head=4096"
+    QWEN_DRAFTERS+=" draftnas-int4:smollm2-135m,head=4096,weights=int4" REPLAY_BATCHES=1,2 REPLAY_NEW=4
+    REPLAY_FILE_NEW=8 INT4_ARCHS=smollm2-135m INT4_REPEATS=1
     cat > "$OUT/dry-space.yaml" <<'YAML'
 schema_version: 1
 name: dry-run
@@ -77,7 +81,8 @@ else
     PROMPTS=all PROFILE_ARGS=(--device cuda --dtype bf16) GRAPH_MODE=cuda-graph HALF=bf16 TRIALS=8 E2E_BUDGET=quick
     QWEN_TARGETS="qwen2.5-coder-7b qwen2.5-coder-32b" REPLAY_ROUNDS=3 REPLAY_BATCHES=1,2,4,8,16,32,64
     REPLAY_FILE_NEW=64
-    QWEN_DRAFTERS="reference:qwen2.5-coder-0.5b draftnas:$WINNER_SHAPE" REPLAY_NEW=32
+    QWEN_DRAFTERS="reference:qwen2.5-coder-0.5b draftnas:$WINNER_SHAPE draftnas-int4:$WINNER_SHAPE,weights=int4"
+    REPLAY_NEW=32 INT4_ARCHS="qwen2.5-coder-0.5b qwen2.5-coder-1.5b" INT4_REPEATS=7
     PAPER_DRAFTERS="wide-sheared-llama-1l wide-sheared-llama-3l wide-sheared-llama-5l"
     PAPER_TARGET=llama-33b  # LLaMA-65B's 130 GB of bf16 weights fit a GPU of 135 GB or more only
     "$PY" -c 'import torch, sys; sys.exit(torch.cuda.get_device_properties(0).total_memory < 135e9)' \
@@ -126,10 +131,10 @@ bench3() {  # bench3 LABEL DTYPE: each drafter benched 3 times in DTYPE, results
     [ "$n" -gt 0 ] || { echo "[gpu] no drafter arrived in .whl/gpu/drafters"; return 1; }
 }
 
-replay() {  # replay NAME TARGET DRAFTER [ARGS...]: one bench --replay into $OUT/replay-NAME.json
-    local name=$1 target=$2 drafter=$3; shift 3
+replay() {  # replay NAME TARGET DRAFTER [ARGS...]: one bench --replay into $OUT/replay-NAME.json (the
+    local name=$1 target=$2 drafter=$3; shift 3  # drafter's weights as its shape says: ",weights=int4")
     "$PY" -m draftnas bench --replay "$@" --target "$target" --draft "$drafter" --device "$DEVICE" \
-        --dtype "$HALF" --draft-weights dense --rounds "$REPLAY_ROUNDS" --out-json "$OUT/replay-$name.json"
+        --dtype "$HALF" --rounds "$REPLAY_ROUNDS" --out-json "$OUT/replay-$name.json"
 }
 
 phase() {
@@ -147,11 +152,22 @@ phase() {
         { nvidia-smi; "$PY" -c 'import torch, transformers, optuna, gguf; print("torch", torch.__version__,
 "cuda", torch.version.cuda, "| transformers", transformers.__version__, "| optuna", optuna.__version__)'; } \
             > "$OUT/env.txt" 2>&1 ;;
-    replay-qwen)  # the 1.5B pair's measured counts at the bigger targets' shapes (a stand-in acceptance)
-        local t d
+    int4-cuda)  # the CUDA tests, then dense against int4 (the benchmark runs even where a test failed)
+        local failed=0 a
+        "$PY" -m pytest -q -p no:cacheprovider tests/models/test_weight_formats.py tests/models/test_decoder.py \
+            tests/models/test_batched.py tests/models/test_speculative.py tests/latency/test_measure.py \
+            -k "cuda or captured or capture" || failed=1
+        for a in $INT4_ARCHS; do
+            "$PY" benchmarks/weight_formats.py --device "$DEVICE" --dtype "$HALF" --arch "$a" \
+                --repeats "$INT4_REPEATS" --json "$OUT/int4-$a.json" || return 1
+        done
+        return $failed ;;
+    replay-qwen)  # the 1.5B pair's measured counts at the bigger targets' shapes (a stand-in acceptance);
+        local t d label  # LABEL:SHAPE, the counts of the drafter LABEL names before any "-"
         for t in $QWEN_TARGETS; do
             for d in $QWEN_DRAFTERS; do
-                replay "$t-${d%%:*}" "$t" "${d#*:}" "$ACCEPTS" --replay-drafter "${d%%:*}" \
+                label=${d%%:*}
+                replay "$t-$label" "$t" "${d#*:}" "$ACCEPTS" --replay-drafter "${label%%-*}" \
                     --max-new-tokens "$REPLAY_FILE_NEW" || return 1
             done
         done ;;
@@ -220,9 +236,10 @@ plan_total() {  # the plan's device seconds: the machine start, the transfers an
     echo "$total"
 }
 if [ "${1:-}" = budget ]; then
-    total=$(plan_total)
-    echo "[gpu] plan: $PLAN; $total s of device time planned (start $START_S s, transfers $TRANSFER_S s) of $LOAN_S s"
-    [ "$total" -le "$LOAN_S" ]; exit
+    total=$(plan_total) phases=$(($(plan_total) - START_S - TRANSFER_S))
+    echo "[gpu] plan: $PLAN; $total s of device time planned (start $START_S s, transfers $TRANSFER_S s) of $LOAN_S s;" \
+        "its phases $phases s of one command's $COMMAND_S s"
+    [ "$total" -le "$LOAN_S" ] && [ "$phases" -le "$COMMAND_S" ]; exit
 fi
 case ${1:-} in
     plan|all) set -- $PLAN ;;
@@ -240,7 +257,7 @@ for name in "$@"; do
     timeout "$limit" bash -c "$(declare -f phase drafters graph_profile as_folder join_parts bench3 replay); \
         $(declare -p PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE HALF TRIALS \
         E2E_BUDGET SEARCH_ARGS ALL ACCEPTS QWEN_TARGETS QWEN_DRAFTERS PAPER_TARGET PAPER_DRAFTERS PAPER_ALPHA \
-        REPLAY_ROUNDS REPLAY_BATCHES REPLAY_NEW REPLAY_FILE_NEW); phase $name" \
+        REPLAY_ROUNDS REPLAY_BATCHES REPLAY_NEW REPLAY_FILE_NEW INT4_ARCHS INT4_REPEATS); phase $name" \
         > "$OUT/$name.log" 2>&1
     status=$?
     took=$((SECONDS - started))

@@ -2,7 +2,8 @@
 
 Repeated benches are reported as median, min and max with every run listed, so a run that
 contradicts the others stays in view. Replays (`bench --replay`) are medians over prompts with their
-intervals, each marked with the source of its acceptance (a stand-in says so in its note).
+intervals, each marked with the source of its acceptance (a stand-in says so in its note). Weight formats
+(`benchmarks/weight_formats.py`): each shape's decode step and products, dense against int4.
 
     python scripts/gpu_summary.py OUT
 """
@@ -64,11 +65,20 @@ def summarize(out: Path) -> dict[str, Any]:
                 "predicted_crossover": data["predicted_crossover"], "profile": data["profile"]}
             continue
         replays[path.stem.removeprefix("replay-")] = {
-            k: data[k] for k in ("target", "drafter", "source", "note", "gamma", "device", "dtype", "exact",
-                                 "tokens_per_step", "target_tokens_per_s", "tokens_per_s", "speedup",
-                                 "speedup_interval", "predicted_speedup", "profile")}
+            k: data.get(k) for k in (
+                "target", "drafter", "draft_weights", "head_rows", "source", "note", "gamma", "device",
+                "dtype", "exact", "tokens_per_step", "target_tokens_per_s", "tokens_per_s", "speedup",
+                "speedup_interval", "predicted_speedup", "profile")}
     if replays:
         summary["replays"] = replays
+    int4 = {}
+    for path in sorted(out.glob("int4-*.json")):  # benchmarks/weight_formats.py: dense against int4
+        data = json.loads(path.read_text())
+        int4[data["arch"]] = {k: data.get(k) for k in ("device", "gpu", "dtype", "decode_step_ms",
+                                                       "over_dense_decode", "head_product_ms")}
+        int4[data["arch"]]["layer_products_ms_1_row"] = data["layer_products_ms_by_rows"]["1"]
+    if int4:
+        summary["int4"] = int4
     if (out / "search-cuda.json").is_file() and (out / "search-cuda-bench.json").is_file():
         searched, benched = (json.loads((out / f"{n}.json").read_text())
                              for n in ("search-cuda", "search-cuda-bench"))

@@ -1,5 +1,6 @@
 """The GPU runbook's dry run: every phase on this CPU with tiny sizes, resumable, ending in one
-summary JSON with the repeated benches as median, min and max and the replays; its plan fits one loan."""
+summary JSON with the repeated benches as median, min and max, the replays and the weight formats; its plan
+fits one loan and one command."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ def test_the_dry_run_walks_every_phase_and_a_second_call_resumes(tmp_path):
                            capture_output=True, text=True, timeout=3600)  # a hang guard, not a speed goal
     assert first.returncode == 0, first.stdout + first.stderr
     phases = [line for line in first.stdout.splitlines() if line.startswith("[gpu] ") and " exit " in line]
-    assert len(phases) == 14 and all(": exit 0 in " in line for line in phases), phases
+    assert len(phases) == 15 and all(": exit 0 in " in line for line in phases), phases
     names = [line.split()[1].rstrip(":") for line in phases]
-    assert names[:5] == ["setup", "replay-qwen", "replay-paper", "replay-batched", "search-cuda"]
+    assert names[:6] == ["setup", "int4-cuda", "replay-qwen", "replay-paper", "replay-batched", "search-cuda"]
     assert names[-1] == "summary"  # every phase: the plan's, the extras, then the summary
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     bf16 = summary["benches"]["bench-bf16-smollm2-135m"]["speedup"]
@@ -36,9 +37,11 @@ def test_the_dry_run_walks_every_phase_and_a_second_call_resumes(tmp_path):
     assert (tmp_path / "out" / summary["search_cuda"]["winner"]).is_dir()  # exported in OUT, not the checkout
     assert set(summary["e2e"]["drafters"]) >= {"winner", "first-k"}
     replays = summary["replays"]  # the replay phases need no weights: each names its acceptance's source
-    assert {"smollm2-135m-reference", "smollm2-135m-draftnas", "paper-smollm2-135m-smollm2-135m"} <= set(
-        replays)
+    assert {"smollm2-135m-reference", "smollm2-135m-draftnas", "smollm2-135m-draftnas-int4",
+            "paper-smollm2-135m-smollm2-135m"} <= set(replays)
     assert replays["smollm2-135m-reference"]["source"] == "bench"
+    assert replays["smollm2-135m-draftnas-int4"]["draft_weights"] == "int4"  # the weights its shape names
+    assert summary["int4"]["smollm2-135m"]["decode_step_ms"]["int4"] > 0
     assert all(r["exact"] for r in replays.values())
     assert replays["paper-smollm2-135m-smollm2-135m"]["source"] == "rate"
     assert [p["batch_size"] for p in summary["replay_batched"]["points"]] == [1, 2]
@@ -52,4 +55,6 @@ def test_the_plan_fits_one_loan_with_its_start_and_transfers():
                          text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable})
     assert out.returncode == 0, out.stdout + out.stderr
     planned = int(out.stdout.split(" s of device time planned")[0].rsplit(" ", 1)[1])
-    assert planned <= 720 and "start 120 s, transfers 30 s" in out.stdout
+    assert planned <= 900 and "start 120 s, transfers 30 s" in out.stdout  # the loan: 15 minutes
+    phases = int(out.stdout.split("its phases ")[1].split(" s")[0])
+    assert phases <= 600  # they run in one command

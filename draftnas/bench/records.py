@@ -13,8 +13,8 @@ from draftnas.models.records import (
     ENGINES,
     TORCH_DTYPES,
     llama_cpp_option,
-    quantized,
     target_gguf_option,
+    weights_problem,
 )
 
 
@@ -60,9 +60,9 @@ class BenchOptions(Record):
     draft_weights: str | None = option(
         None, help="How the drafter's linear layers run: dense (in --dtype), int8 (weight-only, one scale "
                    "per output row), int4 (a scale and zero point per 32 inputs), or per layer group "
-                   "'attn=int8,mlp=int8,head=int4' (CPU; the static engine and the routed transformers arm, "
-                   "plain transformers runs dense). Default: as the drafter folder's draftnas.json says "
-                   "(dense otherwise).")
+                   "'attn=int8,mlp=int8,head=int4' (the static engine and the routed transformers arm, "
+                   "plain transformers runs dense; CUDA runs int4 in bf16, not int8). Default: as the "
+                   "drafter folder's draftnas.json says (dense otherwise).")
     reference_weights: str | None = option(
         None, help="How the reference drafters' linear layers run, spelled as --draft-weights (int8: to see "
                    "what the weight format alone buys a reference). Default: as an exported folder's "
@@ -126,8 +126,9 @@ class BenchOptions(Record):
         for name in ("draft_weights", "reference_weights"):
             weights = getattr(self, name)
             try:
-                if weights is not None and quantized(weights) and self.device != "cpu":
-                    extra.append((name, f"{weights} weights run on the CPU only; use dense on {self.device}"))
+                problem = weights_problem(weights, self.device, self.dtype) if weights is not None else None
+                if problem:
+                    extra.append((name, problem))
             except ValueError as e:
                 extra.append((name, str(e)))
         return check_options(self, extra)

@@ -55,7 +55,7 @@ from draftnas.models.batched import BatchedOutput, BatchedStatic, batched_greedy
 from draftnas.models.decoder import StaticDecoder
 from draftnas.models.engines import StaticEngine
 from draftnas.models.kernel_choices import kept_choices
-from draftnas.models.records import TORCH_DTYPES, quantized
+from draftnas.models.records import TORCH_DTYPES, quantized, weights_problem
 from draftnas.models.row_padding import choose_row_padding
 from draftnas.models.spec import DecoderSpec
 from draftnas.models.speculative import greedy_decode, speculative_generate
@@ -151,14 +151,14 @@ def _ids(length: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(0, vocab, (length,), generator=gen).tolist()
 
 
-def _check(target: Shape, drafter: Shape, trace: AcceptsTrace, options_device: str) -> None:
+def _check(target: Shape, drafter: Shape, trace: AcceptsTrace, device: str, dtype: str) -> None:
     rows = drafter.head_rows or drafter.arch.vocab_size
     if rows > target.arch.vocab_size:
         raise option_error("draft", f"{drafter.name}'s head has {rows} rows, more than the target "
                                     f"{target.name}'s vocabulary ({target.arch.vocab_size})")
-    if quantized(drafter.weights) and options_device != "cpu":
-        raise option_error("draft", f"{drafter.name} runs {drafter.weights} weights, which draftnas "
-                                    f"multiplies on the CPU only: replay it on the CPU")
+    problem = weights_problem(drafter.weights, device, dtype)
+    if problem:
+        raise option_error("draft", f"{drafter.name}: {problem}")
 
 
 def _context(trace: AcceptsTrace) -> int:
@@ -175,7 +175,7 @@ def run_replay(request: BenchRequest, *, progress: Progress | None = None
     if options.draft_weights is not None:  # as asked, over what a folder records (dense on a GPU)
         drafter.weights = options.draft_weights
     trace, recorded_on = load_trace(request, drafter)
-    _check(target, drafter, trace, options.device)
+    _check(target, drafter, trace, options.device, options.dtype)
     with kept_choices():
         if options.batch_sizes:
             return _run_batched(request, target, drafter, trace, progress)

@@ -54,7 +54,7 @@ from draftnas.core.records import Progress
 from draftnas.drafter.records import prompt_key
 from draftnas.export.folder import exported_record, load_drafter
 from draftnas.models.kernel_choices import kept_choices
-from draftnas.models.records import TORCH_DTYPES, quantized
+from draftnas.models.records import TORCH_DTYPES, quantized, weights_problem
 from draftnas.models.sources import LoadedModel, load_model
 from draftnas.search.predictions import read_predictions
 
@@ -217,9 +217,9 @@ def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:
     if quantized(weights) and options.resolved_engine() != "static":
         raise option_error(field, f"{weights} ({label} drafter) runs in draftnas's loop in its static engine "
                                   "only: set {engine} static, or dense weights")
-    if quantized(weights) and options.device != "cpu":
-        raise option_error(field, f"{weights} ({label} drafter) runs on the CPU only: set dense on "
-                                  f"{options.device}")
+    problem = weights_problem(weights, options.device, options.dtype)
+    if problem:
+        raise option_error(field, f"{label} drafter: {problem}")
     return weights
 
 

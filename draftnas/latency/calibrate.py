@@ -41,6 +41,7 @@ from draftnas.latency.records import (
 from draftnas.latency.runtime import Runtime, model_bytes
 from draftnas.latency.timing import Group, calls_per_job, model_job, run_round_robin, ticker
 from draftnas.models.engines import StaticEngine
+from draftnas.models.records import dtype_name, weights_problem
 from draftnas.models.speculative import greedy_decode, speculative_generate
 
 log = logging.getLogger(__name__)
@@ -120,9 +121,12 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     started = time.perf_counter()
     rt = Runtime(options.validate())
     formats = tuple(f for f in quant_formats if f != "dense") if quant_stacks else ()
-    if formats and (rt.cuda or options.mode not in STATIC_MODES):
-        raise DeviceError(f"{formats[0]} drafters run in draftnas's static decoder on the CPU only: "
-                          "calibrate them in static mode on the CPU")
+    if formats and options.mode not in STATIC_MODES:
+        raise DeviceError(f"{formats[0]} drafters run in draftnas's static decoder only: calibrate them in a "
+                          f"static mode ({', '.join(STATIC_MODES)})")
+    unavailable = [p for f in formats if (p := weights_problem(f, rt.device.type, dtype_name(rt.dtype)))]
+    if unavailable:
+        raise DeviceError(unavailable[0])
     full = target.num_hidden_layers
     prefixes = tuple(k for k in sorted(set(prefix_layers) | ({1} if overheads else set())) if k < full)
     counts = tuple(sorted(set(new_tokens) | {1} | ({2, 3, 4} if overheads else set())))

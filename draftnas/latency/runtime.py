@@ -85,8 +85,9 @@ class Runtime:
     def build(self, arch: Architecture, weights: str = "dense") -> Any:
         """A random-weight model of `arch`'s shape on the device, in eval mode: a transformers
         LlamaForCausalLM in eager mode, a `draftnas.models.decoder.StaticDecoder` otherwise.
-        `weights` (static modes, CPU): the decoder multiplies in that format ("int8", "int4", per layer
-        group; its dense weights stay, so the bytes a calibration budgets for it are an upper bound)."""
+        `weights` (static modes; where each runs: `models.records.weights_problem`): the decoder
+        multiplies in that format ("int8", "int4", per layer group; its dense weights stay, so the bytes a
+        calibration budgets for it are an upper bound)."""
         torch = self.torch
         if self.options.mode in STATIC_MODES:
             from draftnas.models.decoder import StaticDecoder

@@ -8,8 +8,9 @@ and `models.linears.route_linears` multiply through it.
 
 A weight may also be multiplied quantized (`MatmulChooser.quantize`), activations left in the run's
 dtype: in int8, one scale per output row (`torch._weight_int8pack_mm`; half the bytes of bf16), or in
-int4, a scale and zero point per group of 32 inputs (`torch._weight_int4pack_mm_for_cpu`; a quarter).
-`benchmarks/weight_formats.py` times them; docs/hosts/ has the figures.
+int4, a scale and zero point per group of 32 inputs (`torch._weight_int4pack_mm_for_cpu` on the CPU,
+`torch._weight_int4pack_mm` on CUDA, bf16 activations; a quarter). `weights_problem` says where a format
+runs. `benchmarks/weight_formats.py` times them; docs/hosts/ has the figures.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.models import kernel_choices
-from draftnas.models.records import INT4_GROUP, MAX_WEIGHT_ONCE_ROWS
+from draftnas.models.records import INT4_GROUP, MAX_WEIGHT_ONCE_ROWS, dtype_name, weights_problem
 from draftnas.models.records import TORCH_DTYPES as TORCH_DTYPE_NAMES
 
 LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2  # F.linear(x, W), (W @ x.T).T, x @ W.T.contiguous()
@@ -38,8 +39,8 @@ class MatmulChooser:
     product is a candidate too. A lone row padded to two helps some whole decode steps where no product timed
     alone shows it: `models.row_padding.choose_row_padding` times that on whole steps (`pad_single_rows`).
 
-    Enabled on CPU only (on CUDA F.linear is used as is). The first product of a new key
-    times the forms (a few passes each, interleaved) on random inputs, each pass over
+    Enabled on CPU only (on CUDA F.linear is used as is, int4 weights through their kernel). The first
+    product of a new key times the forms (a few passes each, interleaved) on random inputs, each pass over
     every registered weight of that shape: a decode step streams all layers' weights
     from memory, and a single small matrix timed alone stays in cache and misleads (a form
     that wins in cache can lose streaming).
@@ -66,12 +67,16 @@ class MatmulChooser:
 
     def quantize(self, weight: torch.Tensor, kind: str = "int8") -> None:
         """Multiply by `weight` in `kind` ("int8": `quantize_int8`; "int4": `quantize_int4`) from now
-        on; CPU only. "dense" leaves it as it is."""
+        on: on the CPU through the chosen products, on CUDA int4 only (`weights_problem`). "dense" leaves it
+        as it is."""
         if kind == "dense":
             return
-        if not self.enabled:
-            raise InvalidInputError(f"{kind} weights run on the CPU only (this model's products are not "
-                                    "chosen here: another device, or matmul='linear')")
+        problem = weights_problem(kind, weight.device.type, dtype_name(weight.dtype))
+        if problem:
+            raise InvalidInputError(problem)
+        if weight.device.type == "cpu" and not self.enabled:
+            raise InvalidInputError(f"{kind} weights run through draftnas's chosen products (this model's "
+                                    "products are not chosen here: matmul='linear')")
         if id(weight) not in self.packed:
             self.packed[id(weight)] = (kind, quantize_int8(weight) if kind == "int8" else pack_int4(weight))
 
@@ -107,17 +112,21 @@ class MatmulChooser:
                     self._choose(key, weights[0])
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        packed = self.packed.get(id(weight)) if self.packed else None
+        if packed is not None:
+            flat = x.reshape(-1, x.shape[-1]).contiguous()
+            kind, (q, scales) = packed
+            if kind == "int8":
+                out = torch._weight_int8pack_mm(flat, q, scales)
+            elif flat.device.type == "cuda":  # bf16 only, as `weights_problem` requires
+                out = torch._weight_int4pack_mm(flat, q, INT4_GROUP, scales)
+            else:
+                out = torch._weight_int4pack_mm_for_cpu(
+                    flat, q, INT4_GROUP, scales if scales.dtype == flat.dtype else scales.to(flat.dtype))
+            return out.reshape(*x.shape[:-1], weight.shape[0])
         if not self.enabled:
             return F.linear(x, weight)
         rows = x.numel() // x.shape[-1]
-        packed = self.packed.get(id(weight))
-        if packed is not None:
-            flat = x.reshape(rows, x.shape[-1]).contiguous()
-            kind, (q, scales) = packed
-            out = torch._weight_int8pack_mm(flat, q, scales) if kind == "int8" else \
-                torch._weight_int4pack_mm_for_cpu(flat, q, INT4_GROUP, scales if scales.dtype == flat.dtype
-                                                  else scales.to(flat.dtype))
-            return out.reshape(*x.shape[:-1], weight.shape[0])
         if rows > MAX_WEIGHT_ONCE_ROWS:
             return F.linear(x, weight)
         key = (rows, int(weight.shape[0]), int(weight.shape[1]))
@@ -247,10 +256,23 @@ def dequantize_int4(values: torch.Tensor, scales_zeros: torch.Tensor) -> torch.T
 
 
 def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantize_int4` packed for `torch._weight_int4pack_mm_for_cpu`, the scales in the weight's dtype
-    (the activations' dtype a model multiplies in)."""
+    """`quantize_int4` packed for the weight's device, the scales in the weight's dtype (the activations'
+    dtype a model multiplies in): for `torch._weight_int4pack_mm_for_cpu` on the CPU (values as int32),
+    for `torch._weight_int4pack_mm` on CUDA (two values a byte, the even input in the high half, tiled for
+    its tensor cores: `k_tiles` inner tiles of 16 inputs, the most that divide the input width)."""
     values, scales_zeros = quantize_int4(weight)
-    return torch._convert_weight_to_int4pack_for_cpu(values, 1), scales_zeros.to(weight.dtype)
+    if weight.device.type != "cuda":
+        return torch._convert_weight_to_int4pack_for_cpu(values, 1), scales_zeros.to(weight.dtype)
+    if torch.cuda.get_device_capability(weight.device) < (8, 0):
+        major, minor = torch.cuda.get_device_capability(weight.device)
+        raise InvalidInputError(f"int4 weights on CUDA need a GPU of compute capability 8.0 or newer (this "
+                                f"one is {major}.{minor}): use dense")
+    if weight.shape[0] % 8:
+        raise InvalidInputError(f"int4 weights on CUDA need output widths in multiples of 8, not "
+                                f"{weight.shape[0]}")
+    two_a_byte = (values[:, ::2] << 4 | values[:, 1::2]).to(torch.uint8)
+    k_tiles = next(t for t in (8, 4, 2) if weight.shape[1] % (16 * t) == 0)  # 32 | width: 2 always divides
+    return torch._convert_weight_to_int4pack(two_a_byte, k_tiles), scales_zeros.to(weight.dtype)
 
 
 def faster_int8_activations(in_features: int, out_features: int, dtypes: tuple[str, ...] = ("fp32", "bf16"),

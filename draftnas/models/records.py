@@ -114,7 +114,8 @@ def dtype_name(torch_dtype: object) -> str:
 MAX_WEIGHT_ONCE_ROWS = 16
 #: how a drafter's linear layers hold their weights at run time: "dense" in the run's dtype, "int8"
 #: (weight-only, one scale per output row) or "int4" (weight-only, a scale and zero point per group of
-#: `INT4_GROUP` inputs); CPU only; see `models.matmul`. A per-layer format names one per layer group:
+#: `INT4_GROUP` inputs); int8 on the CPU, int4 on the CPU and CUDA (`weights_problem`); see
+#: `models.matmul`. A per-layer format names one per layer group:
 #: "attn=int8,mlp=int8,head=int4" (`weight_roles`), and a group of the decoder's layers may take one per
 #: band of depth: "attn=int8/int4" runs the first half of the layers' attention in int8, the rest in int4.
 WEIGHT_FORMATS = ("dense", "int8", "int4")
@@ -185,10 +186,31 @@ def weights_name(roles: dict[str, str]) -> str:
 
 
 def quantized(weights: str) -> bool:
-    """Whether any layer group of `weights` runs quantized (int8/int4: CPU, static decoder only)."""
+    """Whether any layer group of `weights` runs quantized (int8/int4: static decoder only; where each
+    multiplies: `weights_problem`)."""
     if weights == "dense" or weights in GGUF_WEIGHTS:
         return False
     return format_kinds(weights) != {"dense"}
+
+
+def weights_problem(weights: str, device: str, dtype: str) -> str | None:
+    """Why a drafter whose linear layers run as `weights` (a format of `models.records.WEIGHT_FORMATS` or
+    one per layer group) cannot multiply on `device` ("cpu", "cuda") in activations of `dtype`, in one
+    line naming what is allowed; None where it can. The CPU runs int8 and int4; CUDA runs int4 through
+    `torch._weight_int4pack_mm`, which takes bf16 activations (on GPUs of compute capability 8.0 and newer:
+    `models.matmul.pack_int4` says so where one is older); int8 there is not offered. `dtype`: "bf16",
+    "fp32" (`dtype_name` of a torch dtype)."""
+    if device == "cpu" or not quantized(weights):  # a GGUF block type is llama.cpp's, not multiplied here
+        return None
+    kinds = format_kinds(weights)
+    if device != "cuda":
+        return f"{weights} weights multiply on the CPU or CUDA only, not on {device}: use dense"
+    if "int8" in kinds:
+        return (f"{weights} weights: int8 multiplies on the CPU only; on CUDA draftnas runs int4 or dense "
+                "layers")
+    if dtype != "bf16":
+        return f"{weights} weights on CUDA multiply bf16 activations only, not {dtype}: use --dtype bf16"
+    return None
 
 
 #: a llama.cpp drafter's weights: ggml block types draftnas writes into a GGUF itself (acceptance is

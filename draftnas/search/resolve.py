@@ -31,7 +31,7 @@ from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profi
 from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
 from draftnas.latency.llama_cpp import EngineModel
 from draftnas.latency.model import LatencyModel
-from draftnas.models.records import GGUF_WEIGHTS, quantized
+from draftnas.models.records import GGUF_WEIGHTS, weights_problem
 from draftnas.models.sources import ensure_local_folder, has_weights
 from draftnas.search.alpha import load_alpha_model
 from draftnas.search.calibration import calibrated_predictor
@@ -143,11 +143,11 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     profile, latency_profile = resolve_profile(request.profile, space, request.dtype, request.engine,
                                                calibrating=request.calibrate, device=request.device)
     _check_dtype(request.dtype, latency_profile.device)
-    quant = [w for w in space.weights if quantized(w)]
-    if quant and latency_profile.device != "cpu":
-        raise InvalidInputError(f"search space {space.name!r} offers {quant[0]} weights, which run on the "
-                                f"CPU only, and this search prices {latency_profile.device} (profile "
-                                f"{profile}): use a CPU profile, or a space whose weights are dense")
+    device, priced_dtype = latency_profile.device, request.dtype or latency_profile.dtype
+    unavailable = [p for w in space.weights if (p := weights_problem(w, device, priced_dtype))]
+    if unavailable:
+        raise InvalidInputError(f"search space {space.name!r}, priced on {latency_profile.device} (profile "
+                                f"{profile}): {unavailable[0]}")
     predictor: LatencyPredictor = LatencyModel.from_profile(latency_profile)
     profile_note = host_mismatch(latency_profile)
     timed = [t for t in latency_profile.targets.values() if t.target == target_arch.name]

@@ -190,8 +190,8 @@ def _parse_choices(c: _Checker, key: str, raw: Any, allowed: tuple[str, ...],
 
 
 def _parse_weights(c: _Checker, raw: Any) -> tuple[str, ...]:
-    """How the drafters' linear layers may run: dense, int8 and/or int4 (weight-only, CPU) in draftnas's
-    loop, each for every layer or one per layer group: a list [attn, mlp, head] or "attn=F,mlp=F,head=F",
+    """How the drafters' linear layers may run in draftnas's loop: dense, int8, int4 (weight-only; CUDA:
+    int4), each for every layer or one per layer group: a list [attn, mlp, head] or "attn=F,mlp=F,head=F",
     attn and mlp maybe one per band of depth, "F/G" (`models.records.weight_roles`); ggml types (Q8_0,
     Q4_0) for llama.cpp drafters (`--engine llama.cpp`)."""
     items = [raw] if isinstance(raw, str) else raw

@@ -222,7 +222,7 @@ def test_int8_weights_outside_the_static_engine_or_on_cuda_are_one_line(tiny_pai
     with pytest.raises(OptionError, match="draft_weights int8 .* static engine only: set engine static") as e:
         run_bench(target, draft, PROMPTS[:1], BenchOptions(max_new_tokens=4, draft_weights="int8"))
     assert "--draft-weights int8" in e.value.for_flags() and "set --engine static" in e.value.for_flags()
-    with pytest.raises(InvalidInputError, match="CPU only"):
+    with pytest.raises(InvalidInputError, match="int8 multiplies on the CPU only"):
         BenchOptions(max_new_tokens=4, device="cuda", engine="static", reference_weights="int8").validate()
 
 

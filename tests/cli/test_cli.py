@@ -162,8 +162,11 @@ def test_device_cuda_without_a_gpu_is_one_line_and_writes_nothing(tmp_path, args
 
 
 @pytest.mark.parametrize("change,flags,needle", [
-    ({"weights": ["dense", "int4"]}, ["--profile", "h100-bf16-eager"],
-     "offers int4 weights, which run on the CPU only, and this search prices cuda"),
+    ({"weights": ["dense", "int8"]}, ["--profile", "h100-bf16-eager"],
+     "priced on cuda (profile h100-bf16-eager (NVIDIA H100 80GB HBM3, measured, bf16)): int8 weights: int8 "
+     "multiplies on the CPU only; on CUDA draftnas runs int4 or dense layers"),
+    ({"weights": ["dense", "int4"]}, ["--profile", "h100-sxm", "--dtype", "fp16"],
+     "int4 weights on CUDA multiply bf16 activations only, not fp16: use --dtype bf16"),
     ({"weights": ["dense", ["int8", "int4"]]}, [],
      "weights[1]: ['int8', 'int4'] lists 2 formats: a per-layer format lists one for each of attn, mlp, "
      "head"),
@@ -188,8 +191,10 @@ def test_a_space_with_formats_or_heads_it_cannot_have_is_one_line_and_writes_not
     assert list(folder.iterdir()) == []  # no runs/, nothing else
 
 
-def test_int4_weights_on_cuda_are_one_line():
-    out = run("bench", "-t", "smollm2-135m", "-d", "x", "--device", "cuda", "--draft-weights", "int4")
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    assert out.returncode == 2 and len(lines) == 1, out.stderr
-    assert "int4 weights run on the CPU only" in lines[0]
+def test_int4_weights_on_cuda_outside_bf16_and_int8_on_cuda_are_one_line():
+    for weights, needle in (("int4", "int4 weights on CUDA multiply bf16 activations only, not fp32"),
+                            ("int8", "int8 multiplies on the CPU only")):
+        out = run("bench", "-t", "smollm2-135m", "-d", "x", "--device", "cuda", "--draft-weights", weights)
+        lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+        assert out.returncode == 2 and len(lines) == 1, out.stderr
+        assert needle in lines[0], lines[0]

@@ -181,5 +181,5 @@ def test_int8_is_refused_where_products_are_not_chosen_here():
     from draftnas.core.errors import InvalidInputError
     from draftnas.models.matmul import MatmulChooser
 
-    with pytest.raises(InvalidInputError, match="CPU only"):
+    with pytest.raises(InvalidInputError, match="int8 weights run through draftnas's chosen products"):
         MatmulChooser(enabled=False).quantize(torch.zeros(4, 4))

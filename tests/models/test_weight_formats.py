@@ -52,8 +52,79 @@ def test_the_packed_int4_product_is_the_product_with_the_dequantized_weight():
         torch.testing.assert_close(chooser(x, w), x @ expected_w.T, rtol=1e-4, atol=1e-4)
     with pytest.raises(InvalidInputError, match="multiples of 32, not 40"):
         MatmulChooser(enabled=True).quantize(torch.zeros(8, 40), "int4")
-    with pytest.raises(InvalidInputError, match="int4 weights run on the CPU only"):
+    with pytest.raises(InvalidInputError, match="int4 weights run through draftnas's chosen products"):
         MatmulChooser(enabled=False).quantize(torch.zeros(8, 64), "int4")
+
+
+@pytest.mark.parametrize(("weights", "device", "dtype", "problem"), [
+    ("int8", "cpu", "fp32", None),
+    ("attn=int8,mlp=int4,head=int4", "cpu", "bf16", None),
+    ("dense", "cuda", "fp32", None),
+    ("Q8_0", "cuda", "bf16", None),  # llama.cpp's block types are not multiplied by torch
+    ("int8", "cuda", "bf16", "int8 multiplies on the CPU only; on CUDA draftnas runs int4 or dense"),
+    ("attn=dense,mlp=int8,head=int4", "cuda", "bf16", "int8 multiplies on the CPU only"),
+    ("int4", "cuda", "fp32", "multiply bf16 activations only, not fp32: use --dtype bf16"),
+    ("int4", "mps", "bf16", "on the CPU or CUDA only, not on mps"),
+])
+def test_where_each_weight_format_multiplies(weights, device, dtype, problem):
+    from draftnas.models.records import weights_problem
+
+    found = weights_problem(weights, device, dtype)
+    assert (found is None) if problem is None else (problem in (found or ""))
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@needs_cuda
+def test_the_cuda_int4_product_is_the_product_with_the_dequantized_weight():
+    """`torch._weight_int4pack_mm` multiplies by exactly the weight `quantize_int4` stands for (the two
+    values a byte, their order and the tiling right), at the widths the Qwen drafters use."""
+    from draftnas.models.matmul import MatmulChooser, dequantize_int4, quantize_int4
+
+    torch.manual_seed(2)
+    for out_features, in_features in ((128, 896), (96, 4864), (256, 32), (64, 96)):
+        w = (torch.randn(out_features, in_features) * 0.05).to("cuda", torch.bfloat16)
+        chooser = MatmulChooser(enabled=False)
+        chooser.quantize(w, "int4")
+        expected_w = dequantize_int4(*quantize_int4(w)).to("cuda")
+        for rows in (1, 4, 11, 40):
+            x = torch.randn(rows, in_features, device="cuda").to(torch.bfloat16)
+            got = chooser(x, w).float()
+            want = x.float() @ expected_w.T
+            scale = float(want.abs().max())
+            assert float((got - want).abs().max()) <= 0.02 * scale, (out_features, in_features, rows)
+
+
+@needs_cuda
+def test_an_int4_decoder_on_cuda_decodes_as_its_dequantized_weights_and_replays_in_a_graph():
+    """A static decoder in int4 on CUDA: its logits are the decoder's with the dequantized weights written
+    in (bf16 sums apart), and a captured step replays to the eager one."""
+    from draftnas.models.decoder import StaticDecoder, StaticStep
+    from draftnas.models.matmul import dequantize_int4, quantize_int4
+    from tests.helpers import TINY_ARCH
+
+    arch = TINY_ARCH.with_shape(hidden_size=128, intermediate_size=256, vocab_size=512)
+    dec = StaticDecoder(arch, dtype=torch.bfloat16, device="cuda").init_random(seed=0).eval()
+    ref = StaticDecoder(arch, dtype=torch.bfloat16, device="cuda").eval()
+    ref.load_state_dict(dec.state_dict())
+    with torch.no_grad():
+        for module in ref.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(dequantize_int4(*quantize_int4(module.weight)).to(module.weight))
+    dec.quantize_weights("int4")
+    ids = torch.randint(0, arch.vocab_size, (1, 6), device="cuda")
+    pos = torch.arange(6, device="cuda")
+    with torch.no_grad():
+        got = dec(ids, pos, dec.new_cache(1, 16)).float()
+        want = ref(ids, pos, ref.new_cache(1, 16)).float()
+        assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
+        assert float((got.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.8
+        cache = dec.new_cache(1, 16)
+        eager = StaticStep(dec, cache, ids[:, :3], pos[:3])().clone()
+        graph = StaticStep(dec, cache, ids[:, :3], pos[:3], capture=True)
+        for _ in range(3):
+            torch.testing.assert_close(graph().clone(), eager)
 
 
 @pytest.mark.parametrize(("text", "roles", "suffix"), [
@@ -148,3 +219,23 @@ def test_an_int4_or_per_layer_drafter_stays_lossless_in_fp32(tiny_llama_config, 
         assert out.tokens == greedy_generate(target, prompt, max_new_tokens=25)
         accepted += sum(out.accepted)
     assert accepted > 0  # the quantized drafter still drafts tokens the target keeps
+
+
+@needs_cuda
+def test_an_int4_drafter_on_cuda_stays_lossless_beside_an_fp32_target(tiny_llama_config):
+    """CUDA's int4 kernel takes bf16 activations, so the drafter runs bf16 beside a target in fp32, both
+    replayed from captured graphs: the greedy output is the target's own, exactly."""
+    from draftnas.models.decoder import StaticDecoder
+    from draftnas.models.engines import StaticEngine
+
+    target = tiny_llama(tiny_llama_config, initializer_range=0.2).to("cuda")
+    drafter = truncated(target, 2)
+    t_engine = StaticEngine(StaticDecoder.from_hf(target, max_positions=96), 96, capture=True)
+    d_decoder = StaticDecoder.from_hf(copy.deepcopy(drafter), dtype=torch.bfloat16, max_positions=96)
+    d_engine = StaticEngine(d_decoder.quantize_weights("int4"), 96, capture=True)
+    accepted = 0
+    for prompt in ([1, 5, 9, 3, 7], [2, 4, 8, 16, 32, 64], [1, 5, 9, 3, 7]):  # the last replays its graphs
+        out = speculative_generate(t_engine, d_engine, prompt, gamma=3, max_new_tokens=25)
+        assert out.tokens == greedy_generate(target, prompt, max_new_tokens=25)
+        accepted += sum(out.accepted)
+    assert accepted > 0
