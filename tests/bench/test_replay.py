@@ -95,6 +95,22 @@ def test_batched_replay_takes_each_sequences_counts(recorded):
     assert all(p.target_tokens_per_s > 0 and p.speedup["draftnas"] > 0 for p in result.points)
 
 
+def test_a_target_whose_vocabulary_pads_past_the_drafters_replays_within_the_drafters(recorded, tmp_path):
+    """Qwen2.5's 7B and 32B pad their vocabulary to 152,064 rows over the 0.5B's 151,936: with random
+    weights such a target emits padding ids (and the prompts are drawn from its vocabulary), which the
+    drafter cannot read. The replay cuts the target's vocabulary to the drafter's, alone and batched."""
+    from transformers import AutoConfig
+
+    _, path, folders = recorded
+    config = AutoConfig.from_pretrained(folders["target"])
+    config.vocab_size = 4096  # the drafter reads 128: nearly every random id would fall past it
+    config.save_pretrained(tmp_path / "padded")
+    for batch_sizes in ((), (1, 3)):
+        result = run_replay(BenchRequest(target=str(tmp_path / "padded"), draft=folders["draft"],
+                                         replay=str(path), options=BenchOptions(batch_sizes=batch_sizes)))
+        assert result.points[-1].target_tokens_per_s > 0 if batch_sizes else result.exact
+
+
 def test_the_walk_and_the_synthetic_rate():
     # steps at t = 0, 4, 5, 7: the budget of 8 caps the drafts of the last two
     assert walk_accepts([1, 1, 1, 1, 0, 1, 0, 0], 3, 8) == ([3, 0, 1, 0], [3, 3, 2, 0])
