@@ -13,19 +13,24 @@
 #   (machine start)        120  one start, counted against the loan
 #   (transfers)             30  the checkout there, the results back
 #   setup                   15  install the wheelhouse if it came, join the model parts if they came
-#   int4-cuda              120  the CUDA tests (int4 through torch._weight_int4pack_mm among them), then
+#   int4-cuda              100  the CUDA tests (int4 through torch._weight_int4pack_mm among them), then
 #                               dense against int4 at the Qwen drafter's and target's shapes: products and
 #                               a captured decode step (benchmarks/weight_formats.py --device cuda)
-#   replay-qwen            210  Qwen2.5-Coder-7B and -32B shapes, each with the stock 0.5B and the searched
+#   replay-qwen            270  Qwen2.5-Coder-7B and -32B shapes, each with the stock 0.5B and the searched
 #                               drafter's shape (0.5B, 98,304-row head), dense and in int4 as it was
 #                               searched, the 1.5B pair's measured acceptance replayed (a stand-in for the
 #                               bigger pairs' own)
-#   replay-paper           140  LLaMA-65B (a GPU of < 135 GB: LLaMA-33B) with the paper's drafters, LLaMA-7B
-#                               cut to 1, 3, 5 layers at full width, at PAPER_ALPHA (default 0.8)
 #   replay-batched          90  the 7B shape with the 0.5B, B = 1..64: the measured crossover beside the
 #                               latency model's
+#   replay-paper           110  LLaMA-65B (a GPU of < 135 GB: LLaMA-33B) with the paper's drafters, LLaMA-7B
+#                               cut to 1, 3, 5 layers at full width, at PAPER_ALPHA (default 0.8)
 #   summary                  5  one JSON of every figure ($OUT/summary.json, also printed)
-#   total                  730  (phases 580)
+#   total                  740  (phases 590)
+#
+#   Seen on an H200 (2026-11-27): int4-cuda 82 s; a 7B replay about 35 s and a 32B one about 60 s
+#   with the process start and the build; a 65B one about 80 s. A replay whose JSON is there already is
+#   skipped (FORCE=1 runs it again), so a phase cut at its bound goes on where it stopped on the next
+#   call: replay-paper's three 65B replays need two.
 #
 #   extras (run by name, outside the plan): search-cuda 120 (SmolLM2-135M: search --device cuda, export,
 #   bench the winner, every prompt length warmed: predicted beside measured tokens/s), tests 90,
@@ -43,11 +48,11 @@ OUT=$(realpath -m "${OUT:-gpu-out}")
 export PYTHONPATH="$PWD/.whl/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 PY=${PYTHON:-python3}
 case $PY in */*) PY=$(realpath -s "$PY") ;; esac  # a path stays valid in phases that change folder
-PLAN="setup int4-cuda replay-qwen replay-paper replay-batched summary"
+PLAN="setup int4-cuda replay-qwen replay-batched replay-paper summary"
 EXTRAS="search-cuda tests profile-graph profile-static bench-bf16 bench-fp32 gemma batched e2e"
 ALL="${PLAN% summary} $EXTRAS summary"  # every phase, the summary last
 START_S=120 TRANSFER_S=30 LOAN_S=900 COMMAND_S=600  # one start and the transfers, the loan, one command
-declare -A PLANNED=([setup]=15 [int4-cuda]=120 [replay-qwen]=210 [replay-paper]=140 [replay-batched]=90
+declare -A PLANNED=([setup]=15 [int4-cuda]=100 [replay-qwen]=270 [replay-paper]=110 [replay-batched]=90
                     [search-cuda]=120 [summary]=5 [tests]=90 [profile-graph]=200 [profile-static]=160 [bench-bf16]=220
                     [bench-fp32]=220 [gemma]=120 [batched]=200 [e2e]=240)
 ACCEPTS=benchmarks/results/cpu-intel-xeon-f6m167-qwen2.5-coder-1.5b-accepts.json
@@ -133,6 +138,7 @@ bench3() {  # bench3 LABEL DTYPE: each drafter benched 3 times in DTYPE, results
 
 replay() {  # replay NAME TARGET DRAFTER [ARGS...]: one bench --replay into $OUT/replay-NAME.json (the
     local name=$1 target=$2 drafter=$3; shift 3  # drafter's weights as its shape says: ",weights=int4")
+    if [ -f "$OUT/replay-$name.json" ] && [ "${FORCE:-0}" != 1 ]; then return 0; fi  # done on an earlier call
     "$PY" -m draftnas bench --replay "$@" --target "$target" --draft "$drafter" --device "$DEVICE" \
         --dtype "$HALF" --rounds "$REPLAY_ROUNDS" --out-json "$OUT/replay-$name.json"
 }
@@ -149,8 +155,10 @@ phase() {
         if ls .whl/gpu/gemma3.[0-9]* > /dev/null 2>&1; then  # Gemma's parts are optional: only its phase needs them
             join_parts gemma3 .whl/gemma3.gguf || return 1
         fi
-        { nvidia-smi; "$PY" -c 'import torch, transformers, optuna, gguf; print("torch", torch.__version__,
-"cuda", torch.version.cuda, "| transformers", transformers.__version__, "| optuna", optuna.__version__)'; } \
+        # the versions there, a package absent said so (the replay phases need neither optuna nor gguf)
+        { nvidia-smi; "$PY" -c 'import importlib.metadata as m, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, *(f"| {n} {m.version(n)}" if any(
+    d.metadata["Name"] == n for d in m.distributions()) else f"| {n} absent" for n in ("transformers", "optuna", "gguf")))'; } \
             > "$OUT/env.txt" 2>&1 ;;
     int4-cuda)  # the CUDA tests, then dense against int4 (the benchmark runs even where a test failed)
         local failed=0 a

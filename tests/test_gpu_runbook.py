@@ -24,7 +24,7 @@ def test_the_dry_run_walks_every_phase_and_a_second_call_resumes(tmp_path):
     phases = [line for line in first.stdout.splitlines() if line.startswith("[gpu] ") and " exit " in line]
     assert len(phases) == 15 and all(": exit 0 in " in line for line in phases), phases
     names = [line.split()[1].rstrip(":") for line in phases]
-    assert names[:6] == ["setup", "int4-cuda", "replay-qwen", "replay-paper", "replay-batched", "search-cuda"]
+    assert names[:6] == ["setup", "int4-cuda", "replay-qwen", "replay-batched", "replay-paper", "search-cuda"]
     assert names[-1] == "summary"  # every phase: the plan's, the extras, then the summary
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     bf16 = summary["benches"]["bench-bf16-smollm2-135m"]["speedup"]

@@ -94,8 +94,8 @@ class Drafter:
 
     def own_products(self) -> Any:
         """A context inside which this drafter's model multiplies its linear layers as it drafts (its
-        weight format, on the CPU), so an estimate reads the probabilities and argmaxes it drafts with: what
-        `drafter.build.build_drafter` does around its estimate (`route_linears` leaves other devices be)."""
+        weight format: on the CPU, or int4 on CUDA), so an estimate reads the probabilities and argmaxes it
+        drafts with: what `drafter.build.build_drafter` does around its estimate (`route_linears`)."""
         if not quantized(self.weights):
             return contextlib.nullcontext()
         return route_linears(self.loaded.model, attach=False, own_weights=False, weights=self.weights)

@@ -16,11 +16,11 @@ pays for the cheap verify as well, with the same outputs (`benchmarks/hf_assiste
 
 A row count is timed on its second product with a weight (F.linear until then): the steps of a
 decode repeat, a prompt's prefill mostly does not, and one timing costs tens of passes over the
-weights. `route_linears(model).prepare(range(1,
-gamma + 2))` times the step sizes up front instead. Layers on CUDA
-(or any device but the CPU) and `nn.Linear` subclasses with their own forward are left as
-they are. Routing is undone with `.detach()` and redone with `.attach()`;
-`with routing:` routes for a block.
+weights. `route_linears(model).prepare(range(1, gamma + 2))` times the step sizes up front instead.
+Layers on CUDA are routed only where `weights` quantizes them (int4 there, through its kernel; the
+others keep F.linear); layers on any other device and `nn.Linear` subclasses with their own forward
+are left as they are. Routing is undone with `.detach()` and redone with `.attach()`; `with routing:`
+routes for a block.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = 
     timed once over every weight of that shape, on its second product (`prepare` times now).
     For inference: weights are not expected to change once routed. Layers already routed by
     another routing, layers on another device and subclasses with their own forward are left
-    as they are. The returned routing is attached unless `attach=False`.
+    as they are, and on CUDA every layer `weights` leaves dense. The returned routing is attached unless
+    `attach=False`.
 
     `own_weights`: first copy each routed weight into memory this process allocated
     (`copy_weights`: faster to stream than the file mapping `from_pretrained` leaves).
@@ -107,17 +108,21 @@ def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = 
     ("attn=int8/int4"); `models.records.linear_formats`, `MatmulChooser.quantize`. The model's own
     weights stay as they are.
     """
-    named = {name: module for name, module in model.named_modules()
+    plain = {name: module for name, module in model.named_modules()
              if isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
-             and module.weight.device.type == "cpu" and getattr(module, _MARK, None) is None}
+             and getattr(module, _MARK, None) is None}
+    formats = linear_formats(weights, list(plain))
+    named = {name: m for name, m in plain.items() if m.weight.device.type == "cpu"
+             or (m.weight.device.type == "cuda" and formats[name] != "dense")}
     layers = list(named.values())
     kinds: dict[int, str] = {}  # id(weight) -> its format
-    for name, kind in linear_formats(weights, list(named)).items():
-        kinds.setdefault(id(named[name].weight), kind)
+    for name in named:
+        kinds.setdefault(id(named[name].weight), formats[name])
     tensors = list({id(layer.weight): layer.weight for layer in layers}.values())  # tied ones once
     if own_weights:
         copy_weights(tensors)
-    routing = LinearRouting(layers)
+    on_cpu = all(t.device.type == "cpu" for t in tensors)  # on CUDA only the quantized products differ
+    routing = LinearRouting(layers, MatmulChooser(enabled=on_cpu, time_after=2))
     for weight in tensors:
         routing.chooser.register(weight)
         routing.chooser.quantize(weight, kinds[id(weight)])

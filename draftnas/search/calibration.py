@@ -17,7 +17,7 @@ from draftnas.latency.model import LatencyModel
 from draftnas.latency.records import HostCalibration, LatencyProfile, ProfileOptions
 from draftnas.models.kernel_choices import kept_choices
 from draftnas.models.matmul import faster_int8_activations
-from draftnas.models.records import quantized
+from draftnas.models.records import quantized, weights_problem
 from draftnas.search.records import LatencyPredictor
 from draftnas.search.space import SearchSpace
 
@@ -63,8 +63,9 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     def calibrate() -> HostCalibration:
         chosen = options
         dtype_ms: dict[str, dict[int, float]] = {}
-        if dtype is None:
-            candidates = dtype_candidates(profile.device)
+        if dtype is None:  # int4 on CUDA multiplies bf16 activations only: the dtype is bf16 then
+            cuda_int4 = bool(formats) and profile.device == "cuda"
+            candidates = ("bf16",) if cuda_int4 else dtype_candidates(profile.device)
             if len(candidates) > 1:
                 log.info("timing the target in %s to choose the dtype", " and ".join(candidates))
                 best, dtype_ms = choose_dtype(options, target, max(counts), candidates,
@@ -95,10 +96,11 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
 
 def quant_formats(space: SearchSpace, device: str, engine: str) -> list[str]:
     """The space's quantized weight formats the calibration times the base in: those it offers, where they
-    can run (draftnas's static engine on the CPU; elsewhere such trials are pruned as unpriced)."""
-    if device != "cpu" or engine != "static":
+    can run (draftnas's static engine: on the CPU every format, on CUDA int4 in bf16, `weights_problem`;
+    elsewhere such trials are pruned as unpriced)."""
+    if engine != "static" or device not in ("cpu", "cuda"):
         return []
-    return [w for w in space.weights if quantized(w)]
+    return [w for w in space.weights if quantized(w) and weights_problem(w, device, "bf16") is None]
 
 
 def dtype_candidates(device: str) -> tuple[str, ...]:

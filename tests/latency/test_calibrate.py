@@ -152,3 +152,20 @@ def test_int8_stacks_may_run_bf16_activations_beside_an_fp32_target(monkeypatch)
     assert search_calibration.int8_activations("fp32", [BASE]) == "bf16"
     assert search_calibration.int8_activations("bf16", [BASE]) is None  # the target's own dtype
     assert search_calibration.int8_activations("fp32", []) is None  # no int8 drafters offered
+
+
+def test_the_formats_a_calibration_times_are_those_that_run_on_its_device():
+    """On the CPU every quantized format of the space; on CUDA int4 only (int8 there is refused before);
+    none outside draftnas's static engine."""
+    import dataclasses
+
+    from draftnas.search.calibration import quant_formats
+    from draftnas.search.space_file import load_search_space
+
+    space = load_search_space("qwen2.5-coder-1.5b")
+    mixed = dataclasses.replace(space, weights=("dense", "int8", "int4", "attn=int8,mlp=int8,head=int4",
+                                                "attn=dense,mlp=int4,head=int4"))
+    assert quant_formats(mixed, "cpu", "static") == ["int8", "int4", "attn=int8,mlp=int8,head=int4",
+                                                     "attn=dense,mlp=int4,head=int4"]
+    assert quant_formats(mixed, "cuda", "static") == ["int4", "attn=dense,mlp=int4,head=int4"]
+    assert quant_formats(mixed, "cpu", "hf") == [] and quant_formats(mixed, "mps", "static") == []

@@ -239,3 +239,29 @@ def test_an_int4_drafter_on_cuda_stays_lossless_beside_an_fp32_target(tiny_llama
         assert out.tokens == greedy_generate(target, prompt, max_new_tokens=25)
         accepted += sum(out.accepted)
     assert accepted > 0
+
+
+@needs_cuda
+def test_a_transformers_drafter_on_cuda_estimates_with_its_int4_products(tiny_llama_config):
+    """`route_linears` on CUDA routes the layers a format quantizes (int4) and leaves the dense ones: the
+    logits inside are those of the int4 products, and the model's own weights are as loaded after."""
+    from draftnas.models.linears import route_linears
+    from draftnas.models.matmul import dequantize_int4, quantize_int4
+
+    model = tiny_llama(tiny_llama_config, initializer_range=0.2).to("cuda", torch.bfloat16)
+    ids = torch.tensor([[1, 5, 9, 3]], device="cuda")
+    with torch.no_grad():
+        dense = model(ids).logits.float()
+        reference = copy.deepcopy(model)
+        for module in reference.model.layers.modules():
+            if isinstance(module, torch.nn.Linear) and module.in_features % INT4_GROUP == 0:
+                module.weight.copy_(dequantize_int4(*quantize_int4(module.weight)).to(module.weight))
+        routing = route_linears(model, attach=False, own_weights=False,
+                                weights="attn=int4,mlp=int4,head=dense")
+        assert routing.layers and all(layer.weight.device.type == "cuda" for layer in routing.layers)
+        assert model.lm_head not in routing.layers  # dense on CUDA: left as it is
+        with routing:
+            routed = model(ids).logits.float()
+        want = reference(ids).logits.float()
+        assert float((routed - want).abs().max()) <= 0.05 * float(want.abs().max())
+        torch.testing.assert_close(model(ids).logits.float(), dense)  # unrouted again after
