@@ -41,6 +41,9 @@
 #   DRY_RUN=1 bash scripts/gpu_measure.sh every    (on a CPU: the plan and the extras, tiny sizes;
 #                                                   fp32 for bf16 where the CPU has no bf16)
 #   bash scripts/gpu_measure.sh budget             (the plan's total against the loan; exit 1 if over)
+#   OUT=$PWD/gpu-out PACK=$OUT_BACK/gpu-out.tgz bash scripts/gpu_measure.sh plan
+#                       (after every phase, OUT packed as one file: a machine that returns a few files
+#                        gets all of them, and a command cut at its limit keeps what finished)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${OUT:-gpu-out}")
@@ -238,6 +241,11 @@ PYEOF
     esac
 }
 
+pack() {  # OUT as one file at PACK, if set: written aside, then moved, so a cut command leaves a whole one
+    [ -z "${PACK:-}" ] && return 0
+    tar czf "$PACK.part" -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$PACK.part" "$PACK"
+}
+
 plan_total() {  # the plan's device seconds: the machine start, the transfers and each phase
     local total=$((START_S + TRANSFER_S)) name
     for name in $PLAN; do total=$((total + PLANNED[$name])); done
@@ -271,4 +279,6 @@ for name in "$@"; do
     took=$((SECONDS - started))
     echo "[gpu] $name: exit $status in $took s (planned ${PLANNED[$name]:-?} s of device time)" | tee -a "$OUT/phases.txt"
     [ "$status" = 0 ] && echo "$took s" > "$OUT/done/$name"
+    pack
 done
+pack

@@ -45,9 +45,16 @@ def test_the_dry_run_walks_every_phase_and_a_second_call_resumes(tmp_path):
     assert all(r["exact"] for r in replays.values())
     assert replays["paper-smollm2-135m-smollm2-135m"]["source"] == "rate"
     assert [p["batch_size"] for p in summary["replay_batched"]["points"]] == [1, 2]
-    again = subprocess.run(["bash", "scripts/gpu_measure.sh", "tests", "batched"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=120)
+    pack = tmp_path / "back" / "out.tgz"
+    pack.parent.mkdir()
+    again = subprocess.run(["bash", "scripts/gpu_measure.sh", "tests", "batched"], cwd=ROOT,
+                           env={**env, "PACK": str(pack)}, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and again.stdout.count("done already") == 2, again.stdout
+    import tarfile
+
+    with tarfile.open(pack) as packed:  # everything OUT holds, in one file
+        names = set(packed.getnames())
+    assert {"out/summary.json", "out/phases.txt", "out/done/batched"} <= names
 
 
 def test_the_plan_fits_one_loan_with_its_start_and_transfers():
