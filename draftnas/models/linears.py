@@ -116,8 +116,8 @@ def route_linears(model: nn.Module, *, attach: bool = True, own_weights: bool = 
              or (m.weight.device.type == "cuda" and formats[name] != "dense")}
     layers = list(named.values())
     kinds: dict[int, str] = {}  # id(weight) -> its format
-    for name in named:
-        kinds.setdefault(id(named[name].weight), formats[name])
+    for name, module in named.items():
+        kinds.setdefault(id(module.weight), formats[name])
     tensors = list({id(layer.weight): layer.weight for layer in layers}.values())  # tied ones once
     if own_weights:
         copy_weights(tensors)

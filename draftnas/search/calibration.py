@@ -63,9 +63,9 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     def calibrate() -> HostCalibration:
         chosen = options
         dtype_ms: dict[str, dict[int, float]] = {}
-        if dtype is None:  # int4 on CUDA multiplies bf16 activations only: the dtype is bf16 then
-            cuda_int4 = bool(formats) and profile.device == "cuda"
-            candidates = ("bf16",) if cuda_int4 else dtype_candidates(profile.device)
+        if dtype is None:  # only dtypes every format offered multiplies in (int4 on CUDA: bf16)
+            candidates = tuple(d for d in dtype_candidates(profile.device)
+                               if not any(weights_problem(f, profile.device, d) for f in formats))
             if len(candidates) > 1:
                 log.info("timing the target in %s to choose the dtype", " and ".join(candidates))
                 best, dtype_ms = choose_dtype(options, target, max(counts), candidates,
