@@ -64,7 +64,7 @@ PAPER_ALPHA=${PAPER_ALPHA:-0.8}
 # the test files with CUDA tests (selected by -k "cuda or captured or capture"): the model-level ones, which
 # int4-cuda runs, then those that also load models or search, which the tests phase adds
 CUDA_TESTS="tests/models/test_weight_formats.py tests/models/test_decoder.py tests/models/test_batched.py
-    tests/models/test_speculative.py tests/latency/test_measure.py"
+    tests/models/test_speculative.py tests/latency/test_measure.py tests/latency/test_calibrate.py"
 CUDA_TESTS_MORE="tests/acceptance/test_traces.py tests/drafter/test_heal.py tests/search/test_search.py"
 if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny sizes
     DEVICE=cpu TARGET=smollm2-135m GEMMA=gemma-3-270m NEW=4 PER=1 BATCHES=1,2 PROMPTS=chat
@@ -198,13 +198,14 @@ PYEOF
             replay "paper-$PAPER_TARGET-$d" "$PAPER_TARGET" "$d" "alpha=$PAPER_ALPHA" --gamma 4 \
                 --max-new-tokens "$REPLAY_NEW" || return 1
         done ;;
-    replay-batched)
-        local t
+    replay-batched)  # priced by the session's own profile where profile-graph ran, else the shipped H100 one
+        local t profile=()
+        [ "${DRY_RUN:-0}" != 1 ] && profile=(--profile "$(graph_profile)")
         t=$(echo "$QWEN_TARGETS" | cut -d' ' -f1)
         "$PY" -m draftnas bench --replay "$ACCEPTS" --replay-drafter reference --target "$t" \
             --draft "$(echo "$QWEN_DRAFTERS" | cut -d' ' -f1 | cut -d: -f2)" --device "$DEVICE" --dtype "$HALF" \
             --batch-size "$REPLAY_BATCHES" --max-new-tokens "$REPLAY_FILE_NEW" --rounds "$REPLAY_ROUNDS" \
-            --out-json "$OUT/replay-batched.json" ;;
+            "${profile[@]}" --out-json "$OUT/replay-batched.json" ;;
     tests)
         "$PY" -m pytest -q -p no:cacheprovider $CUDA_TESTS $CUDA_TESTS_MORE -k "cuda or captured or capture" ;;
     profile-graph|profile-static)

@@ -109,12 +109,12 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     timed alike (a drafter's base, a reference drafter): their first layers, full depth and reduced
     heads at one new token (`HostCalibration.stacks`), so drafters of their width are priced from
     their own kernels. `quant_stacks`: drafter bases timed alike in each weight format of `quant_formats`
-    ("int8", "int4", per layer group; `HostCalibration.quant_stacks`; draftnas's static decoder on the CPU
-    only), so each format's drafters cut from them are priced from that format's kernels. With more than
-    the target's own jobs, the target is timed at the start and again at the end, and its medians pool
-    both passes. `target_heads` False: the reduced heads are timed under the stacks only (drafters are
-    cut from a base timed as a stack, so the target's own body under each head decides nothing and cost
-    a full-size build per head).
+    ("int8", "int4", per layer group; `HostCalibration.quant_stacks`; draftnas's static decoder, where
+    `weights_problem` lets each run), so each format's drafters cut from them are priced from that format's
+    kernels. With more than the target's own jobs, the target is timed at the start and again at the end,
+    and its medians pool both passes. `target_heads` False: the reduced heads are timed under the stacks
+    only (drafters are cut from a base timed as a stack, so the target's own body under each head decides
+    nothing and cost a full-size build per head).
     `quant_dtype`: the activation dtype the quantized stacks run in, when it is not the target's (an fp32
     target with bf16-activation int8 drafters, where that int8 kernel is the fast one).
     """

@@ -169,3 +169,34 @@ def test_the_formats_a_calibration_times_are_those_that_run_on_its_device():
                                                      "attn=dense,mlp=int4,head=int4"]
     assert quant_formats(mixed, "cuda", "static") == ["int4", "attn=dense,mlp=int4,head=int4"]
     assert quant_formats(mixed, "cpu", "hf") == [] and quant_formats(mixed, "mps", "static") == []
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_calibration_of_a_space_offering_int4_times_its_base_in_int4_in_bf16_graphs():
+    """On CUDA int4 multiplies bf16 activations only: a space offering it is calibrated in bf16 (not the
+    faster of bf16 and fp16), its base timed in int4 and per layer group beside dense, as CUDA graphs,
+    and each format priced from those timings or refused as slower than dense."""
+    from draftnas.core.errors import InfeasibleCandidateError
+    from draftnas.latency.files import load_profile, profiles_dir
+    from draftnas.search.calibration import calibrated_predictor
+    from draftnas.search.space_file import load_search_space
+
+    target = TARGET.with_shape(hidden_size=256, intermediate_size=512, head_dim=64, vocab_size=1024)
+    base = BASE.with_shape(hidden_size=128, intermediate_size=256, head_dim=64, vocab_size=1024)
+    mixed = "attn=dense,mlp=int4,head=dense"
+    space = dataclasses.replace(load_search_space("qwen2.5-coder-1.5b"), weights=("dense", "int4", mixed),
+                                vocab_sizes=(0, 512))
+    space = dataclasses.replace(space, gamma=dataclasses.replace(space.gamma, min=1, max=3))
+    profile = load_profile(profiles_dir() / "h100-bf16-cuda-graph.json")
+    model, summary, dtype = calibrated_predictor(profile, target, space, stacks=[base], quant_stacks=[base])
+    calibration = model.calibration
+    assert dtype == "bf16" and calibration.mode == "cuda-graph" and calibration.quant_dtype == "bf16"
+    assert set(calibration.quant_stacks) == {"int4", mixed} and calibration.dtype_ms == {}  # bf16 given
+    for weights in ("int4", mixed):
+        timed = calibration.quant_stacks[weights]["base"]
+        assert timed.full_ms > 0 and timed != calibration.stacks["base"]
+        try:
+            priced = model.for_weights(weights).predict_ms(base, context_tokens=128)
+            assert priced == pytest.approx(timed.full_ms + calibration.draft_overhead_ms)  # a drafted token's
+        except InfeasibleCandidateError as e:  # a stack this small may time int4 slower than dense
+            assert "timed slower than dense" in str(e) and timed.full_ms >= calibration.stacks["base"].full_ms
