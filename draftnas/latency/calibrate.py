@@ -143,12 +143,13 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
         jobs_r = [model_job(rt, shape, k, (1, 1, context_tokens), "calibration") for k in depths]
         groups.append(Group(functools.partial(rt.build, shape), model_bytes(rt, shape), jobs_r))
     extra_stacks = {a.name: a for a in stacks if a.with_shape(name="") != target.with_shape(name="")}
-    stack_groups = {name: _stack_groups(rt, a, prefixes, rows, context_tokens)
+    stack_groups = {name: _stack_groups(rt, a, prefixes, rows, context_tokens, prompt_tokens=prompt_tokens)
                     for name, a in extra_stacks.items()}
     # quantized drafters may run with activations in another dtype than the target's (`quant_dtype`)
     rtq = rt if quant_dtype in (None, options.resolved_dtype()) else \
         Runtime(dataclasses.replace(options, dtype=quant_dtype).validate())
-    quant_groups = {(f, a.name): _stack_groups(rtq, a, prefixes, rows, context_tokens, weights=f)
+    quant_groups = {(f, a.name): _stack_groups(rtq, a, prefixes, rows, context_tokens, weights=f,
+                                               prompt_tokens=prompt_tokens)
                     for f in formats for a in quant_stacks}
     all_groups = groups + [g for gs in (*stack_groups.values(), *quant_groups.values()) for g in gs]
     if len(all_groups) > 1:
@@ -185,16 +186,19 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
 
 
 def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head_rows: Sequence[int],
-                  context: int, weights: str = "dense") -> list[Group]:
-    """One more shape's jobs: its first layers and full depth at one new token, then under each
-    reduced head its full depth and first layer (built with its linear layers in `weights`)."""
+                  context: int, weights: str = "dense", prompt_tokens: int = 0) -> list[Group]:
+    """One more shape's jobs: its first layers and full depth at one new token, its full depth reading a
+    prompt of `prompt_tokens` (> 1: a drafter's prefill), then under each reduced head its full depth and
+    first layer (built with its linear layers in `weights`)."""
     full = arch.num_hidden_layers
     # and its middle depth: the line that prices its cuts then spans the stack, and its full depth can be
     # predicted from the prefixes alone (`CalibratedModel.without_full_depth`) to check that line
     depths = sorted({k for k in prefixes if k < full} | ({full // 2} if full >= 4 else set())) + [full]
     build = functools.partial(rt.build, weights=weights)
-    groups = [Group(functools.partial(build, arch), model_bytes(rt, arch),
-                    [model_job(rt, arch, k, (1, 1, context), "calibration") for k in depths])]
+    jobs = [model_job(rt, arch, k, (1, 1, context), "calibration") for k in depths]
+    if prompt_tokens > 1:
+        jobs.append(model_job(rt, arch, full, (1, prompt_tokens, 0), "calibration"))
+    groups = [Group(functools.partial(build, arch), model_bytes(rt, arch), jobs)]
     for r in (r for r in head_rows if r < arch.vocab_size):
         shape = arch.with_shape(vocab_size=r)
         jobs = [model_job(rt, shape, k, (1, 1, context), "calibration") for k in (full, 1)]
@@ -204,14 +208,15 @@ def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head
 
 def _stack_calibration(arch: Architecture, groups: Sequence[Group],
                        head_rows: Sequence[int]) -> StackCalibration:
-    ms = {j.layers: j.measurement().median_ms for j in groups[0].jobs}
+    ms = {j.layers: j.measurement().median_ms for j in groups[0].jobs if j.cond[1] == 1}
+    prefill = {j.cond[1]: j.measurement().median_ms for j in groups[0].jobs if j.cond[1] > 1}
     full = ms.pop(arch.num_hidden_layers)
     reduced = [(r, g) for r, g in zip((r for r in head_rows if r < arch.vocab_size), groups[1:], strict=True)]
     return StackCalibration(
         arch=arch, prefix_ms=ms, full_ms=full,
         head_saving_ms={r: max(0.0, full - g.jobs[0].measurement().median_ms) for r, g in reduced},
         head_saving_prefix_ms={r: max(0.0, ms[1] - g.jobs[1].measurement().median_ms) for r, g in reduced
-                               if 1 in ms})
+                               if 1 in ms}, prefill_ms=prefill)
 
 
 def choose_dtype(options: ProfileOptions, target: Architecture, new_tokens: int, dtypes: Sequence[str],

@@ -59,8 +59,10 @@ class _Line:
     save (linear in the row count, and in depth between the first layer and the full depth)."""
 
     def __init__(self, model: Any, arch: Architecture, points: dict[int, float], context: int,
-                 saving: dict[int, float], saving_prefix: dict[int, float]) -> None:
+                 saving: dict[int, float], saving_prefix: dict[int, float],
+                 prefill: dict[int, float] | None = None) -> None:
         self.arch, self.saving, self.saving_prefix = arch, saving, saving_prefix
+        self.prefill = prefill or {}  # prompt tokens -> the full stack's measured prefill
         rows = [(k, ms, model.predict_ms(arch.with_shape(num_hidden_layers=k), context_tokens=context))
                 for k, ms in sorted(points.items())]
         ks = np.array([r[0] for r in rows], dtype=float)
@@ -115,6 +117,10 @@ class CalibratedModel:
       measured sizes): under that stack's full depth and under its first layer, linear in depth
       between the two. The saving depends on depth: under one layer the small stack's weights
       partly stay in cache, so the same head saves more there than under the full stack.
+    - A prompt's prefill (batch 1, no context): the measured prefill of that prompt length by the stack
+      it is cut from (the target's, or a base's in the drafter's weight format: int4's few-row kernel on
+      a CPU reads a prompt slower than dense while it decodes faster), scaled to its depth and head by
+      the model.
     - Plus the measured work outside the forward: one new token of the target is plain
       decoding (`generate_overhead_ms`), more are a verify step of the loop
       (`verify_overhead_ms`), one new token of anything else is a draft step
@@ -138,11 +144,12 @@ class CalibratedModel:
         self.held_out = held_out
         c, ctx = calibration, calibration.context_tokens
         own = {**c.prefix_ms, **({target.num_hidden_layers: c.target_ms[1]} if 1 in c.target_ms else {})}
-        self._target_line = _Line(model, target, own, ctx, c.head_saving_ms, c.head_saving_prefix_ms)
+        self._target_line = _Line(model, target, own, ctx, c.head_saving_ms, c.head_saving_prefix_ms,
+                                  c.prefill_ms)
         stacks = c.stacks if weights == "dense" else c.quant_stacks.get(weights, {})
         self._stacks = [(s, _Line(model, s.arch, {**s.prefix_ms, **({} if name in held_out else
                                                                     {s.arch.num_hidden_layers: s.full_ms})},
-                                  ctx, s.head_saving_ms, s.head_saving_prefix_ms))
+                                  ctx, s.head_saving_ms, s.head_saving_prefix_ms, s.prefill_ms))
                         for name, s in stacks.items()]
 
     def for_weights(self, weights: str) -> CalibratedModel:
@@ -210,6 +217,12 @@ class CalibratedModel:
         if timed is not None and exact and new_tokens == 1 and head_vocab_size in (None, arch.vocab_size):
             return timed.full_ms + overhead
         line = self._line(arch)
+        if batch_size == 1 and context_tokens == 0 and new_tokens in line.prefill:
+            # a prompt's prefill: the stack's own, timed in its format, scaled to this depth and head
+            said = self.model.predict_ms(arch, new_tokens=new_tokens, context_tokens=0,
+                                         head_vocab_size=head_vocab_size)
+            said_stack = self.model.predict_ms(line.arch, new_tokens=new_tokens, context_tokens=0)
+            return line.prefill[new_tokens] * (said / said_stack if said_stack > 0 else 1.0)
         rows = arch.vocab_size if head_vocab_size is None else head_vocab_size
         saving = line.head_saving_ms(rows, arch.num_hidden_layers) if batch_size == 1 and new_tokens == 1 \
             else None

@@ -170,6 +170,9 @@ class StackCalibration(Record):
     full_ms: float
     head_saving_ms: dict[int, float] = field(default_factory=dict)
     head_saving_prefix_ms: dict[int, float] = field(default_factory=dict)
+    # prompt tokens -> its full depth reading a prompt that long (batch 1, no context): a drafter's
+    # prefill, which a quantized format's kernel may run slower than dense while it decodes faster
+    prefill_ms: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
                                      quant_dtype=int8_activations(chosen.resolved_dtype(), quant_stacks))
         return replace(calibration, dtype_ms=dtype_ms)
 
-    request = {"target": target.to_dict(), "format": 3, "dtype": dtype or "auto", "mode": mode,
+    request = {"target": target.to_dict(), "format": 4, "dtype": dtype or "auto", "mode": mode,
                "device": profile.device,
                "counts": counts, "context": w.context_tokens, "prompt_tokens": w.prompt_tokens,
                "heads": heads, "stacks": [a.to_dict() for a in stacks],

@@ -200,3 +200,30 @@ def test_a_cuda_calibration_of_a_space_offering_int4_times_its_base_in_int4_in_b
             assert priced == pytest.approx(timed.full_ms + calibration.draft_overhead_ms)  # a drafted token's
         except InfeasibleCandidateError as e:  # a stack this small may time int4 slower than dense
             assert "timed slower than dense" in str(e) and timed.full_ms >= calibration.stacks["base"].full_ms
+
+
+def test_a_drafters_prefill_is_priced_from_its_stacks_prefill_timed_in_its_format():
+    """A base is timed reading the workload's prompt too, dense and in each format: an int4 drafter's
+    prefill is priced from the int4 stack's (the CPU's int4 kernel reads many rows slower than dense while
+    it decodes one faster), a cut of it scaled by depth, not from the decode's ratio."""
+    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, prompt_tokens=24, stacks=[BASE],
+                                 quant_stacks=[BASE], quant_formats=("int4",))
+    dense, int4 = calibration.stacks["base"], calibration.quant_stacks["int4"]["base"]
+    assert set(dense.prefill_ms) == set(int4.prefill_ms) == {24} and dense.prefill_ms != int4.prefill_ms
+    assert set(dense.prefix_ms) == {1, 2}  # the prefill is not taken for a depth
+    # priced only where int4 decodes faster than dense: set so, its prefill left as timed
+    fast = dataclasses.replace(int4, full_ms=min(int4.full_ms, 0.9 * dense.full_ms),
+                               prefill_ms={24: 3 * dense.prefill_ms[24]})
+    timed = dataclasses.replace(calibration, quant_stacks={"int4": {"base": fast}})
+    model = CalibratedModel(_flat_model(), timed, TARGET)
+    for priced, stack in ((model, dense), (model.for_weights("int4"), fast)):
+        assert priced.predict_ms(BASE, new_tokens=24, context_tokens=0) == pytest.approx(stack.prefill_ms[24])
+        cut = BASE.with_shape(num_hidden_layers=2, name="cut")
+        flat = _flat_model()
+        said = flat.predict_ms(cut, new_tokens=24, context_tokens=0) / \
+            flat.predict_ms(BASE, new_tokens=24, context_tokens=0)
+        assert priced.predict_ms(cut, new_tokens=24, context_tokens=0) == \
+            pytest.approx(stack.prefill_ms[24] * said)
+    # the target's own prefill read back as timed
+    assert model.predict_ms(TARGET, new_tokens=24, context_tokens=0) == \
+        pytest.approx(calibration.prefill_ms[24])
