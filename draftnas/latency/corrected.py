@@ -12,7 +12,7 @@ import numpy as np
 
 from draftnas.core.errors import InfeasibleCandidateError, ProfileError
 from draftnas.core.registry import Architecture
-from draftnas.latency.records import HostCalibration, TargetTiming
+from draftnas.latency.records import HostCalibration, StackCalibration, TargetTiming
 
 
 class TargetTimedModel:
@@ -250,11 +250,15 @@ class CalibratedModel:
         k = min(c.prefix_ms)
         said_k = self.model.predict_ms(self.target.with_shape(num_hidden_layers=k),
                                        context_tokens=c.context_tokens)
+
+        def read(st: StackCalibration) -> str:  # its prompt's prefill, where timed
+            return "".join(f", prefill of {n} tokens {ms:.1f} ms" for n, ms in st.prefill_ms.items())
+
         stacks = "".join(f"; {name} decode {st.full_ms:.1f} ms (profile: "
-                         f"{self.model.predict_ms(st.arch, context_tokens=c.context_tokens):.1f})"
+                         f"{self.model.predict_ms(st.arch, context_tokens=c.context_tokens):.1f}){read(st)}"
                          for name, st in c.stacks.items())
         acts = f" and {c.quant_dtype} activations" if c.quant_dtype and c.quant_dtype != c.dtype else ""
-        stacks += "".join(f"; {name} with {fmt} weights{acts} decode {st.full_ms:.1f} ms"
+        stacks += "".join(f"; {name} with {fmt} weights{acts} decode {st.full_ms:.1f} ms{read(st)}"
                           for fmt, timed in c.quant_stacks.items() for name, st in timed.items())
         chose = ("; dtype " + c.dtype + " chosen by timing: " + ", ".join(
             f"{d} decode {ms.get(1, float('nan')):.1f} / verify {ms[max(ms)]:.1f} ms"
