@@ -188,7 +188,7 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
 def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head_rows: Sequence[int],
                   context: int, weights: str = "dense", prompt_tokens: int = 0) -> list[Group]:
     """One more shape's jobs: its first layers and full depth at one new token, its full depth reading a
-    prompt of `prompt_tokens` (> 1: a drafter's prefill), then under each reduced head its full depth and
+    prompt of `prompt_tokens` (> 0: a drafter's prefill), then under each reduced head its full depth and
     first layer (built with its linear layers in `weights`)."""
     full = arch.num_hidden_layers
     # and its middle depth: the line that prices its cuts then spans the stack, and its full depth can be
@@ -196,7 +196,7 @@ def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head
     depths = sorted({k for k in prefixes if k < full} | ({full // 2} if full >= 4 else set())) + [full]
     build = functools.partial(rt.build, weights=weights)
     jobs = [model_job(rt, arch, k, (1, 1, context), "calibration") for k in depths]
-    if prompt_tokens > 1:
+    if prompt_tokens > 0:
         jobs.append(model_job(rt, arch, full, (1, prompt_tokens, 0), "calibration"))
     groups = [Group(functools.partial(build, arch), model_bytes(rt, arch), jobs)]
     for r in (r for r in head_rows if r < arch.vocab_size):
@@ -208,8 +208,9 @@ def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head
 
 def _stack_calibration(arch: Architecture, groups: Sequence[Group],
                        head_rows: Sequence[int]) -> StackCalibration:
-    ms = {j.layers: j.measurement().median_ms for j in groups[0].jobs if j.cond[1] == 1}
-    prefill = {j.cond[1]: j.measurement().median_ms for j in groups[0].jobs if j.cond[1] > 1}
+    # a prefill reads no context (the target's own are told apart the same way in `calibrate_host`)
+    ms = {j.layers: j.measurement().median_ms for j in groups[0].jobs if j.cond[2] != 0}
+    prefill = {j.cond[1]: j.measurement().median_ms for j in groups[0].jobs if j.cond[2] == 0}
     full = ms.pop(arch.num_hidden_layers)
     reduced = [(r, g) for r, g in zip((r for r in head_rows if r < arch.vocab_size), groups[1:], strict=True)]
     return StackCalibration(
