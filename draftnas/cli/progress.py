@@ -4,10 +4,11 @@ A job's stages report `progress(done, total)`; this module shows them. On a term
 gets a bar with its elapsed time and ETA. When stderr is not a terminal (a log file, CI, `nohup`), a bar
 would print nothing readable, so each stage gets a line when it starts and ends, and a heartbeat prints
 a line at least every `interval_s` seconds while the command runs: the stage in flight, done/total,
-elapsed and ETA, or, between stages, what the library last said it was doing (its INFO log records,
-kept, not printed). The lines are written by a small child process (`python -m draftnas.cli.heartbeat`)
-that the command feeds its progress: a thread in the command itself cannot print while a long C call
-holds the GIL (a GGUF conversion, for one).
+elapsed and ETA (and what the library last said it was doing, where it said it during that stage), or,
+between stages, what the library last said (its INFO log records, kept, not printed). The lines are
+written by a small child process (`python -m draftnas.cli.heartbeat`) that the command feeds its
+progress: a thread in the command itself cannot print while a long C call holds the GIL (a GGUF
+conversion, for one).
 """
 
 from __future__ import annotations
@@ -60,7 +61,18 @@ class LogProgress:
         self.last_line = self.started
         self.stages: dict[str, tuple[int, int, float]] = {}  # name -> (done, total, started)
         self.current: str | None = None
-        self.said = ""
+        self._said, self.said_at = "", self.started
+
+    @property
+    def said(self) -> str:
+        return self._said
+
+    @said.setter
+    def said(self, message: str) -> None:
+        self._said, self.said_at = message, self.clock()
+
+    def _said_text(self) -> str:
+        return self._said if len(self._said) <= 100 else self._said[:97] + "..."
 
     def _print(self, text: str) -> None:
         now = self.clock()
@@ -75,6 +87,8 @@ class LogProgress:
         text += f", {clock_text(spent)} in this stage"
         if 0 < done < total:
             text += f", eta {clock_text(spent * (total - done) / done)}"
+        if self._said and self.said_at >= began:  # what the stage is at (a build before its first step)
+            text += f"; {self._said_text()}"
         return text
 
     def on(self, name: str) -> Callable[[int, int], None]:
@@ -96,8 +110,7 @@ class LogProgress:
         if self.current is not None:
             self._print(self._state(self.current))
         else:
-            said = self.said if len(self.said) <= 100 else self.said[:97] + "..."
-            self._print("working" + (f": {said}" if said else ""))
+            self._print("working" + (f": {self._said_text()}" if self._said else ""))
 
     def stop(self, report: bool = True) -> None:
         """With `report` and after any line, one more with the total time."""

@@ -134,14 +134,15 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     jobs += [model_job(rt, target, k, (1, 1, context_tokens), "calibration") for k in prefixes]
     if prompt_tokens > 0:
         jobs.append(model_job(rt, target, full, (1, prompt_tokens, 0), "calibration"))
-    groups = [Group(functools.partial(rt.build, target), model_bytes(rt, target), jobs)]
+    groups = [Group(functools.partial(rt.build, target), model_bytes(rt, target), jobs, name=target.name)]
     rows = sorted({r for r in head_rows if 0 < r < target.vocab_size})
     target_rows = rows if target_heads else []
     for r in target_rows:  # the target's body under an r-row head: full depth and (if timed) its first layer
         shape = target.with_shape(vocab_size=r)
         depths = (full, 1) if 1 in prefixes else (full,)
         jobs_r = [model_job(rt, shape, k, (1, 1, context_tokens), "calibration") for k in depths]
-        groups.append(Group(functools.partial(rt.build, shape), model_bytes(rt, shape), jobs_r))
+        groups.append(Group(functools.partial(rt.build, shape), model_bytes(rt, shape), jobs_r,
+                            name=f"{target.name} under a {r:,}-row head"))
     extra_stacks = {a.name: a for a in stacks if a.with_shape(name="") != target.with_shape(name="")}
     stack_groups = {name: _stack_groups(rt, a, prefixes, rows, context_tokens, prompt_tokens=prompt_tokens)
                     for name, a in extra_stacks.items()}
@@ -198,11 +199,13 @@ def _stack_groups(rt: Runtime, arch: Architecture, prefixes: Sequence[int], head
     jobs = [model_job(rt, arch, k, (1, 1, context), "calibration") for k in depths]
     if prompt_tokens > 0:
         jobs.append(model_job(rt, arch, full, (1, prompt_tokens, 0), "calibration"))
-    groups = [Group(functools.partial(build, arch), model_bytes(rt, arch), jobs)]
+    name = arch.name + ("" if weights == "dense" else f" with {weights} weights")
+    groups = [Group(functools.partial(build, arch), model_bytes(rt, arch), jobs, name=name)]
     for r in (r for r in head_rows if r < arch.vocab_size):
         shape = arch.with_shape(vocab_size=r)
         jobs = [model_job(rt, shape, k, (1, 1, context), "calibration") for k in (full, 1)]
-        groups.append(Group(functools.partial(build, shape), model_bytes(rt, shape), jobs))
+        groups.append(Group(functools.partial(build, shape), model_bytes(rt, shape), jobs,
+                            name=f"{name} under a {r:,}-row head"))
     return groups
 
 
@@ -290,6 +293,7 @@ def decoding_overheads(rt: Runtime, target: Architecture, context_tokens: int, t
     """
 
     torch = rt.torch
+    log.info("timing the work outside the forward: short real decodes of %s (random weights)", target.name)
     model, drafter = rt.build(target), rt.build(target.with_shape(num_hidden_layers=1))
     prompt = rt.randint(target.vocab_size, (context_tokens,)).tolist()
     ids = torch.tensor([prompt], device=rt.device)

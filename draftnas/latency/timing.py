@@ -83,6 +83,7 @@ class Group:
     build: Callable[[], Any]
     weight_bytes: int
     jobs: list[Job]
+    name: str = ""  # what it builds, for the log while it builds (with its kernel choices: minutes)
 
 
 @dataclass
@@ -132,6 +133,8 @@ def _time_chunk(rt: Runtime, chunk: Chunk, tick: Callable[[], None]) -> None:
     pool = rt.torch.cuda.graph_pool_handle() if rt.options.mode == "cuda-graph" else None
     steps: list[tuple[Job, Any]] = []
     for group, jobs in chunk.parts:
+        if group.name:  # a log's heartbeat names it: building and choosing kernels can take minutes
+            log.info("building %s with random weights and choosing its products' kernels", group.name)
         model = group.build()
         steps += [(job, job.make(model, pool)) for job in jobs]
         del model
@@ -226,7 +229,8 @@ def model_group(rt: Runtime, arch: Architecture, layer_counts: Sequence[int],
     """A model of `arch` with max(layer_counts) layers, timed through its first k layers for each k."""
     built = arch.with_shape(num_hidden_layers=max(layer_counts))
     jobs = [model_job(rt, arch, k, c, split) for k in layer_counts for c in conditions]
-    return Group(functools.partial(rt.build, built), model_bytes(rt, built), jobs)
+    return Group(functools.partial(rt.build, built), model_bytes(rt, built), jobs,
+                 name=f"{arch.name} ({built.num_hidden_layers} layers)")
 
 
 def head_group(rt: Runtime, plan: ProfilePlan) -> Group:
@@ -248,7 +252,11 @@ def calls_per_job(options: ProfileOptions) -> int:
 
 
 def ticker(progress: Progress | None, total: int) -> Callable[[], None]:
+    """`tick()` moves `progress` one call on, to `total` at most; the stage starts at once (at 0), so a
+    log's heartbeat reports it while the first models are still being built."""
     done = 0
+    if progress is not None:
+        progress(0, total)
 
     def tick() -> None:
         nonlocal done

@@ -55,6 +55,25 @@ def test_between_stages_the_heartbeat_says_what_the_library_last_logged():
     assert len(lines(out)) == 1  # one line per interval, no more
 
 
+def test_a_stage_heartbeat_names_what_the_library_said_during_that_stage_only():
+    """A stage whose first step waits on minutes of model builds says which build it is at."""
+    clock, out = FakeClock(), io.StringIO()
+    p = LogProgress(out, clock=clock, interval_s=30)
+    p.said = "int8 product 4864x896: fp32 activations 3.78 ms"  # said before the stage: not its news
+    clock.now += 5
+    step = p.on("timing the target on this machine")
+    step(0, 384)
+    clock.now += 31
+    p.tick()
+    assert lines(out)[-1] == "[draftnas 36s] timing the target on this machine: 0/384, 31s in this stage"
+    p.said = "building qwen2.5-coder-0.5b with int4 weights with random weights and choosing its kernels"
+    clock.now += 30
+    p.tick()
+    assert lines(out)[-1] == ("[draftnas 1m06s] timing the target on this machine: 0/384, 1m01s in this "
+                              "stage; building qwen2.5-coder-0.5b with int4 weights with random weights and "
+                              "choosing its kernels")
+
+
 def test_the_heartbeat_child_prints_stages_and_beats_on_its_own(capfd):
     """The lines come from a child process: it beats while the command sends nothing."""
     import time
