@@ -222,8 +222,17 @@ def _score_rows(logits: torch.Tensor, rec: TraceRecord, temperature: float,
     return low.double().numpy(), high.clamp(max=1.0).double().numpy(), top1.numpy(), confidence
 
 
-def _teacher_forced(model: Any, records: Sequence[TraceRecord], temperature: float,
-                    subset: torch.Tensor | None, vocab_size: int, progress: Progress | None) -> _PerPosition:
+@dataclass
+class BodyMemo:
+    """A drafter body's final hidden states per batch of records (`key`: `drafter.build.body_key`): drafters
+    differing only in their head (the stock drafter under each head size) make one pass, each head its own."""
+
+    key: str
+    hidden: dict[tuple[int, ...], torch.Tensor]
+
+
+def _teacher_forced(model: Any, records: Sequence[TraceRecord], temperature: float, subset: Any,
+                    vocab_size: int, progress: Progress | None, body: BodyMemo | None = None) -> _PerPosition:
 
     full_to_head = None
     if subset is not None:
@@ -238,7 +247,11 @@ def _teacher_forced(model: Any, records: Sequence[TraceRecord], temperature: flo
             ids = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.long)
             for row, s in enumerate(seqs):
                 ids[row, :len(s)] = s
-            hidden = _hidden_states(model, ids.to(_device(model)))  # [B, T, H]
+            hidden = body.hidden.get(tuple(batch)) if body is not None else None
+            if hidden is None:
+                hidden = _hidden_states(model, ids.to(_device(model)))  # [B, T, H]
+                if body is not None:
+                    body.hidden[tuple(batch)] = hidden
             for row, i in enumerate(batch):
                 rec = records[i]
                 p, c = len(rec.prompt_ids), len(rec.continuation_ids)
@@ -290,7 +303,8 @@ def _replay(per: _PerPosition, lengths: np.ndarray, max_gamma: int, max_new: int
 
 
 def _agreement(drafter_model: Any, traces: Traces, temperature: float, vocab_subset: Any,
-               progress: Progress | None) -> tuple[Traces, _PerPosition, torch.Tensor | None]:
+               progress: Progress | None, body: BodyMemo | None = None
+               ) -> tuple[Traces, _PerPosition, torch.Tensor | None]:
     """The drafter checked against the traces and run teacher-forced over the records at
     `temperature` -> (those records, per-position acceptance, the head's subset)."""
     model, fingerprint = _unwrap(drafter_model)
@@ -302,7 +316,8 @@ def _agreement(drafter_model: Any, traces: Traces, temperature: float, vocab_sub
         vocab_subset = list(vocab_subset.ids)
     subset = _subset_tensor(vocab_subset, traces.metadata.vocab_size)
     _check_head(model, traces.metadata.vocab_size, subset)
-    per = _teacher_forced(model, selected.records, temperature, subset, traces.metadata.vocab_size, progress)
+    per = _teacher_forced(model, selected.records, temperature, subset, traces.metadata.vocab_size, progress,
+                          body)
     return selected, per, subset
 
 
@@ -335,6 +350,7 @@ def estimate_acceptance(
     confidence: float = 0.95,
     seed: int = 0,
     p_mins: Sequence[float] = (0.0,),
+    body: BodyMemo | None = None,
 ) -> AcceptanceEstimate:
     """Expected tokens per speculative step of `drafter_model` against the target in `traces`.
 
@@ -344,6 +360,7 @@ def estimate_acceptance(
     len(vocab_subset) rows, row j = id vocab_subset[j], or the full vocabulary).
     progress(done, total) is called after each batch of records.
     p_mins: greedy only, the confidence stops to walk beside gamma (`PolicySteps`; 0 = draft gamma always).
+    body: hidden states of this drafter's body kept from a drafter that differs only in its head.
     """
     if not 1 <= max_gamma <= 64:
         raise InvalidInputError(f"max_gamma must be in [1, 64], got {max_gamma}")
@@ -352,7 +369,7 @@ def estimate_acceptance(
     if any(not 0.0 <= p < 1.0 for p in p_mins):
         raise InvalidInputError(f"p_mins must be in [0, 1), got {list(p_mins)}")
     started = time.perf_counter()
-    selected, per, subset = _agreement(drafter_model, traces, temperature, vocab_subset, progress)
+    selected, per, subset = _agreement(drafter_model, traces, temperature, vocab_subset, progress, body)
     lengths = np.array([len(r.continuation_ids) for r in selected.records])
     max_new = max(traces.metadata.max_new_tokens, int(lengths.max()))
     steps = _replay(per, lengths, max_gamma, max_new, greedy=temperature <= 0)

@@ -13,6 +13,7 @@ heal` and e2e all build drafters here; `heal_options` is the one place a budget 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from draftnas.acceptance.estimate import estimate_acceptance
+from draftnas.acceptance.estimate import BodyMemo, estimate_acceptance
 from draftnas.acceptance.traces import Traces as TracesClass
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Progress
@@ -92,7 +93,8 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
                   checkpoint_dir: str | Path | None = None,
                   progress: Progress | None = None, data_progress: Progress | None = None,
                   on_reading: Callable[[HealReading], None] | None = None,
-                  dtype: str | None = None, weights: str = "dense") -> BuiltDrafter:
+                  dtype: str | None = None, weights: str = "dense", body: BodyMemo | None = None
+                  ) -> BuiltDrafter:
     """apply the plan to `base` -> heal toward `teacher` (traces or a live model; skipped when
     `heal` is None) -> cast to `dtype` (the dtype it will draft in; None keeps the base's) ->
     estimate acceptance on `held` traces (skipped when None), with its linear layers multiplied in
@@ -102,7 +104,8 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
 
     `data`: heal data already built from the same teacher (the search reuses it across trials).
     Deterministic for a given plan, base, teacher and options: the plan carries every index,
-    the reduced head's ids included.
+    the reduced head's ids included. `body`: hidden states kept from a drafter of the same unhealed body
+    (`body_key`; ignored unless its key is this drafter's), extended with this one's.
     """
 
     drafter = apply_plan(base.model, plan)
@@ -126,10 +129,17 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
         routing = route_linears(drafter, attach=False, own_weights=False, weights=weights) \
             if quantized(weights) else contextlib.nullcontext()
         with routing:
+            same = body is not None and heal is None and body.key == body_key(plan, weights, dtype)
             estimate = estimate_acceptance(drafter, held, max_gamma=max_gamma, temperature=temperature,
-                                           p_mins=p_mins)
+                                           p_mins=p_mins, body=body if same else None)
     parameters = sum(p.numel() for p in {id(p): p for p in drafter.parameters()}.values())
     return BuiltDrafter(plan=plan, heal=result, estimate=estimate, parameters=parameters, model=drafter)
+
+
+def body_key(plan: PruningPlan, weights: str, dtype: str | None) -> str:
+    """What decides an unhealed drafter's hidden states: its plan without the head, its weights and dtype
+    (a per-layer format is named whole, head included: a conservative key)."""
+    return json.dumps([replace(plan, vocab=None).to_dict(), weights, dtype], sort_keys=True)
 
 
 def unseen_records(traces: Traces, heal: HealResult) -> Traces:

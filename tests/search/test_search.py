@@ -384,6 +384,45 @@ def test_weights_evaluator_prunes_heals_and_measures_on_real_smollm2(smollm2, tm
     assert evaluation.candidate.arch.intermediate_size == 768
 
 
+@pytest.mark.real_model
+def test_drafters_differing_only_in_their_head_share_one_pass_of_their_body_with_the_same_estimates(
+        smollm2, tmp_path, monkeypatch):
+    """The stock drafter under each head size (the hand-made bar) runs one body: scored one after another
+    by one evaluator, the body's pass over the held-out records is made once, and each estimate is the one
+    a fresh evaluator gives (int8 weights: each head multiplies in its own products)."""
+    import draftnas.acceptance.estimate as estimate_mod
+    from draftnas.acceptance.records import TraceOptions
+    from draftnas.acceptance.tracing import build_traces
+    from draftnas.core.prompts import load_prompts
+    from draftnas.search.candidate import build_candidate
+    from draftnas.search.evaluate import WeightsEvaluator
+    from draftnas.search.records import CandidateChoice
+
+    prompts = list(load_prompts("chat"))[:4]
+    traces = build_traces(smollm2, prompts, TraceOptions(max_new_tokens=12, batch_size=4),
+                          tmp_path / "t.safetensors", prompt_set="chat")
+    space = parse_search_space({"schema_version": 1, "name": "tiny", "target": "smollm2-135m",
+                                "base": "smollm2-135m", "depth": {"min": 24, "max": 24},
+                                "vocab": {"sizes": ["full", 1024]}, "weights": ["int8"],
+                                "gamma": {"min": 1, "max": 4}, "heal": {"steps": 0}})
+    cands = [build_candidate(space, SMOL, "smollm2-135m",
+                             CandidateChoice(depth=24, vocab_size=v, weights="int8"), target=SMOL)
+             for v in (0, 1024, 0)]
+    passes = []
+    real = estimate_mod._hidden_states
+    monkeypatch.setattr(estimate_mod, "_hidden_states", lambda *a: passes.append(1) or real(*a))
+    shared = WeightsEvaluator("smollm2-135m", SMOL, traces, space, quant_dtype="bf16")  # int8's fast kernel
+    together = [shared.evaluate(c).acceptance for c in cands]
+    assert len(passes) == 1  # one body, three heads (the last the first again)
+    alone = [WeightsEvaluator("smollm2-135m", SMOL, traces, space, quant_dtype="bf16").evaluate(c).acceptance
+             for c in cands[:2]]
+    assert len(passes) == 3
+    for a, b in zip(together, alone, strict=False):
+        assert a.tokens_per_step == b.tokens_per_step and a.acceptance_rate == b.acceptance_rate
+    assert together[0].tokens_per_step == together[2].tokens_per_step
+    assert together[1].acceptance_rate < together[0].acceptance_rate  # 1,024 rows miss some target tokens
+
+
 @pytest.mark.integration
 def test_ctrl_c_on_the_cli_prints_the_table_so_far_and_leaves_nothing_running(tmp_path):
     storage = f"sqlite:///{tmp_path / 'c.db'}"
