@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -224,15 +224,15 @@ def _score_rows(logits: torch.Tensor, rec: TraceRecord, temperature: float,
 
 @dataclass
 class BodyMemo:
-    """A drafter body's final hidden states per batch of records (`key`: `drafter.build.body_key`): drafters
-    differing only in their head (the stock drafter under each head size) make one pass, each head its own."""
+    """Final hidden states of the drafter body `key` names per batch of one set of records (`body_key`)."""
 
-    key: str
-    hidden: dict[tuple[int, ...], torch.Tensor]
+    key: str = ""
+    hidden: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict)
 
 
-def _teacher_forced(model: Any, records: Sequence[TraceRecord], temperature: float, subset: Any,
-                    vocab_size: int, progress: Progress | None, body: BodyMemo | None = None) -> _PerPosition:
+def _teacher_forced(model: Any, records: Sequence[TraceRecord], temperature: float,
+                    subset: torch.Tensor | None, vocab_size: int, progress: Progress | None,
+                    body: BodyMemo | None = None) -> _PerPosition:
 
     full_to_head = None
     if subset is not None:

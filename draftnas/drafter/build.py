@@ -104,8 +104,9 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
 
     `data`: heal data already built from the same teacher (the search reuses it across trials).
     Deterministic for a given plan, base, teacher and options: the plan carries every index,
-    the reduced head's ids included. `body`: hidden states kept from a drafter of the same unhealed body
-    (`body_key`; ignored unless its key is this drafter's), extended with this one's.
+    the reduced head's ids included. `body`: the hidden states of the last unhealed drafter estimated
+    on these `held` records: reused where this drafter differs from it only in its head (`body_key`: the
+    stock drafter under each head size makes one pass), else replaced by this one's; unused when healed.
     """
 
     drafter = apply_plan(base.model, plan)
@@ -129,9 +130,10 @@ def build_drafter(plan: PruningPlan, base: LoadedModel, *, heal: HealOptions | N
         routing = route_linears(drafter, attach=False, own_weights=False, weights=weights) \
             if quantized(weights) else contextlib.nullcontext()
         with routing:
-            same = body is not None and heal is None and body.key == body_key(plan, weights, dtype)
+            if body is not None and heal is None and body.key != (key := body_key(plan, weights, dtype)):
+                body.key, body.hidden = key, {}
             estimate = estimate_acceptance(drafter, held, max_gamma=max_gamma, temperature=temperature,
-                                           p_mins=p_mins, body=body if same else None)
+                                           p_mins=p_mins, body=body if heal is None else None)
     parameters = sum(p.numel() for p in {id(p): p for p in drafter.parameters()}.values())
     return BuiltDrafter(plan=plan, heal=result, estimate=estimate, parameters=parameters, model=drafter)
 

@@ -18,7 +18,7 @@ from draftnas.acceptance.estimate import BodyMemo, estimate_acceptance
 from draftnas.acceptance.traces import load_traces, split_traces
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.registry import Architecture
-from draftnas.drafter.build import body_key, build_drafter, heal_options, plan_drafter
+from draftnas.drafter.build import build_drafter, heal_options, plan_drafter
 from draftnas.drafter.heal_data import data_from_traces
 from draftnas.drafter.records import PlanOptions
 from draftnas.models.records import TORCH_DTYPES, quantized
@@ -124,7 +124,7 @@ class WeightsEvaluator:
         self._heal_traces: Any = None
         self._eval_traces: Any = None
         self._heal_data: Any = None
-        self._body: BodyMemo | None = None  # the last unhealed body scored on the held-out records
+        self._body = BodyMemo()  # the last unhealed body scored on the held-out records
 
     def _setup(self) -> None:
         if self._loaded is not None:
@@ -160,16 +160,11 @@ class WeightsEvaluator:
             options = replace(options, train="lowrank")
         if options is not None and self._heal_data is None:  # the same data for every trial
             self._heal_data = data_from_traces(self._heal_traces, options)
-        dtype = self.quant_dtype if quantized(choice.weights) else self.dtype
-        if options is None:  # unhealed: a drafter differing from the last only in its head reuses its body
-            key = body_key(plan, choice.weights, dtype)
-            if self._body is None or self._body.key != key:
-                self._body = BodyMemo(key, {})
         built = build_drafter(plan, self._loaded, heal=options, teacher=self._heal_traces,
                               data=self._heal_data, held=self._eval_traces, max_gamma=self.space.gamma.max,
                               p_mins=self.space.gamma.p_min, temperature=self.space.workload.temperature,
-                              dtype=dtype, weights=choice.weights,
-                              body=self._body if options is None else None)
+                              dtype=self.quant_dtype if quantized(choice.weights) else self.dtype,
+                              weights=choice.weights, body=self._body)
         estimate = built.estimate
         assert estimate is not None
         reading = measured_acceptance(estimate, built.heal, round(time.perf_counter() - started, 3))
