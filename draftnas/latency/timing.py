@@ -134,7 +134,7 @@ def _time_chunk(rt: Runtime, chunk: Chunk, tick: Callable[[], None]) -> None:
     steps: list[tuple[Job, Any]] = []
     for group, jobs in chunk.parts:
         if group.name:  # a log's heartbeat names it: building and choosing kernels can take minutes
-            log.info("building %s with random weights and choosing its products' kernels", group.name)
+            log.info("building %s (random weights) and choosing its products' kernels", group.name)
         model = group.build()
         steps += [(job, job.make(model, pool)) for job in jobs]
         del model

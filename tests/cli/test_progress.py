@@ -66,11 +66,11 @@ def test_a_stage_heartbeat_names_what_the_library_said_during_that_stage_only():
     clock.now += 31
     p.tick()
     assert lines(out)[-1] == "[draftnas 36s] timing the target on this machine: 0/384, 31s in this stage"
-    p.said = "building qwen2.5-coder-0.5b with int4 weights with random weights and choosing its kernels"
+    p.said = "building qwen2.5-coder-0.5b with int4 weights (random weights) and choosing its kernels"
     clock.now += 30
     p.tick()
     assert lines(out)[-1] == ("[draftnas 1m06s] timing the target on this machine: 0/384, 1m01s in this "
-                              "stage; building qwen2.5-coder-0.5b with int4 weights with random weights and "
+                              "stage; building qwen2.5-coder-0.5b with int4 weights (random weights) and "
                               "choosing its kernels")
 
 
