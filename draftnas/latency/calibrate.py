@@ -132,6 +132,8 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     counts = tuple(sorted(set(new_tokens) | {1} | ({2, 3, 4} if overheads else set())))
     jobs = [model_job(rt, target, full, (1, n, context_tokens), "calibration") for n in counts]
     jobs += [model_job(rt, target, k, (1, 1, context_tokens), "calibration") for k in prefixes]
+    if overheads and full > 1:  # the first layer's verify steps, for the decodes that time the work outside
+        jobs += [model_job(rt, target, 1, (1, n, context_tokens), "calibration") for n in (2, 3, 4)]
     if prompt_tokens > 0:
         jobs.append(model_job(rt, target, full, (1, prompt_tokens, 0), "calibration"))
     groups = [Group(functools.partial(rt.build, target), model_bytes(rt, target), jobs, name=target.name)]
@@ -170,8 +172,9 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     target_ms = {n: medians[(full, n)] for n in counts}
     prefix_ms = {k: medians[(k, 1)] for k in prefixes}
     extra = (0.0, 0.0, 0.0)
-    if overheads and 1 in prefix_ms:
-        extra = decoding_overheads(rt, target, context_tokens, target_ms, prefix_ms[1])
+    if overheads:
+        read = decoding_overheads(rt, target, context_tokens, {n: medians[(1, n)] for n in (1, 2, 3, 4)})
+        extra = (max(0.0, read[0]), max(0.0, read[1]), max(0.0, read[2]))
     return HostCalibration(
         target=target.name, device_name=rt.device_name(), threads=rt.torch.get_num_threads(),
         context_tokens=context_tokens, target_ms=target_ms, prefix_ms=prefix_ms, mode=options.mode,
@@ -274,27 +277,36 @@ def _time_dtypes(options: ProfileOptions, target: Architecture, new_tokens: int,
     return timings
 
 
-def decoding_overheads(rt: Runtime, target: Architecture, context_tokens: int, target_ms: dict[int, float],
-                       draft_ms: float) -> tuple[float, float, float]:
+def decoding_overheads(rt: Runtime, target: Architecture, context_tokens: int,
+                       step_ms: dict[int, float]) -> tuple[float, float, float]:
     """Work outside the forward, in ms: plain decoding per token, draftnas's loop per drafted
     token and per verify step — the part of real decoding runs that the timed steps do not explain.
 
-    Random-weight target and its 1-layer prefix as drafter, in the engine `rt`'s mode times:
-    transformers' `generate` and the loop over transformers models (eager), or greedy decoding
-    and the loop over draftnas's decoder with static caches (static modes). Plain decoding:
-    time per token between a 2- and a 14-token run (prefill cancels), less the decode step.
-    Loop, per drafted token: the loop's own drafting time (`SpeculativeOutput.draft_s`) between
-    a 4- and a 16-token run at gamma 1 and 3 (the drafter's prefill cancels), per drafted token,
-    less `draft_ms`. Measured directly, not fitted: fitted from whole runs with the other terms it
-    swung between calibrations far more than the direct reading varies between repeats
-    (docs/hosts/amd-epyc-zen2-2core.md). Per verify step: each run's
-    time less its forward steps and that drafting work, fitted by least squares as constant
-    (prefill) + per step. Negative values count as 0.
+    Timed with `target`'s first layer (`step_ms`: its step at n new tokens, timed with the others) as
+    both target and drafter: the work outside the forward is the loop's and the decoder's per call,
+    not per layer, and the first layer's steps are a fraction of the full target's, so the runs take
+    a fraction of the time (with the full target they took 3.7 minutes on a 2-core AMD EPYC Zen 3,
+    with its first layer about 1 minute). Where the work is below the host's jitter, no way reads it:
+    on that host three readings of each term spread over -8..+33 ms, around first-layer steps of
+    77-100 ms (benchmarks/outside_forward.py). A drafter that is the target's copy is accepted every
+    time, so each step's size is known.
+    In the engine `rt`'s mode: transformers' `generate` and the loop over transformers models
+    (eager), or greedy decoding and the loop over draftnas's decoder with static caches (static
+    modes). Plain decoding: time per token between a 2- and a 14-token run (prefill cancels), less
+    the decode step. Loop, per drafted token: the loop's own drafting time
+    (`SpeculativeOutput.draft_s`) between a 4- and a 16-token run at gamma 1 and 3 (the drafter's
+    prefill cancels), per drafted token, less the decode step. Per verify step: each run's time
+    less its forward steps and that drafting work, fitted by least squares as constant (prefill) +
+    per step. -> the three readings, negative where the runs were faster than their timed steps (the
+    calibration counts those as 0).
     """
 
     torch = rt.torch
-    log.info("timing the work outside the forward: short real decodes of %s (random weights)", target.name)
-    model, drafter = rt.build(target), rt.build(target.with_shape(num_hidden_layers=1))
+    shallow = target.with_shape(num_hidden_layers=1)
+    log.info("timing the work outside the forward: short real decodes of %s's first layer (random weights)",
+             target.name)
+    model, drafter = rt.build(shallow), rt.build(shallow)
+    drafter.load_state_dict(model.state_dict())  # the drafter is the target's copy: every draft is accepted
     prompt = rt.randint(target.vocab_size, (context_tokens,)).tolist()
     ids = torch.tensor([prompt], device=rt.device)
     if rt.options.mode in STATIC_MODES:
@@ -311,32 +323,33 @@ def decoding_overheads(rt: Runtime, target: Architecture, context_tokens: int, t
                            do_sample=False, pad_token_id=0, eos_token_id=None)
         return time.perf_counter() - started
 
-    def verify_ms(n: int) -> float:
-        known = sorted(target_ms)
-        return target_ms.get(n, target_ms[min(known, key=lambda k: abs(k - n))])
+    def forward_ms(n: int) -> float:
+        return step_ms.get(n, step_ms[min(step_ms, key=lambda k: abs(k - n))])
 
     runs = []
     with torch.inference_mode():
         generate_s(2)
         # the fastest of 3 runs each: on a shared host one slow run gave 18 ms of "overhead" per token
         short, long = min(generate_s(2) for _ in range(3)), min(generate_s(14) for _ in range(3))
-        generate = max(0.0, (long - short) * 1e3 / 12 - target_ms[1])
+        generate = (long - short) * 1e3 / 12 - step_ms[1]
         for gamma in (1, 3):  # warm-up: every step size once (the static decoder picks its kernels then)
             speculative_generate(model, drafter, prompt, gamma=gamma, max_new_tokens=16)
         for gamma in (1, 3):
             pair = [min((speculative_generate(model, drafter, prompt, gamma=gamma, max_new_tokens=n)
-                         for _ in range(2)), key=lambda o: o.elapsed_s) for n in (4, 16)]  # the faster of two
+                         for _ in range(3)), key=lambda o: o.elapsed_s) for n in (4, 16)]  # the fastest of 3
             runs.append(pair)
     drafted = sum(sum(long.drafted) - sum(short.drafted) for short, long in runs)
     drafting_ms = sum((long.draft_s - short.draft_s) * 1e3 for short, long in runs)
-    per_draft = max(0.0, drafting_ms / drafted - draft_ms) if drafted > 0 else 0.0
+    per_draft = drafting_ms / drafted - step_ms[1] if drafted > 0 else 0.0
     rows, residuals = [], []
     for out in (o for pair in runs for o in pair):
-        forward = sum(d * (draft_ms + per_draft) + verify_ms(d + 1) for d in out.drafted)
+        forward = sum(d * (step_ms[1] + per_draft) + forward_ms(d + 1) for d in out.drafted)
         rows.append([1.0, float(out.steps)])
         residuals.append(out.elapsed_s * 1e3 - forward)
     _, per_step = np.linalg.lstsq(np.array(rows), np.array(residuals), rcond=None)[0]
-    return generate, per_draft, max(0.0, float(per_step))
+    log.info("work outside the forward read %.2f ms per generated token, %.2f per drafted token, %.2f per "
+             "verify step (a negative reading counts as 0)", generate, per_draft, per_step)
+    return generate, per_draft, float(per_step)
 
 
 def stored_or_calibrated(options: ProfileOptions, target: Architecture, request: dict[str, Any],

@@ -377,7 +377,8 @@ def test_work_outside_the_forward_is_added_where_the_loop_pays_it():
 
 def test_the_loops_work_per_drafted_token_is_its_own_drafting_time_less_the_draft_step(monkeypatch):
     """Per drafted token: the loop's measured drafting time between a short and a long run (the
-    drafter's prefill cancels), less the timed draft step; per step: what is left, fitted."""
+    drafter's prefill cancels), less the timed draft step; per step: what is left, fitted. Timed with
+    the target's first layer as both target and drafter (the same weights: every draft is accepted)."""
     import draftnas.latency.calibrate as spec
     from draftnas.core.registry import Architecture
     from draftnas.latency.calibrate import decoding_overheads
@@ -389,8 +390,10 @@ def test_the_loops_work_per_drafted_token_is_its_own_drafting_time_less_the_draf
                         intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                         vocab_size=64, tie_word_embeddings=True)
     draft_ms, verify_ms, per_draft, per_step, prefill = 0.4, 2.0, 0.6, 0.5, 10.0
+    pairs = []
 
     def fake(target, drafter, prompt, *, gamma, max_new_tokens, **_):
+        pairs.append((target.decoder, drafter.decoder))
         steps = max(1, max_new_tokens // (gamma + 1))
         drafted = [gamma] * steps
         draft = prefill + sum(drafted) * (draft_ms + per_draft)
@@ -399,9 +402,14 @@ def test_the_loops_work_per_drafted_token_is_its_own_drafting_time_less_the_draf
                                  elapsed_s=elapsed / 1e3, draft_s=draft / 1e3)
 
     monkeypatch.setattr(spec, "speculative_generate", fake)
-    rt = Runtime(ProfileOptions(device="cpu", threads=1).validate())
-    _, draft, step = decoding_overheads(rt, tiny, 8, {n: verify_ms for n in (1, 2, 3, 4)}, draft_ms)
+    rt = Runtime(ProfileOptions(device="cpu", threads=1, mode="static").validate())
+    step_ms = {1: draft_ms, 2: verify_ms, 3: verify_ms, 4: verify_ms}
+    _, draft, step = decoding_overheads(rt, tiny, 8, step_ms)
     assert draft == pytest.approx(per_draft) and step == pytest.approx(per_step)
+    target, drafter = pairs[0]
+    assert target is not drafter and target.arch.num_hidden_layers == drafter.arch.num_hidden_layers == 1
+    theirs = drafter.state_dict()
+    assert all(w.equal(theirs[k]) for k, w in target.state_dict().items())
 
 
 ZEN2 = CpuIdentity(vendor="AuthenticAMD", isa=("avx2",), name="AMD EPYC")
