@@ -138,6 +138,9 @@ def _time_chunk(rt: Runtime, chunk: Chunk, tick: Callable[[], None]) -> None:
         model = group.build()
         steps += [(job, job.make(model, pool)) for job in jobs]
         del model
+    names = [group.name for group, _ in chunk.parts if group.name]
+    if names:  # the heartbeat's last line must not name a build while the steps are being timed
+        log.info("timing %d steps of %s, round-robin", len(steps), ", ".join(names))
     for _job, step in steps:
         for _ in range(rt.options.resolved_warmup()):
             step()

@@ -239,6 +239,29 @@ def test_a_chunk_that_runs_out_of_memory_is_halved_and_a_job_failing_alone_is_sk
         run_round_robin(rt, [Group(lambda: None, 0, [job("e", make_broken)])], lambda: None)
 
 
+def test_a_named_groups_builds_and_then_its_timing_are_said_in_that_order(caplog):
+    """A log's heartbeat shows the last line said: the build while building, then the timing (it
+    named the last build for the minutes its steps were timed)."""
+    from draftnas.latency.runtime import Runtime
+    from draftnas.latency.timing import Group, Job, run_round_robin
+
+    class Step:
+        def __call__(self):
+            return None
+
+        def reset(self):
+            return None
+
+    jobs = [Job("model", _tiny(n, 1, 32), 1, (1, 1, 8), 512, "train", lambda m, p: Step(), 10, 1)
+            for n in "ab"]
+    rt = Runtime(ProfileOptions(threads=1, repeats=2, warmup=1))
+    with caplog.at_level("INFO", logger="draftnas.latency.timing"):
+        run_round_robin(rt, [Group(lambda: None, 0, jobs, name="the tiny model")], lambda: None)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["building the tiny model (random weights) and choosing its products' kernels",
+                    "timing 2 steps of the tiny model, round-robin"]
+
+
 def test_out_of_memory_in_a_static_mode_is_retried_then_skipped_not_raised(monkeypatch):
     """An allocator failure while building a static step (or capturing it, on a GPU: the same
     function) is memory, not a broken capture: the chunk is halved and retried, and each condition
