@@ -174,6 +174,8 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     extra = (0.0, 0.0, 0.0)
     if overheads:
         read = decoding_overheads(rt, target, context_tokens, {n: medians[(1, n)] for n in (1, 2, 3, 4)})
+        log.info("work outside the forward read %.2f ms per generated token, %.2f per drafted token, "
+                 "%.2f per verify step (a negative reading counts as 0)", *read)
         extra = (max(0.0, read[0]), max(0.0, read[1]), max(0.0, read[2]))
     return HostCalibration(
         target=target.name, device_name=rt.device_name(), threads=rt.torch.get_num_threads(),
@@ -295,7 +297,9 @@ def decoding_overheads(rt: Runtime, target: Architecture, context_tokens: int,
     modes). Plain decoding: time per token between a 2- and a 14-token run (prefill cancels), less
     the decode step. Loop, per drafted token: the loop's own drafting time
     (`SpeculativeOutput.draft_s`) between a 4- and a 16-token run at gamma 1 and 3 (the drafter's
-    prefill cancels), per drafted token, less the decode step. Per verify step: each run's time
+    prefill cancels), per drafted token, less the decode step. Measured directly, not fitted: fitted from
+    whole runs with the other terms it swung between calibrations far more than the direct reading varies
+    between repeats (docs/hosts/amd-epyc-zen2-2core.md). Per verify step: each run's time
     less its forward steps and that drafting work, fitted by least squares as constant (prefill) +
     per step. -> the three readings, negative where the runs were faster than their timed steps (the
     calibration counts those as 0).
@@ -305,8 +309,8 @@ def decoding_overheads(rt: Runtime, target: Architecture, context_tokens: int,
     shallow = target.with_shape(num_hidden_layers=1)
     log.info("timing the work outside the forward: short real decodes of %s's first layer (random weights)",
              target.name)
+    # rt.build seeds its random weights: the drafter is the target's copy, so every draft is accepted
     model, drafter = rt.build(shallow), rt.build(shallow)
-    drafter.load_state_dict(model.state_dict())  # the drafter is the target's copy: every draft is accepted
     prompt = rt.randint(target.vocab_size, (context_tokens,)).tolist()
     ids = torch.tensor([prompt], device=rt.device)
     if rt.options.mode in STATIC_MODES:
@@ -347,8 +351,6 @@ def decoding_overheads(rt: Runtime, target: Architecture, context_tokens: int,
         rows.append([1.0, float(out.steps)])
         residuals.append(out.elapsed_s * 1e3 - forward)
     _, per_step = np.linalg.lstsq(np.array(rows), np.array(residuals), rcond=None)[0]
-    log.info("work outside the forward read %.2f ms per generated token, %.2f per drafted token, %.2f per "
-             "verify step (a negative reading counts as 0)", generate, per_draft, per_step)
     return generate, per_draft, float(per_step)
 
 
