@@ -187,6 +187,7 @@ class Bench:
         """Static engines (one KV cache each, `max_tokens` slots) for engine "static"."""
         capture = self.options.device == "cuda"
         models = {"target": self.target.model} | {k: d.loaded.model for k, d in self.drafters.items()}
+        log.info("building the static engines (%s), %d cache slots each", ", ".join(models), max_tokens)
         self.engines = {k: StaticEngine(StaticDecoder.from_hf(m, max_positions=max_tokens), max_tokens,
                                         capture=capture) for k, m in models.items()}
         for k, d in self.drafters.items():
@@ -205,6 +206,8 @@ class Bench:
         timing costs many passes over the weights; met first inside a timed run, it would be
         charged to that run."""
         rows = product_rows([len(ids) for ids in encoded], self.max_gamma)
+        log.info("choosing the products' kernels at the %d step sizes the runs will meet, before any "
+                 "timed run", len(rows))
         for chooser in self.choosers():
             chooser.prepare(rows)
         for engine in self.engines.values():  # one-token steps padded to two rows where that is faster
@@ -218,7 +221,9 @@ class Bench:
         an allocation) is a one-time cost of the process, not of the request."""
         warm_tokens = self.options.max_new_tokens if self.engines else min(8, self.options.max_new_tokens)
         for arm in arms:
+            log.info("warming the %s arm: %d tokens of the first prompt, untimed", arm.name, warm_tokens)
             arm.run(encoded[0], self.options.seed, warm_tokens)
+        log.info("warming every arm at the other %d prompts' lengths, untimed", len(encoded) - 1)
         for ids in encoded[1:]:
             for arm in arms:
                 arm.run(ids, self.options.seed, min(2, self.options.max_new_tokens))

@@ -107,7 +107,6 @@ def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> int | N
 def bench_traces(target: LoadedModel, prompts: Sequence[Prompt], encoded: Sequence[list[int]],
                  continuations: Sequence[list[int]], options: BenchOptions) -> Traces:
     """In-memory traces of the target's own outputs (one teacher-forced pass each for top-k)."""
-
     topts = TraceOptions(max_new_tokens=options.max_new_tokens, temperatures=(options.temperature,),
                          top_k=options.top_k, seed=options.seed)
     meta = make_metadata(target, prompts, topts, "bench")
@@ -253,10 +252,10 @@ def run_bench(
     progress: Progress | None = None,
     policies: Mapping[int, tuple[int, float]] | None = None,
 ) -> BenchResult:
-    """Decode `prompts` with every arm (`bench.arms`) for `draft` and, given, each reference drafter
-    (`reference`, then `references`); compare. progress(done, total) is called after each prompt (total
-    = prompts + 1 for the estimate). `policies`: reference index -> (γ, p_min) it runs at instead of its
-    folder's (and is then not checked against its folder's prediction)."""
+    """Decode `prompts` with every arm (`bench.arms`) for `draft` and each reference (`reference`, then
+    `references`); compare. progress(done, total): (0, total) as the timed runs start, then after each
+    prompt (total = prompts × rounds + 1 for the estimate). `policies`: reference index -> (γ, p_min) it
+    runs at instead of its folder's (and is then not checked against its folder's prediction)."""
     started, load_before = time.perf_counter(), load_average()
     predictions = read_predictions(options.predictions) if options.predictions else None
     refs = [*([reference] if reference is not None else []), *references]
@@ -295,6 +294,8 @@ def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Seq
     continuations: list[list[int]] = []
     timing_before = bench.choice_timing_s()
     total = options.rounds * len(prompts) + (1 if options.estimate else 0)
+    if progress:
+        progress(0, total)  # the timed runs start: a log says so, and its heartbeat counts them from here
     for r in range(options.rounds):
         for i, (prompt, ids) in enumerate(zip(prompts, encoded, strict=True)):
             row, tokens = _bench_prompt(bench, arms, prompt, ids, i + r)  # the arms' order rotates by round
@@ -365,8 +366,7 @@ def unseen_prompts(prompts: Sequence[Prompt], tokenizer: Any, folders: Sequence[
     left_out = tuple(p.id for (p, _), was in zip(pairs, seen, strict=True) if was)
     if not kept:
         raise InvalidInputError(f"the drafter was healed on or searched with every one of the {len(pairs)} "
-                                "prompts given; "
-                                "bench it on other prompts (--prompts)")
+                                "prompts given; bench it on other prompts (--prompts)")
     if left_out:
         log.warning("left out %d prompt(s) a drafter was healed on or its search traced: %s", len(left_out),
                     ", ".join(left_out))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import pytest
@@ -95,9 +96,15 @@ def test_a_reference_drafter_gets_the_same_arms_in_the_same_run(tiny_pair):
     assert all({r.arm for r in p.runs} == {a.name for a in result.arms} for p in result.prompts)
 
 
-def test_static_engine_bench_is_lossless_and_times_transformers_beside_it(tiny_pair):
+def test_static_engine_bench_is_lossless_and_times_transformers_beside_it(tiny_pair, caplog):
     target, draft = tiny_pair
-    result = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16, engine="static"))
+    with caplog.at_level(logging.INFO, logger="draftnas"):
+        result = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16, engine="static"))
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("draftnas.bench")]
+    # what the minutes before the first timed run go to, for a log's heartbeat to name
+    assert said[0].startswith("building the static engines (target, draftnas), ")
+    assert said[1].startswith("choosing the products' kernels at the ") and "before any timed run" in said[1]
+    assert "warming the target arm: 16 tokens of the first prompt, untimed" in said
     own = result.arm("draftnas")
     assert result.engine == "static" and own.engine == "static" and own.lossless is True
     assert own.exact_match_rate == 1.0 and own.divergence_margins == ()
@@ -138,7 +145,7 @@ def test_sampling_bench_runs_without_a_lossless_claim(tiny_pair):
     own = result.arm("draftnas")
     assert own.lossless is None and not result.has("hf")
     assert own.predicted_tokens_per_step is not None and 1.0 <= own.predicted_tokens_per_step <= 3.0
-    assert progress[-1] == (7, 7)  # 3 rounds x 2 prompts, then the estimate
+    assert progress[0] == (0, 7) and progress[-1] == (7, 7)  # 3 rounds x 2 prompts, then the estimate
 
 
 def test_other_tokenizer_and_bad_options_are_refused(tiny_pair):
