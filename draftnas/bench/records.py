@@ -251,6 +251,10 @@ class ArmResult(Record):
     mean_accepted_per_step: float | None = None
     draft_acceptance_rate: float | None = None
     draft_ms_per_token: float | None = None
+    draft_share: float | None = None  # draftnas's loop: share of its seconds inside the drafter
+    # draftnas's loop: its speedup had drafting cost nothing (median over prompts; `stats.drafting_split`)
+    free_draft_speedup: float | None = None
+    free_draft_speedup_interval: tuple[float, ...] = ()  # (low, high)
     draft_vocab_size: int | None = None  # rows of a reduced draft head; None = the full vocabulary
     draft_weights: str | None = None  # how the drafter's linear layers ran: dense, int8, int4, per group
     gamma: int | None = None  # the drafter's tokens per step (a reference may run at its own)

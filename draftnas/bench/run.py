@@ -44,7 +44,7 @@ from draftnas.bench.records import (
     BenchResult,
     Comparison,
 )
-from draftnas.bench.stats import interval_of, verdict
+from draftnas.bench.stats import drafting_split, interval_of, verdict
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
 from draftnas.core.options import option_error
@@ -136,12 +136,14 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
     greedy = runs[0].lossless is not None
     d = bench.drafters[arm.drafter or ""]
     loop = arm.name == arm_names(d.label)[0]
+    share, free, free_interval = drafting_split(rows, arm.name, arm.baseline) if loop else (None, None, ())
     return replace(
         result, drafter=d.loaded.source.spec, speedup=speedup.ratio, speedup_interval=speedup.interval,
         tokens_per_step=tokens / steps,
         mean_accepted_per_step=sum(r.accepted for r in runs) / steps if loop else None,
         draft_acceptance_rate=sum(r.accepted for r in runs) / drafted if loop else None,
         draft_ms_per_token=1000 * sum(r.draft_s for r in runs) / drafted if loop else None,
+        draft_share=share, free_draft_speedup=free, free_draft_speedup_interval=free_interval,
         draft_vocab_size=d.subset.size if d.subset is not None else None,
         draft_weights=d.weights if arm.engine in ("static", "hf-routed") else "dense", gamma=d.gamma,
         p_min=d.p_min,
@@ -272,10 +274,8 @@ def run_bench(
 
 
 def _folder(draft: str | LoadedModel) -> Path | None:
-    if isinstance(draft, LoadedModel):
-        return draft.folder
-    path = Path(draft).expanduser()
-    return path if path.is_dir() else None
+    path = draft.folder if isinstance(draft, LoadedModel) else Path(draft).expanduser()
+    return path if path is not None and path.is_dir() else None
 
 
 def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Sequence[Prompt],

@@ -75,3 +75,38 @@ def interval_of(rows: Sequence[Row], value: Callable[[Row], float]) -> tuple[flo
         by_prompt.setdefault(row.prompt_id, []).append(float(value(row)))
     mid, low, high = median_interval(per_prompt_median(by_prompt))
     return mid, (low, high)
+
+
+class _TimedRun(Protocol):
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def new_tokens(self) -> int: ...
+    @property
+    def draft_s(self) -> float: ...
+
+
+class _PromptRuns(_PromptRow, Protocol):
+    def run(self, arm: str) -> _TimedRun: ...
+
+
+def drafting_split(rows: Sequence[_PromptRuns], arm: str, baseline: str
+                   ) -> tuple[float, float, tuple[float, float]]:
+    """(the share of `arm`'s seconds spent inside its drafter, all runs pooled; the median over prompts of
+    its speedup over `baseline` had drafting cost nothing; that median's 95% interval). The second is
+    each run's new tokens over its seconds outside the drafter (the target's verify passes, the prefills,
+    the loop's own work) against the baseline's tokens/s in the same prompt and round: the ceiling a
+    faster drafter at the same tokens per step approaches. Where it sits near the measured speedup, the
+    verify passes bound the speedup, not the drafter."""
+    runs = [row.run(arm) for row in rows]
+    seconds = sum(r.seconds for r in runs)
+    share = sum(r.draft_s for r in runs) / seconds if seconds > 0 else 0.0
+
+    def free(row: _PromptRuns) -> float:
+        own, base = row.run(arm), row.run(baseline)
+        outside = own.seconds - own.draft_s
+        return (own.new_tokens / outside) / (base.new_tokens / base.seconds) if outside > 0 and \
+            base.seconds > 0 and base.new_tokens else 0.0
+
+    ceiling, interval = interval_of(rows, free)
+    return share, ceiling, interval

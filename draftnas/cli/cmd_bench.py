@@ -114,6 +114,17 @@ def comparison_lines(result: BenchResult) -> list[str]:
             f"over {c.prompts} prompts: {c.verdict}" for c in result.comparisons]
 
 
+def drafting_lines(result: BenchResult) -> list[str]:
+    """Per arm of draftnas's loop: its share of seconds inside the drafter, and the speedup a drafter that
+    cost nothing at the same tokens per step would give (the verify passes and prefills alone)."""
+    return [f"{a.name}: {a.draft_share:.0%} of its seconds drafting; with drafts that cost nothing, at its "
+            f"{a.tokens_per_step:.3f} tokens/step: "
+            f"{_with_interval(a.free_draft_speedup, a.free_draft_speedup_interval, '.3f', 'x')} over "
+            f"{a.baseline} (measured {a.speedup:.3f}x)" for a in result.arms
+            if a.draft_share is not None and a.free_draft_speedup is not None and a.speedup is not None
+            and a.tokens_per_step is not None]
+
+
 def prompts_table(result: BenchResult) -> Table:
     table = Table(title="Per prompt (seconds, prefill included)", header_style="bold")
     names = [a.name for a in result.arms]
@@ -235,7 +246,7 @@ def bench(request: BenchRequest, output: Output) -> None:
         return
     console.print(prompts_table(result))
     console.print(arms_table(result))
-    for line in comparison_lines(result):
+    for line in comparison_lines(result) + drafting_lines(result):
         console.print(line, highlight=False, soft_wrap=True)
     if result.predictions:
         console.print(predictions_table(result))
@@ -248,6 +259,8 @@ def bench(request: BenchRequest, output: Output) -> None:
         console.print(f"(the table is in {request.draft}/README.md too)", highlight=False)
     if torch_result is not None:
         console.print(arms_table(torch_result))
+        for line in drafting_lines(torch_result):
+            console.print(line, highlight=False, soft_wrap=True)
         console.print(engines_table(result, torch_result))
     if result.verdict is not None:
         from draftnas.search.engine import Verdict

@@ -10,6 +10,7 @@ import torch
 
 from draftnas.bench.records import BenchOptions, BenchResult
 from draftnas.bench.run import run_bench
+from draftnas.cli.cmd_bench import drafting_lines
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.options import OptionError
 from draftnas.core.prompts import Prompt
@@ -51,6 +52,12 @@ def test_greedy_bench_is_lossless_and_the_estimate_is_exact(tiny_pair):
         assert low <= a.tokens_per_s <= high and a.pooled_tokens_per_s
     low, high = own.speedup_interval
     assert own.speedup is not None and low <= own.speedup <= high
+    assert own.draft_share is not None and 0 < own.draft_share < 1  # the loop's time inside the drafter
+    assert own.free_draft_speedup is not None and own.free_draft_speedup > own.speedup
+    assert hf.draft_share is None and hf.free_draft_speedup is None  # transformers' arms time no drafting
+    lines = drafting_lines(result)  # what the command prints under its table: one line per loop arm
+    assert len(lines) == 1 and lines[0].startswith(f"draftnas: {own.draft_share:.0%} of its seconds drafting")
+    assert f"{own.free_draft_speedup:.3f}x [{own.free_draft_speedup_interval[0]:.3f}, " in lines[0]
     assert hf.tokens_per_s > 0 and hf.tokens_per_step and routed.speedup
     assert result.arm("target").speedup is None and result.arm("target").drafter is None
     assert not any("forward" in vars(m) for m in target.model.modules())  # the routed arms run a copy

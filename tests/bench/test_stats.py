@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.drafting_split import pooled
 from draftnas.bench.records import ArmRun, BenchPrompt
 from draftnas.bench.run import compare_arms
-from draftnas.bench.stats import median_interval, relative_error, verdict
+from draftnas.bench.stats import drafting_split, median_interval, relative_error, verdict
 
 
 class FakeClock:
@@ -81,3 +82,18 @@ def test_verdict_and_relative_error():
     assert verdict(1.01, 1.2) == "ahead" and verdict(0.8, 0.99) == "behind"
     assert verdict(0.99, 1.3) == "not separable on this host"
     assert relative_error(11.0, 10.0) == pytest.approx(0.1) and relative_error(None, 3.0) is None
+
+
+def test_the_drafting_split_gives_the_share_drafting_and_the_speedup_without_it():
+    """Target 8 s per prompt; the loop 4 s of which 1 s drafting (prompt a) and 2 s (prompt b): 2x
+    measured, 8/3 and 4x had drafting cost nothing; 3 of 8 seconds pooled drafting."""
+    runs = [BenchPrompt(prompt_id=pid, domain="code", prompt_tokens=10, runs=(
+        ArmRun(arm="target", seconds=8.0, new_tokens=64),
+        ArmRun(arm="draftnas", seconds=4.0, new_tokens=64, draft_s=draft_s)))
+        for pid, draft_s in (("a", 1.0), ("b", 2.0))]
+    share, free, (low, high) = drafting_split(runs, "draftnas", "target")
+    assert pooled(runs, "draftnas", "target", 2.5) == pytest.approx((2.0, 3 / (6.4 - 5)))  # 6.4 s at 2.5x
+    assert pooled(runs, "draftnas", "target", 4.0) == (pytest.approx(2.0), None)  # 5 s outside drafting
+    assert share == pytest.approx(3 / 8)
+    assert free == pytest.approx((8 / 3 + 4) / 2) and low == pytest.approx(8 / 3) and high == pytest.approx(4)
+    assert compare_arms(runs, "draftnas", "target").ratio == pytest.approx(2.0)
