@@ -250,7 +250,7 @@ class ArmResult(Record):
     tokens_per_step: float | None = None
     mean_accepted_per_step: float | None = None
     draft_acceptance_rate: float | None = None
-    draft_ms_per_token: float | None = None
+    draft_ms_per_token: float | None = None  # drafter seconds (its prompt prefill too) per drafted token
     draft_share: float | None = None  # draftnas's loop: share of its seconds inside the drafter
     # draftnas's loop: its speedup had drafting cost nothing (median over prompts; `stats.drafting_split`)
     free_draft_speedup: float | None = None
