@@ -138,6 +138,19 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
+#: the files a Hugging Face folder's tokenizer is read from (a chat template does not change the ids)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model")
+
+
+def same_tokenizer_files(a: Path, b: Path) -> bool:
+    """Whether two model folders hold the same tokenizer files, byte for byte (then their tokenizers map
+    tokens to the same ids, with no tokenizer loaded); False also where either has no tokenizer.json."""
+    names = [n for n in TOKENIZER_FILES if (a / n).is_file() or (b / n).is_file()]
+    return "tokenizer.json" in names and all((a / n).is_file() and (b / n).is_file()
+                                             and (a / n).read_bytes() == (b / n).read_bytes() for n in names)
+
+
 def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     """End-of-sequence ids from the generation config, else the tokenizer."""
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

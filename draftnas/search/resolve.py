@@ -17,7 +17,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from draftnas.acceptance.records import TraceOptions
-from draftnas.acceptance.traces import tokenizer_fingerprint
+from draftnas.acceptance.traces import same_tokenizer_files, tokenizer_fingerprint
 from draftnas.acceptance.tracing import build_traces
 from draftnas.core.errors import InvalidInputError, SearchSpaceError
 from draftnas.core.machine import cpu_has_native_bf16, cpu_identity, require_device
@@ -255,8 +255,10 @@ def _tokenizer_problems(role: str, spec: str, target: str, target_arch: Architec
                 f"{target_arch.vocab_size}; a drafter must share the target's tokenizer"]
     if not (has_weights(spec) and has_weights(target)) or spec == target:
         return []
-    prints = [tokenizer_fingerprint(AutoTokenizer.from_pretrained(str(ensure_local_folder(s)[1])))
-              for s in (spec, target)]
+    folders = [ensure_local_folder(s)[1] for s in (spec, target)]
+    if same_tokenizer_files(*folders):  # the embedded pairs: no tokenizer loaded (6 s a pair on 2 cores)
+        return []
+    prints = [tokenizer_fingerprint(AutoTokenizer.from_pretrained(str(f))) for f in folders]
     if prints[0] != prints[1]:
         return [f"{role} {spec} has another tokenizer than target {target} (fingerprints {prints[0]} and "
                 f"{prints[1]}); a drafter must share the target's tokenizer"]

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from draftnas.acceptance.records import TraceOptions
-from draftnas.acceptance.traces import check_compatible, load_traces, tokenizer_fingerprint
+from draftnas.acceptance.traces import (
+    check_compatible,
+    load_traces,
+    same_tokenizer_files,
+    tokenizer_fingerprint,
+)
 from draftnas.acceptance.tracing import build_traces, decode_batch
 from draftnas.core.errors import InvalidInputError, TraceError
 from draftnas.core.prompts import Prompt
@@ -143,3 +148,21 @@ def test_traces_written_on_cuda_equal_the_cpus(tiny_target, tmp_path):
     for a, b in zip(cpu.records, gpu.records, strict=True):  # fp32: the same tokens, host tensors
         assert a.continuation_ids.tolist() == b.continuation_ids.tolist()
         assert b.topk_probs.device.type == "cpu"
+
+
+def test_same_tokenizer_files_are_byte_for_byte_and_need_a_tokenizer_json(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        (folder / "tokenizer.json").write_text('{"model": {"vocab": {"x": 0}}}')
+        (folder / "chat_template.jinja").write_text(folder.name)  # not a tokenizer file: ignored
+    assert same_tokenizer_files(a, b)
+    (b / "tokenizer_config.json").write_text("{}")  # a file only one side has
+    assert not same_tokenizer_files(a, b)
+    (a / "tokenizer_config.json").write_text("{}")
+    assert same_tokenizer_files(a, b)
+    (b / "tokenizer.json").write_text('{"model": {"vocab": {"y": 0}}}')  # one byte apart
+    assert not same_tokenizer_files(a, b)
+    for folder in (a, b):
+        (folder / "tokenizer.json").unlink()
+    assert not same_tokenizer_files(a, b)  # no tokenizer.json: not known to be the same

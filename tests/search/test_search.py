@@ -644,6 +644,15 @@ def test_a_base_or_reference_with_another_vocabulary_or_tokenizer_is_refused(tmp
     other = resolve._tokenizer_problems("base", "qwen-like", "target", target)
     assert other and "has another tokenizer than target target" in other[0]
     assert resolve._tokenizer_problems("base", "targ-copy", "target", target) == []
+    for name in ("same", "target"):  # the same tokenizer files: no tokenizer is loaded
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+
+    def no_load(folder):
+        raise AssertionError(f"loaded {folder}")
+
+    monkeypatch.setattr(resolve.AutoTokenizer, "from_pretrained", no_load)
+    assert resolve._tokenizer_problems("base", "same", "target", target) == []
 
 
 def test_bf16_is_refused_where_the_cpu_has_no_native_bf16(monkeypatch):
