@@ -32,8 +32,8 @@ from transformers import AutoTokenizer
 from draftnas.bench.arms import MAIN, REFERENCE
 from draftnas.bench.predicted import check_predictions
 from draftnas.bench.records import ArmResult, ArmRun, BenchOptions, BenchPrompt, BenchResult
-from draftnas.bench.run import compare_arms, first_divergence, tokens_per_s, unseen_prompts
-from draftnas.bench.stats import interval_of
+from draftnas.bench.run import compare_arms, first_divergence, unseen_prompts
+from draftnas.bench.stats import interval_of, tokens_per_s
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.options import option_error

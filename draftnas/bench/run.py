@@ -44,7 +44,7 @@ from draftnas.bench.records import (
     BenchResult,
     Comparison,
 )
-from draftnas.bench.stats import drafting_split, interval_of, verdict
+from draftnas.bench.stats import drafting_split, interval_of, tokens_per_s, verdict
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
 from draftnas.core.options import option_error
@@ -114,10 +114,6 @@ def bench_traces(target: LoadedModel, prompts: Sequence[Prompt], encoded: Sequen
                                         top_k=options.top_k, eos_ids=meta.eos_token_ids)
                for p, ids, cont in zip(prompts, encoded, continuations, strict=True) if cont]
     return Traces(replace(meta, n_records=len(records)), records)
-
-
-def tokens_per_s(run: ArmRun) -> float:
-    return run.new_tokens / run.seconds if run.seconds > 0 else 0.0
 
 
 def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResult:

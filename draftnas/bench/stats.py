@@ -77,11 +77,19 @@ def interval_of(rows: Sequence[Row], value: Callable[[Row], float]) -> tuple[flo
     return mid, (low, high)
 
 
-class _TimedRun(Protocol):
+class _CountedRun(Protocol):
     @property
     def seconds(self) -> float: ...
     @property
     def new_tokens(self) -> int: ...
+
+
+def tokens_per_s(run: _CountedRun) -> float:
+    """One run's new tokens over its seconds (0 for a run that took none)."""
+    return run.new_tokens / run.seconds if run.seconds > 0 else 0.0
+
+
+class _TimedRun(_CountedRun, Protocol):
     @property
     def draft_s(self) -> float: ...
 
@@ -105,8 +113,8 @@ def drafting_split(rows: Sequence[_PromptRuns], arm: str, baseline: str
     def free(row: _PromptRuns) -> float:
         own, base = row.run(arm), row.run(baseline)
         outside = own.seconds - own.draft_s
-        return (own.new_tokens / outside) / (base.new_tokens / base.seconds) if outside > 0 and \
-            base.seconds > 0 and base.new_tokens else 0.0
+        base_tps = tokens_per_s(base)
+        return own.new_tokens / outside / base_tps if outside > 0 and base_tps > 0 else 0.0
 
     ceiling, interval = interval_of(rows, free)
     return share, ceiling, interval

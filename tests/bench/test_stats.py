@@ -7,7 +7,7 @@ import pytest
 from benchmarks.drafting_split import pooled
 from draftnas.bench.records import ArmRun, BenchPrompt
 from draftnas.bench.run import compare_arms
-from draftnas.bench.stats import drafting_split, median_interval, relative_error, verdict
+from draftnas.bench.stats import drafting_split, median_interval, relative_error, tokens_per_s, verdict
 
 
 class FakeClock:
@@ -82,6 +82,8 @@ def test_verdict_and_relative_error():
     assert verdict(1.01, 1.2) == "ahead" and verdict(0.8, 0.99) == "behind"
     assert verdict(0.99, 1.3) == "not separable on this host"
     assert relative_error(11.0, 10.0) == pytest.approx(0.1) and relative_error(None, 3.0) is None
+    assert tokens_per_s(ArmRun(arm="a", seconds=4.0, new_tokens=10)) == 2.5
+    assert tokens_per_s(ArmRun(arm="a", seconds=0.0, new_tokens=10)) == 0.0  # a run that took no time
 
 
 def test_the_drafting_split_gives_the_share_drafting_and_the_speedup_without_it():
