@@ -41,6 +41,7 @@ def test_the_dry_run_walks_every_phase_and_a_second_call_resumes(tmp_path):
             "paper-smollm2-135m-smollm2-135m"} <= set(replays)
     assert replays["smollm2-135m-reference"]["source"] == "bench"
     assert replays["smollm2-135m-draftnas-int4"]["draft_weights"] == "int4"  # the weights its shape names
+    assert replays["smollm2-135m-draftnas-int4"]["dtype"] == "bf16"  # int4 keeps bf16 activations on any CPU
     assert summary["int4"]["smollm2-135m"]["decode_step_ms"]["int4"] > 0
     assert all(r["exact"] for r in replays.values())
     assert replays["paper-smollm2-135m-smollm2-135m"]["source"] == "rate"
