@@ -70,7 +70,7 @@ if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny sizes
     DEVICE=cpu TARGET=smollm2-135m GEMMA=gemma-3-270m NEW=4 PER=1 BATCHES=1,2 PROMPTS=chat
     PROFILE_ARGS=(--device cpu --dtype fp32 --from draftnas/data/profiles/cpu-amd-2core-fp32-static.json
                   --target smollm2-135m --layers 1,2 --batch-sizes 1 --max-gamma 1 --context 16 --repeats 3)
-    GRAPH_MODE=static HALF=bf16 QUANT_HALF=bf16 TRIALS=2 E2E_BUDGET=smoke
+    GRAPH_MODE=static HALF=bf16 TRIALS=2 E2E_BUDGET=smoke
     QWEN_TARGETS=smollm2-135m PAPER_TARGET=smollm2-135m PAPER_DRAFTERS=smollm2-135m REPLAY_ROUNDS=1
     QWEN_DRAFTERS="reference:smollm2-135m draftnas:smollm2-135m,head=4096"
     QWEN_DRAFTERS+=" draftnas-int4:smollm2-135m,head=4096,weights=int4" REPLAY_BATCHES=1,2 REPLAY_NEW=4
@@ -87,14 +87,13 @@ traces: {prompts: 3, max_new_tokens: 8}
 workload: {prompt_set: chat}
 YAML
     SEARCH_ARGS=(--space "$OUT/dry-space.yaml" --no-calibrate)  # the GPU's calibration has no CPU stand-in
-    # a CPU without bf16 instructions runs dense bf16 emulated, slower than fp32: its dense phases run fp32; the
-    # int4 ones keep bf16 activations, the only ones the CPU's int4 kernel vectorizes (3x faster there)
+    # a CPU without bf16 instructions runs dense bf16 emulated, slower than fp32: its dense phases run fp32 (the
+    # int4 ones run bf16 activations everywhere: `replay`, int4-cuda)
     grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null || HALF=fp32
 else
     export DRAFTNAS_CACHE="$PWD/.whl/cache"
     DEVICE=cuda TARGET=.whl/smollm2.gguf GEMMA=.whl/gemma3.gguf NEW=64 PER=3 BATCHES=1,2,4,8,16,32,64
-    PROMPTS=all PROFILE_ARGS=(--device cuda --dtype bf16) GRAPH_MODE=cuda-graph HALF=bf16 TRIALS=8
-    QUANT_HALF=bf16 E2E_BUDGET=quick
+    PROMPTS=all PROFILE_ARGS=(--device cuda --dtype bf16) GRAPH_MODE=cuda-graph HALF=bf16 TRIALS=8 E2E_BUDGET=quick
     QWEN_TARGETS="qwen2.5-coder-7b qwen2.5-coder-32b" REPLAY_ROUNDS=3 REPLAY_BATCHES=1,2,4,8,16,32,64
     REPLAY_FILE_NEW=64
     QWEN_DRAFTERS="reference:qwen2.5-coder-0.5b draftnas:$WINNER_SHAPE draftnas-int4:$WINNER_SHAPE,weights=int4"
@@ -149,7 +148,9 @@ bench3() {  # bench3 LABEL DTYPE: each drafter benched 3 times in DTYPE, results
 
 replay() {  # replay NAME TARGET DRAFTER [ARGS...]: one bench --replay into $OUT/replay-NAME.json (the
     local name=$1 target=$2 drafter=$3 dtype=$HALF; shift 3  # drafter's weights as its shape says:
-    case $drafter in *weights=*) dtype=$QUANT_HALF ;; esac  # ",weights=int4"
+    # ",weights=int4"), whose activations are bf16 on any device: CUDA's int4 kernel takes no other, and
+    # a CPU's int4 kernel vectorizes no other (fp32 there took 3x as long on the Zen 3 host)
+    case $drafter in *weights=*) dtype=bf16 ;; esac
     if [ -f "$OUT/replay-$name.json" ] && [ "${FORCE:-0}" != 1 ]; then return 0; fi  # done on an earlier call
     "$PY" -m draftnas bench --replay "$@" --target "$target" --draft "$drafter" --device "$DEVICE" \
         --dtype "$dtype" --rounds "$REPLAY_ROUNDS" --out-json "$OUT/replay-$name.json"
@@ -183,7 +184,7 @@ PYEOF
         local failed=0 a
         "$PY" -m pytest -q -p no:cacheprovider $CUDA_TESTS -k "cuda or captured or capture" || failed=1
         for a in $INT4_ARCHS; do
-            "$PY" benchmarks/weight_formats.py --device "$DEVICE" --dtype "$QUANT_HALF" --arch "$a" \
+            "$PY" benchmarks/weight_formats.py --device "$DEVICE" --dtype bf16 --arch "$a" \
                 --repeats "$INT4_REPEATS" --json "$OUT/int4-$a.json" || return 1
         done
         return $failed ;;
@@ -285,8 +286,8 @@ for name in "$@"; do
     # wrote, not how long it took (a slow or loaded host is no failure there): no bound
     limit=${PLANNED[$name]:-60}; [ "${DRY_RUN:-0}" = 1 ] && limit=0
     timeout "$limit" bash -c "$(declare -f phase drafters graph_profile as_folder join_parts bench3 replay); \
-        $(declare -p PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE HALF QUANT_HALF \
-        TRIALS E2E_BUDGET SEARCH_ARGS ALL ACCEPTS QWEN_TARGETS QWEN_DRAFTERS PAPER_TARGET PAPER_DRAFTERS PAPER_ALPHA \
+        $(declare -p PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE HALF TRIALS \
+        E2E_BUDGET SEARCH_ARGS ALL ACCEPTS QWEN_TARGETS QWEN_DRAFTERS PAPER_TARGET PAPER_DRAFTERS PAPER_ALPHA \
         REPLAY_ROUNDS REPLAY_BATCHES REPLAY_NEW REPLAY_FILE_NEW INT4_ARCHS INT4_REPEATS CUDA_TESTS \
         CUDA_TESTS_MORE); phase $name" \
         > "$OUT/$name.log" 2>&1
