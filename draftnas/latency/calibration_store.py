@@ -24,7 +24,7 @@ from draftnas.core.machine import cpu_count, cpu_identity
 from draftnas.core.records import CpuIdentity, Record, write_json_file
 from draftnas.latency.records import HostCalibration
 
-FORMAT = 1
+FORMAT = 2  # 2: a quantized drafter reads a prompt dense where that timed faster (`MatmulChooser`)
 DRIFT_TOLERANCE = 0.10  # the re-timed decode and verify may differ this much from the stored ones
 
 

@@ -10,7 +10,11 @@ A weight may also be multiplied quantized (`MatmulChooser.quantize`), activation
 dtype: in int8, one scale per output row (`torch._weight_int8pack_mm`; half the bytes of bf16), or in
 int4, a scale and zero point per group of 32 inputs (`torch._weight_int4pack_mm_for_cpu` on the CPU,
 `torch._weight_int4pack_mm` on CUDA, bf16 activations; a quarter). `weights_problem` says where a format
-runs. `benchmarks/weight_formats.py` times them; docs/hosts/ has the figures.
+runs. `benchmarks/weight_formats.py` times them; docs/hosts/ has the figures. On the CPU a quantized
+weight's products over a prompt (more than `MAX_WEIGHT_ONCE_ROWS` rows) run dense, from the weight its values
+stand for, where that timed faster: on the Intel Xeon host the int4 and int8 kernels read a 44-token
+prompt 2.6-3.5× slower than dense while they decode 1.5-2.2× faster (a dense copy of those weights is then
+kept).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from draftnas.models.records import INT4_GROUP, MAX_WEIGHT_ONCE_ROWS, dtype_name
 from draftnas.models.records import TORCH_DTYPES as TORCH_DTYPE_NAMES
 
 LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2  # F.linear(x, W), (W @ x.T).T, x @ W.T.contiguous()
+PROMPT_ROWS = 44  # rows a quantized weight's many-row products are timed at: the workloads' prompts
 
 
 @dataclass
@@ -64,6 +69,11 @@ class MatmulChooser:
     met: dict[tuple[int, int, int, int], int] = field(default_factory=dict)  # (*key, id(W)) -> products
     # id(W) -> ("int8", (values, scales)) or ("int4", (packed, scales and zeros)): products run quantized
     packed: dict[int, tuple[str, tuple[torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
+    # id(W) -> the dense weight its quantized values stand for (CPU), multiplied over more than
+    # MAX_WEIGHT_ONCE_ROWS rows (a prompt) where that timed faster than the quantized kernel (dropped
+    # where not); many_rows_dense: (kind, out, in) -> that choice
+    dequantized: dict[int, torch.Tensor] = field(default_factory=dict)
+    many_rows_dense: dict[tuple[str, int, int], bool] = field(default_factory=dict)
 
     def quantize(self, weight: torch.Tensor, kind: str = "int8") -> None:
         """Multiply by `weight` in `kind` ("int8": `quantize_int8`; "int4": `quantize_int4`) from now
@@ -77,8 +87,18 @@ class MatmulChooser:
         if weight.device.type == "cpu" and not self.enabled:
             raise InvalidInputError(f"{kind} weights run through draftnas's chosen products (this model's "
                                     "products are not chosen here: matmul='linear')")
-        if id(weight) not in self.packed:
-            self.packed[id(weight)] = (kind, quantize_int8(weight) if kind == "int8" else pack_int4(weight))
+        if id(weight) in self.packed:
+            return
+        dense: torch.Tensor | None = None
+        if kind == "int8":
+            values, scales = quantize_int8(weight)
+            self.packed[id(weight)] = (kind, (values, scales))
+            dense = values.float() * scales.float()[:, None]
+        else:
+            self.packed[id(weight)] = (kind, pack_int4(weight))
+            dense = dequantize_int4(*quantize_int4(weight)) if weight.device.type == "cpu" else None
+        if dense is not None and self.many_rows_dense.get((kind, *weight.shape)) is not False:
+            self.dequantized[id(weight)] = dense.to(weight.dtype)  # kept until the many-row choice is made
 
     def single_rows(self) -> list[tuple[int, int, int]]:
         """The one-row products chosen as plain F.linear (padded or not): what `pad_single_rows` sets."""
@@ -103,6 +123,11 @@ class MatmulChooser:
         forward meets that count first — a prompt's prefill of up to 16 tokens, for one."""
         if not self.enabled:
             return
+        if any(int(r) > MAX_WEIGHT_ONCE_ROWS for r in rows):
+            for weights in self.by_shape.values():
+                for w in weights:
+                    if id(w) in self.packed:
+                        self._dense_for_many(self.packed[id(w)][0], w)
         for n in sorted({int(r) for r in rows if 0 < int(r) <= MAX_WEIGHT_ONCE_ROWS}):
             for (out_features, in_features), weights in self.by_shape.items():
                 if all(id(w) in self.packed for w in weights):  # multiplied quantized at any row count
@@ -116,6 +141,8 @@ class MatmulChooser:
         if packed is not None:
             flat = x.reshape(-1, x.shape[-1]).contiguous()
             kind, (q, scales) = packed
+            if flat.shape[0] > MAX_WEIGHT_ONCE_ROWS and self._dense_for_many(kind, weight):
+                return F.linear(x, self.dequantized[id(weight)])
             if kind == "int8":
                 out = torch._weight_int8pack_mm(flat, q, scales)
             elif flat.device.type == "cuda":  # bf16 only, as `weights_problem` requires
@@ -169,6 +196,57 @@ class MatmulChooser:
         if computed > key[0]:
             self.padded[key] = computed
         return form
+
+    def _dense_for_many(self, kind: str, weight: torch.Tensor) -> bool:
+        """Whether products of many rows (a prompt) by this quantized weight run dense, from the weight its
+        values stand for: timed once per (kind, shape) here (`PROMPT_ROWS` rows over every weight of that
+        shape, the dense product must beat the quantized one by the margin), kept in `kernel_choices`. On
+        some CPUs the quantized kernels read a prompt several times slower than dense ones while they
+        decode faster. Where the quantized kernel wins, the dense copies are dropped."""
+        key = (kind, int(weight.shape[0]), int(weight.shape[1]))
+        chosen = self.many_rows_dense.get(key)
+        if chosen is not None:
+            return chosen and id(weight) in self.dequantized
+        weights = [w for w in self.by_shape.get(key[1:], [weight])
+                   if self.packed.get(id(w), ("",))[0] == kind and id(w) in self.dequantized] or [weight]
+        if id(weight) not in self.dequantized:
+            chosen = False
+        else:
+            store = kernel_choices.active()
+            store_key = (store.key("many-rows", kind, str(weight.dtype), *key[1:], len(weights)) if store
+                         else "")
+            kept = store.get(store_key) if store else None
+            if kept is not None:
+                chosen = bool(kept)
+            else:
+                started = time.perf_counter()
+                chosen = self._time_many(weights)
+                self.timing_s += time.perf_counter() - started
+                if store:
+                    store.put(store_key, chosen)
+        self.many_rows_dense[key] = chosen
+        if not chosen:
+            for w in weights:
+                self.dequantized.pop(id(w), None)
+        return chosen
+
+    def _time_many(self, weights: list[torch.Tensor]) -> bool:
+        """Whether `PROMPT_ROWS` rows by every one of `weights` take less than the margin of the quantized
+        kernels' time multiplied dense."""
+        x = torch.randn(PROMPT_ROWS, weights[0].shape[1], dtype=weights[0].dtype, device=weights[0].device)
+        saved = dict(self.many_rows_dense)
+        key = (self.packed[id(weights[0])][0], int(weights[0].shape[0]), int(weights[0].shape[1]))
+        times: list[list[float]] = [[], []]
+        for i in range(5):
+            for j, dense in enumerate((False, True)):
+                self.many_rows_dense[key] = dense
+                started = time.perf_counter()
+                for w in weights:
+                    self(x, w)
+                if i >= 1:  # one warm-up round
+                    times[j].append(time.perf_counter() - started)
+        self.many_rows_dense = saved
+        return min(times[1]) < self.margin * min(times[0])
 
     def _transpose(self, weight: torch.Tensor) -> torch.Tensor:
         wt = self.transposed.get(id(weight))

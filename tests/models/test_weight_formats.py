@@ -56,6 +56,49 @@ def test_the_packed_int4_product_is_the_product_with_the_dequantized_weight():
         MatmulChooser(enabled=False).quantize(torch.zeros(8, 64), "int4")
 
 
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("dense_won", [True, False])
+def test_a_prompt_by_a_quantized_weight_runs_as_timed_and_multiplies_the_same_weight(kind, dense_won,
+                                                                                     monkeypatch):
+    from draftnas.models.matmul import MatmulChooser, dequantize_int4, pack_int4, quantize_int4, quantize_int8
+
+    torch.manual_seed(2)
+    w = torch.randn(80, 64)
+    monkeypatch.setattr(MatmulChooser, "_time_many", lambda self, weights: dense_won)
+    chooser = MatmulChooser(enabled=True)
+    chooser.register(w)
+    chooser.quantize(w, kind)
+    assert id(w) in chooser.dequantized  # kept until the choice
+    values, scales = quantize_int8(w) if kind == "int8" else quantize_int4(w)
+    stands_for = values.float() * scales[:, None] if kind == "int8" else dequantize_int4(values, scales)
+    prompt = torch.randn(40, 64)
+    torch.testing.assert_close(chooser(prompt, w), prompt @ stands_for.T, rtol=1e-4, atol=1e-4)
+    assert chooser.many_rows_dense == {(kind, 80, 64): dense_won}
+    assert (id(w) in chooser.dequantized) is dense_won  # the copy is dropped where the kernel won
+    one = torch.randn(1, 64)  # a decode runs the quantized kernel whichever way prompts run
+    kernel = (torch._weight_int8pack_mm(one, values, scales) if kind == "int8"
+              else torch._weight_int4pack_mm_for_cpu(one, pack_int4(w)[0], INT4_GROUP, scales))
+    assert torch.equal(chooser(one, w), kernel)
+
+
+def test_preparing_a_prompt_length_chooses_how_quantized_weights_read_it(monkeypatch):
+    from draftnas.models.matmul import MatmulChooser
+
+    timed: list[int] = []
+    monkeypatch.setattr(MatmulChooser, "_time_many",
+                        lambda self, weights: timed.append(len(weights)) or False)
+    chooser = MatmulChooser(enabled=True)
+    weights = [torch.randn(32, 64) for _ in range(3)]
+    for w in weights:
+        chooser.register(w)
+        chooser.quantize(w, "int4")
+    chooser.prepare([1, 2, 11])  # steps only: no prompt, nothing chosen
+    assert chooser.many_rows_dense == {} and len(chooser.dequantized) == 3
+    chooser.prepare([1, 44])
+    assert timed == [3]  # once for the shape, over its three weights
+    assert chooser.many_rows_dense == {("int4", 32, 64): False} and chooser.dequantized == {}
+
+
 @pytest.mark.parametrize(("weights", "device", "dtype", "problem"), [
     ("int8", "cpu", "fp32", None),
     ("attn=int8,mlp=int4,head=int4", "cpu", "bf16", None),
