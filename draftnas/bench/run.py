@@ -380,17 +380,18 @@ def _with_predictions(results: list[ArmResult], bench: Bench, prompts: Sequence[
     p, which is what a sampled trace holds), and with `write_accepts` the estimator's counts per step."""
     traces = bench_traces(bench.target, prompts, encoded, continuations, options)
     by_name = {r.name: r for r in results}
+    estimated: list[AcceptsTrace] = []
     for d in bench.drafters.values():
         name, g = arm_names(d.label)[0], str(d.gamma)
         with d.own_products():  # its weight format's products, as it drafts
             est = estimate_acceptance(d.loaded, traces, max_gamma=d.gamma, temperature=options.temperature,
                                       p_mins=(d.p_min,))
+            if options.write_accepts:
+                estimated.append(estimated_accepts(d.loaded, traces, gamma=d.gamma, p_min=d.p_min,
+                                                   label=f"{d.label}-estimate", drafter=d.loaded.source.spec))
         stop = est.policy(d.gamma, d.p_min) if d.p_min > 0 else None  # a stop's walk has no interval here
         by_name[name] = replace(by_name[name], predicted_tokens_per_step=stop.tokens_per_step if stop
                                 else est.tokens_per_step[g], predicted_ci_low=None if stop else est.ci_low[g],
                                 predicted_ci_high=None if stop else est.ci_high[g],
                                 predicted_acceptance_rate=est.acceptance_rate, estimator_s=est.elapsed_s)
-    estimated = [estimated_accepts(d.loaded, traces, gamma=d.gamma, label=f"{d.label}-estimate",
-                                   p_min=d.p_min, drafter=d.loaded.source.spec)
-                 for d in bench.drafters.values()] if options.write_accepts else []
     return [by_name[r.name] for r in results], estimated

@@ -68,6 +68,24 @@ def test_a_bench_writes_each_drafters_counts_per_step_and_the_estimators(recorde
     assert AcceptsFile.from_dict(json.loads(path.read_text())) == accepts
 
 
+def test_the_estimators_counts_are_the_quantized_drafters_own(tiny_llama_config, tmp_path, monkeypatch):
+    from draftnas.models.matmul import MatmulChooser
+
+    monkeypatch.setattr(MatmulChooser, "_time_many", lambda self, weights: False)  # every product in int4
+    target = tiny_llama(tiny_llama_config, initializer_range=0.2)
+    target.generation_config.eos_token_id = None
+    target.generation_config.pad_token_id = 0
+    drafter = truncated(target, 2)
+    path = tmp_path / "accepts.json"
+    options = BenchOptions(gamma=3, max_new_tokens=20, engine="static", hf_assisted=False, rounds=1,
+                           draft_weights="int4", write_accepts=str(path))
+    run_bench(loaded(target, "tiny-target"), loaded(drafter, "tiny-draft"), PROMPTS, options)
+    accepts = read_accepts(path)
+    measured, estimated = accepts.traces["draftnas"], accepts.traces["draftnas-estimate"]
+    # fp32, greedy: the walk of the int4 drafter's agreement, not the dense one's, is the loop's count
+    assert [p.accepted for p in estimated.prompts] == [p.accepted for p in measured.prompts]
+
+
 def test_replaying_a_real_runs_counts_reproduces_its_steps_and_tokens_exactly(recorded):
     result, path, folders = recorded
     request = BenchRequest(target=folders["target"], draft=folders["draft"], replay=str(path),
