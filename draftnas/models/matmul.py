@@ -13,7 +13,7 @@ int4, a scale and zero point per group of 32 inputs (`torch._weight_int4pack_mm_
 runs. `benchmarks/weight_formats.py` times them; docs/hosts/ has the figures. On the CPU a quantized
 weight's products over a prompt (more than `MAX_WEIGHT_ONCE_ROWS` rows) run dense, from the weight its values
 stand for, where that timed faster: on the Intel Xeon host the int4 and int8 kernels read a 44-token
-prompt 2.6-3.5× slower than dense while they decode 1.5-2.2× faster (a dense copy of those weights is then
+prompt 2.6-3.5× slower than dense while they decode 1.5-2.1× faster (a dense copy of those weights is then
 kept).
 """
 
