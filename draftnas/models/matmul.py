@@ -89,15 +89,10 @@ class MatmulChooser:
                                     "products are not chosen here: matmul='linear')")
         if id(weight) in self.packed:
             return
-        dense: torch.Tensor | None = None
-        if kind == "int8":
-            values, scales = quantize_int8(weight)
-            self.packed[id(weight)] = (kind, (values, scales))
-            dense = values.float() * scales.float()[:, None]
-        else:
-            self.packed[id(weight)] = (kind, pack_int4(weight))
-            dense = dequantize_int4(*quantize_int4(weight)) if weight.device.type == "cpu" else None
-        if dense is not None and self.many_rows_dense.get((kind, *weight.shape)) is not False:
+        quantized = quantize_int8(weight) if kind == "int8" else quantize_int4(weight)
+        self.packed[id(weight)] = (kind, quantized if kind == "int8" else pack_int4(weight, quantized))
+        if weight.device.type == "cpu" and self.many_rows_dense.get((kind, *weight.shape)) is not False:
+            dense = dequantize_int8(*quantized) if kind == "int8" else dequantize_int4(*quantized)
             self.dequantized[id(weight)] = dense.to(weight.dtype)  # kept until the many-row choice is made
 
     def single_rows(self) -> list[tuple[int, int, int]]:
@@ -139,18 +134,9 @@ class MatmulChooser:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         packed = self.packed.get(id(weight)) if self.packed else None
         if packed is not None:
-            flat = x.reshape(-1, x.shape[-1]).contiguous()
-            kind, (q, scales) = packed
-            if flat.shape[0] > MAX_WEIGHT_ONCE_ROWS and self._dense_for_many(kind, weight):
+            if x.numel() // x.shape[-1] > MAX_WEIGHT_ONCE_ROWS and self._dense_for_many(packed[0], weight):
                 return F.linear(x, self.dequantized[id(weight)])
-            if kind == "int8":
-                out = torch._weight_int8pack_mm(flat, q, scales)
-            elif flat.device.type == "cuda":  # bf16 only, as `weights_problem` requires
-                out = torch._weight_int4pack_mm(flat, q, INT4_GROUP, scales)
-            else:
-                out = torch._weight_int4pack_mm_for_cpu(
-                    flat, q, INT4_GROUP, scales if scales.dtype == flat.dtype else scales.to(flat.dtype))
-            return out.reshape(*x.shape[:-1], weight.shape[0])
+            return _quantized_product(x, packed).reshape(*x.shape[:-1], weight.shape[0])
         if not self.enabled:
             return F.linear(x, weight)
         rows = x.numel() // x.shape[-1]
@@ -234,18 +220,17 @@ class MatmulChooser:
         """Whether `PROMPT_ROWS` rows by every one of `weights` take less than the margin of the quantized
         kernels' time multiplied dense."""
         x = torch.randn(PROMPT_ROWS, weights[0].shape[1], dtype=weights[0].dtype, device=weights[0].device)
-        saved = dict(self.many_rows_dense)
-        key = (self.packed[id(weights[0])][0], int(weights[0].shape[0]), int(weights[0].shape[1]))
         times: list[list[float]] = [[], []]
         for i in range(5):
             for j, dense in enumerate((False, True)):
-                self.many_rows_dense[key] = dense
                 started = time.perf_counter()
                 for w in weights:
-                    self(x, w)
+                    if dense:
+                        F.linear(x, self.dequantized[id(w)])
+                    else:
+                        _quantized_product(x, self.packed[id(w)])
                 if i >= 1:  # one warm-up round
                     times[j].append(time.perf_counter() - started)
-        self.many_rows_dense = saved
         return min(times[1]) < self.margin * min(times[0])
 
     def _transpose(self, weight: torch.Tensor) -> torch.Tensor:
@@ -299,6 +284,19 @@ class MatmulChooser:
         return form, computed
 
 
+def _quantized_product(x: torch.Tensor, packed: tuple[str, tuple[torch.Tensor, torch.Tensor]]
+                       ) -> torch.Tensor:
+    """x [..., in] by a weight `MatmulChooser.quantize` packed ((kind, (values, scales))) -> [rows, out]."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    kind, (q, scales) = packed
+    if kind == "int8":
+        return torch._weight_int8pack_mm(flat, q, scales)
+    if flat.device.type == "cuda":  # bf16 only, as `weights_problem` requires
+        return torch._weight_int4pack_mm(flat, q, INT4_GROUP, scales)
+    return torch._weight_int4pack_mm_for_cpu(
+        flat, q, INT4_GROUP, scales if scales.dtype == flat.dtype else scales.to(flat.dtype))
+
+
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`weight` [out, in] as int8 values and one scale per output row (symmetric, round to nearest:
     row max |w| maps to 127), the scales in the weight's dtype: what `torch._weight_int8pack_mm` reads."""
@@ -306,6 +304,11 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
     values = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
     return values, scales.to(weight.dtype)
+
+
+def dequantize_int8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The fp32 weight `quantize_int8`'s values and scales stand for (what the int8 product multiplies by)."""
+    return values.float() * scales.float()[:, None]
 
 
 def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,12 +336,14 @@ def dequantize_int4(values: torch.Tensor, scales_zeros: torch.Tensor) -> torch.T
     return ((groups - 8) * scales + zeros).reshape(out_features, in_features)
 
 
-def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantize_int4` packed for the weight's device, the scales in the weight's dtype (the activations'
-    dtype a model multiplies in): for `torch._weight_int4pack_mm_for_cpu` on the CPU (values as int32),
-    for `torch._weight_int4pack_mm` on CUDA (two values a byte, the even input in the high half, tiled for
-    its tensor cores: `k_tiles` inner tiles of 16 inputs, the most that divide the input width)."""
-    values, scales_zeros = quantize_int4(weight)
+def pack_int4(weight: torch.Tensor, quantized: tuple[torch.Tensor, torch.Tensor] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_int4` (or `quantized`, its result for `weight` already at hand) packed for the weight's
+    device, the scales in the weight's dtype (the activations' dtype a model multiplies in): for
+    `torch._weight_int4pack_mm_for_cpu` on the CPU (values as int32), for `torch._weight_int4pack_mm` on
+    CUDA (two values a byte, the even input in the high half, tiled for its tensor cores: `k_tiles` inner
+    tiles of 16 inputs, the most that divide the input width)."""
+    values, scales_zeros = quantized if quantized is not None else quantize_int4(weight)
     if weight.device.type != "cuda":
         return torch._convert_weight_to_int4pack_for_cpu(values, 1), scales_zeros.to(weight.dtype)
     if torch.cuda.get_device_capability(weight.device) < (8, 0):
