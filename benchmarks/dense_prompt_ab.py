@@ -1,9 +1,9 @@
 """A quantized drafter reading its prompt dense against reading it through its quantized kernels, in one
 interleaved run of draftnas's loop (static engine, greedy, the bench's held-out prompts): the same drafter,
 the same target, only the many-row products of the drafter's quantized weights switched
-(`MatmulChooser.many_rows_dense`). Prints per arm the median tokens/s over prompts (each prompt's median over
-rounds) with a 95% bootstrap interval, the ratio dense ÷ quantized per prompt and round, and the drafter's
-prefill of each prompt timed alone both ways.
+(`MatmulChooser.many_rows_dense`). Prints per arm the median tokens/s over prompts and the ratio dense ÷
+quantized, each prompt's median over its rounds first, with the bench's 95% bootstrap interval over prompts
+(`bench.stats`), and the drafter's prefill of each prompt timed alone both ways.
 
     python benchmarks/dense_prompt_ab.py --draft drafters/L24bi-h14kv2-i4864-v98304-int4 --gamma 9 --p-min 0.7
 """
@@ -15,21 +15,14 @@ import json
 import statistics
 import time
 
-import numpy as np
 import torch
 
 from draftnas.bench.arms import Bench
 from draftnas.bench.records import BenchOptions
 from draftnas.bench.run import load_for_bench
+from draftnas.bench.stats import median_interval, per_prompt_median
 from draftnas.core.prompts import load_prompts
 from draftnas.models.speculative import speculative_generate
-
-
-def _interval(values: list[float], seed: int = 0) -> tuple[float, float, float]:
-    rng = np.random.default_rng(seed)
-    arr = np.array(values)
-    boots = [float(np.median(rng.choice(arr, len(arr)))) for _ in range(2000)]
-    return float(np.median(arr)), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
 
 
 def main() -> None:
@@ -70,21 +63,20 @@ def main() -> None:
 
     for ids in encoded:  # warm both ways at every length, untimed
         run(ids, True), run(ids, False)
-    tps: dict[str, dict[int, list[float]]] = {"dense": {}, "quantized": {}}
+    tps: dict[str, dict[str, list[float]]] = {"dense": {}, "quantized": {}}
     prefill: dict[str, list[float]] = {"dense": [], "quantized": []}
-    ratios: list[float] = []
+    ratios: dict[str, list[float]] = {}
     for r in range(args.rounds):
-        for i, ids in enumerate(encoded):
+        for i, (prompt, ids) in enumerate(zip(kept, encoded, strict=True)):
             order = ("dense", "quantized") if (i + r) % 2 == 0 else ("quantized", "dense")
             got = {name: run(ids, name == "dense") for name in order}
             for name, (t, p) in got.items():
-                tps[name].setdefault(i, []).append(t)
+                tps[name].setdefault(prompt.id, []).append(t)
                 prefill[name].append(p)
-            ratios.append(got["dense"][0] / got["quantized"][0])
+            ratios.setdefault(prompt.id, []).append(got["dense"][0] / got["quantized"][0])
     result = {"drafter": args.draft, "prompts": [p.id for p in kept], "rounds": args.rounds,
-              "tokens_per_s": {k: _interval([statistics.median(v) for v in per.values()])
-                               for k, per in tps.items()},
-              "dense_over_quantized": _interval(ratios),
+              "tokens_per_s": {k: median_interval(per_prompt_median(per)) for k, per in tps.items()},
+              "dense_over_quantized": median_interval(per_prompt_median(ratios)),
               "prefill_ms_median": {k: statistics.median(v) for k, v in prefill.items()}}
     print(json.dumps(result, indent=1))
     if args.out:
