@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from draftnas.bench.arms import MAIN, REFERENCE
-from draftnas.bench.records import BenchResult, PredictionCheck
+from draftnas.bench.records import ArmResult, BenchResult, PredictionCheck
 from draftnas.bench.stats import relative_error
+from draftnas.core.throughput import median_request
 from draftnas.search.predictions import ArmPrediction, SearchPredictions
 from draftnas.search.records import WorkloadPrediction
 
@@ -18,12 +20,23 @@ def exported_prediction(record: dict[str, Any] | None) -> WorkloadPrediction | N
     return WorkloadPrediction.from_dict(data) if isinstance(data, dict) else None
 
 
+def bench_median(p: ArmPrediction, measured: ArmResult, new_tokens: int) -> tuple[float, float] | None:
+    """`p`'s latencies priced on the bench's own prompts: the estimator's walk of each at the arm's policy,
+    requests of the bench's `new_tokens` (`throughput.median_request`); None without both."""
+    walk, gamma = measured.predicted_prompt_tokens_per_step, measured.gamma
+    if p.request is None or not walk or gamma is None or not 1 <= gamma < len(p.request.verify_ms):
+        return None
+    return median_request(replace(p.request, new_tokens=new_tokens), gamma, walk,
+                          measured.predicted_prompt_drafted_per_step)
+
+
 def _check(result: BenchResult, arm: str, p: ArmPrediction, source: str = "search") -> PredictionCheck | None:
     if not result.has(arm):
         return None
     measured = result.arm(arm)
-    median_tps = p.median_tokens_per_s or p.tokens_per_s
-    median_speedup = p.median_speedup or p.speedup
+    here = bench_median(p, measured, result.max_new_tokens)
+    median_tps = here[0] if here else p.median_tokens_per_s or p.tokens_per_s
+    median_speedup = here[1] if here else p.median_speedup or p.speedup
     error = relative_error(median_tps, measured.tokens_per_s)
     assert error is not None
     pooled = measured.pooled_tokens_per_s
@@ -39,7 +52,9 @@ def _check(result: BenchResult, arm: str, p: ArmPrediction, source: str = "searc
                            source=source, pooled_tokens_per_s=pooled,
                            pooled_tokens_per_s_error=relative_error(p.tokens_per_s, pooled),
                            pooled_speedup=pooled_speedup,
-                           pooled_speedup_error=relative_error(p.speedup, pooled_speedup))
+                           pooled_speedup_error=relative_error(p.speedup, pooled_speedup),
+                           predicted_bench_median_tokens_per_s=here[0] if here else None,
+                           predicted_bench_median_speedup=here[1] if here else None)
 
 
 def _exported_arm(role: str, name: str, exported: WorkloadPrediction) -> ArmPrediction:
@@ -48,7 +63,7 @@ def _exported_arm(role: str, name: str, exported: WorkloadPrediction) -> ArmPred
                          gamma=e.gamma, tokens_per_step=e.tokens_per_step, draft_ms=e.draft_ms,
                          verify_ms=e.verify_ms, target_ms=e.target_ms, p_min=e.p_min,
                          median_tokens_per_s=exported.median_tokens_per_s,
-                         median_speedup=exported.median_speedup)
+                         median_speedup=exported.median_speedup, request=exported.request)
 
 
 def check_predictions(result: BenchResult, predictions: SearchPredictions,

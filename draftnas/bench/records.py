@@ -267,6 +267,10 @@ class ArmResult(Record):
     predicted_ci_high: float | None = None
     predicted_acceptance_rate: float | None = None
     estimator_s: float | None = None
+    # the estimator's walk of each prompt at the arm's policy (tokens and drafts per step, in the prompts'
+    # order), which a search's latencies price into the median over these prompts (`bench.predicted`)
+    predicted_prompt_tokens_per_step: tuple[float, ...] = ()
+    predicted_prompt_drafted_per_step: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -308,6 +312,11 @@ class PredictionCheck(Record):
     # then compare against; without it the pooled prediction stands for both
     predicted_median_tokens_per_s: float | None = None
     predicted_median_speedup: float | None = None
+    # the same latencies priced on the bench's own prompts (the estimator's walk of each, with the bench's
+    # tokens per request): what the median's errors compare against where it exists, since a median over
+    # a few prompts moves with which prompts they are
+    predicted_bench_median_tokens_per_s: float | None = None
+    predicted_bench_median_speedup: float | None = None
 
 
 @dataclass(frozen=True)

@@ -36,14 +36,7 @@ from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.batched import host_label, run_batched_bench
 from draftnas.bench.predicted import check_predictions, exported_prediction
 from draftnas.bench.recorded import write_bench_accepts
-from draftnas.bench.records import (
-    ArmResult,
-    ArmRun,
-    BenchOptions,
-    BenchPrompt,
-    BenchResult,
-    Comparison,
-)
+from draftnas.bench.records import ArmResult, ArmRun, BenchOptions, BenchPrompt, BenchResult, Comparison
 from draftnas.bench.stats import drafting_split, interval_of, tokens_per_s, verdict
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
@@ -389,9 +382,13 @@ def _with_predictions(results: list[ArmResult], bench: Bench, prompts: Sequence[
             if options.write_accepts:
                 estimated.append(estimated_accepts(d.loaded, traces, gamma=d.gamma, p_min=d.p_min,
                                                    label=f"{d.label}-estimate", drafter=d.loaded.source.spec))
-        stop = est.policy(d.gamma, d.p_min) if d.p_min > 0 else None  # a stop's walk has no interval here
+        walk = est.policy(d.gamma, d.p_min)  # greedy: each prompt's walk at the arm's policy
+        stop = walk if d.p_min > 0 else None  # a stop's walk has no interval here
+        prompts_walked = (walk.prompt_tokens_per_step, walk.prompt_drafted_per_step) if walk else ((), ())
         by_name[name] = replace(by_name[name], predicted_tokens_per_step=stop.tokens_per_step if stop
                                 else est.tokens_per_step[g], predicted_ci_low=None if stop else est.ci_low[g],
                                 predicted_ci_high=None if stop else est.ci_high[g],
-                                predicted_acceptance_rate=est.acceptance_rate, estimator_s=est.elapsed_s)
+                                predicted_acceptance_rate=est.acceptance_rate, estimator_s=est.elapsed_s,
+                                predicted_prompt_tokens_per_step=prompts_walked[0],
+                                predicted_prompt_drafted_per_step=prompts_walked[1])
     return [by_name[r.name] for r in results], estimated

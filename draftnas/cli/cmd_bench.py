@@ -87,21 +87,24 @@ def _pct(value: float | None) -> str:
 def predictions_table(result: BenchResult) -> Table:
     """The search's predictions beside the bench's medians: tokens/s and speedup, each with its error;
     the held-out row (the latency model on a shape the calibration did not time) marked."""
-    table = Table(title="Predicted by the search against measured here: the median over prompts (predicted "
-                        "from each prompt's walk where the estimate has one, else the pooled prediction) and "
-                        "the pooled figure (all tokens over all seconds); error = predicted / measured - 1",
-                        header_style="bold")
+    table = Table(title="Predicted by the search against measured here: the median over prompts (the "
+                        "search's latencies priced on each of these prompts' walks where the bench estimated "
+                        "them, else on the search's prompts, else the pooled prediction) and the pooled "
+                        "figure (all tokens over all seconds); error = predicted / measured - 1",
+                  header_style="bold")
     for col in ("arm", "predicted", "tokens/s: median pred.", "median", "error", "pooled pred.", "pooled",
                 "error", "speedup: median pred.", "median", "error", "pooled pred.", "pooled", "error"):
         table.add_column(col, justify="left" if col in ("arm", "predicted") else "right")
     for c in result.predictions:
         what = f"{c.name}" + (" (held out: untimed shape)" if c.held_out else "") + (
             " (as exported)" if c.source == "export" else "")
-        table.add_row(c.arm, what, f"{c.predicted_median_tokens_per_s or c.predicted_tokens_per_s:.2f}",
+        median_tps = c.predicted_bench_median_tokens_per_s or c.predicted_median_tokens_per_s
+        median_speedup = c.predicted_bench_median_speedup or c.predicted_median_speedup
+        table.add_row(c.arm, what, f"{median_tps or c.predicted_tokens_per_s:.2f}",
                       f"{c.measured_tokens_per_s:.2f}", _pct(c.tokens_per_s_error),
                       f"{c.predicted_tokens_per_s:.2f}", _fmt(c.pooled_tokens_per_s),
                       _pct(c.pooled_tokens_per_s_error),
-                      _fmt(c.predicted_median_speedup or c.predicted_speedup, ".3f"),
+                      _fmt(median_speedup or c.predicted_speedup, ".3f"),
                       _fmt(c.measured_speedup, ".3f"), _pct(c.speedup_error),
                       _fmt(c.predicted_speedup, ".3f"),
                       _fmt(c.pooled_speedup, ".3f"), _pct(c.pooled_speedup_error))

@@ -15,6 +15,7 @@ Decoding", NAACL, eq. 1-3):
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -254,6 +255,52 @@ def _check_latency(name: str, value_ms: float, strictly_positive: bool = False) 
     if value_ms < 0 or (strictly_positive and value_ms == 0) or math.isnan(value_ms):
         bound = "> 0" if strictly_positive else ">= 0"
         raise InvalidInputError(f"{name} must be {bound} ms, got {value_ms:g}")
+
+
+def verify_at(row: Sequence[float], drafted: float) -> float:
+    """The verify of `drafted` drafts plus one (row[g]: of g + 1 tokens), linear between whole counts."""
+    low = min(int(math.floor(drafted)), len(row) - 1)
+    high = min(low + 1, len(row) - 1)
+    return row[low] + (drafted - low) * (row[high] - row[low])
+
+
+@dataclass(frozen=True)
+class RequestTerms(Record):
+    """The latencies that price one whole request at batch 1: a draft step, a plain decode step, the verify
+    of g drafts plus one (`verify_ms[g]`, g = 0, 1, ...), the prefills before the first token (0: left
+    out) and the tokens a request generates. With a walk of prompts (tokens and drafts per step, one
+    each), `median_request` prices the median over those prompts, as a bench reports it."""
+
+    draft_ms: float
+    target_ms: float
+    verify_ms: tuple[float, ...]
+    spec_prefill_ms: float = 0.0
+    target_prefill_ms: float = 0.0
+    new_tokens: int = 1
+    baseline_batch_size: int | None = None
+
+
+def median_request(terms: RequestTerms, gamma: int, prompt_tokens_per_step: Sequence[float],
+                   prompt_drafted_per_step: Sequence[float]) -> tuple[float, float]:
+    """(median tokens/s, median speedup) over prompts of whole requests: each prompt's steps at `gamma`
+    (its tokens and drafts per step; the verify priced at its mean drafts, `verify_at`), then the prefill
+    (`with_prefill`) beside plain decoding's. The prefill is the same for every prompt and raises each
+    prompt's tokens/s alike, so the median of whole requests is the whole request of the median."""
+    if not prompt_tokens_per_step or len(prompt_tokens_per_step) != len(prompt_drafted_per_step):
+        raise InvalidInputError("a median over prompts needs each prompt's tokens and drafts per step")
+    if gamma < 1 or gamma >= len(terms.verify_ms):
+        priced = len(terms.verify_ms) - 1
+        raise InvalidInputError(f"gamma {gamma} has no verify latency (priced: gamma 1..{priced})")
+    prompts = [predict_throughput(gamma=gamma, draft_ms=terms.draft_ms, target_ms=terms.target_ms,
+                                  verify_ms=verify_at(terms.verify_ms, min(d, float(gamma))),
+                                  tokens_per_step=min(max(t, 1.0), gamma + 1.0),
+                                  drafted_per_step=min(d, float(gamma)),
+                                  baseline_batch_size=terms.baseline_batch_size)
+               for t, d in zip(prompt_tokens_per_step, prompt_drafted_per_step, strict=True)]
+    tps = statistics.median(p.tokens_per_s for p in prompts)
+    spec = with_prefill(tps, terms.new_tokens, terms.spec_prefill_ms)
+    plain = with_prefill(prompts[0].baseline_tokens_per_s, terms.new_tokens, terms.target_prefill_ms)
+    return spec, spec / plain
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from draftnas.core.options import option_error
 from draftnas.core.records import Record, write_json_file
+from draftnas.core.throughput import RequestTerms
 from draftnas.latency.corrected import CalibratedModel
 from draftnas.search.records import RankedTrial, SearchOptions, SearchResult
 from draftnas.search.scoring import predict_workload, weights_predictor
@@ -46,6 +47,7 @@ class ArmPrediction(Record):
     # acceptance was walked per prompt; tokens_per_s / speedup are the pooled figures
     median_tokens_per_s: float | None = None
     median_speedup: float | None = None
+    request: RequestTerms | None = None  # the latencies that priced it, to price a bench's prompts alike
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def arm_prediction(role: str, r: RankedTrial, held_out: bool = False) -> ArmPred
                          gamma=e.gamma, tokens_per_step=e.tokens_per_step,
                          draft_ms=e.draft_ms, verify_ms=e.verify_ms, target_ms=e.target_ms, held_out=held_out,
                          p_min=e.p_min, median_tokens_per_s=r.throughput.median_tokens_per_s,
-                         median_speedup=r.throughput.median_speedup)
+                         median_speedup=r.throughput.median_speedup, request=r.throughput.request)
 
 
 def _held_out(r: RankedTrial, model: CalibratedModel, options: SearchOptions) -> ArmPrediction | None:

@@ -12,7 +12,7 @@ from draftnas.core.options import option
 from draftnas.core.placement import Placement
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
-from draftnas.core.throughput import ThroughputEstimate
+from draftnas.core.throughput import RequestTerms, ThroughputEstimate
 from draftnas.drafter.records import HealResult, PruningPlan
 from draftnas.search.space import SearchSpace
 
@@ -204,6 +204,8 @@ class WorkloadPrediction(Record):
     # the pooled figures
     median_tokens_per_s: float | None = None
     median_speedup: float | None = None
+    # at batch 1: the latencies that priced those whole requests, to price another set of prompts alike
+    request: RequestTerms | None = None
 
     def primary(self) -> ThroughputEstimate:
         """The estimate at the workload's largest-share batch size (the first of equal shares)."""

@@ -8,8 +8,6 @@ each batch size's best gamma (Yan et al. 2025, eq. 1-3; `draftnas.core.throughpu
 from __future__ import annotations
 
 import logging
-import math
-import statistics
 from collections.abc import Sequence
 
 from draftnas.acceptance.records import AcceptanceEstimate
@@ -17,7 +15,15 @@ from draftnas.core.errors import InfeasibleCandidateError, InvalidInputError
 from draftnas.core.options import option_error
 from draftnas.core.placement import Placement
 from draftnas.core.registry import Architecture
-from draftnas.core.throughput import ThroughputEstimate, best_gamma, predict_throughput, with_prefill
+from draftnas.core.throughput import (
+    RequestTerms,
+    ThroughputEstimate,
+    best_gamma,
+    median_request,
+    predict_throughput,
+    verify_at,
+    with_prefill,
+)
 from draftnas.drafter.records import HealResult
 from draftnas.search.records import (
     AcceptanceReading,
@@ -135,13 +141,6 @@ def read_latency(predictor: LatencyPredictor, profile: str, arch: Architecture, 
                                                                       strict=True)))
 
 
-def _verify_at(row: Sequence[float], drafted: float) -> float:
-    """The verify of `drafted` drafts plus one (row[g]: of g + 1 tokens), linear between whole counts."""
-    low = min(int(math.floor(drafted)), len(row) - 1)
-    high = min(low + 1, len(row) - 1)
-    return row[low] + (drafted - low) * (row[high] - row[low])
-
-
 def estimate_at(latency: LatencyReading, acceptance: AcceptanceReading, index: int,
                 gamma: int, p_min: float = 0.0) -> ThroughputEstimate | None:
     """Predicted throughput at batch `latency.batch_sizes[index]` and one drafting policy (gamma, p_min);
@@ -155,7 +154,7 @@ def estimate_at(latency: LatencyReading, acceptance: AcceptanceReading, index: i
     drafted = None if policy is None else min(policy.drafted_per_step, float(gamma))
     return predict_throughput(
         gamma=gamma, draft_ms=latency.draft_ms[index], target_ms=latency.target_ms[index],
-        verify_ms=row[gamma] if drafted is None else _verify_at(row, drafted),
+        verify_ms=row[gamma] if drafted is None else verify_at(row, drafted),
         batch_size=latency.spec_batch(index), baseline_batch_size=latency.plain_batch(index),
         acceptance_rate=acceptance.acceptance_rate if tokens is None else None,
         tokens_per_step=None if tokens is None else min(max(tokens, 1.0), gamma + 1.0),
@@ -199,37 +198,37 @@ def predict_workload(latency: LatencyReading, acceptance: AcceptanceReading, wor
             plain_tps[i] = with_prefill(e.baseline_tokens_per_s, plain_b * n, latency.target_prefill_ms[i])
     tps = 1.0 / sum(w / t for w, t in zip(weights, spec_tps, strict=True))
     base = 1.0 / sum(w / t for w, t in zip(weights, plain_tps, strict=True))
-    median = _median_request(latency, acceptance, workload, per_batch[0]) if len(per_batch) == 1 else None
+    terms = _request_terms(latency, workload, per_batch[0]) if len(per_batch) == 1 else None
+    median = _median_request(terms, acceptance, per_batch[0])
     return WorkloadPrediction(per_batch=per_batch, batch_weights=weights, tokens_per_s=tps,
                               baseline_tokens_per_s=base, speedup=tps / base,
                               acceptance_assumed=acceptance.assumed,
                               median_tokens_per_s=None if median is None else median[0],
-                              median_speedup=None if median is None else median[1])
+                              median_speedup=None if median is None else median[1], request=terms)
 
 
-def _median_request(latency: LatencyReading, acceptance: AcceptanceReading, workload: Workload,
-                    e: ThroughputEstimate) -> tuple[float, float] | None:
-    """(median tokens/s, median speedup) over prompts of whole requests at batch 1, as a bench reports
-    them: each prompt's walk at `e`'s policy (its gamma and stop) priced alike, with the prefill
-    (`with_prefill`) beside plain decoding's; None where the acceptance has no per-prompt walks. Priced
-    for the chosen policy only (not for every one `_best_at` weighs)."""
-    policy = acceptance.policy_at(e.gamma, e.p_min)
-    if policy is None or not policy.prompt_tokens_per_step or e.batch_size != 1:
+def _request_terms(latency: LatencyReading, workload: Workload, e: ThroughputEstimate) -> RequestTerms | None:
+    """The terms that price whole requests at batch 1 (`throughput.RequestTerms`), from the reading at
+    `e`'s batch; None unless that batch is 1."""
+    if e.batch_size != 1 or latency.batch_sizes[0] != 1:
         return None
-    row, g = latency.verify_ms[0], e.gamma
-    prompts = [predict_throughput(gamma=g, draft_ms=e.draft_ms, target_ms=e.target_ms,
-                                  verify_ms=_verify_at(row, min(d, float(g))),
-                                  tokens_per_step=min(max(t, 1.0), g + 1.0), drafted_per_step=min(d, g),
-                                  baseline_batch_size=latency.plain_batch(0))
-               for t, d in zip(policy.prompt_tokens_per_step, policy.prompt_drafted_per_step, strict=True)]
-    tps = statistics.median(p.tokens_per_s for p in prompts)
-    speedup = statistics.median(p.speedup for p in prompts)
-    if not latency.target_prefill_ms:
-        return tps, speedup
-    n = workload.new_tokens
-    plain = with_prefill(e.baseline_tokens_per_s, n, latency.target_prefill_ms[0])
-    spec = with_prefill(tps, n, latency.spec_prefill_ms[0])
-    return spec, spec / plain
+    prefill = bool(latency.target_prefill_ms)
+    return RequestTerms(draft_ms=e.draft_ms, target_ms=e.target_ms, verify_ms=tuple(latency.verify_ms[0]),
+                        spec_prefill_ms=latency.spec_prefill_ms[0] if prefill else 0.0,
+                        target_prefill_ms=latency.target_prefill_ms[0] if prefill else 0.0,
+                        new_tokens=workload.new_tokens, baseline_batch_size=latency.plain_batch(0))
+
+
+def _median_request(terms: RequestTerms | None, acceptance: AcceptanceReading,
+                    e: ThroughputEstimate) -> tuple[float, float] | None:
+    """(median tokens/s, median speedup) over the traced prompts, as a bench reports them: each prompt's
+    walk at `e`'s policy (its gamma and stop) priced alike (`throughput.median_request`); None where the
+    acceptance has no per-prompt walks. Priced for the chosen policy only (not for every one `_best_at`
+    weighs)."""
+    policy = acceptance.policy_at(e.gamma, e.p_min)
+    if terms is None or policy is None or not policy.prompt_tokens_per_step:
+        return None
+    return median_request(terms, e.gamma, policy.prompt_tokens_per_step, policy.prompt_drafted_per_step)
 
 
 def pareto_front(ranked: Sequence[RankedTrial]) -> tuple[int, ...]:

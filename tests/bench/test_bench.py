@@ -46,6 +46,13 @@ def test_greedy_bench_is_lossless_and_the_estimate_is_exact(tiny_pair):
         (0, "a"), (0, "b"), (0, "c"), (1, "a"), (1, "b"), (1, "c")]  # every run kept
     assert own.predicted_tokens_per_step == pytest.approx(own.tokens_per_step, rel=1e-9)
     assert 1.0 <= result.tokens_per_step <= 4.0
+    # and each prompt's walk (what a search's latencies price into the median over these prompts) is that
+    # prompt's run, prompt by prompt (fp32: the loop's steps are the walk's)
+    first = [p.run("draftnas") for p in result.prompts if p.round == 0]
+    assert own.predicted_prompt_tokens_per_step == pytest.approx([r.new_tokens / r.steps for r in first],
+                                                                 abs=1e-4)
+    assert own.predicted_prompt_drafted_per_step == pytest.approx([r.drafted / r.steps for r in first],
+                                                                  abs=1e-4)
     assert own.mean_accepted_per_step == pytest.approx(result.tokens_per_step - 1.0)
     for a in result.arms:  # medians over prompts inside their 95% intervals
         low, high = a.tokens_per_s_interval

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from draftnas.bench.predicted import check_predictions
 from draftnas.bench.records import ArmResult, BenchResult
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.throughput import RequestTerms
 from draftnas.search.loop import run_search
 from draftnas.search.predictions import (
     ArmPrediction,
@@ -72,3 +75,31 @@ def test_a_search_writes_its_predictions_and_they_read_back(tmp_path):
         read_predictions(tmp_path / "bad.json")
     with pytest.raises(InvalidInputError, match="no such file"):
         read_predictions(tmp_path / "none.json")
+
+
+def test_the_median_is_predicted_on_the_benchs_own_prompts_where_it_walked_them():
+    # the search priced its median on its own prompts (2.0x); the bench walked three others at gamma 4
+    terms = RequestTerms(draft_ms=2.0, target_ms=20.0, verify_ms=(20.0, 21.0, 22.0, 23.0, 24.0),
+                         new_tokens=128)
+    winner = ArmPrediction(role="winner", name="w", tokens_per_s=90.0, speedup=1.8, gamma=4,
+                           median_tokens_per_s=100.0, median_speedup=2.0, request=terms)
+    predicted = SearchPredictions(study="s", target="t", dtype="bf16", engine="static", calibration="",
+                                  arms=(winner,))
+    walked = replace(bench(50.0, 90.0, 50.0), arms=(
+        ArmResult(name="target", engine="static", tokens_per_s=50.0),
+        ArmResult(name="draftnas", engine="static", tokens_per_s=90.0, baseline="target", speedup=1.8,
+                  gamma=4, predicted_prompt_tokens_per_step=(2.0, 4.0, 3.0),
+                  predicted_prompt_drafted_per_step=(4.0, 4.0, 4.0))))
+    (check,) = check_predictions(walked, predicted)
+    # the median prompt: 3 tokens in 4 drafts of 2 ms and a 24 ms verify; the search's own median kept apart
+    assert check.predicted_bench_median_tokens_per_s == pytest.approx(1000 * 3.0 / 32.0)
+    assert check.predicted_bench_median_speedup == pytest.approx(1000 * 3.0 / 32.0 / 50.0)
+    assert check.tokens_per_s_error == pytest.approx(1000 * 3.0 / 32.0 / 90.0 - 1)
+    assert check.speedup_error == pytest.approx(1000 * 3.0 / 32.0 / 50.0 / 1.8 - 1)
+    assert check.predicted_median_speedup == 2.0
+    # without the bench's walks (or the terms) the search's median stands
+    unwalked = replace(walked.arms[1], predicted_prompt_tokens_per_step=(),
+                       predicted_prompt_drafted_per_step=())
+    (plain,) = check_predictions(replace(walked, arms=(walked.arms[0], unwalked)), predicted)
+    assert plain.predicted_bench_median_speedup is None
+    assert plain.speedup_error == pytest.approx(2.0 / 1.8 - 1)

@@ -6,12 +6,15 @@ import pytest
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.throughput import (
+    RequestTerms,
     acceptance_rate_from_tokens_per_step,
     best_gamma,
     break_even_acceptance,
     expected_tokens_from_distribution,
     expected_tokens_per_step,
+    median_request,
     predict_throughput,
+    verify_at,
 )
 
 
@@ -89,3 +92,23 @@ def test_break_even_matches_field_notes():
 
 def test_inverse_acceptance():
     assert acceptance_rate_from_tokens_per_step(3.3616, 4) == pytest.approx(0.8, abs=1e-9)
+
+
+def test_the_median_request_prices_each_prompts_walk_then_its_prefill():
+    terms = RequestTerms(draft_ms=2.0, target_ms=20.0, verify_ms=(20.0, 21.0, 22.0, 23.0, 24.0))
+    # three prompts at gamma 4: 2, 3 and 4 tokens a step; the last drafts 3.5 a step (a stop), its verify
+    # halfway between 3 and 4 drafts
+    tps, speedup = median_request(terms, 4, (2.0, 4.0, 3.0), (4.0, 3.5, 4.0))
+    assert tps == pytest.approx(1000 * 3.0 / (4 * 2.0 + 24.0))  # the median prompt: 3 tokens in 32 ms
+    assert speedup == pytest.approx(tps / 50.0)
+    assert verify_at(terms.verify_ms, 3.5) == pytest.approx(23.5)
+    # a prefill before each request's 64 tokens, the drafter's and the target's alike
+    prefilled = RequestTerms(draft_ms=2.0, target_ms=20.0, verify_ms=terms.verify_ms, spec_prefill_ms=100.0,
+                             target_prefill_ms=80.0, new_tokens=64)
+    tps2, speedup2 = median_request(prefilled, 4, (2.0, 4.0, 3.0), (4.0, 3.5, 4.0))
+    assert tps2 == pytest.approx(64 / (0.1 + 64 / tps))
+    assert speedup2 == pytest.approx(tps2 / (64 / (0.08 + 64 / 50.0)))
+    with pytest.raises(InvalidInputError, match="gamma 5 has no verify latency"):
+        median_request(terms, 5, (2.0,), (5.0,))
+    with pytest.raises(InvalidInputError, match="each prompt's tokens and drafts"):
+        median_request(terms, 4, (), ())

@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from draftnas.core.errors import DraftnasError, InvalidInputError
-from draftnas.core.throughput import best_gamma, predict_throughput
+from draftnas.core.throughput import RequestTerms, best_gamma, predict_throughput
 from draftnas.search.evaluate import PriorEvaluator
 from draftnas.search.loop import run_search
 from draftnas.search.records import AcceptanceReading, LatencyReading
@@ -101,6 +101,9 @@ def test_a_confidence_stop_is_priced_at_its_mean_drafts_and_per_prompt_for_the_m
     # the median prompt (3.0 tokens a step, 2.5 drafts): 3 / (25 + 22.5) ms, speedup over 20 ms a token
     assert stopped.median_tokens_per_s == pytest.approx(1000 * 3.0 / 47.5)
     assert stopped.median_speedup == pytest.approx(3.0 * 20.0 / 47.5)
+    # the terms that priced it go with it, so a bench can price its own prompts' walks alike
+    assert stopped.request == RequestTerms(draft_ms=10.0, target_ms=20.0, verify_ms=lat.verify_ms[0],
+                                           new_tokens=workload.new_tokens, baseline_batch_size=1)
     assert predict_workload(lat, assumed_acceptance(0.8), workload, GammaRange(1, 4, (0.0, 0.5))
                             ).median_tokens_per_s is None  # no walks: no median, no stop
 
