@@ -15,7 +15,8 @@ from typing import Any
 from draftnas.core.errors import ExportError
 from draftnas.core.registry import Architecture
 from draftnas.models.ggml_quants import WRITTEN
-from draftnas.models.gguf_file import check_drafter_gguf, gguf_of, model_tensors, write_gguf
+from draftnas.models.gguf_file import check_drafter_gguf, gguf_of, write_gguf
+from draftnas.models.gguf_tensors import model_tensors
 from draftnas.models.llama_cpp import check_quant, find_llama_cpp
 
 log = logging.getLogger(__name__)

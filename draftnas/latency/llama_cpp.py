@@ -30,7 +30,8 @@ from draftnas.core.machine import cpu_identity
 from draftnas.core.records import write_json_file
 from draftnas.core.registry import Architecture
 from draftnas.latency.records import EngineCalibration, EngineTiming
-from draftnas.models.gguf_file import random_tensors, write_gguf
+from draftnas.models.gguf_file import write_gguf
+from draftnas.models.gguf_tensors import random_tensors
 from draftnas.models.llama_cpp import LlamaCpp, LlamaCppError, host_flags
 from draftnas.models.sources import state_dir
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,29 +25,14 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.options import option_error
 from draftnas.core.registry import Architecture
 from draftnas.models.ggml_quants import BLOCK_BYTES, WRITTEN, quantize
+from draftnas.models.gguf_tensors import gguf_name, rotary_rows
 from draftnas.models.records import EMBEDDED
 from draftnas.models.sources import locate_embedded_gguf, resolve_source
 
-#: the families whose GGUF layout draftnas writes (llama.cpp's architecture names). LLaMA's q/k rows
-#: would need convert_hf_to_gguf's rotary permutation first; not written until a test checks it
-GGUF_ARCH = {"qwen2": "qwen2"}
+#: the families whose GGUF layout draftnas writes (llama.cpp's architecture names). LLaMA's q and k rows
+#: are reordered for llama.cpp's rotary layout (`rotary_rows`); Qwen2's are used as they are
+GGUF_ARCH = {"qwen2": "qwen2", "llama": "llama"}
 VOCAB_SLACK = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
-_LAYER = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-_TOP = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
 
 
 @dataclass(frozen=True)
@@ -155,18 +140,6 @@ def _header_cached(path: str, size: int, mtime: float) -> _Header:
 def _header(path: str | Path) -> _Header:
     stat = Path(path).stat()
     return _header_cached(str(Path(path).resolve()), stat.st_size, stat.st_mtime)
-
-
-def gguf_name(hf_name: str) -> str | None:
-    """A Hugging Face tensor name's GGUF name (None: not stored, e.g. rotary buffers)."""
-    if hf_name in _TOP:
-        return _TOP[hf_name]
-    parts = hf_name.split(".")
-    if len(parts) >= 5 and parts[:2] == ["model", "layers"]:
-        module = ".".join(parts[3:-1])
-        if module in _LAYER:
-            return f"blk.{parts[2]}.{_LAYER[module]}.{parts[-1]}"
-    return None
 
 
 def read_info(path: str | Path) -> GgufInfo:
@@ -304,6 +277,8 @@ def write_gguf(
         out = gguf_name(hf_name)
         if out is None:
             continue
+        if arch.family == "llama":
+            t = rotary_rows(hf_name, t, arch)
         if t.dim() == 2 and t.shape[1] % 32 == 0:
             qtype = getattr(gguf.GGMLQuantizationType, quant)
             data = quantize(t, quant)
@@ -320,52 +295,6 @@ def write_gguf(
 
 def _file_type(quant: str) -> int:
     return int(getattr(gguf.LlamaFileType, f"MOSTLY_{quant}" if quant != "F32" else "ALL_F32"))
-
-
-def random_tensors(arch: Architecture, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
-    """Hugging Face-named random tensors of `arch` for timing: one layer's drawn once and repeated (a
-    step's time does not depend on the values), the embedding and an untied head."""
-    g = torch.Generator().manual_seed(seed)
-    h, kv, i = arch.hidden_size, arch.kv_dim, arch.intermediate_size
-
-    def rnd(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * 0.02
-
-    layer = {
-        "input_layernorm.weight": torch.ones(h),
-        "post_attention_layernorm.weight": torch.ones(h),
-        "self_attn.q_proj.weight": rnd(arch.q_dim, h),
-        "self_attn.k_proj.weight": rnd(kv, h),
-        "self_attn.v_proj.weight": rnd(kv, h),
-        "self_attn.o_proj.weight": rnd(h, arch.q_dim),
-        "mlp.gate_proj.weight": rnd(i, h),
-        "mlp.up_proj.weight": rnd(i, h),
-        "mlp.down_proj.weight": rnd(h, i),
-    }
-    if arch.family == "qwen2":
-        layer |= {
-            "self_attn.q_proj.bias": rnd(arch.q_dim),
-            "self_attn.k_proj.bias": rnd(kv),
-            "self_attn.v_proj.bias": rnd(kv),
-        }
-    yield "model.embed_tokens.weight", rnd(arch.vocab_size, h)
-    for n in range(arch.num_hidden_layers):
-        for k, t in layer.items():
-            yield f"model.layers.{n}.{k}", t
-    yield "model.norm.weight", torch.ones(h)
-    yield "lm_head.weight", rnd(arch.vocab_size, h)
-
-
-def model_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """A transformers model's tensors by Hugging Face name; a head tied to the embedding is left out
-    (llama.cpp then reads the embedding as the head)."""
-    state = model.state_dict()
-    head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
-    tied = head is not None and embed is not None and head.data_ptr() == embed.data_ptr()
-    for name, t in state.items():
-        if tied and name == "lm_head.weight":
-            continue
-        yield name, t
 
 
 def engine_target(spec: str, given: str | None) -> Path:

@@ -97,3 +97,32 @@ def test_gguf_drafter_runs_in_llama_cpp(tmp_path):
     llama = probe_flags(llama, gguf_of("qwen2.5-coder-1.5b"), threads=2)
     timing = time_gguf(llama, path, (1, 2), context=16, threads=2, repeats=1, gen=4)
     assert timing.decode_ms > 0 and timing.batch_ms[2] > 0
+
+
+def test_llama_gguf_decodes_as_transformers_does_in_llama_cpp(tmp_path):
+    """A 2-layer cut of SmolLM2 (LLaMA: q/k rows reordered for llama.cpp's rotary layout) written in F32
+    greedily continues a prompt in llama-server exactly as transformers does; without the reordering
+    the continuation differs."""
+    import torch
+
+    from draftnas.bench.llama_cpp import LlamaArm, Server
+    from draftnas.drafter.surgery import apply_plan
+    from draftnas.export.gguf import export_gguf
+    from draftnas.models.llama_cpp import LlamaCppError, find_llama_cpp
+    from draftnas.models.sources import load_model
+
+    try:
+        llama = find_llama_cpp(None)
+    except LlamaCppError:
+        pytest.skip("no llama.cpp build here (`draftnas engines --build`)")
+    loaded = load_model("smollm2-135m")
+    plan = PruningPlan(base="smollm2-135m", base_num_layers=30, layers=(0, 29), layer_selection="explicit",
+                       num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
+    drafter = apply_plan(loaded.model, plan).eval()
+    path = export_gguf(drafter, "smollm2-135m", tmp_path, "L2-test", "F32")
+    ids = loaded.tokenizer("The capital of France is a city where", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        want = drafter.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
+    with Server(llama, LlamaArm(name="drafter", model=path), threads=2, context=128) as server:
+        got = server.complete(ids, 8, seed=0)["tokens"]
+    assert got == want

@@ -134,7 +134,8 @@ def tiny_qwen2(vocab: int = 64) -> Architecture:
 
 
 def test_gguf_written_reads_back_with_shapes_tokenizer_and_types(tmp_path):
-    from draftnas.models.gguf_file import random_tensors, read_info, vocab_problems, write_gguf
+    from draftnas.models.gguf_file import read_info, vocab_problems, write_gguf
+    from draftnas.models.gguf_tensors import random_tensors
 
     tokens = [f"t{i}" for i in range(64)]
     target = _tokenizer_gguf(tmp_path / "target.gguf", tokens)
