@@ -135,6 +135,12 @@ def host_fields() -> dict[str, Any]:
             "load_average": load_average()}
 
 
+def host_line() -> str:
+    """`host_fields` in one line: CPU, threads, load average now."""
+    h = host_fields()
+    return f"{h['cpu']}, {h['threads']} threads, load {h['load_average']}"
+
+
 def print_figures(result: dict[str, Any], out: Path | None = None) -> None:
     """A benchmark's figures as JSON on stdout, and into `out` when given."""
     import json

@@ -1,4 +1,5 @@
-"""Drafters: pruning plans, the one drafter builder (cut, reduced head, int8) and healing by distillation.
+"""Drafters: pruning plans, the one drafter builder (cut, reduced head, int8), healing by distillation, and
+training to a token budget on self-distilled data.
 
 The public names below load their module on first use (see `draftnas.core.public`).
 """
@@ -16,6 +17,9 @@ _EXPORTS = {
     "HealResult": "records",
     "BuiltDrafter": "records",
     "build_drafter": "build",
+    "make_distill_data": "distill_data",
+    "train_from_request": "train",
+    "load_trained": "trained",
 }
 __all__ = [
     "BuiltDrafter",
@@ -24,9 +28,15 @@ __all__ = [
     "PruningPlan",
     "build_drafter",
     "load_plan",
+    "load_trained",
+    "make_distill_data",
+    "train_from_request",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.drafter.build import build_drafter
+    from draftnas.drafter.distill_data import make_distill_data
     from draftnas.drafter.records import BuiltDrafter, HealOptions, HealResult, PruningPlan, load_plan
+    from draftnas.drafter.train import train_from_request
+    from draftnas.drafter.trained import load_trained

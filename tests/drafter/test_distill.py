@@ -1,0 +1,240 @@
+"""Self-distillation at a token budget: the data store, packed rows, the budget, resume, the curve fit,
+and one-line errors for a user's mistakes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftnas.core.errors import InvalidInputError
+from draftnas.drafter.distill_records import (
+    DATA_FORMAT,
+    DataManifest,
+    DistillDataRequest,
+    DistillTrainRequest,
+    DistillTrainResult,
+    TrainReading,
+)
+from draftnas.drafter.distill_store import DistillSequence, append_shard, iter_sequences, read_manifest
+from tests.helpers import tiny_llama
+
+K = 4
+VOCAB = 128
+
+
+def _seq(rng: torch.Generator, n: int, prompt_len: int, domain: str) -> DistillSequence:
+    ids = torch.randint(0, VOCAB, (n,), generator=rng).tolist()
+    probs = torch.rand(n - prompt_len, K, generator=rng)
+    probs = (probs / probs.sum(-1, keepdim=True) * 0.9).sort(-1, descending=True).values
+    top = torch.stack([torch.randperm(VOCAB, generator=rng)[:K] for _ in range(n - prompt_len)])
+    return DistillSequence(ids, prompt_len, domain, top, probs)
+
+
+def _manifest(**changes) -> DataManifest:
+    m = DataManifest(format=DATA_FORMAT, target="tiny", vocab_size=VOCAB, tokenizer_fingerprint="f", top_k=K,
+                     dtype="fp32", heldout_every=3, heldout_prompts=())
+    return replace(m, **changes)
+
+
+def _data(folder: Path, n_units: int = 3) -> DataManifest:
+    rng = torch.Generator().manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = _manifest()
+    for u in range(n_units):
+        seqs = [_seq(rng, 20 + 3 * j, 1 if u % 2 else 5, "chat" if j % 2 else "code") for j in range(6)]
+        manifest = append_shard(folder, manifest, f"unit:{u}", "generated", seqs)
+    return manifest
+
+
+def test_store_round_trips_and_checks_hashes(tmp_path):
+    manifest = _data(tmp_path)
+    again = read_manifest(tmp_path)
+    assert again == manifest and len(again.shards) == 3
+    seqs = list(iter_sequences(tmp_path, again))
+    assert len(seqs) == 18
+    assert sum(s.positions for s in seqs) == again.positions()
+    assert again.positions(domain="chat") + again.positions(domain="code") == again.positions()
+    chat = list(iter_sequences(tmp_path, again, domain="chat"))
+    assert chat and all(s.domain == "chat" for s in chat)
+    assert seqs[0].topk_probs.dtype == torch.float16 and seqs[0].topk_ids.shape == (seqs[0].positions, K)
+    shard = tmp_path / again.shards[1].file
+    shard.write_bytes(shard.read_bytes()[:-10])  # truncated
+    with pytest.raises(InvalidInputError, match="sha256"):
+        list(iter_sequences(tmp_path, again))
+    (tmp_path / "manifest.json").write_text('{"format": 1')
+    with pytest.raises(InvalidInputError, match="manifest"):
+        read_manifest(tmp_path)
+
+
+def test_packed_rows_teach_each_position_once_per_epoch(tmp_path):
+    from draftnas.drafter.packing import build_stream, epoch_rows, row_batch
+
+    manifest = _data(tmp_path)
+    stream = build_stream(list(iter_sequences(tmp_path, manifest)))
+    ids, teach = epoch_rows(stream, 16, seed=0, epoch=0)
+    taught = teach[teach >= 0]
+    # every taught position but those cut with the trailing partial row appears once
+    assert len(set(taught.tolist())) == len(taught)
+    assert len(taught) >= manifest.positions() - 16
+    # teach[r, i] belongs to token i + 1 of the row: the top-k row points at that very token's position
+    ids2, teach2 = epoch_rows(stream, 16, seed=0, epoch=1)
+    assert not torch.equal(ids, ids2)  # another epoch, another order
+    assert torch.equal(epoch_rows(stream, 16, seed=0, epoch=0)[0], ids)  # the same epoch, the same rows
+    batch = row_batch(stream, ids[:2], teach[:2], limit=5)
+    assert batch.positions.shape == (5, 2) and batch.topk_ids.shape == (5, K)
+    assert torch.allclose(batch.leftover + batch.topk_probs.sum(-1), torch.ones(5), atol=1e-3)
+
+
+def test_reading_budgets_are_log_spaced_and_end_at_the_budget():
+    from draftnas.drafter.train import reading_budgets
+
+    b = reading_budgets(1_000_000, 4, first=1_000)
+    assert b == [1_000, 10_000, 100_000, 1_000_000]
+    assert reading_budgets(500, 3) == [5, 50, 500]
+    assert reading_budgets(500, 1) == [500]
+
+
+def _train_request(tmp_path: Path, **kw) -> DistillTrainRequest:
+    base = dict(data=str(tmp_path / "data"), out=str(tmp_path / "run"), tokens=600, finetune_domain="chat",
+                finetune_tokens=200, seq_len=16, batch_rows=2, readings=3, head_rows=0, warmup_tokens=100,
+                lr=5e-3, dtype="fp32", checkpoint_minutes=1000.0)
+    base.update(kw)
+    return DistillTrainRequest(**base)
+
+
+def _run(request: DistillTrainRequest, manifest: DataManifest, config) -> tuple[dict, object]:
+    from draftnas.drafter.heal_data import HealSequence
+    from draftnas.drafter.train import train_drafter
+
+    drafter = tiny_llama(config, seed=3)
+    held = [HealSequence(list(range(10, 30)), 8, list(range(18, 30))),
+            HealSequence(list(range(40, 52)), 4, list(range(44, 52)))]
+    folder = Path(request.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    trainer, _, finished = train_drafter(request, drafter, held, 0, manifest, folder, "key", None)
+    return {n: p.detach().clone() for n, p in drafter.named_parameters()}, (trainer, finished)
+
+
+def test_budget_is_honoured_and_resume_gives_the_same_weights(tmp_path, tiny_llama_config, one_thread):
+    manifest = _data(tmp_path / "data")
+    whole, (trainer, finished) = _run(_train_request(tmp_path, out=str(tmp_path / "a")), manifest,
+                                      tiny_llama_config)
+    assert finished and trainer.state.tokens == 800  # pretrain 600 + finetune 200, exactly
+    phases = [r.phase for r in trainer.state.readings]
+    assert phases[0] == "untrained" and "pretrain" in phases and phases[-1] == "finetune"
+    # an interruption at 300 tokens, then the same call again: the same weights, bit for bit
+    _, (cut, done) = _run(_train_request(tmp_path, out=str(tmp_path / "b"), stop_after_tokens=300), manifest,
+                          tiny_llama_config)
+    assert not done and 300 <= cut.state.tokens < 800
+    resumed, (trainer_b, finished_b) = _run(_train_request(tmp_path, out=str(tmp_path / "b")), manifest,
+                                            tiny_llama_config)
+    assert finished_b and trainer_b.state.tokens == 800
+    assert all(torch.equal(whole[n], resumed[n]) for n in whole)
+    # and training moved the weights
+    fresh = dict(tiny_llama(tiny_llama_config, seed=3).named_parameters())
+    assert any(not torch.equal(whole[n], fresh[n].detach()) for n in whole)
+
+
+def test_resume_against_another_run_is_refused(tmp_path, tiny_llama_config):
+    from draftnas.drafter.heal_data import HealSequence
+    from draftnas.drafter.train import train_drafter
+
+    manifest = _data(tmp_path / "data")
+    request = _train_request(tmp_path, stop_after_tokens=100)
+    _run(request, manifest, tiny_llama_config)
+    held = [HealSequence(list(range(10, 30)), 8, list(range(18, 30)))]
+    with pytest.raises(InvalidInputError, match="another shape"):
+        train_drafter(request, tiny_llama(tiny_llama_config), held, 0, manifest, Path(request.out),
+                      "changed", None)
+
+
+def _result(points: list[tuple[int, float]]) -> DistillTrainResult:
+    readings = tuple(TrainReading(tokens=t, phase="pretrain" if t else "untrained", train_s=0.0, loss=None,
+                                  top1_agreement=0.1, tokens_per_step=y) for t, y in points)
+    return DistillTrainResult(out="r", base="b", target="t", label="L1", layers=(0,), head_rows=0,
+                              train="layers",
+                              trained_tokens=points[-1][0], budget_tokens=points[-1][0], train_s=1.0,
+                              trainable_parameters=1, readings=readings, delta_file="", delta_sha256="",
+                              kept="trained", command="", gamma=3)
+
+
+def test_curve_fit_is_the_least_squares_log_line_and_checks_the_last_budget():
+    from draftnas.drafter.curve_fit import fit_curve, fit_log_line
+
+    a, b = fit_log_line([(math.e, 1.0), (math.e ** 3, 2.0)])
+    assert a == pytest.approx(0.5) and b == pytest.approx(0.5)
+    pts = [(0, 1.05)] + [(t, 1.2 + 0.05 * math.log(t)) for t in (1e3, 1e4, 1e5)] + [(1e6, 1.8)]
+    curve = fit_curve(_result([(int(t), y) for t, y in pts]), min_tokens=1_000)
+    assert curve.gamma == 3 and curve.untrained == 1.05
+    # the check fits 1e3..1e5 (an exact line) and predicts 1e6 from it
+    assert curve.check.predicted == pytest.approx(1.2 + 0.05 * math.log(1e6))
+    assert curve.check.measured == 1.8
+    assert curve.check.error == pytest.approx(curve.check.predicted / 1.8 - 1)
+    # predictions stay within [untrained, gamma + 1]; tokens_for inverts predict
+    assert curve.predict(0) == 1.05 and curve.predict(1e300) == 4.0
+    target = curve.predict(3e5)
+    assert curve.tokens_for(target) == pytest.approx(3e5, rel=1e-6)
+    assert curve.tokens_for(5.0) is None
+    with pytest.raises(InvalidInputError, match="3 at least"):
+        fit_curve(_result([(0, 1.0), (1000, 1.1), (2000, 1.2)]), min_tokens=1_500)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "draftnas", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("distill", "train", "{data}", "--out", "{out}", "--tokens", "0"), "--tokens"),
+    (("distill", "data", "{out}", "--minutes", "0"), "--minutes"),
+    (("distill", "data", "{out}", "--temperatures", "0,5"), "--temperatures"),
+    (("distill", "train", "{data}", "--out", "{out}", "--finetune-tokens", "10"), "--finetune-domain"),
+])
+def test_bad_budgets_are_one_line_exit_2_and_write_nothing(tmp_path, args, needle):
+    data, out = tmp_path / "data", tmp_path / "out"
+    _data(data)
+    done = run_cli(*(a.format(data=data, out=out) for a in args))
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and needle in lines[0], done.stderr
+    assert not out.exists()
+
+
+def test_data_request_needs_a_budget(tmp_path):
+    from draftnas.drafter.distill_data import make_distill_data
+
+    with pytest.raises(InvalidInputError, match="budget"):
+        make_distill_data(DistillDataRequest(out=str(tmp_path / "d")))
+    assert not (tmp_path / "d").exists()
+
+
+def test_prompt_split_holds_out_every_third_of_each_domain():
+    from draftnas.core.prompts import load_prompts
+    from draftnas.drafter.distill_data import split_prompts
+
+    prompts = load_prompts("chat,code")
+    train, held = split_prompts(prompts, 3)
+    assert not {p.id for p in train} & {p.id for p in held}
+    chat = [p for p in prompts if p.domain == "chat"]
+    assert [p.id for p in held if p.domain == "chat"] == [p.id for i, p in enumerate(chat) if i % 3 == 0]
+
+
+@pytest.mark.real_model
+def test_train_refuses_another_tokenizer_and_a_wider_shape_before_training(tmp_path):
+    from draftnas.drafter.train import train_from_request
+
+    data = tmp_path / "data"
+    _data(data)
+    manifest = read_manifest(data)
+    (data / "manifest.json").write_text(json.dumps(replace(manifest, target="smollm2-135m").to_dict()))
+    request = DistillTrainRequest(data=str(data), out=str(tmp_path / "out"), layers=(0, 30), head_rows=60_000)
+    with pytest.raises(InvalidInputError) as err:
+        train_from_request(request)
+    text = str(err.value)
+    assert "tokenizer" in text and "--layers 30" in text and "--head-rows 60000" in text
+    assert not (tmp_path / "out").exists()
