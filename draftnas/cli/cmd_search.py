@@ -12,7 +12,7 @@ from draftnas.cli.app import app, console, err_console
 from draftnas.cli.cmd_export import render_export
 from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
-from draftnas.cli.search_render import ranked_table
+from draftnas.cli.search_render import ranked_table, trained_table
 from draftnas.core.options import option
 from draftnas.search.hand_made import hand_made_best
 from draftnas.search.requests import SearchRequest
@@ -98,6 +98,8 @@ def _terminate(signum: int, frame: Any) -> None:
 
 def _render(result: SearchResult, top: int, summary: list[str]) -> None:
     console.print(ranked_table(result, top))
+    if result.trained:
+        console.print(trained_table(result))
     for line in summary:
         console.print(line, highlight=False, soft_wrap=True)
     if result.verdict is not None:

@@ -85,3 +85,32 @@ def _row(rank: int, r: RankedTrial) -> list[str]:
             r.candidate.shape_label(), fmt_params(r.candidate.parameters),
             f"{p.draft_ms:.3f} / {p.verify_ms:.3f}", acc, p.drafting, f"{r.throughput.tokens_per_s:,.1f}",
             f"{r.throughput.speedup:.3f}x", even, stops]
+
+
+def _tokens(value: float | None) -> str:
+    if value is None:
+        return "never (within 1e13)"
+    if value == 0:
+        return "0 (already)"
+    return f"{value:.2g}"
+
+
+def trained_table(result: SearchResult) -> Table:
+    """Trained shapes at their budget: acceptance from each shape's curve (`draftnas distill curve`),
+    latency from the trials' model, and the budget each needs to beat the hand-made best."""
+    table = Table(title="trained shapes (acceptance read off each shape's training curve, NOT MEASURED at "
+                        "budgets past its last reading)", header_style="bold", title_justify="left")
+    for col in ("shape", "base", "budget tokens", "draft ms", "tok/step (curve γ)", "α", "best γ", "tokens/s",
+                "speedup", "tokens to beat the bar", "curve measured to", "fit check"):
+        table.add_column(col, justify="left" if col in ("shape", "base") else "right", overflow="fold")
+    for p in result.trained:
+        table.add_row(p.label, p.base, f"{p.budget_tokens:,}" + (" (extrapolated)" if p.extrapolated else ""),
+                      f"{p.draft_ms:.3f}", f"{p.tokens_per_step:.2f} (γ {p.curve_gamma})",
+                      f"{p.acceptance_rate:.3f}",
+                      str(p.best_gamma), f"{p.tokens_per_s:,.1f}", f"{p.speedup:.3f}x",
+                      _tokens(p.tokens_to_beat_bar),
+                      f"{p.measured_to_tokens:,}", "-" if p.check_error is None else f"{p.check_error:+.1%}")
+    bar = result.trained[0].bar_tokens_per_s if result.trained else None
+    table.caption = ("the bar: the hand-made best (else the first reference) at "
+                     f"{bar:,.1f} tokens/s" if bar is not None else "no hand-made best or reference to beat")
+    return table

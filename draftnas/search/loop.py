@@ -31,11 +31,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from draftnas.core.errors import DraftnasError, InfeasibleCandidateError, InvalidInputError
 from draftnas.core.placement import deployed
+from draftnas.core.registry import Architecture, resolve_architecture
+from draftnas.drafter.distill_records import TrainedPrice
 from draftnas.models.sources import has_weights
 from draftnas.search.candidate import build_candidate, reference_candidate
 from draftnas.search.evaluate import Evaluation, Evaluator, WeightsEvaluator
 from draftnas.search.hand_made import ATTR as HAND_MADE
-from draftnas.search.hand_made import hand_made_params, next_hand_made
+from draftnas.search.hand_made import hand_made_best, hand_made_params, next_hand_made
 from draftnas.search.healing import heal_within_budget
 from draftnas.search.records import (
     AcceptanceReading,
@@ -70,6 +72,7 @@ from draftnas.search.storage import (
     recover_stale_trials,
 )
 from draftnas.search.study import distributions, make_sampler, objectives, open_study
+from draftnas.search.trained import price_trained
 
 log = logging.getLogger(__name__)
 SamplerName = Literal["tpe", "nsga2", "random"]
@@ -150,7 +153,8 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
         log.info("interrupted (trial in flight: %s); re-run the command to resume", run.interrupted_trial)
     result = collect_result(study, storage_url, options, info, run.told, interrupted,
                             time.monotonic() - start)
-    return replace(result, interrupted_trial=run.interrupted_trial, references=_references(run))
+    result = replace(result, interrupted_trial=run.interrupted_trial, references=_references(run))
+    return replace(result, trained=_trained(run, result)) if options.curves is not None else result
 
 
 def _traces_of(evaluator: Evaluator) -> str | None:
@@ -320,6 +324,23 @@ def _references(run: _Run) -> tuple[RankedTrial, ...]:
                                throughput=prediction,
                                economics=_economics(run, candidate, acceptance), reference=name))
     return tuple(out)
+
+
+def _trained(run: _Run, result: SearchResult) -> tuple[TrainedPrice, ...]:
+    """The curves' shapes priced with the trials' latency model at the request's budget, against the
+    hand-made best (else the first reference)."""
+    o = run.options
+    assert o.curves is not None
+    bar = hand_made_best(result) or (result.references[0] if result.references else None)
+
+    def read(arch: Architecture, head_rows: int | None) -> LatencyReading:
+        return read_latency(run.predictor, o.profile, arch, o.space.workload, run.target_latency, head_rows,
+                            placement=o.placement, target_arch=o.target_arch,
+                            target_predictor=run.target_predictor)
+
+    return price_trained(o.curves, o.train_tokens, read, resolve_architecture, o.space.workload,
+                         o.space.gamma,
+                         None if bar is None else bar.throughput.tokens_per_s)
 
 
 def _best_value(trials: Sequence[FrozenTrial]) -> float | None:

@@ -13,6 +13,7 @@ from draftnas.core.placement import Placement
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import RequestTerms, ThroughputEstimate
+from draftnas.drafter.distill_records import CurveSet, TrainedPrice
 from draftnas.drafter.records import HealResult, PruningPlan
 from draftnas.search.space import SearchSpace
 
@@ -355,6 +356,7 @@ class SearchResult(Record):
     references: tuple[RankedTrial, ...] = ()  # the space's published drafters, priced the same way
     predictions_file: str | None = None  # predictions.json beside the study (`draftnas bench --predictions`)
     verdict: dict[str, Any] | None = None  # llama.cpp: can any drafter pay there (`search.engine.Verdict`)
+    trained: tuple[TrainedPrice, ...] = ()  # trained shapes at the budget (`search.trained`), with --curves
 
     @property
     def best(self) -> RankedTrial | None:
@@ -382,6 +384,8 @@ class SearchOptions:
     quant_dtype: str | None = None  # quantized drafters' activation dtype where it is not `dtype`
     references: tuple[str, ...] = ()  # the space's references and --reference: priced beside the trials
     device: str = "cpu"  # where drafters were built, healed and scored (and a calibration timed)
+    curves: CurveSet | None = None  # trained shapes' curves (`draftnas distill curve`), priced by the ranking
+    train_tokens: int | None = None  # the budget they are priced at (None: each curve's largest measured)
 
     @property
     def study_name(self) -> str:

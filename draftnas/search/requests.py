@@ -97,6 +97,15 @@ class SearchRequest(Record):
                    "re-time within 10%, else a new calibration, stored for the next run.")
     threads: int | None = option(None, low=1, help="torch's CPU threads for the whole search (default: "
                                                    "torch's own); part of the stored calibration's key.")
+    curves: str | None = option(
+        None, help="Training curves of this target's drafter shapes (`draftnas distill curve`): each shape "
+                   "is "
+                   "priced at --train-tokens with acceptance from its curve, beside the ranking, with the "
+                   "budget it needs to beat the hand-made best.")
+    train_tokens: int | None = option(
+        None, low=1, help="The training budget (tokens) trained shapes are priced at (with --curves; "
+                          "default: "
+                          "the largest budget each curve measured).")
     export: bool = option(
         False, help="Then export the best drafter to drafters/<name> as `draftnas export` does (healed by "
                     "default), price it again as exported, and print how to bench and use it. A folder "
@@ -127,6 +136,8 @@ class SearchRequest(Record):
             extra.append(("target_gguf", "is a llama.cpp file: set {engine} llama.cpp with it"))
         if self.engine == "llama.cpp" and self.device != "cpu":
             extra.append(("engine", "llama.cpp is calibrated and benched on the CPU ({device} cpu)"))
+        if self.train_tokens is not None and self.curves is None:
+            extra.append(("train_tokens", "prices trained shapes: give their {curves} file"))
         return check_options(self, extra)
 
 

@@ -25,6 +25,8 @@ from draftnas.core.options import option_error
 from draftnas.core.placement import Placement, place
 from draftnas.core.prompts import Prompt, load_prompts, subsample
 from draftnas.core.registry import Architecture, resolve_architecture
+from draftnas.drafter.curve_fit import load_curves
+from draftnas.drafter.distill_records import CurveSet
 from draftnas.latency.calibrate import calibrates, host_cpu_profile, host_mismatch
 from draftnas.latency.corrected import CalibratedModel, TargetTimedModel
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
@@ -122,12 +124,25 @@ def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
     return build_traces(request.target, prompts, options, out, prompt_set=w.prompt_set, progress=progress)
 
 
+def _curves(request: SearchRequest) -> CurveSet | None:
+    """The request's training curves, checked to be of its target."""
+    if request.curves is None:
+        return None
+    curves = load_curves(request.curves)
+    if resolve_architecture(curves.target).name != resolve_architecture(request.target).name:
+        raise option_error("curves",
+                           f"{request.curves} holds curves of {curves.target}'s drafters; this search's "
+                                     f"target is {request.target}")
+    return curves
+
+
 def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], None] | None = None,
                 calibration_progress: Callable[[int, int], None] | None = None
                 ) -> tuple[SearchOptions, LatencyPredictor, Evaluator]:
     """Resolve the request: shapes, space, profile, and measured or assumed acceptance."""
 
     request.validate()
+    curves = _curves(request)  # a bad curves file is said before anything is timed
     _set_threads(request.threads)
     space, built_note = _space(request)
     require_device(request.device)
@@ -196,7 +211,8 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
         profile=profile, study=study, acceptance_prior=request.assumed_acceptance,
         profile_note=profile_note, placement=placement, acceptance_model=model_label, engine=engine,
-        dtype=dtype, references=references, device=request.device, quant_dtype=quant_dtype)
+        dtype=dtype, references=references, device=request.device, quant_dtype=quant_dtype, curves=curves,
+        train_tokens=request.train_tokens)
     if request.acceptance_model is not None:
         return options, predictor, evaluator
     if request.assumed_acceptance is not None:

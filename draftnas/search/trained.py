@@ -1,0 +1,81 @@
+"""Trained shapes priced at a training budget: each curve's shape (k layers of its base at full width, a
+reduced head) gets the search's latency, an acceptance read off its fitted curve at `--train-tokens`
+(`distill_records.TrainingCurve`), and the workload's best gamma, as any trial does; and the budget it
+needs to beat the hand-made best. Pure: no torch.
+
+The curve gives greedy tokens per step at its own gamma; the acceptance rate that makes that many
+(`throughput.acceptance_rate_from_tokens_per_step`, i.i.d. per token) prices the other gammas.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from draftnas.core.registry import Architecture
+from draftnas.core.throughput import acceptance_rate_from_tokens_per_step
+from draftnas.drafter.distill_records import CurveSet, TrainedPrice, TrainingCurve
+from draftnas.search.records import AcceptanceReading, LatencyReading, WorkloadPrediction
+from draftnas.search.scoring import predict_workload
+from draftnas.search.space import GammaRange, Workload
+
+#: the largest budget the search looks for a shape's break-even within (tokens)
+MAX_BUDGET = 1e13
+
+
+def curve_arch(curve: TrainingCurve, base_arch: Architecture) -> Architecture:
+    """The trained shape: `len(layers)` layers of `base_arch` at full width."""
+    return base_arch.with_shape(name=f"{base_arch.name}:{curve.label}", num_hidden_layers=len(curve.layers))
+
+
+def _prediction(curve: TrainingCurve, tokens: float, latency: LatencyReading, workload: Workload,
+                gamma: GammaRange) -> tuple[WorkloadPrediction, float, float]:
+    tps = curve.predict(tokens)
+    alpha = acceptance_rate_from_tokens_per_step(tps, curve.gamma)
+    reading = AcceptanceReading(kind="fitted", acceptance_rate=alpha)
+    return predict_workload(latency, reading, workload, gamma), tps, alpha
+
+
+def tokens_to_beat(curve: TrainingCurve, bar_tps: float, latency: LatencyReading, workload: Workload,
+                   gamma: GammaRange) -> float | None:
+    """The least budget (tokens) at which the shape's predicted tokens/s exceeds `bar_tps` (bisection on
+    ln T: the curve never falls), 0 where the untrained shape already does; None past MAX_BUDGET."""
+
+    def beats(tokens: float) -> bool:
+        return _prediction(curve, tokens, latency, workload, gamma)[0].tokens_per_s > bar_tps
+
+    if beats(0.0):
+        return 0.0
+    if not beats(MAX_BUDGET):
+        return None
+    lo, hi = 0.0, math.log(MAX_BUDGET)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if beats(math.exp(mid)) else (mid, hi)
+    return math.exp(hi)
+
+
+def price_trained(curves: CurveSet, budget_tokens: int | None, read: Callable[[Architecture, int | None],
+                                                                              LatencyReading],
+                  arch_of: Callable[[str], Architecture], workload: Workload, gamma: GammaRange,
+                  bar_tps: float | None) -> tuple[TrainedPrice, ...]:
+    """Each curve's shape priced at `budget_tokens` (None: the largest budget its curve measured;
+    `read(arch, head_rows)` is the search's latency), best first."""
+    out = []
+    for curve in curves.curves:
+        budget = budget_tokens if budget_tokens is not None else curve.measured_max()
+        arch = curve_arch(curve, arch_of(curve.base))
+        latency = read(arch, curve.head_rows or None)
+        prediction, tps, alpha = _prediction(curve, budget, latency, workload, gamma)
+        primary = prediction.per_batch[0]
+        out.append(TrainedPrice(
+            label=curve.label, base=curve.base, layers=curve.layers, head_rows=curve.head_rows,
+            budget_tokens=budget, draft_ms=latency.draft_ms[0], curve_gamma=curve.gamma,
+            tokens_per_step=tps, acceptance_rate=alpha, best_gamma=primary.gamma,
+            tokens_per_s=prediction.tokens_per_s, speedup=prediction.speedup,
+            measured_to_tokens=curve.measured_max(), extrapolated=budget > curve.measured_max(),
+            check_error=curve.check.error if curve.check else None,
+            tokens_to_beat_bar=None if bar_tps is None else tokens_to_beat(curve, bar_tps, latency,
+                                                                           workload, gamma),
+            bar_tokens_per_s=bar_tps))
+    return tuple(sorted(out, key=lambda p: -p.tokens_per_s))

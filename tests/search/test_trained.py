@@ -1,0 +1,67 @@
+"""Trained shapes priced at a budget from their training curve, and the budget that beats a bar."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from draftnas.core.registry import resolve_architecture
+from draftnas.core.throughput import expected_tokens_per_step
+from draftnas.drafter.distill_records import CurvePoint, CurveSet, TrainingCurve
+from draftnas.search.records import LatencyReading
+from draftnas.search.space import GammaRange, Workload
+from draftnas.search.trained import curve_arch, price_trained, tokens_to_beat
+
+WORKLOAD = Workload(context_tokens=128, prompt_tokens=0)
+GAMMA = GammaRange(min=1, max=4)
+
+
+def _curve(a: float = 1.0, b: float = 0.05) -> TrainingCurve:
+    pts = tuple(CurvePoint(t, a + b * math.log(t), 0.3) for t in (1_000, 10_000, 100_000))
+    return TrainingCurve(label="L2x-h9kv3-i1536-v8192", base="smollm2-135m", layers=(0, 29), head_rows=8192,
+                         gamma=4, points=pts, intercept=a, slope=b, fitted_from=1_000, untrained=1.05)
+
+
+def _latency(arch, head_rows) -> LatencyReading:
+    # a synthetic profile: the target 20 ms a decode, a verify of g + 1 tokens 20 + 2g ms, the drafter 1 ms a
+    # layer plus 1 ms
+    return LatencyReading(profile="synthetic", batch_sizes=(1,), context_tokens=128,
+                          draft_ms=(1.0 + arch.num_hidden_layers,), target_ms=(20.0,),
+                          verify_ms=(tuple(20.0 + 2 * g for g in range(5)),))
+
+
+def test_a_trained_shape_is_priced_from_its_curve_by_hand():
+    curve = _curve()
+    arch = curve_arch(curve, resolve_architecture("smollm2-135m"))
+    assert arch.num_hidden_layers == 2 and arch.hidden_size == 576
+    (price,) = price_trained(CurveSet(target="smollm2-135m", curves=(curve,)), 100_000, _latency,
+                             resolve_architecture, WORKLOAD, GAMMA, bar_tps=None)
+    tps = 1.0 + 0.05 * math.log(100_000)
+    assert price.tokens_per_step == pytest.approx(tps)
+    assert expected_tokens_per_step(price.acceptance_rate, 4) == pytest.approx(tps, rel=1e-6)
+    # by hand at the best gamma: tokens per step over (gamma drafts of 3 ms + a verify of gamma + 1)
+    best = max(range(1, 5), key=lambda g: expected_tokens_per_step(price.acceptance_rate,
+                                                                   g) / (3.0 * g + 20 + 2 * g))
+    g = price.best_gamma
+    assert g == best
+    by_hand = expected_tokens_per_step(price.acceptance_rate, g) / (3.0 * g + 20.0 + 2.0 * g) * 1000
+    assert price.tokens_per_s == pytest.approx(by_hand, rel=1e-6)
+    assert price.speedup == pytest.approx(by_hand / 50.0, rel=1e-6)
+    assert not price.extrapolated and price.measured_to_tokens == 100_000
+    (far,) = price_trained(CurveSet(target="smollm2-135m", curves=(curve,)), 10**7, _latency,
+                           resolve_architecture, WORKLOAD, GAMMA, bar_tps=None)
+    assert far.extrapolated and far.tokens_per_s > price.tokens_per_s
+
+
+def test_the_budget_to_beat_a_bar_is_where_the_priced_speed_crosses_it():
+    curve = _curve()
+    arch = curve_arch(curve, resolve_architecture("smollm2-135m"))
+    latency = _latency(arch, 8192)
+    (at_1e5,) = price_trained(CurveSet(target="t", curves=(curve,)), 100_000, _latency, resolve_architecture,
+                              WORKLOAD, GAMMA, bar_tps=None)
+    needed = tokens_to_beat(curve, at_1e5.tokens_per_s, latency, WORKLOAD, GAMMA)
+    assert needed == pytest.approx(100_000, rel=1e-3)
+    assert tokens_to_beat(curve, 1.0, latency, WORKLOAD, GAMMA) == 0.0  # the untrained shape already beats it
+    flat = _curve(b=0.0)
+    assert tokens_to_beat(flat, 1e6, latency, WORKLOAD, GAMMA) is None  # a bar above what gamma + 1 gives
