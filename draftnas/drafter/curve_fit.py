@@ -1,5 +1,6 @@
 """Curves of acceptance against training tokens: tokens per step = a + b ln T, fitted per drafter shape
-on the held-out readings of its training run (the second seed's Figure 4 puts speedup linear in log
+on the held-out readings of its training run's pretrain phase (a finetune's readings measure another
+recipe) (the second seed's Figure 4 puts speedup linear in log
 training tokens). Each curve is checked at the largest budget it was not fitted on: the fit made
 without that reading predicts it.
 """
@@ -41,7 +42,7 @@ def fit_curve(result: DistillTrainResult, *, min_tokens: int, source: str = "") 
     if untrained is None:
         raise InvalidInputError(f"{source or result.out}: the run has no untrained reading")
     points = tuple(CurvePoint(r.tokens, r.tokens_per_step, r.top1_agreement)
-                   for r in result.readings if r.tokens >= min_tokens)
+                   for r in result.readings if r.tokens >= min_tokens and r.phase == "pretrain")
     if len({p.tokens for p in points}) < 3:
         where = source or result.out
         raise InvalidInputError(f"{where}: {len(points)} readings at >= {min_tokens:,} tokens; a "

@@ -4,8 +4,9 @@ budget of minutes or trained positions, each unit one shard (`distill_store`), r
 Units, in the order a call takes them:
 - `set:T:i`: the i-th batch of the shipped prompt sets' training prompts (every `heldout_every`-th prompt
   of each domain is held out: the bench's), answered by the target at temperature T; first, all of them;
-- then rounds r = 0, 1, ...: `written:r` (a batch of user turns the target writes itself, opening like one
-  domain's training prompts, answered at the round's temperature), `text:r` (the r-th batch of windows of
+- then rounds r = 0, 1, ...: `written:D:k` (a batch of user turns the target writes itself, opening like
+  domain D's training prompts, answered at the round's temperature; round r takes the next domain of
+  `written_domains`, k counts that domain's batches), `text:r` (the r-th batch of windows of
   text found on this machine, teacher-forced: one forward gives the target's top-k at every position),
   `open:r` (openings of such files, continued by the target at the round's temperature).
 
@@ -151,6 +152,8 @@ class _Maker:
         self._windows: Iterator[tuple[list[int], str]] | None = None
         self._window_at = 0  # windows of the stream already passed
         self.text_done = False
+        have = sorted({p.domain for p in train_prompts})
+        self.written_domains = [d for d in (request.written_domains or have) if d in have]
 
     @property
     def files(self) -> list[Path]:
@@ -175,9 +178,12 @@ class _Maker:
         r = 0
         while True:
             any_left = False
-            if "written" in req.sources and uses_chat_template(self.tokenizer) and self.train_prompts:
+            if "written" in req.sources and uses_chat_template(self.tokenizer) and self.written_domains:
                 any_left = True
-                yield f"written:{r}", "generated", (lambda rr=r: self.written(rr))  # type: ignore[misc]
+                domain = self.written_domains[r % len(self.written_domains)]
+                k = r // len(self.written_domains)
+                yield (f"written:{domain}:{k}", "generated",
+                       lambda d=domain, kk=k, rr=r: self.written(d, kk, rr))  # type: ignore[misc]
             if "text" in req.sources and not self.text_done:
                 any_left = True
                 yield f"text:{r}", "teacher-forced", (lambda rr=r: self.text(rr))  # type: ignore[misc]
@@ -202,17 +208,19 @@ class _Maker:
         encoded = [encode_prompt(self.tokenizer, p.text) for p in prompts]
         return self._decode(encoded, temperature, k, [p.domain for p in prompts])
 
-    def written(self, r: int) -> list[DistillSequence]:
-        domains = sorted({p.domain for p in self.train_prompts})
-        domain = domains[r % len(domains)]
+    def written(self, domain: str, k: int, r: int) -> list[DistillSequence]:
+        """Batch k of user turns written like `domain`'s training prompts, answered at round r's
+        temperature; seeded by (domain, k), so a unit is the same whichever domains a call rotates."""
         pool = [p.text for p in self.train_prompts if p.domain == domain]
-        start = (r // len(domains)) * self.request.batch_size
+        start = k * self.request.batch_size
         openings = [pool[(start + j) % len(pool)] for j in range(self.request.batch_size)]
+        unit_seed = int(hashlib.sha256(f"{domain}:{k}".encode()).hexdigest()[:8], 16)
         texts = written_prompts(self.model, self.tokenizer, openings, len(openings),
-                                seed=self.request.seed * 10_007 + r)
+                                seed=self.request.seed * 10_007 + unit_seed)
         encoded = [encode_prompt(self.tokenizer, t) for t in texts]
-        return self._decode(encoded, self.temperature(r), 50_000 + r,
-                            [domain] * len(encoded)) if encoded else []
+        if not encoded:
+            return []
+        return self._decode(encoded, self.temperature(k), 50_000 + unit_seed, [domain] * len(encoded))
 
     def text(self, r: int) -> list[DistillSequence]:
         batch = self.request.batch_size * TEXT_ROWS_FACTOR

@@ -99,6 +99,10 @@ class DistillDataRequest(Record):
     temperatures: tuple[float, ...] = option(SEED_TEMPERATURES, parse=_floats, cli_type=str, low=0.0,
                                              high=2.0, nonempty=True, cli_default="0,0.3,0.7,1",
                                              help="Sampling temperatures of generated data (the seed's).")
+    written_domains: tuple[str, ...] = option((), parse=_words, cli_type=str, cli_default="", distinct=True,
+                                              choices=("chat", "translation", "code", "math"),
+                                              help="Domains the written prompts rotate over (default: every "
+                                                   "shipped domain), e.g. chat for a chat workload.")
     minutes: float | None = option(None, low=0.0, low_open=True,
                                    help="Stop after this much wall time in this call (minutes).")
     tokens: int | None = option(None, low=1, help="Stop once the set holds this many trained positions.")
@@ -172,6 +176,8 @@ class DistillTrainRequest(Record):
     tokens: int = option(1_000_000, low=1, help="Pretrain budget: trained positions over the whole set.")
     finetune_domain: str = option("", help="Domain finetuned on after pretraining (e.g. chat; empty: none).")
     finetune_tokens: int = option(0, low=0, help="Finetune budget (trained positions of that domain).")
+    finetune_data: str = option("", help="Data folder the finetune reads its domain from (default: DATA); "
+                                         "it may be made or grown after pretraining.")
     train: str = option("layers", choices=("layers", "all", "lowrank"),
                         help="What trains: layers (kept layers, final norm, a reduced head), all "
                              "(embeddings and head too), lowrank (rank --rank updates, merged at the end).")

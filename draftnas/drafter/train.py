@@ -29,14 +29,10 @@ from typing import Any
 
 import torch
 
-from draftnas.acceptance.traces import eos_token_ids, tokenizer_fingerprint
-from draftnas.acceptance.tracing import decode_batch
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_has_native_bf16, host_line
-from draftnas.core.prompts import encode_prompt, load_prompts
 from draftnas.core.records import Progress
 from draftnas.drafter.distill_records import (
-    HELDOUT_PROMPTS,
     DataManifest,
     DistillTrainRequest,
     DistillTrainResult,
@@ -47,13 +43,13 @@ from draftnas.drafter.heal import trainable_parameters
 from draftnas.drafter.heal_data import HealSequence, pad_id
 from draftnas.drafter.losses import kl_to_topk, measure_agreement, selected_logits, topk_to_head
 from draftnas.drafter.packing import Stream, build_stream, epoch_rows, row_batch
-from draftnas.drafter.records import PlanOptions, PruningPlan
+from draftnas.drafter.records import PruningPlan
+from draftnas.drafter.train_setup import check_request, finetune_manifest, heldout_sequences, run_plan
 from draftnas.drafter.trained import DELTA_FILE, save_delta
 
 log = logging.getLogger(__name__)
 STATE_FILE = "train-state.pt"
 RESULT_FILE = "train.json"
-HELDOUT_NEW_TOKENS = 96
 
 
 def reading_budgets(total: int, n: int, first: int | None = None) -> list[int]:
@@ -72,85 +68,23 @@ class _State:
     micro: int = 0  # micro-batches done in the current phase
     train_s: float = 0.0
     readings: list[TrainReading] = field(default_factory=list)
+    fine_key: str | None = None  # the finetune's data, once it started
 
 
 def _state_key(request: DistillTrainRequest, plan: PruningPlan, manifest: DataManifest) -> str:
     opts = request.to_dict()
     for volatile in ("checkpoint_minutes", "stop_after_tokens", "out", "data", "readings", "tokens",
-                     "finetune_tokens"):
+                     "finetune_tokens", "finetune_data"):  # a finetune is keyed when it starts (`fine_key`)
         opts.pop(volatile, None)
     payload = json.dumps([opts, plan.to_dict(), [s.sha256 for s in manifest.shards]], sort_keys=True,
                          default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def shape_key(plan: PruningPlan) -> str:
-    return hashlib.sha256(json.dumps(plan.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _check_request(request: DistillTrainRequest, manifest: DataManifest, base: Any, tokenizer: Any) -> None:
-    """Every mistake at once, before any training: data of another tokenizer, a shape the base lacks."""
-    problems = []
-    if tokenizer_fingerprint(tokenizer) != manifest.tokenizer_fingerprint:
-        problems.append(f"the data in {request.data} was made with {manifest.target}'s tokenizer, which "
-                        f"differs from {request.base or manifest.target}'s")
-    n = int(base.config.num_hidden_layers)
-    wide = [i for i in request.layers if i >= n]
-    if wide:
-        problems.append(f"--layers {','.join(map(str, wide))}: the base has layers 0..{n - 1}")
-    vocab = int(base.get_input_embeddings().weight.shape[0])
-    if request.head_rows > vocab:
-        problems.append(f"--head-rows {request.head_rows}: wider than the base's {vocab}-row head")
-    if request.finetune_domain and not manifest.positions(domain=request.finetune_domain):
-        have = sorted({d for s in manifest.shards for d in s.domains})
-        problems.append(f"--finetune-domain {request.finetune_domain}: the data has {', '.join(have)}")
-    if problems:
-        raise InvalidInputError("; ".join(problems))
-
-
-def heldout_sequences(request: DistillTrainRequest, manifest: DataManifest, target: Any, tokenizer: Any,
-                      folder: Path) -> list[HealSequence]:
-    """The target's greedy continuations of the data's held-out prompts (of the finetune domain when
-    given), cached in the training folder: top-1 agreement on them is greedy acceptance per token."""
-    cached = folder / "heldout.pt"
-    if cached.is_file():
-        return [HealSequence(**s) for s in torch.load(cached, weights_only=False)]
-    prompts = [p for p in load_prompts(str(Path(request.data) / HELDOUT_PROMPTS))
-               if not request.finetune_domain or p.domain == request.finetune_domain]
-    prompts = prompts[:request.heldout_prompts]
-    encoded = [encode_prompt(tokenizer, p.text) for p in prompts]
-    out: list[HealSequence] = []
-    eos = eos_token_ids(target, tokenizer)
-    for start in range(0, len(encoded), 8):
-        chunk = encoded[start:start + 8]
-        for ids, d in zip(chunk, decode_batch(target, chunk, temperature=0.0,
-                                              max_new_tokens=HELDOUT_NEW_TOKENS,
-                                              top_k=1, eos_ids=eos), strict=True):
-            if d.continuation:
-                out.append(HealSequence(list(ids) + d.continuation, len(ids), d.continuation))
-    torch.save([vars(s) for s in out], cached)
-    return out
-
-
-def _head_subset(request: DistillTrainRequest, manifest: DataManifest, tokenizer: Any) -> Any:
-    from draftnas.drafter.vocab import select_subset, special_token_ids
-
-    if not request.head_rows or request.head_rows >= manifest.vocab_size:
-        return None
-    generated = [s.ids[s.prompt_len:] for s in iter_sequences(request.data, manifest, check=False)]
-    return select_subset(generated, request.head_rows, manifest.vocab_size,
-                         required=special_token_ids(tokenizer), source=f"distill data {request.data}",
-                         tokenizer_fingerprint=manifest.tokenizer_fingerprint)
-
-
-def make_plan(request: DistillTrainRequest, manifest: DataManifest, loaded: Any) -> PruningPlan:
-    from dataclasses import replace
-
-    from draftnas.drafter.plan import plan_pruning
-
-    plan = plan_pruning(loaded.model, PlanOptions(layers=tuple(sorted(request.layers)),
-                                                  base=request.base or manifest.target))
-    return replace(plan, vocab=_head_subset(request, manifest, loaded.tokenizer))
+def fine_key(request: DistillTrainRequest, manifest: DataManifest) -> str:
+    """What a finetune reads: its domain and its data's shards."""
+    payload = json.dumps([request.finetune_domain, [s.sha256 for s in manifest.shards]])
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 class _Trainer:
@@ -237,7 +171,7 @@ class _Trainer:
     def save(self, phase: str) -> None:
         s = self.state
         payload = {"key": self.key, "phase": phase, "tokens": s.tokens, "micro": s.micro,
-                   "train_s": s.train_s,
+                   "train_s": s.train_s, "fine_key": s.fine_key,
                    "readings": [r.to_dict() for r in s.readings],
                    "params": {n: p.detach().clone() for n, p in self.params},
                    "optimizer": self.optimizer.state_dict()}
@@ -260,28 +194,39 @@ class _Trainer:
                 param.copy_(saved["params"][name])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.state = _State(saved["tokens"], saved["micro"], saved["train_s"],
-                            [TrainReading.from_dict(r) for r in saved["readings"]])
+                            [TrainReading.from_dict(r) for r in saved["readings"]], saved.get("fine_key"))
         return str(saved["phase"])
 
 
-def _load_phase_streams(request: DistillTrainRequest, manifest: DataManifest) -> tuple[Stream, Stream | None]:
+def _load_phase_streams(request: DistillTrainRequest, manifest: DataManifest,
+                        fine_manifest: DataManifest | None) -> tuple[Stream, Stream | None]:
     pre = build_stream(list(iter_sequences(request.data, manifest)))
     fine = None
-    if request.finetune_domain and request.finetune_tokens:
-        fine = build_stream(list(iter_sequences(request.data, manifest, domain=request.finetune_domain)))
+    if request.finetune_domain and request.finetune_tokens and fine_manifest is not None:
+        folder = request.finetune_data or request.data
+        fine = build_stream(list(iter_sequences(folder, fine_manifest, domain=request.finetune_domain)))
     return pre, fine
 
 
 def train_drafter(request: DistillTrainRequest, drafter: Any, heldout: list[HealSequence], pad: int,
-                  manifest: DataManifest, folder: Path, key: str, progress: Progress | None
-                  ) -> tuple[_Trainer, int, bool]:
-    """Both phases (resuming where a checkpoint says); (trainer, tokens resumed from, finished)."""
+                  manifest: DataManifest, folder: Path, key: str, progress: Progress | None,
+                  fine_manifest: DataManifest | None = None) -> tuple[_Trainer, int, bool]:
+    """Both phases (resuming where a checkpoint says); (trainer, tokens resumed from, finished). The
+    finetune reads `fine_manifest` (default: `manifest`), keyed when it starts: a resumed finetune must
+    read the same data."""
     trainer = _Trainer(request, drafter, heldout, pad, folder, key, progress)
     resumed_phase = trainer.load()
     resumed = trainer.state.tokens
     if not trainer.state.readings:
         trainer.read("untrained")
-    pre, fine = _load_phase_streams(request, manifest)
+    fine_manifest = fine_manifest or manifest
+    pre, fine = _load_phase_streams(request, manifest, fine_manifest)
+    if fine is not None:
+        key_now = fine_key(request, fine_manifest)
+        if trainer.state.fine_key is not None and trainer.state.fine_key != key_now:
+            raise InvalidInputError(f"{folder} finetuned on other data or another domain; a resumed finetune "
+                                    "reads the same (or use a fresh --out folder)")
+        trainer.state.fine_key = key_now
     finished = True
     if resumed_phase in (None, "pretrain") and trainer.state.tokens < request.tokens:
         finished = trainer.phase("pretrain", pre, 0, request.tokens)
@@ -317,11 +262,11 @@ def train_from_request(request: DistillTrainRequest, *,
         raise InvalidInputError(f"{request.data}: no data set here (make one with `draftnas distill data`)")
     base_spec = request.base or manifest.target
     loaded = load_model(base_spec)
-    _check_request(request, manifest, loaded.model, loaded.tokenizer)
+    check_request(request, manifest, loaded.model, loaded.tokenizer)
     folder = Path(request.out)
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(request.seed)
-    plan = make_plan(request, manifest, loaded)
+    plan = run_plan(request, manifest, loaded, folder)
     drafter = apply_plan(loaded.model, plan)
     target = loaded if base_spec == manifest.target else load_model(manifest.target)
     heldout = heldout_sequences(request, manifest, target.model, loaded.tokenizer, folder)
@@ -333,7 +278,8 @@ def train_from_request(request: DistillTrainRequest, *,
 
         attach_low_rank(drafter, request.rank, (), request.seed)
     trainer, resumed, finished = train_drafter(request, drafter, heldout, pad, manifest, folder,
-                                               _state_key(request, plan, manifest), progress)
+                                               _state_key(request, plan, manifest), progress,
+                                               finetune_manifest(request, manifest))
     return _finish(request, trainer, plan, base_spec, manifest, folder, resumed, finished)
 
 

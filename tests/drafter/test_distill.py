@@ -158,6 +158,8 @@ def test_resume_against_another_run_is_refused(tmp_path, tiny_llama_config):
 def _result(points: list[tuple[int, float]]) -> DistillTrainResult:
     readings = tuple(TrainReading(tokens=t, phase="pretrain" if t else "untrained", train_s=0.0, loss=None,
                                   top1_agreement=0.1, tokens_per_step=y) for t, y in points)
+    readings += (TrainReading(tokens=points[-1][0] * 2, phase="finetune", train_s=0.0, loss=None,
+                              top1_agreement=0.5, tokens_per_step=3.0),)  # not on the curve
     return DistillTrainResult(out="r", base="b", target="t", label="L1", layers=(0,), head_rows=0,
                               train="layers",
                               trained_tokens=points[-1][0], budget_tokens=points[-1][0], train_s=1.0,
@@ -238,3 +240,27 @@ def test_train_refuses_another_tokenizer_and_a_wider_shape_before_training(tmp_p
     text = str(err.value)
     assert "tokenizer" in text and "--layers 30" in text and "--head-rows 60000" in text
     assert not (tmp_path / "out").exists()
+
+
+def test_a_finetune_may_read_another_folder_but_a_resumed_one_reads_the_same(tmp_path, tiny_llama_config):
+    from draftnas.drafter.heal_data import HealSequence
+    from draftnas.drafter.train import train_drafter
+
+    manifest = _data(tmp_path / "data")
+    other = _data(tmp_path / "other", n_units=2)
+    held = [HealSequence(list(range(10, 30)), 8, list(range(18, 30)))]
+    # stopped inside the finetune (pretrain 600, finetune 200: stop at 700)
+    request = _train_request(tmp_path, stop_after_tokens=700)
+    folder = Path(request.out)
+    folder.mkdir(parents=True)
+    trainer, _, done = train_drafter(request, tiny_llama(tiny_llama_config, seed=3), held, 0, manifest,
+                                     folder,
+                                     "key", None, other)
+    assert not done and 700 <= trainer.state.tokens < 800 and trainer.state.fine_key is not None
+    with pytest.raises(InvalidInputError, match="finetuned on other data"):
+        train_drafter(_train_request(tmp_path), tiny_llama(tiny_llama_config, seed=3), held, 0, manifest,
+                      folder,
+                      "key", None, manifest)
+    trainer, _, done = train_drafter(_train_request(tmp_path), tiny_llama(tiny_llama_config, seed=3), held, 0,
+                                     manifest, folder, "key", None, other)
+    assert done and trainer.state.tokens == 800
