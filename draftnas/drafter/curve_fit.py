@@ -52,10 +52,12 @@ def fit_curve(result: DistillTrainResult, *, min_tokens: int, source: str = "") 
     a0, b0 = fit_log_line([(p.tokens, p.tokens_per_step) for p in points if p.tokens < last.tokens])
     check = CurveCheck(tokens=last.tokens, predicted=a0 + b0 * math.log(last.tokens),
                        measured=last.tokens_per_step)
+    finetuned = tuple(CurvePoint(r.tokens, r.tokens_per_step, r.top1_agreement)
+                      for r in result.readings if r.phase == "finetune")
     return TrainingCurve(label=result.label, base=result.base, layers=result.layers,
                          head_rows=result.head_rows,
                          gamma=result.gamma, points=points, intercept=a, slope=b, fitted_from=min_tokens,
-                         untrained=untrained.tokens_per_step, check=check, source=source)
+                         untrained=untrained.tokens_per_step, check=check, source=source, finetuned=finetuned)
 
 
 def read_train_result(folder: str | Path) -> DistillTrainResult:
@@ -119,6 +121,10 @@ def draw_curves(curves: Sequence[TrainingCurve], path: Path) -> None:
         ax.plot(grid, [c.predict(x) for x in grid], "-", color=line.get_color(), alpha=0.6,
                 label=f"fit {c.intercept:.2f} + {c.slope:.3f} ln T")
         ax.axhline(c.untrained, color=line.get_color(), linestyle=":", alpha=0.5)
+        if c.finetuned:
+            ax.plot([p.tokens for p in c.finetuned], [p.tokens_per_step for p in c.finetuned], "*",
+                    markersize=11,
+                    color=line.get_color(), label=f"{c.label} after the finetune")
     ax.set_xscale("log")
     ax.set_xlabel("training tokens (trained positions)")
     ax.set_ylabel(f"held-out tokens per step (greedy, gamma {curves[0].gamma if curves else 4})")

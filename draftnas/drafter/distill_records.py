@@ -279,6 +279,7 @@ class TrainingCurve(Record):
     untrained: float
     check: CurveCheck | None = None
     source: str = ""
+    finetuned: tuple[CurvePoint, ...] = ()  # readings after the finetune (another recipe: not fitted)
 
     def predict(self, tokens: float) -> float:
         """Tokens per step after `tokens` training positions (never below the untrained drafter's, never

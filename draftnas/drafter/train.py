@@ -230,6 +230,8 @@ def train_drafter(request: DistillTrainRequest, drafter: Any, heldout: list[Heal
     finished = True
     if resumed_phase in (None, "pretrain") and trainer.state.tokens < request.tokens:
         finished = trainer.phase("pretrain", pre, 0, request.tokens)
+    if finished and fine is not None and trainer.state.readings[-1].tokens < request.tokens:
+        trainer.read("pretrain")  # the pretrain's own end: the curve's largest budget
     if finished and fine is not None:
         finished = trainer.phase("finetune", fine, request.tokens, request.total_tokens())
     last = "finetune" if fine is not None and trainer.state.tokens > request.tokens else "pretrain"
