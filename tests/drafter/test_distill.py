@@ -129,7 +129,7 @@ def test_budget_is_honoured_and_resume_gives_the_same_weights(tmp_path, tiny_lla
     assert finished and trainer.state.tokens == 800  # pretrain 600 + finetune 200, exactly
     phases = [r.phase for r in trainer.state.readings]
     assert phases[0] == "untrained" and "pretrain" in phases and phases[-1] == "finetune"
-    assert [r.tokens for r in trainer.state.readings if r.phase == "pretrain"][-1] == 600  # the pretrain's end
+    assert [r.tokens for r in trainer.state.readings if r.phase == "pretrain"][-1] == 600  # its end
     # an interruption at 300 tokens, then the same call again: the same weights, bit for bit
     _, (cut, done) = _run(_train_request(tmp_path, out=str(tmp_path / "b"), stop_after_tokens=300), manifest,
                           tiny_llama_config)
