@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from draftnas.bench.arms import MAIN, REFERENCE
@@ -78,11 +79,14 @@ def check_predictions(result: BenchResult, predictions: SearchPredictions,
     if target is not None:
         rows.append(_check(result, "target", target))
     winner = predictions.get("winner")
+    main = result.drafters.get(MAIN, "")
+    if winner is not None and exported is None and Path(main).name != winner.name:
+        winner = None  # the drafter benched is not the search's winner: priced below if it is a reference
     if winner is not None and exported is not None:
         winner = _exported_arm("winner", winner.name, exported)
     if winner is not None:
         rows.append(_check(result, MAIN, winner, "export" if exported is not None else "search"))
-    for label, spec in ((k, v) for k, v in result.drafters.items() if k != MAIN):
+    for label, spec in ((k, v) for k, v in result.drafters.items() if k != MAIN or winner is None):
         own = (references or {}).get(label)
         if own is not None:
             rows.append(_check(result, label, _exported_arm(REFERENCE, spec, own), "export"))

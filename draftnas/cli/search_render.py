@@ -111,6 +111,12 @@ def trained_table(result: SearchResult) -> Table:
                       _tokens(p.tokens_to_beat_bar),
                       f"{p.measured_to_tokens:,}", "-" if p.check_error is None else f"{p.check_error:+.1%}")
     bar = result.trained[0].bar_tokens_per_s if result.trained else None
-    table.caption = ("the bar: the hand-made best (else the first reference) at "
-                     f"{bar:,.1f} tokens/s" if bar is not None else "no hand-made best or reference to beat")
+    caption = [f"the bar: the hand-made best (else the search's best trial) at {bar:,.1f} tokens/s"
+               if bar is not None else "no hand-made best or trial to beat"]
+    hosts = sorted({p.curve_host.split(", load")[0] for p in result.trained if p.curve_host})
+    where = (f" (trained on {'; '.join(hosts)}: greedy acceptance does not depend on the host)"
+             if hosts else "")
+    caption.append("acceptance from training runs' held-out readings" + where + "; latency priced here; "
+                   "`draftnas distill train` makes a shape's drafter (docs/training.md)")
+    table.caption = "\n".join(caption)
     return table

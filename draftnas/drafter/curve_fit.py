@@ -57,7 +57,8 @@ def fit_curve(result: DistillTrainResult, *, min_tokens: int, source: str = "") 
     return TrainingCurve(label=result.label, base=result.base, layers=result.layers,
                          head_rows=result.head_rows,
                          gamma=result.gamma, points=points, intercept=a, slope=b, fitted_from=min_tokens,
-                         untrained=untrained.tokens_per_step, check=check, source=source, finetuned=finetuned)
+                         untrained=untrained.tokens_per_step, check=check, source=source, finetuned=finetuned,
+                         host=result.host, command=result.command, delta_sha256=result.delta_sha256)
 
 
 def read_train_result(folder: str | Path) -> DistillTrainResult:
@@ -82,6 +83,14 @@ def load_curves(path: str | Path) -> CurveSet:
         raise InvalidInputError(f"{p}: no such curves file") from None
     except (json.JSONDecodeError, TypeError, KeyError, ValueError, AttributeError) as exc:
         raise InvalidInputError(f"{p}: not a curves file ({exc})") from None
+
+
+def shipped_curves(target_name: str) -> CurveSet | None:
+    """The curves measured for an embedded target and shipped with draftnas (data/curves/<name>.json)."""
+    from importlib import resources
+
+    path = resources.files("draftnas") / "data" / "curves" / f"{target_name}.json"
+    return load_curves(str(path)) if path.is_file() else None
 
 
 def curves_from_request(request: DistillCurveRequest) -> CurveSet:

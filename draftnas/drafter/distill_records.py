@@ -280,6 +280,9 @@ class TrainingCurve(Record):
     check: CurveCheck | None = None
     source: str = ""
     finetuned: tuple[CurvePoint, ...] = ()  # readings after the finetune (another recipe: not fitted)
+    host: str = ""  # where the run trained (acceptance does not depend on it; its tokens/s does)
+    command: str = ""  # the run's command (its data made by `draftnas distill data`)
+    delta_sha256: str = ""  # the trained tensors' hash, which a rerun of the command reproduces
 
     def predict(self, tokens: float) -> float:
         """Tokens per step after `tokens` training positions (never below the untrained drafter's, never
@@ -371,3 +374,4 @@ class TrainedPrice(Record):
     check_error: float | None
     tokens_to_beat_bar: float | None
     bar_tokens_per_s: float | None
+    curve_host: str = ""  # where the shape's curve was measured

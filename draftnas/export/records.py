@@ -11,8 +11,9 @@ from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group
 from draftnas.core.records import Record
+from draftnas.drafter.loading import HEAD_MODULE_FILE  # noqa: F401  (the export stage's name for it)
 from draftnas.drafter.records import HealOptions, HealResult, PruningPlan
-from draftnas.models.records import HEAD_MODULE, llama_cpp_option, weights_suffix
+from draftnas.models.records import llama_cpp_option, weights_suffix
 from draftnas.search.records import RankedTrial, WorkloadPrediction
 
 DEFAULT_GAMMA = 4
@@ -168,9 +169,6 @@ class HealRequest(Record):
         elif self.plan_file is not None and self.drafter is not None:
             extra.append(("plan_file", "and {drafter} exclude each other: give one"))
         return check_options(self, extra)
-
-
-HEAD_MODULE_FILE = f"{HEAD_MODULE}.py"  # draftnas/models/hf_head.py, copied into reduced-head folders
 
 
 FULL_HEAD_DIR = "full-head"

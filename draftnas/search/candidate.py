@@ -10,10 +10,12 @@ can be expressed as a `PruningPlan` — the plan's shape (layers picked by
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.registry import Architecture, resolve_architecture
 from draftnas.drafter.importance import layer_selection
-from draftnas.drafter.records import PruningPlan, drafter_label
+from draftnas.drafter.records import VOCAB_FILE, PruningPlan, drafter_label, load_vocab_subset
 from draftnas.models.records import weights_suffix
 from draftnas.search.records import Candidate, CandidateChoice
 from draftnas.search.space import SearchSpace
@@ -98,5 +100,13 @@ def reference_candidate(name: str, base: str, base_arch: Architecture) -> Candid
     """A drafter a user would otherwise pick (a registry shape, an embedded model or a folder), as a
     candidate beside the trials (no plan: it is used as it is)."""
     arch = resolve_architecture(name)
-    return Candidate(name=name, base=base, arch=arch, choice=CandidateChoice(depth=arch.num_hidden_layers),
-                     plan=None)
+    return Candidate(name=name, base=base, arch=arch, plan=None,
+                     choice=CandidateChoice(depth=arch.num_hidden_layers, vocab_size=_head_rows(name)))
+
+
+def _head_rows(name: str) -> int:
+    """Rows of the reduced head a drafter folder draftnas wrote keeps (its draft_vocab.json); 0 otherwise."""
+    folder = Path(name).expanduser()
+    if not (folder / VOCAB_FILE).is_file():
+        return 0
+    return load_vocab_subset(folder).size

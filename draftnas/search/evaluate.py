@@ -20,6 +20,7 @@ from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.registry import Architecture
 from draftnas.drafter.build import build_drafter, heal_options, plan_drafter
 from draftnas.drafter.heal_data import data_from_traces
+from draftnas.drafter.loading import load_drafter
 from draftnas.drafter.records import PlanOptions
 from draftnas.models.records import TORCH_DTYPES, quantized
 from draftnas.models.sources import load_model
@@ -176,7 +177,7 @@ class WeightsEvaluator:
         acceptance on the same held-out trace records the trials are scored on."""
         self._setup()
         started = time.perf_counter()
-        loaded = load_model(candidate.name, dtype=TORCH_DTYPES[self.dtype], device=self.device)
+        loaded = load_drafter(candidate.name, dtype=TORCH_DTYPES[self.dtype], device=self.device)
         estimate = estimate_acceptance(loaded.model, self._eval_traces, max_gamma=self.space.gamma.max,
                                        temperature=self.space.workload.temperature,
                                        p_mins=self.space.gamma.p_min)

@@ -328,19 +328,23 @@ def _references(run: _Run) -> tuple[RankedTrial, ...]:
 
 def _trained(run: _Run, result: SearchResult) -> tuple[TrainedPrice, ...]:
     """The curves' shapes priced with the trials' latency model at the request's budget, against the
-    hand-made best (else the first reference)."""
+    hand-made best (else, for a target without a stock drafter, the search's best trial)."""
     o = run.options
     assert o.curves is not None
-    bar = hand_made_best(result) or (result.references[0] if result.references else None)
+    bar = hand_made_best(result) or result.best
 
     def read(arch: Architecture, head_rows: int | None) -> LatencyReading:
         return read_latency(run.predictor, o.profile, arch, o.space.workload, run.target_latency, head_rows,
                             placement=o.placement, target_arch=o.target_arch,
                             target_predictor=run.target_predictor)
 
+    bar_tps = None
+    if bar is not None:  # priced again with this run's latency model, as the shapes are
+        bar_tps = predict_workload(_read(run, bar.candidate), bar.acceptance, o.space.workload,
+                                   o.space.gamma).tokens_per_s
     return price_trained(o.curves, o.train_tokens, read, resolve_architecture, o.space.workload,
                          o.space.gamma,
-                         None if bar is None else bar.throughput.tokens_per_s)
+                         bar_tps)
 
 
 def _best_value(trials: Sequence[FrozenTrial]) -> float | None:

@@ -82,7 +82,9 @@ def _held_out(r: RankedTrial, model: CalibratedModel, options: SearchOptions) ->
     stacks = c.stacks if weights == "dense" else c.quant_stacks.get(weights, {})
     shape = r.candidate.arch.with_shape(name="")
     names = frozenset(n for n, s in stacks.items() if s.arch.with_shape(name="") == shape)
-    if not names:
+    # a stack timed at no depth below its full one (a 1-layer drafter) has no line to price it without
+    if not names or any(not any(k < stacks[n].arch.num_hidden_layers for k in stacks[n].prefix_ms)
+                        for n in names):
         return None
     predictor = weights_predictor(model.without_full_depth(names), r.candidate.choice.weights)
     draft = tuple(predictor.predict_ms(r.candidate.arch, batch_size=b, new_tokens=1,

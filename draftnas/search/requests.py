@@ -101,7 +101,8 @@ class SearchRequest(Record):
         None, help="Training curves of this target's drafter shapes (`draftnas distill curve`): each shape "
                    "is "
                    "priced at --train-tokens with acceptance from its curve, beside the ranking, with the "
-                   "budget it needs to beat the hand-made best.")
+                   "budget it needs to beat the hand-made best (else the search's best trial). Default: the "
+                   "curves draftnas ships for an embedded target, if any.")
     train_tokens: int | None = option(
         None, low=1, help="The training budget (tokens) trained shapes are priced at (with --curves; "
                           "default: "
@@ -136,8 +137,6 @@ class SearchRequest(Record):
             extra.append(("target_gguf", "is a llama.cpp file: set {engine} llama.cpp with it"))
         if self.engine == "llama.cpp" and self.device != "cpu":
             extra.append(("engine", "llama.cpp is calibrated and benched on the CPU ({device} cpu)"))
-        if self.train_tokens is not None and self.curves is None:
-            extra.append(("train_tokens", "prices trained shapes: give their {curves} file"))
         return check_options(self, extra)
 
 

@@ -25,7 +25,7 @@ from draftnas.core.options import option_error
 from draftnas.core.placement import Placement, place
 from draftnas.core.prompts import Prompt, load_prompts, subsample
 from draftnas.core.registry import Architecture, resolve_architecture
-from draftnas.drafter.curve_fit import load_curves
+from draftnas.drafter.curve_fit import load_curves, shipped_curves
 from draftnas.drafter.distill_records import CurveSet
 from draftnas.latency.calibrate import calibrates, host_cpu_profile, host_mismatch
 from draftnas.latency.corrected import CalibratedModel, TargetTimedModel
@@ -125,9 +125,14 @@ def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
 
 
 def _curves(request: SearchRequest) -> CurveSet | None:
-    """The request's training curves, checked to be of its target."""
+    """The request's training curves, checked to be of its target; without --curves, those shipped for
+    an embedded target (acceptance after training does not depend on the host; latency is priced here)."""
     if request.curves is None:
-        return None
+        shipped = shipped_curves(resolve_architecture(request.target).name)
+        if shipped is None and request.train_tokens is not None:
+            raise option_error("train_tokens", "prices trained shapes: give their {curves} file "
+                                               f"(draftnas ships none for {request.target})")
+        return shipped
     curves = load_curves(request.curves)
     if resolve_architecture(curves.target).name != resolve_architecture(request.target).name:
         raise option_error("curves",

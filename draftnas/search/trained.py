@@ -77,5 +77,5 @@ def price_trained(curves: CurveSet, budget_tokens: int | None, read: Callable[[A
             check_error=curve.check.error if curve.check else None,
             tokens_to_beat_bar=None if bar_tps is None else tokens_to_beat(curve, bar_tps, latency,
                                                                            workload, gamma),
-            bar_tokens_per_s=bar_tps))
+            bar_tokens_per_s=bar_tps, curve_host=curve.host))
     return tuple(sorted(out, key=lambda p: -p.tokens_per_s))

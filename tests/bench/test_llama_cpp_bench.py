@@ -21,7 +21,8 @@ def test_server_arms_decode_and_draft(tmp_path):
     from draftnas.bench.llama_cpp import LlamaArm, Server, _run
     from draftnas.bench.records import BenchOptions
     from draftnas.latency.llama_cpp import probe_flags
-    from draftnas.models.gguf_file import gguf_of, random_tensors, write_gguf
+    from draftnas.models.gguf_file import gguf_of, write_gguf
+    from draftnas.models.gguf_tensors import random_tensors
 
     tokenizer = gguf_of("qwen2.5-coder-1.5b")
     llama = probe_flags(_build(), tokenizer, threads=2)

@@ -65,3 +65,29 @@ def test_the_budget_to_beat_a_bar_is_where_the_priced_speed_crosses_it():
     assert tokens_to_beat(curve, 1.0, latency, WORKLOAD, GAMMA) == 0.0  # the untrained shape already beats it
     flat = _curve(b=0.0)
     assert tokens_to_beat(flat, 1e6, latency, WORKLOAD, GAMMA) is None  # a bar above what gamma + 1 gives
+
+
+def test_the_shipped_curves_are_smollm2s_each_checked_within_10_percent_with_its_command():
+    from draftnas.drafter.curve_fit import shipped_curves
+
+    curves = shipped_curves("smollm2-135m")
+    assert curves is not None and curves.target == "smollm2-135m" and len(curves.curves) >= 3
+    for c in curves.curves:
+        assert c.check is not None and abs(c.check.error) < 0.10, c.label
+        assert c.command.startswith("draftnas distill train") and len(c.delta_sha256) == 64
+        assert c.host and c.points and all(p.tokens >= c.fitted_from for p in c.points)
+    assert shipped_curves("gemma-3-270m") is None
+
+
+def test_a_budget_without_curves_is_one_line_exit_2():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "draftnas", "search", "--target", "gemma-3-270m",
+                           "--train-tokens", "1000"], capture_output=True, text=True)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1
+    assert "--train-tokens" in lines[0] and "--curves" in lines[0]
+    zero = subprocess.run([sys.executable, "-m", "draftnas", "search", "--target", "smollm2-135m",
+                           "--train-tokens", "0"], capture_output=True, text=True)
+    assert zero.returncode == 2 and "--train-tokens" in zero.stderr and "Traceback" not in zero.stderr
