@@ -13,11 +13,10 @@ from draftnas.core.errors import ModelSourceError
 from draftnas.drafter.records import VOCAB_FILE, load_vocab_subset
 from draftnas.drafter.vocab import apply_vocab_subset
 from draftnas.models import hf_head
-from draftnas.models.records import HEAD_MODULE
+from draftnas.models.records import HEAD_MODULE_FILE
 from draftnas.models.sources import LoadedModel, auto_class_name, load_model, names_draftnas_head
 
 log = logging.getLogger(__name__)
-HEAD_MODULE_FILE = f"{HEAD_MODULE}.py"  # draftnas/models/hf_head.py, copied into reduced-head folders
 
 
 #: sha256 of copies of draftnas/models/hf_head.py that earlier draftnas versions wrote into folders ->

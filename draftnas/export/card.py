@@ -9,7 +9,8 @@ from typing import Any
 
 from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.drafter.records import HealResult, PruningPlan
-from draftnas.export.records import FULL_HEAD_DIR, HEAD_MODULE_FILE, ExportInfo, drafter_name
+from draftnas.export.records import FULL_HEAD_DIR, ExportInfo, drafter_name
+from draftnas.models.records import HEAD_MODULE_FILE
 from draftnas.search.records import RankedTrial, WorkloadPrediction
 
 

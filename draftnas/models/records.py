@@ -233,6 +233,7 @@ def weights_suffix(weights: str) -> str:
 #: the module a reduced-head drafter folder ships (a copy of draftnas/models/hf_head.py) and its
 #: config's auto_map names
 HEAD_MODULE = "modeling_draftnas_head"
+HEAD_MODULE_FILE = f"{HEAD_MODULE}.py"  # draftnas/models/hf_head.py, copied into reduced-head folders
 
 
 def llama_cpp_option(use: str) -> Any:
