@@ -1,10 +1,13 @@
-"""Provenance written beside results (profiles, traces, exports): which library versions made them.
+"""Provenance written beside results (profiles, traces, exports): which library versions made them, and
+the sha256 a file is checked by.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
 from collections.abc import Iterable
+from pathlib import Path
 
 CORE_PACKAGES: tuple[str, ...] = ("draftnas", "torch", "transformers")
 
@@ -18,3 +21,12 @@ def package_versions(packages: Iterable[str] = CORE_PACKAGES, missing: str = "un
         except md.PackageNotFoundError:
             out[pkg] = missing
     return out
+
+
+def sha256_file(path: str | Path) -> str:
+    """The file's sha256 (hex), read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

@@ -14,7 +14,6 @@ it was making and resumes at the next. Each shard holds, flat:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.provenance import sha256_file
 from draftnas.drafter.distill_records import DATA_FORMAT, MANIFEST, DataManifest, ShardInfo
 
 
@@ -65,14 +65,6 @@ def write_manifest(folder: Path, manifest: DataManifest) -> None:
     os.replace(tmp, folder / MANIFEST)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def append_shard(folder: Path, manifest: DataManifest, unit: str, kind: str,
                  seqs: Sequence[DistillSequence]) -> DataManifest:
     """Write `seqs` as the shard of `unit` and return the manifest naming it (also written)."""
@@ -96,7 +88,8 @@ def append_shard(folder: Path, manifest: DataManifest, unit: str, kind: str,
     for s in seqs:
         domains[s.domain] = domains.get(s.domain, 0) + s.positions
     info = ShardInfo(file=name, unit=unit, kind=kind, sequences=len(seqs), tokens=sum(lengths),
-                     positions=sum(s.positions for s in seqs), sha256=_sha256(folder / name), domains=domains)
+                     positions=sum(s.positions for s in seqs), sha256=sha256_file(folder / name),
+                     domains=domains)
     manifest = replace(manifest, shards=(*manifest.shards, info))
     write_manifest(folder, manifest)
     return manifest
@@ -106,7 +99,7 @@ def read_shard(folder: Path, info: ShardInfo, *, check: bool = True) -> list[Dis
     path = folder / info.file
     if not path.is_file():
         raise InvalidInputError(f"{path}: named in the manifest but missing")
-    if check and _sha256(path) != info.sha256:
+    if check and sha256_file(path) != info.sha256:
         raise InvalidInputError(f"{path}: its sha256 differs from the manifest's (changed or truncated)")
     try:
         data: dict[str, Any] = torch.load(path, weights_only=True)

@@ -5,25 +5,17 @@ bench prices the trained drafter without training it again.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.provenance import sha256_file
 from draftnas.drafter.records import PruningPlan
 
 DELTA_FILE = "delta.safetensors"
 PLAN_FILE = "plan.json"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def save_delta(drafter: Any, plan: PruningPlan, names: list[str], folder: Path) -> str:

@@ -10,7 +10,6 @@ repacking off, which that probe finds and keeps per host (`host_flags`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from draftnas.core.errors import DraftnasError, InvalidInputError
 from draftnas.core.machine import cpu_identity
+from draftnas.core.provenance import sha256_file
 from draftnas.models.records import EngineRow, EnginesRequest
 from draftnas.models.sources import cache_dir, state_dir
 
@@ -251,13 +251,13 @@ def build_llama_cpp(
             raise LlamaCppError(f"building llama.cpp needs {tool} on PATH (e.g. apt install cmake g++)")
     root.mkdir(parents=True, exist_ok=True)
     archive = root / f"{PACKAGE}-{VERSION}.tar.gz"
-    if not archive.is_file() or _sha256(archive) != SDIST_SHA256:
+    if not archive.is_file() or sha256_file(archive) != SDIST_SHA256:
         url = _sdist_url()
         say(f"downloading {url}")
         part = archive.with_suffix(".part")
         with urllib.request.urlopen(url, timeout=300) as response, part.open("wb") as out:
             shutil.copyfileobj(response, out)
-        if (digest := _sha256(part)) != SDIST_SHA256:
+        if (digest := sha256_file(part)) != SDIST_SHA256:
             part.unlink()
             raise LlamaCppError(f"{archive.name}: sha256 {digest} is not the pinned {SDIST_SHA256}")
         part.replace(archive)
@@ -301,14 +301,6 @@ def _run(cmd: list[str], log_path: Path) -> None:
             f"{' '.join(cmd[:2])} failed (exit {done.returncode}): {last_lines(log_path.read_text())}; "
             f"full log {log_path}"
         )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_quant(name: str) -> str:

@@ -35,6 +35,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from draftnas.core.errors import DraftnasError, ModelSourceError, UnknownTargetError
+from draftnas.core.provenance import sha256_file
 from draftnas.core.registry import Architecture, load_registry
 from draftnas.models.records import (
     EMBEDDED,
@@ -90,14 +91,6 @@ def _chunk_paths(model: EmbeddedModel) -> list[Path]:
     return [f for f in found if isinstance(f, Path)]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def locate_embedded_gguf(model: EmbeddedModel) -> Path:
     """Path of the model's GGUF file, found from package metadata (the packages are never imported).
 
@@ -118,7 +111,7 @@ def locate_embedded_gguf(model: EmbeddedModel) -> Path:
                 shutil.copyfileobj(fh, out, 1 << 20)
     size = tmp.stat().st_size
     problem = (f"{size:,} bytes, not {model.size:,}" if model.size is not None and size != model.size
-               else "the wrong sha256" if model.sha256 and _sha256(tmp) != model.sha256 else None)
+               else "the wrong sha256" if model.sha256 and sha256_file(tmp) != model.sha256 else None)
     if problem is not None:
         tmp.unlink()
         raise ModelSourceError(f"the {len(parts)} parts of {model.name} assemble into {problem} (a part is "
