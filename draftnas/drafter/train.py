@@ -187,8 +187,7 @@ class _Trainer:
         saved = torch.load(path, weights_only=False)
         if saved.get("key") != self.key:
             raise InvalidInputError(f"{path} was trained with another shape, data or options; resume needs "
-                                    "the "
-                                    "same ones (or a fresh --out folder)")
+                                    "the same ones (or a fresh --out folder)")
         with torch.no_grad():
             for name, param in self.params:
                 param.copy_(saved["params"][name])

@@ -48,8 +48,7 @@ def load_trained(folder: str | Path, base_model: Any, sha256: str | None = None)
                                     f"{PLAN_FILE})")
     if sha256 is not None and sha256_file(delta_path) != sha256:
         raise InvalidInputError(f"{delta_path}: its sha256 differs from the recorded one; retrain it with "
-                                "the "
-                                "recorded command")
+                                "the recorded command")
     try:
         plan = PruningPlan.from_json(plan_path.read_text())
         delta = load_file(str(delta_path))

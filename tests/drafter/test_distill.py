@@ -255,13 +255,11 @@ def test_a_finetune_may_read_another_folder_but_a_resumed_one_reads_the_same(tmp
     folder = Path(request.out)
     folder.mkdir(parents=True)
     trainer, _, done = train_drafter(request, tiny_llama(tiny_llama_config, seed=3), held, 0, manifest,
-                                     folder,
-                                     "key", None, other)
+                                     folder, "key", None, other)
     assert not done and 700 <= trainer.state.tokens < 800 and trainer.state.fine_key is not None
     with pytest.raises(InvalidInputError, match="finetuned on other data"):
         train_drafter(_train_request(tmp_path), tiny_llama(tiny_llama_config, seed=3), held, 0, manifest,
-                      folder,
-                      "key", None, manifest)
+                      folder, "key", None, manifest)
     trainer, _, done = train_drafter(_train_request(tmp_path), tiny_llama(tiny_llama_config, seed=3), held, 0,
                                      manifest, folder, "key", None, other)
     assert done and trainer.state.tokens == 800
