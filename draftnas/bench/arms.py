@@ -27,6 +27,7 @@ import torch
 
 from draftnas.acceptance.traces import eos_token_ids
 from draftnas.bench.records import BenchOptions
+from draftnas.drafter.lookup import parse_lookup
 from draftnas.drafter.records import VocabSubset
 from draftnas.drafter.vocab import maybe_apply_saved_subset, model_subset
 from draftnas.models.decoder import StaticDecoder
@@ -181,7 +182,9 @@ class Bench:
 
     @property
     def max_gamma(self) -> int:
-        return max((d.gamma for d in self.drafters.values()), default=self.options.gamma)
+        """The longest draft any arm verifies: a drafter's gamma or the lookup's draft length."""
+        lookup = parse_lookup(self.options.lookup).m if self.options.lookup else 0
+        return max(max((d.gamma for d in self.drafters.values()), default=self.options.gamma), lookup)
 
     def build_engines(self, max_tokens: int) -> None:
         """Static engines (one KV cache each, `max_tokens` slots) for engine "static"."""

@@ -7,29 +7,26 @@ with the draft length fixed at the arm's gamma: `--spec-draft-n-max G --spec-dra
 draftnas encodes (the target's chat template), greedy (`temperature 0, top_k 1`), with the prompt cache
 off. The server's own timings give the generation speed (prompt processing apart) and its drafted and
 accepted counts; a drafter arm's output is compared with the target alone's in the same round.
+
+A lookup arm (`lookup:n=4,m=16`, `drafter.lookup`) runs llama.cpp's own lookup type with those sizes; a
+hybrid (`lookup:n=4,m=16+FILE.gguf`) runs the lookup first and the drafter where it finds nothing. Each
+server is warmed up on a prompt that is never measured; a lookup type that keeps state across requests
+gets a fresh server per request, so no measured request is drafted from an identical earlier one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import socket
-import subprocess
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from transformers import AutoTokenizer
 
-from draftnas.bench.arms import MAIN, REFERENCE
+from draftnas.bench.arms import MAIN, REFERENCE, reference_label
 from draftnas.bench.predicted import check_predictions
 from draftnas.bench.records import ArmResult, ArmRun, BenchOptions, BenchPrompt, BenchResult
 from draftnas.bench.run import compare_arms, first_divergence, unseen_prompts
@@ -37,10 +34,12 @@ from draftnas.bench.stats import interval_of, tokens_per_s
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.options import option_error
-from draftnas.core.prompts import Prompt
+from draftnas.core.prompts import Prompt, encode_prompt
 from draftnas.core.records import Progress
+from draftnas.drafter.lookup import LookupSettings, is_lookup, parse_lookup
 from draftnas.models.gguf_file import check_drafter_gguf, engine_target, gguf_of
-from draftnas.models.llama_cpp import LlamaCpp, LlamaCppError, find_llama_cpp, last_lines, server_flags
+from draftnas.models.llama_cpp import LlamaCpp, find_llama_cpp
+from draftnas.models.llama_server import Server
 from draftnas.models.sources import ensure_local_folder
 from draftnas.search.engine import Verdict
 from draftnas.search.predictions import read_predictions
@@ -48,6 +47,7 @@ from draftnas.search.predictions import read_predictions
 log = logging.getLogger(__name__)
 ENGINE = "llama.cpp"
 TARGET = "target"
+WARM_UP = "Say hello in one short sentence."  # each server's first request, never measured
 
 
 def drafter_file(spec: str) -> tuple[Path, Path | None]:
@@ -75,122 +75,48 @@ class LlamaArm:
     draft: Path | None = None
     gamma: int = 0
     spec: str = ""
+    lookup: LookupSettings | None = None
+
+    @property
+    def speculates(self) -> bool:
+        return self.draft is not None or self.lookup is not None
+
+    def spec_flags(self, threads: int) -> list[str]:
+        """The speculative flags of this arm: a drafter file at its fixed gamma, lookup settings, or both
+        (llama.cpp runs the lookup first and the drafter where it finds nothing)."""
+        if self.draft is None:
+            return self.lookup.llama_cpp_flags() if self.lookup is not None else []
+        types = "draft-simple" if self.lookup is None else f"{self.lookup.kind},draft-simple"
+        flags = ["-md", str(self.draft), "--spec-type", types, "--spec-draft-n-max",
+                 str(max(self.gamma, self.lookup.m if self.lookup else 0)), "--spec-draft-n-min", "0",
+                 "--spec-draft-p-min", "0", "-td", str(threads)]
+        if self.lookup is not None:
+            flags += self.lookup.llama_cpp_flags()[2:-2]  # its sizes (the type and length are set above)
+        return flags
 
 
-class Server:
-    """One `llama-server` process for one arm, on a free local port, stopped on exit."""
-
-    def __init__(self, llama: LlamaCpp, arm: LlamaArm, threads: int, context: int) -> None:
-        self.arm, self.port = arm, _free_port()
-        args = [
-            "-m",
-            str(arm.model),
-            "-t",
-            str(threads),
-            "-c",
-            str(context),
-            "-np",
-            "1",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            *server_flags(llama.flags),
-        ]
-        if arm.draft is not None:
-            args += [
-                "-md",
-                str(arm.draft),
-                "--spec-type",
-                "draft-simple",
-                "--spec-draft-n-max",
-                str(arm.gamma),
-                "--spec-draft-n-min",
-                "0",
-                "--spec-draft-p-min",
-                "0",
-                "-td",
-                str(threads),
-            ]
-        self.log = tempfile.NamedTemporaryFile(
-            "w+", prefix=f"draftnas-llama-server-{arm.name}-", suffix=".log", delete=False
-        )
-        self.command = [str(llama.tool("llama-server")), *args]
-        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def __enter__(self) -> Server:
-        try:
-            return self._ready()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-
-    def _ready(self) -> Server:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise LlamaCppError(
-                    f"llama-server for {self.arm.name} exited {self.process.returncode}: "
-                    f"{self.log_tail()} (command: {' '.join(self.command)})"
-                )
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    if json.load(r).get("status") == "ok":
-                        return self
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
-            time.sleep(0.5)
-        raise LlamaCppError(
-            f"llama-server for {self.arm.name} was not ready in 300 s: {self.log_tail()}"
-        )
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        self.log.close()
-        os.unlink(self.log.name)
-
-    def log_tail(self) -> str:
-        return last_lines(Path(self.log.name).read_text(errors="replace"), 3)
-
-    def complete(self, ids: Sequence[int], n_predict: int, seed: int) -> dict[str, Any]:
-        body = {
-            "prompt": list(ids),
-            "n_predict": n_predict,
-            "temperature": 0.0,
-            "top_k": 1,
-            "cache_prompt": False,
-            "seed": seed,
-            "return_tokens": True,
-            "stream": False,
-        }
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/completion",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=600) as r:
-            return dict(json.load(r))
+def arm_of(name: str, target_file: Path, spec: str, gamma: int) -> LlamaArm:
+    """The arm that runs drafter `spec` (a GGUF drafter, lookup settings, or `lookup:...+FILE`)."""
+    lookup_part, _, file_part = spec.partition("+") if is_lookup(spec) else ("", "", spec)
+    lookup = parse_lookup(lookup_part) if lookup_part else None
+    draft = drafter_file(file_part)[0] if file_part else None
+    return LlamaArm(name, target_file, draft, gamma if draft is not None else lookup.m if lookup else 0, spec,
+                    lookup)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def arm_server(llama: LlamaCpp, arm: LlamaArm, threads: int, context: int) -> Server:
+    """The server of one arm: the target file with the arm's speculative flags."""
+    return Server(llama, arm.name, arm.model, arm.spec_flags(threads), threads, context)
 
 
-def _run(server: Server, ids: Sequence[int], options: BenchOptions) -> tuple[ArmRun, list[int]]:
+def _run(server: Server, arm: LlamaArm, ids: Sequence[int], options: BenchOptions
+         ) -> tuple[ArmRun, list[int]]:
     out = server.complete(ids, options.max_new_tokens, options.seed)
     t = out["timings"]
     n, drafted, accepted = int(t["predicted_n"]), int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0))
-    steps = max(n - accepted, 1) if server.arm.draft is not None else n
+    steps = max(n - accepted, 1) if arm.speculates else n
     run = ArmRun(
-        arm=server.arm.name,
+        arm=arm.name,
         seconds=float(t["predicted_ms"]) / 1000,
         new_tokens=n,
         steps=steps,
@@ -198,6 +124,16 @@ def _run(server: Server, ids: Sequence[int], options: BenchOptions) -> tuple[Arm
         drafted=drafted,
     )
     return run, [int(x) for x in out.get("tokens", [])]
+
+
+def _request(llama: LlamaCpp, arm: LlamaArm, server: Server | None, ids: Sequence[int], options: BenchOptions,
+             threads: int, context: int) -> tuple[ArmRun, list[int]]:
+    """One measured request; an arm whose lookup keeps state across requests gets a fresh server for it
+    (so no request is drafted from an earlier one), warmed up on a prompt not measured."""
+    if server is not None:
+        return _run(server, arm, ids, options)
+    with arm_server(llama, arm, threads, context) as fresh:
+        return _run(fresh, arm, ids, options)
 
 
 def _arm_result(arm: LlamaArm, rows: Sequence[BenchPrompt]) -> ArmResult:
@@ -211,7 +147,7 @@ def _arm_result(arm: LlamaArm, rows: Sequence[BenchPrompt]) -> ArmResult:
         tokens_per_s_interval=(low, high),
         pooled_tokens_per_s=tokens / sum(r.seconds for r in runs),
     )
-    if arm.draft is None:
+    if not arm.speculates:
         return result
     speedup = compare_arms(rows, arm.name, TARGET)
     drafted = max(sum(r.drafted for r in runs), 1)
@@ -237,50 +173,51 @@ def run_llama_cpp_bench(
     prompts: Sequence[Prompt],
     options: BenchOptions,
     *,
-    reference: str | None = None,
+    references: Sequence[str] = (),
     progress: Progress | None = None,
 ) -> BenchResult:
-    """Bench `draft` (and `reference`) against `target` alone in llama.cpp: every prompt no drafter was
-    healed or searched on, every arm, `options.rounds` interleaved rounds (the arms' order rotating)."""
+    """Bench `draft` (and each of `references`) against `target` alone in llama.cpp: every prompt no drafter
+    was healed or searched on, every arm, `options.rounds` interleaved rounds (the arms' order rotating)."""
     started, load_before = time.perf_counter(), load_average()
     options = replace(options, engine=ENGINE).validate()  # greedy, CPU, one sequence: its checks
     if not prompts:
         raise InvalidInputError("no prompts to bench")
     target_file = engine_target(target, options.target_gguf)
-    draft_file, folder = drafter_file(draft)
-    check_drafter_gguf(target_file, draft_file)
-    ref = None
-    if reference is not None:
-        ref = drafter_file(reference)[0]
-        check_drafter_gguf(target_file, ref)
+    arms = [LlamaArm(TARGET, target_file), arm_of(MAIN, target_file, draft, options.gamma)]
+    arms += [arm_of(reference_label(i), target_file, ref, options.reference_gamma or options.gamma)
+             for i, ref in enumerate(references)]
+    for arm in arms:
+        if arm.draft is not None:
+            check_drafter_gguf(target_file, arm.draft)
+    folder = drafter_file(draft)[1] if not is_lookup(draft) else None
     predictions = read_predictions(options.predictions) if options.predictions else None
     llama = find_llama_cpp(options.llama_cpp)
     threads = cpu_count()
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_local_folder(target)[1]))
     kept, encoded, left_out = unseen_prompts(prompts, tokenizer, [folder], options.per_domain)
-    arms = [LlamaArm(TARGET, target_file), LlamaArm(MAIN, target_file, draft_file, options.gamma, draft)]
-    if ref is not None:
-        arms.append(
-            LlamaArm(REFERENCE, target_file, ref, options.reference_gamma or options.gamma, str(reference))
-        )
     context = max(len(ids) for ids in encoded) + options.max_new_tokens + 64
+    warm_up = encode_prompt(tokenizer, WARM_UP)
     rows: list[BenchPrompt] = []
     total = options.rounds * len(kept)
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(Server(llama, arm, threads, context)) for arm in arms]
-        for s in servers:  # warm-up: each server's first request pays its allocations
-            _run(s, encoded[0], replace(options, max_new_tokens=min(8, options.max_new_tokens)))
+        servers = {a.name: None if a.lookup is not None and a.lookup.stateful
+                   else stack.enter_context(arm_server(llama, a, threads, context)) for a in arms}
+        for a in arms:  # each server's first request pays its allocations: a prompt never measured
+            server = servers[a.name]
+            if server is not None:
+                _run(server, a, warm_up, replace(options, max_new_tokens=min(8, options.max_new_tokens)))
         for r in range(options.rounds):
             for i, (prompt, ids) in enumerate(zip(kept, encoded, strict=True)):
-                shift = (i + r) % len(servers)
-                done = {s.arm.name: _run(s, ids, options) for s in servers[shift:] + servers[:shift]}
+                shift = (i + r) % len(arms)
+                done = {a.name: _request(llama, a, servers[a.name], ids, options, threads, context)
+                        for a in arms[shift:] + arms[:shift]}
                 plain = done[TARGET][1]
                 runs = tuple(
                     replace(run, lossless=tokens == plain, first_divergence=first_divergence(tokens, plain))
-                    if s.arm.draft is not None
+                    if a.speculates
                     else run
-                    for s in servers
-                    for run, tokens in [done[s.arm.name]]
+                    for a in arms
+                    for run, tokens in [done[a.name]]
                 )
                 rows.append(
                     BenchPrompt(
@@ -290,10 +227,10 @@ def run_llama_cpp_bench(
                 if progress:
                     progress(r * len(kept) + i + 1, total)
     names = {a.name for a in arms}
-    comparisons = (compare_arms(rows, MAIN, REFERENCE),) if REFERENCE in names else ()
+    comparisons = tuple(compare_arms(rows, MAIN, a.name) for a in arms[2:] if a.name in names)
     result = BenchResult(
         target=target,
-        drafters={MAIN: draft} | ({REFERENCE: str(reference)} if ref is not None else {}),
+        drafters={MAIN: draft} | {reference_label(i): str(ref) for i, ref in enumerate(references)},
         gamma=options.gamma,
         temperature=0.0,
         max_new_tokens=options.max_new_tokens,

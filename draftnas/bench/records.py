@@ -18,6 +18,22 @@ from draftnas.models.records import (
 )
 
 
+def _lookup_problems(options: BenchOptions) -> list[tuple[str, str]]:
+    """Why --lookup cannot run as asked: its settings, or a bench that is not draftnas's greedy loop."""
+    from draftnas.core.errors import InvalidInputError
+    from draftnas.drafter.lookup import parse_lookup
+
+    try:
+        parse_lookup(options.lookup or "")
+    except InvalidInputError as e:
+        return [("lookup", str(e).removeprefix("lookup "))]
+    if options.engine == "llama.cpp" or options.batch_sizes or options.temperature > 0:
+        return [("lookup", "runs in draftnas's greedy one-sequence loop: drop {engine} llama.cpp (there, "
+                           "give lookup settings as --draft or --reference) and {batch_sizes}, set "
+                           "{temperature} 0")]
+    return []
+
+
 def _per_domain(value: int | None) -> int | None:
     return value or None  # the flag's 0 means every prompt
 
@@ -78,6 +94,12 @@ class BenchOptions(Record):
         help="With --engine llama.cpp: then run the same prompts through draftnas's own loop (static engine, "
              "--dtype; the drafter folder's weights) and print both engines in one table.")
     target_gguf: str | None = target_gguf_option("run")
+    lookup: str | None = option(
+        None, help="Lookup settings (lookup:n=3,m=8) run in draftnas's loop beside the drafter: the lookup "
+                   "alone and a hybrid (lookup first, the drafter where lookup finds nothing, or the longer "
+                   "of the two: --hybrid-policy). With --engine llama.cpp give lookup settings as -d or -r.")
+    hybrid_policy: str = option("fallback", choices=("fallback", "longer"),
+                                help="How the hybrid arm mixes lookup and the drafter (see --lookup).")
     per_domain: int | None = option(
         None, help="At most this many prompts per domain, evenly spaced (0 = all); prompts a drafter was "
                    "healed on are left out first.", low=1, cli_default=2, parse=_per_domain)
@@ -121,6 +143,8 @@ class BenchOptions(Record):
         if self.write_accepts and (self.batch_sizes or self.engine == "llama.cpp" or self.temperature > 0):
             extra.append(("write_accepts", "records draftnas's greedy loop: drop {batch_sizes} and {engine} "
                                            "llama.cpp, set {temperature} 0"))
+        if self.lookup is not None:
+            extra += _lookup_problems(self)
         if self.engine == "llama.cpp" and (self.batch_sizes or self.device != "cpu" or self.temperature > 0):
             extra.append(("engine", "llama.cpp is benched on the CPU, greedy, one sequence at a time"))
         for name in ("draft_weights", "reference_weights"):
@@ -181,9 +205,9 @@ class BenchRequest(Record):
                               not in (None, "static")):
             extra.append(("ablation", "benches its own chain in draftnas's static loop: drop {references}, "
                                       "{batch_sizes} and {engine} other than static"))
-        if (self.options.engine == "llama.cpp" or self.options.batch_sizes) and len(self.references) > 1:
-            what = "{engine} llama.cpp" if self.options.engine == "llama.cpp" else "{batch_sizes}"
-            extra.append(("references", f"takes one drafter with {what}, not {len(self.references)}"))
+        if self.options.batch_sizes and len(self.references) > 1:
+            extra.append(("references",
+                          f"takes one drafter with {{batch_sizes}}, not {len(self.references)}"))
         self.options.validate()
         return check_options(self, extra)
 

@@ -35,8 +35,7 @@ def bench_from_request(request: BenchRequest, *, progress: Progress | None = Non
         from draftnas.bench.llama_cpp import run_llama_cpp_bench
 
         result: BenchResult | BatchedBenchResult | ReplayResult = run_llama_cpp_bench(
-            request.target, request.draft, prompts, options, reference=request.one_reference(),
-            progress=progress)
+            request.target, request.draft, prompts, options, references=request.references, progress=progress)
     elif options.batch_sizes:
         result = run_batch_sizes(request.target, request.draft, prompts, options,
                                  reference=request.one_reference(), progress=progress)

@@ -4,7 +4,8 @@ Every arm (`bench.arms`: the target alone, draftnas's loop with each drafter, tr
 assisted generation, and on CPU the same with routed linear layers) decodes the same prompts,
 interleaved prompt by prompt (the order rotates so drift on a shared machine hits each alike),
 after one warm-up run each. A reference drafter (`reference=`: the drafter a user would otherwise
-pick, e.g. the family's small model) gets the same arms in the same run.
+pick, e.g. the family's small model) gets the same arms in the same run; `--lookup` adds lookup drafting
+alone and a hybrid with the drafter in draftnas's loop (`bench.lookup_arms`).
 
 Greedy runs are checked token for token against their baseline's own greedy output in the same
 engine (``lossless`` per prompt; ``exact_match_rate`` overall). Where a speculative run departs
@@ -34,6 +35,7 @@ from draftnas.acceptance.tracing import record_from_continuation
 from draftnas.bench.arms import MAIN, Arm, Bench, Drafter, Run, arm_names, reference_label
 from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.batched import host_label, run_batched_bench
+from draftnas.bench.lookup_arms import LookupArm, lookup_arms, lookup_result
 from draftnas.bench.predicted import check_predictions, exported_prediction
 from draftnas.bench.recorded import write_bench_accepts
 from draftnas.bench.records import ArmResult, ArmRun, BenchOptions, BenchPrompt, BenchResult, Comparison
@@ -119,6 +121,8 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
                        pooled_tokens_per_s=tokens / sum(r.seconds for r in runs), baseline=arm.baseline)
     if arm.baseline is None:
         return result
+    if isinstance(arm, LookupArm):
+        return lookup_result(arm, rows, result, compare_arms(rows, arm.name, arm.baseline))
     speedup = compare_arms(rows, arm.name, arm.baseline)
     steps = max(sum(r.steps for r in runs), 1)
     drafted = max(sum(r.drafted for r in runs), 1)
@@ -152,12 +156,14 @@ def compare_arms(rows: Sequence[BenchPrompt], numerator: str, denominator: str) 
 
 def _comparisons(arms: Sequence[Arm], rows: Sequence[BenchPrompt],
                  drafters: Sequence[Drafter]) -> tuple[Comparison, ...]:
-    """The drafter's arms over each reference's, engine by engine (loop, transformers, routed)."""
+    """The drafter's arms over each reference's, engine by engine (loop, transformers, routed), and each
+    lookup arm over the drafter's loop arm."""
     names = {a.name for a in arms}
     return tuple(compare_arms(rows, mine, theirs)
                  for d in drafters if d.label != MAIN
                  for mine, theirs in zip(arm_names(MAIN), arm_names(d.label), strict=True)
-                 if mine in names and theirs in names)
+                 if mine in names and theirs in names) + tuple(
+        compare_arms(rows, a.name, arm_names(MAIN)[0]) for a in arms if isinstance(a, LookupArm))
 
 
 def _load_drafters(draft: str | LoadedModel, references: Sequence[str | LoadedModel], target: LoadedModel,
@@ -277,7 +283,7 @@ def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Seq
     if options.resolved_engine() == "static":
         bench.build_engines(max(len(ids) for ids in encoded) + options.max_new_tokens + bench.max_gamma + 1)
     bench.prepare(encoded)
-    arms = bench.arms()
+    arms = bench.arms() + lookup_arms(bench)
     bench.warm(arms, encoded)
     rows: list[BenchPrompt] = []
     continuations: list[list[int]] = []

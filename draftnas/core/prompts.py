@@ -9,7 +9,11 @@ A prompt set is JSONL, one object a line: ``{"id", "domain", "language", "text"}
   (``translation-de``, ``-fr``, ``-ru``, ``-ja``, ``-zh`` select one language);
 - ``code``: programming tasks;
 - ``math``: arithmetic and algebra word problems;
-- ``all``: the four together.
+- ``all``: the four together;
+- context workloads (`WORKLOADS`, not in ``all``): ``edit`` (a function and an instruction to change it),
+  ``code-qa`` (code and a question about it), ``doc-qa`` (a guide's section and a question or summary
+  request); built by ``scripts/make_workloads.py`` from CPython's standard library (PSF-2.0) and this
+  repository's guides (Apache-2.0), each prompt's ``source`` naming its file and licence.
 
 Several sets can be joined with commas (``chat,code``). Chat models get their
 chat template applied when a prompt is encoded (`encode_prompt`).
@@ -29,6 +33,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Record
 
 DOMAINS: tuple[str, ...] = ("chat", "translation", "code", "math")
+WORKLOADS: tuple[str, ...] = ("edit", "code-qa", "doc-qa")  # answers that copy their context
 TRANSLATION_LANGUAGES: tuple[str, ...] = ("de", "fr", "ru", "ja", "zh")
 MAX_REPORTED_PROBLEMS = 5
 
@@ -45,7 +50,7 @@ class Prompt(Record):
 
 def shipped_sets() -> tuple[str, ...]:
     """Names `load_prompts` accepts besides a file path."""
-    return (*DOMAINS, "all", *(f"translation-{lang}" for lang in TRANSLATION_LANGUAGES))
+    return (*DOMAINS, "all", *(f"translation-{lang}" for lang in TRANSLATION_LANGUAGES), *WORKLOADS)
 
 
 def _read_shipped(domain: str) -> list[Prompt]:
@@ -108,7 +113,7 @@ def _parse_jsonl(text: str, *, source: str, default_domain: str) -> list[Prompt]
 
 def _load_one(spec: str) -> list[Prompt]:
     key = spec.strip().lower()
-    if key in DOMAINS:
+    if key in DOMAINS or key in WORKLOADS:
         return _read_shipped(key)
     if key == "all":
         return [p for domain in DOMAINS for p in _read_shipped(domain)]

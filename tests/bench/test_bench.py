@@ -350,3 +350,28 @@ def test_the_ablation_card_quotes_the_command_that_made_it():
                                          "--dtype bf16 --prompts code,chat --per-domain 3 --rounds 2")
     with pytest.raises(OptionError, match="ablation benches its own chain"):
         replace(request, references=("r",)).validate()
+
+
+def test_lookup_arms_run_in_the_loop_lossless_and_are_compared_with_the_drafter(tiny_pair):
+    target, draft = tiny_pair
+    options = BenchOptions(gamma=3, max_new_tokens=16, rounds=1, engine="static", hf_assisted=False,
+                           lookup="lookup:n=1,m=3", hybrid_policy="longer")
+    result = run_bench(target, draft, PROMPTS, options)
+    assert [a.name for a in result.arms] == ["target", "draftnas", "lookup", "hybrid"]
+    lookup, hybrid = result.arm("lookup"), result.arm("hybrid")
+    assert lookup.lossless is True and hybrid.lossless is True and lookup.drafter == "lookup:n=1,m=3"
+    assert hybrid.drafter.startswith("lookup:n=1,m=3+") and hybrid.drafter.endswith("(longer)")
+    assert lookup.gamma == 3 and lookup.speedup is not None and lookup.baseline == "target"
+    assert [(c.numerator, c.denominator) for c in result.comparisons] == [("lookup", "draftnas"),
+                                                                         ("hybrid", "draftnas")]
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"lookup": "lookup:n=40"}, "--lookup setting n=40 is out of range (allowed: 1-32)"),
+    ({"lookup": "lookup:n=3", "engine": "llama.cpp"}, "--lookup runs in draftnas's greedy one-sequence loop"),
+    ({"lookup": "lookup", "temperature": 0.5}, "--lookup runs in draftnas's greedy one-sequence loop"),
+])
+def test_lookup_that_cannot_run_as_asked_is_one_line(change, said):
+    with pytest.raises(OptionError) as e:
+        BenchOptions(**change).validate()
+    assert said in e.value.for_flags() and "\n" not in e.value.for_flags()

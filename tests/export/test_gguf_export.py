@@ -105,10 +105,10 @@ def test_llama_gguf_decodes_as_transformers_does_in_llama_cpp(tmp_path):
     the continuation differs."""
     import torch
 
-    from draftnas.bench.llama_cpp import LlamaArm, Server
     from draftnas.drafter.surgery import apply_plan
     from draftnas.export.gguf import export_gguf
     from draftnas.models.llama_cpp import LlamaCppError, find_llama_cpp
+    from draftnas.models.llama_server import Server
     from draftnas.models.sources import load_model
 
     try:
@@ -123,6 +123,6 @@ def test_llama_gguf_decodes_as_transformers_does_in_llama_cpp(tmp_path):
     ids = loaded.tokenizer("The capital of France is a city where", add_special_tokens=False)["input_ids"]
     with torch.no_grad():
         want = drafter.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
-    with Server(llama, LlamaArm(name="drafter", model=path), threads=2, context=128) as server:
+    with Server(llama, "drafter", path, (), threads=2, context=128) as server:
         got = server.complete(ids, 8, seed=0)["tokens"]
     assert got == want

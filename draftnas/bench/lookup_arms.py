@@ -1,0 +1,74 @@
+"""The lookup arms of draftnas's loop (`bench --lookup lookup:n=3,m=8`): the lookup alone and a hybrid with
+the bench's drafter (`drafter.lookup_loop`), each against the target alone in the same engine, and both
+compared with the drafter's own loop arm."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from draftnas.bench.arms import MAIN, Arm, Bench, Run
+from draftnas.bench.records import ArmResult, BenchPrompt, Comparison
+from draftnas.drafter.lookup import LookupSettings, parse_lookup
+from draftnas.drafter.lookup_loop import lookup_generate
+
+LOOKUP, HYBRID = "lookup", "hybrid"
+
+
+class LookupArm(Arm):
+    """Lookup drafting in the loop's engine, alone or (`hybrid`) with the bench's drafter."""
+
+    baseline = "target"
+
+    def __init__(self, bench: Bench, settings: LookupSettings, hybrid: bool, policy: str) -> None:
+        super().__init__(bench)
+        self.settings, self.hybrid, self.policy = settings, hybrid, policy
+        self.name = HYBRID if hybrid else LOOKUP
+        self.engine = "static" if bench.engines else "hf"
+        self.drafter = None
+
+    @property
+    def spec(self) -> str:
+        main = self.bench.drafters[MAIN]
+        return f"{self.settings.label}+{main.loaded.source.spec} ({self.policy})" if self.hybrid \
+            else self.settings.label
+
+    def run(self, ids: list[int], seed: int, max_new_tokens: int) -> Run:
+        b = self.bench
+        target = b.engines.get("target", b.target.model)
+        extra = {}
+        if self.hybrid:
+            d = b.drafters[MAIN]
+            extra = {"drafter": b.engines.get(d.label, d.loaded.model), "gamma": d.gamma, "p_min": d.p_min,
+                     "vocab_subset": d.subset, "policy": self.policy}
+        out = lookup_generate(target, ids, self.settings, max_new_tokens=max_new_tokens, eos_token_ids=b.eos,
+                              **extra)  # type: ignore[arg-type]
+        return Run(tokens=out.tokens, elapsed_s=out.elapsed_s, steps=out.steps, accepted=sum(out.accepted),
+                   drafted=sum(out.drafted), draft_s=out.draft_s, accepted_steps=tuple(out.accepted),
+                   drafted_steps=tuple(out.drafted))
+
+
+def lookup_arms(bench: Bench) -> list[Arm]:
+    """The lookup and hybrid arms `bench.options.lookup` asks for (none without it)."""
+    spec = bench.options.lookup
+    if spec is None or bench.options.temperature > 0:
+        return []
+    settings = parse_lookup(spec)
+    return [LookupArm(bench, settings, False, bench.options.hybrid_policy),
+            LookupArm(bench, settings, True, bench.options.hybrid_policy)]
+
+
+def lookup_result(arm: LookupArm, rows: Sequence[BenchPrompt], result: ArmResult, speedup: Comparison
+                  ) -> ArmResult:
+    """A lookup arm's figures (`result` holds its speed; `speedup`: over the target alone)."""
+    runs = [p.run(arm.name) for p in rows]
+    steps, drafted = max(sum(r.steps for r in runs), 1), max(sum(r.drafted for r in runs), 1)
+    main = arm.bench.drafters[MAIN]
+    return replace(
+        result, drafter=arm.spec, speedup=speedup.ratio, speedup_interval=speedup.interval,
+        tokens_per_step=sum(r.new_tokens for r in runs) / steps,
+        mean_accepted_per_step=sum(r.accepted for r in runs) / steps,
+        draft_acceptance_rate=sum(r.accepted for r in runs) / drafted,
+        gamma=max(arm.settings.m, main.gamma) if arm.hybrid else arm.settings.m,
+        lossless=all(bool(r.lossless) for r in runs),
+        exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs))

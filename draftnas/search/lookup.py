@@ -1,0 +1,143 @@
+"""The lookup search (`draftnas lookup`): lookup drafting priced for one target, workload and engine.
+
+Lookup drafting is deterministic given the text, so its acceptance is not estimated: each setting (match
+length n, draft length m) is replayed exactly (`drafter.lookup.replay_lookup`) over the target's own greedy
+answers to the workload's search split, as the engine produced them (the target alone in `llama-server`).
+Its latency is measured: the engine's decode and its batches of 2..max(m)+1 tokens, timed with the stock
+`llama-bench` at the workload's depth (the prompts' median length plus half an answer). A step that drafts
+d tokens costs a (d+1)-token batch, one that finds nothing a decode, so a prompt's predicted speedup is its
+plain decode time over the sum of its steps' costs; the ranking is by the median over prompts (what the
+bench's paired median measures). Every third prompt (`acceptance.records.held_out`) is left out and
+written to `heldout-prompts.jsonl` for the bench.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from draftnas.acceptance.records import held_out
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.machine import cpu_count, cpu_identity
+from draftnas.core.prompts import Prompt, encode_prompt, load_prompts
+from draftnas.core.records import Progress
+from draftnas.drafter.lookup import LookupReplay, LookupSettings, replay_lookup
+from draftnas.latency.llama_cpp import probe_flags, time_gguf
+from draftnas.models.gguf_file import engine_target
+from draftnas.models.llama_cpp import LlamaCpp, find_llama_cpp
+from draftnas.models.llama_server import Server
+from draftnas.search.lookup_records import LookupPrice, LookupRequest, LookupResult
+
+log = logging.getLogger(__name__)
+RESULT_FILE = "lookup.json"
+HELDOUT_FILE = "heldout-prompts.jsonl"
+
+
+def step_ms(decode_ms: float, batch_ms: dict[int, float], drafted: int) -> float:
+    """What one step costs: a decode when nothing was drafted, else a batch of the drafts and one more."""
+    if drafted <= 0:
+        return decode_ms
+    tokens = drafted + 1
+    if tokens in batch_ms:
+        return batch_ms[tokens]
+    known = sorted(batch_ms)
+    low = max((k for k in known if k < tokens), default=known[0])
+    high = min((k for k in known if k > tokens), default=known[-1])
+    if low == high:
+        return batch_ms[low] * tokens / low
+    return batch_ms[low] + (batch_ms[high] - batch_ms[low]) * (tokens - low) / (high - low)
+
+
+def request_times(replay: LookupReplay, decode_ms: float, batch_ms: dict[int, float]) -> tuple[float, float]:
+    """(plain time, lookup time) of one answer, ms: the steps after the prefill's first token."""
+    plain = (replay.new_tokens - 1) * decode_ms
+    return plain, sum(step_ms(decode_ms, batch_ms, d) for d in replay.drafted)
+
+
+def price_setting(settings: LookupSettings, traces: Sequence[tuple[list[int], list[int]]], decode_ms: float,
+                  batch_ms: dict[int, float]) -> LookupPrice:
+    """`settings` replayed over every (prompt ids, answer ids) and priced with the step costs."""
+    replays = [replay_lookup(p, a, settings.n, settings.m) for p, a in traces if len(a) > 1]
+    if not replays:
+        raise InvalidInputError("the target answered every prompt with at most one token: nothing to price")
+    times = [request_times(r, decode_ms, batch_ms) for r in replays]
+    ratios = sorted(plain / spent for plain, spent in times)
+    steps = sum(r.steps for r in replays)
+    drafted = sum(sum(r.drafted) for r in replays)
+    return LookupPrice(
+        label=settings.label, n=settings.n, m=settings.m,
+        tokens_per_step=round(sum(sum(r.accepted) + r.steps for r in replays) / steps, 4),
+        acceptance=round(sum(sum(r.accepted) for r in replays) / max(drafted, 1), 4),
+        drafted_share=round(sum(sum(d > 0 for d in r.drafted) for r in replays) / steps, 4),
+        speedup=round(statistics.median(ratios), 4), speedup_low=round(ratios[0], 4),
+        pooled_speedup=round(sum(p for p, _ in times) / sum(s for _, s in times), 4),
+        break_even_tokens_per_step=round(step_ms(decode_ms, batch_ms, settings.m) / decode_ms, 3),
+    )
+
+
+def split_prompts(prompts: Sequence[Prompt]) -> tuple[list[Prompt], list[Prompt]]:
+    """(searched, held out): every third prompt, counting from the first, is held out."""
+    return ([p for i, p in enumerate(prompts) if not held_out(i)], [p for i,
+                                                                    p in enumerate(prompts) if held_out(i)])
+
+
+def engine_answers(llama: LlamaCpp, target_file: Path, encoded: Sequence[list[int]], max_new_tokens: int,
+                   threads: int, progress: Progress | None = None) -> list[list[int]]:
+    """The target's greedy answers in llama.cpp (the target alone), token ids."""
+    context = max(len(ids) for ids in encoded) + max_new_tokens + 64
+    answers = []
+    with Server(llama, "target", target_file, (), threads, context) as server:
+        for i, ids in enumerate(encoded):
+            answers.append([int(t) for t in server.complete(ids, max_new_tokens, 0).get("tokens", [])])
+            if progress:
+                progress(i + 1, len(encoded))
+    return answers
+
+
+def search_lookup(request: LookupRequest, *, progress: Progress | None = None) -> LookupResult:
+    """Price every (n, m) of the request on its workload's search split in its engine; write the result and
+    the held-out prompts into `request.out`."""
+    from transformers import AutoTokenizer
+
+    from draftnas.models.sources import ensure_local_folder
+
+    request = request.validate()
+    started = time.perf_counter()
+    prompts = load_prompts(request.prompts)
+    searched, kept_back = split_prompts(prompts)
+    if not searched or not kept_back:
+        raise InvalidInputError(f"prompt set {request.prompts!r} has {len(prompts)} prompt(s); the lookup "
+                                "search needs at least 2 (every third is held out for the bench)")
+    target_file = engine_target(request.target, request.target_gguf)
+    threads = cpu_count()
+    llama = probe_flags(find_llama_cpp(request.llama_cpp), target_file, threads)
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_local_folder(request.target)[1]))
+    encoded = [encode_prompt(tokenizer, p.text) for p in searched]
+    answers = engine_answers(llama, target_file, encoded, request.max_new_tokens, threads, progress)
+    depth = int(statistics.median(len(ids) for ids in encoded)) + request.max_new_tokens // 2
+    timing = time_gguf(llama, target_file, tuple(range(1, max(request.m) + 2)), depth, threads, repeats=2)
+    traces = list(zip(encoded, answers, strict=True))
+    prices = sorted((price_setting(LookupSettings(n=n, m=m), traces, timing.decode_ms, timing.batch_ms)
+                     for n in request.n for m in request.m if m >= n), key=lambda p: -p.speedup)
+    best = LookupSettings(n=prices[0].n, m=prices[0].m)
+    out = Path(request.out)
+    out.mkdir(parents=True, exist_ok=True)
+    heldout_file = out / HELDOUT_FILE
+    heldout_file.write_text("".join(json.dumps(p.to_dict(), ensure_ascii=False) + "\n" for p in kept_back),
+                            "utf-8")
+    result = LookupResult(
+        target=request.target, engine=request.engine, workload=request.prompts,
+        searched_prompts=tuple(p.id for p in searched), heldout_prompts=tuple(p.id for p in kept_back),
+        heldout_file=str(heldout_file), context_tokens=depth, decode_ms=timing.decode_ms,
+        batch_ms=dict(timing.batch_ms), prices=tuple(prices), flags=tuple(best.llama_cpp_flags()),
+        transformers=best.transformers_kwargs(), host=cpu_identity().label(), threads=threads,
+        versions={"llama.cpp": llama.version}, answer_tokens=sum(len(a) for a in answers),
+    )
+    result = replace(result, wall_s=round(time.perf_counter() - started, 1))
+    (out / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n", "utf-8")
+    return result

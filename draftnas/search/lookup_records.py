@@ -1,0 +1,88 @@
+"""Records of the lookup search (`draftnas lookup`): what it was asked, each setting's price, the result.
+Importing this module does not load torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftnas.core.options import check_options, option, parse_ints
+from draftnas.core.records import Record
+from draftnas.drafter.lookup import RANGES
+
+ENGINES = ("llama.cpp",)
+
+
+def _ints(text: object) -> tuple[int, ...]:
+    return text if isinstance(text, tuple) else parse_ints(str(text))
+
+
+@dataclass(frozen=True)
+class LookupRequest(Record):
+    """`draftnas lookup`: price lookup drafting for a target on a workload in an engine, every setting."""
+
+    target: str = option("qwen2.5-coder-1.5b", short="-t", help="Target model (a registered name).")
+    prompts: str = option("edit", short="-p",
+                          help="Workload: a shipped set (edit, code-qa, doc-qa, chat, code, math, ...) or a "
+                               "JSONL file. Its search split is priced; the held-out split (every third "
+                               "prompt) is written for the bench.")
+    engine: str = option("llama.cpp", choices=ENGINES, help="Engine the lookup runs and is timed in.")
+    n: tuple[int, ...] = option((2, 3, 4, 6), parse=_ints, cli_type=str, cli_default="2,3,4,6", nonempty=True,
+                                distinct=True, low=RANGES["n"][0], high=RANGES["n"][1],
+                                help="Match lengths searched (tokens).")
+    m: tuple[int, ...] = option((2, 3, 4, 6, 8, 12, 16), parse=_ints, cli_type=str,
+                                cli_default="2,3,4,6,8,12,16", nonempty=True, distinct=True,
+                                low=RANGES["m"][0], high=RANGES["m"][1],
+                                help="Draft lengths searched (tokens; below a match length: skipped).")
+    max_new_tokens: int = option(192, low=8, high=4096, help="Tokens the target answers each prompt with.")
+    target_gguf: str | None = option(None, help="The target's GGUF file (default: the embedded Q4_K_M).")
+    llama_cpp: str | None = option(None, help="llama.cpp build folder (default: `draftnas engines "
+                                              "--build`'s).")
+    out: str = option("runs/lookup", help="Folder written: lookup.json and heldout-prompts.jsonl.")
+
+    def validate(self) -> LookupRequest:
+        check_options(self)
+        return self
+
+
+@dataclass(frozen=True)
+class LookupPrice(Record):
+    """One setting priced on the workload's traces: its exact replay (steps, drafted, accepted) and the
+    speedup the engine's measured step costs give it, the median over prompts and pooled."""
+
+    label: str
+    n: int
+    m: int
+    tokens_per_step: float
+    acceptance: float  # accepted over drafted
+    drafted_share: float  # steps that drafted anything
+    speedup: float  # median of the per-prompt predictions
+    speedup_low: float  # the lowest prompt's
+    pooled_speedup: float  # all prompts' plain time over all their lookup time
+    break_even_tokens_per_step: float  # what a step drafting m tokens every time must yield to pay
+
+
+@dataclass(frozen=True)
+class LookupResult(Record):
+    """The lookup search's answer for one workload and engine."""
+
+    target: str
+    engine: str
+    workload: str
+    searched_prompts: tuple[str, ...]
+    heldout_prompts: tuple[str, ...]
+    heldout_file: str
+    context_tokens: int  # the depth the step costs were timed at (the prompts' median + half an answer)
+    decode_ms: float
+    batch_ms: dict[int, float]
+    prices: tuple[LookupPrice, ...]  # best first
+    flags: tuple[str, ...]  # the engine's flags of the best setting
+    transformers: dict[str, int] = field(default_factory=dict)
+    host: str = ""
+    threads: int = 0
+    versions: dict[str, str] = field(default_factory=dict)
+    answer_tokens: int = 0  # new tokens over the searched prompts
+    wall_s: float = 0.0
+
+    @property
+    def best(self) -> LookupPrice:
+        return self.prices[0]

@@ -1,0 +1,116 @@
+"""Lookup drafting: the rule (llama.cpp's ngram-simple), its exact replay over a greedy answer, the loop's
+losslessness in fp32 alone and beside a model drafter, settings checked in one line, and its pricing."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from draftnas.core.errors import InvalidInputError
+from draftnas.drafter.lookup import LookupSettings, parse_lookup, propose, replay_lookup
+from draftnas.drafter.lookup_loop import lookup_generate
+from draftnas.models.speculative import greedy_generate
+from tests.helpers import tiny_llama, truncated
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_draft_is_what_followed_the_most_recent_earlier_match():
+    history = [9, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 8, 8, 8, 1, 2, 3]
+    assert propose(history, 3, 4) == [8, 8, 8, 1]  # the match at 8 (most recent), not at 1
+    assert propose(history, 2, 2) == [8, 8]
+    assert propose(history, 3, 2) == []  # a draft shorter than the match is never made (llama.cpp's rule)
+    assert propose(history[:12], 3, 4) == []  # history of n + m + 2 tokens or fewer: no draft
+    assert propose([5, 6, 7, 8, 9, 10, 11, 12, 13, 14], 2, 3) == []  # no earlier match
+    # fewer than n tokens follow the match (it ends just before the pattern): no draft
+    assert propose([1, 2, 3, 4, 5, 6, 7, 0, 0, 0, 9, 9], 2, 2) == []
+
+
+def test_settings_parse_and_refuse_out_of_range_in_one_line():
+    assert parse_lookup("lookup") == LookupSettings()
+    assert parse_lookup("lookup:n=4,m=12") == LookupSettings(n=4, m=12)
+    assert parse_lookup("lookup:ngram-mod,n=8,m=32").kind == "ngram-mod"
+    assert LookupSettings(n=2, m=3, kind="ngram-map-k").label == "lookup:ngram-map-k,n=2,m=3"
+    for bad, said in (("lookup:n=0", "n=0 is out of range (allowed: 1-32)"),
+                      ("lookup:m=65", "m=65 is out of range (allowed: 1-64)"),
+                      ("lookup:k=3", "'k=3' is not understood"), ("lookup:ngram-foo", "not understood")):
+        with pytest.raises(InvalidInputError, match=re.escape(said)) as e:
+            parse_lookup(bad)
+        assert "\n" not in str(e.value)
+    flags = LookupSettings(n=3, m=6).llama_cpp_flags()
+    assert flags[:2] == ["--spec-type", "ngram-simple"] and "--spec-ngram-simple-size-n" in flags
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_llama_config):
+    target = tiny_llama(tiny_llama_config, initializer_range=0.2)
+    return target, truncated(target, 2)
+
+
+# prompts that repeat themselves, so lookup finds matches
+PROMPTS = [[1, 5, 9, 3, 7, 1, 5, 9, 3, 7, 1, 5, 9], [2, 4, 8, 16, 32, 64, 2, 4, 8, 16, 32, 64, 2, 4, 8],
+           list(range(40, 60)) * 2]
+
+
+def test_the_loop_is_lossless_and_its_steps_are_the_replay(pair):
+    target, _ = pair
+    settings = LookupSettings(n=2, m=4)
+    drafted_any = False
+    for prompt in PROMPTS:
+        want = greedy_generate(target, prompt, max_new_tokens=30)
+        out = lookup_generate(target, prompt, settings, max_new_tokens=30)
+        assert out.tokens == want
+        replay = replay_lookup(prompt, want, settings.n, settings.m)
+        assert (tuple(out.drafted), tuple(out.accepted)) == (replay.drafted, replay.accepted)
+        assert len(out.tokens) == 1 + sum(out.accepted) + out.steps
+        drafted_any |= sum(out.drafted) > 0
+    assert drafted_any  # the test exercises verification, not only plain steps
+
+
+@pytest.mark.parametrize("policy", ["fallback", "longer"])
+def test_a_hybrid_with_a_model_drafter_is_lossless(pair, policy):
+    target, drafter = pair
+    for prompt in PROMPTS:
+        want = greedy_generate(target, prompt, max_new_tokens=30)
+        out = lookup_generate(target, prompt, LookupSettings(n=2, m=4), max_new_tokens=30, drafter=drafter,
+                              gamma=3, policy=policy)
+        assert out.tokens == want
+        assert sum(out.drafted) > 0
+
+
+def test_the_static_engine_runs_lookup_as_transformers_does(pair):
+    from draftnas.models.decoder import StaticDecoder
+    from draftnas.models.engines import StaticEngine
+
+    target, drafter = pair
+    engine = StaticEngine(StaticDecoder.from_hf(target, max_positions=128), 128)
+    d_engine = StaticEngine(StaticDecoder.from_hf(drafter, max_positions=128), 128)
+    for prompt in PROMPTS:
+        hf = lookup_generate(target, prompt, LookupSettings(n=2, m=4), max_new_tokens=20, drafter=drafter,
+                             gamma=2)
+        out = lookup_generate(engine, prompt, LookupSettings(n=2, m=4), max_new_tokens=20, drafter=d_engine,
+                              gamma=2)
+        assert out.tokens == hf.tokens and out.accepted == hf.accepted
+
+
+def test_an_unknown_policy_is_one_line():
+    with pytest.raises(InvalidInputError, match="hybrid policy 'both' is unknown"):
+        lookup_generate(None, [1], LookupSettings(), max_new_tokens=4, policy="both")
+
+
+def test_a_setting_is_priced_from_its_replay_and_the_step_costs():
+    from draftnas.search.lookup import price_setting, step_ms
+
+    batch = {1: 10.0, 2: 14.0, 3: 16.0, 5: 20.0}
+    assert step_ms(10.0, batch, 0) == 10.0 and step_ms(10.0, batch, 2) == 16.0
+    assert step_ms(10.0, batch, 3) == 18.0  # between the 3- and 5-token batches
+    prompt = [7, 1, 2, 3, 4, 5, 6, 8, 9, 1, 2]
+    answer = [3, 4, 5, 6, 8, 9, 1, 2, 0, 0]
+    price = price_setting(LookupSettings(n=2, m=2), [(prompt, answer)], 10.0, batch)
+    replay = replay_lookup(prompt, answer, 2, 2)
+    spent = sum(16.0 if d == 2 else 10.0 for d in replay.drafted)
+    assert price.speedup == pytest.approx((len(answer) - 1) * 10.0 / spent, abs=1e-4)
+    assert price.tokens_per_step == pytest.approx((sum(replay.accepted) + replay.steps) / replay.steps,
+                                                  abs=1e-4)
+    assert price.break_even_tokens_per_step == 1.6
