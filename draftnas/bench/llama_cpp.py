@@ -17,6 +17,7 @@ gets a fresh server per request, so no measured request is drafted from an ident
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from draftnas.bench.stats import interval_of, tokens_per_s
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.options import option_error
-from draftnas.core.prompts import Prompt, encode_prompt
+from draftnas.core.prompts import Prompt, check_context, encode_prompt
 from draftnas.core.records import Progress
 from draftnas.drafter.lookup import LookupSettings, is_lookup, parse_lookup
 from draftnas.models.gguf_file import check_drafter_gguf, engine_target, gguf_of
@@ -193,9 +194,12 @@ def run_llama_cpp_bench(
     predictions = read_predictions(options.predictions) if options.predictions else None
     llama = find_llama_cpp(options.llama_cpp)
     threads = cpu_count()
-    tokenizer = AutoTokenizer.from_pretrained(str(ensure_local_folder(target)[1]))
+    model_folder = ensure_local_folder(target)[1]
+    tokenizer = AutoTokenizer.from_pretrained(str(model_folder))
     kept, encoded, left_out = unseen_prompts(prompts, tokenizer, [folder], options.per_domain)
-    context = max(len(ids) for ids in encoded) + options.max_new_tokens + 64
+    limit = int(json.loads((model_folder / "config.json").read_text())["max_position_embeddings"])
+    check_context(kept, encoded, options.max_new_tokens + max(a.gamma for a in arms) + 1, limit, ENGINE)
+    context = min(max(len(ids) for ids in encoded) + options.max_new_tokens + 64, limit)
     warm_up = encode_prompt(tokenizer, WARM_UP)
     rows: list[BenchPrompt] = []
     total = options.rounds * len(kept)

@@ -6,7 +6,6 @@ interleaved prompt by prompt (the order rotates so drift on a shared machine hit
 after one warm-up run each. A reference drafter (`reference=`: the drafter a user would otherwise
 pick, e.g. the family's small model) gets the same arms in the same run; `--lookup` adds lookup drafting
 alone and a hybrid with the drafter in draftnas's loop (`bench.lookup_arms`).
-
 Greedy runs are checked token for token against their baseline's own greedy output in the same
 engine (``lossless`` per prompt; ``exact_match_rate`` overall). Where a speculative run departs
 from it, the target's top-1 minus top-2 logit margin at that token is recorded: in bf16/fp16 a
@@ -43,7 +42,7 @@ from draftnas.bench.stats import drafting_split, interval_of, tokens_per_s, verd
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
 from draftnas.core.options import option_error
-from draftnas.core.prompts import Prompt, encode_prompt, subsample
+from draftnas.core.prompts import Prompt, check_context, encode_prompt, subsample
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
 from draftnas.drafter.records import prompt_key
@@ -93,10 +92,8 @@ def _bench_prompt(bench: Bench, arms: Sequence[Arm], prompt: Prompt, ids: list[i
 
 def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
     """Index of the first position where `tokens` departs from `reference` (None: identical)."""
-    for i, (a, b) in enumerate(zip(tokens, reference, strict=False)):
-        if a != b:
-            return i
-    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+    i = next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b), None)
+    return i if i is not None or len(tokens) == len(reference) else min(len(tokens), len(reference))
 
 
 def bench_traces(target: LoadedModel, prompts: Sequence[Prompt], encoded: Sequence[list[int]],
@@ -280,6 +277,8 @@ def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Seq
     t_model, drafters, prompts, encoded, left_out = load_for_bench(target, draft, references, prompts,
                                                                     options, policies)
     bench = Bench(t_model, drafters, options)
+    check_context(prompts, encoded, options.max_new_tokens + bench.max_gamma + 1,
+                  t_model.model.config.max_position_embeddings, options.resolved_engine())
     if options.resolved_engine() == "static":
         bench.build_engines(max(len(ids) for ids in encoded) + options.max_new_tokens + bench.max_gamma + 1)
     bench.prepare(encoded)

@@ -83,8 +83,17 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
                               f"{result.study_name} (exported before; its README.md has the figures)")
             else:
                 render_export(exported.result)
-    if emit_json(output, result_json(result, exported, hand)):
+    route = None
+    if result.best is not None and request.engine != "llama.cpp":  # the fastest plain decoding here?
+        from draftnas.search.engine import plain_route
+
+        route = plain_route(request.target, f"trial {result.best.number} in draftnas's loop",
+                            result.best.primary.tokens_per_s, build=request.llama_cpp)
+    if emit_json(output, result_json(result, exported,
+                                     hand) | ({"plain_route": route.to_dict()} if route else {})):
         return
+    if route is not None:
+        console.print(route.line(), highlight=False, soft_wrap=True)
     done = (exported.folder, exported.gamma, exported.p_min) if exported else None
     if hand is not None and not output.json:
         console.print(f"the hand-made best is in {hand.folder}, at γ {hand.gamma}", highlight=False)

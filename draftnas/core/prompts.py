@@ -210,3 +210,17 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     if not ids:
         raise InvalidInputError(f"prompt encodes to no tokens: {text[:40]!r}")
     return ids
+
+
+def check_context(prompts: Sequence[Prompt], encoded: Sequence[Sequence[int]], new_tokens: int, limit: int,
+                  engine: str) -> None:
+    """One line naming the longest prompt when a prompt and its `new_tokens` do not fit the `limit`
+    positions the target was built for in `engine`."""
+    needed = [len(ids) + new_tokens for ids in encoded]
+    worst = max(range(len(needed)), key=needed.__getitem__, default=None)
+    if worst is not None and needed[worst] > limit:
+        raise InvalidInputError(
+            f"prompt {prompts[worst].id} has {len(encoded[worst])} tokens; with {new_tokens} new tokens it "
+            "needs "
+            f"{needed[worst]} positions, more than the {limit} the target holds in {engine}: shorten it or "
+            "lower --max-new-tokens")

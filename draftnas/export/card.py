@@ -140,7 +140,7 @@ def rescored_lines(prediction: WorkloadPrediction, acceptance: AcceptanceEstimat
                else "level with")
     line = (f"Predicted for this drafter as exported: {prediction.tokens_per_s:.1f} tokens/s, "
             f"{prediction.speedup:.3f}x the target alone ({prediction.baseline_tokens_per_s:.1f}), so "
-            f"{verdict} plain decoding, at gamma {p.gamma}"
+            f"{verdict} plain decoding in the same engine, at gamma {p.gamma}"
             + (f" stopping after a draft below p {p.p_min:g} ({stop.drafted_per_step:.2f} drafts a step)"
                if stop is not None else ""))
     if tokens is not None:

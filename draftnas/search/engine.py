@@ -219,3 +219,50 @@ def verdict(
         reference_speedup=reference_speedup,
         pays=pays,
     )
+
+
+@dataclass(frozen=True)
+class PlainRoute(Record):
+    """The target decoded alone in llama.cpp here (its GGUF file), beside the route a search picked: the
+    faster one is what a user should run (with lookup drafting on requests that copy their context)."""
+
+    engine: str
+    file: str
+    tokens_per_s: float
+    threads: int
+    pick: str
+    pick_tokens_per_s: float
+
+    @property
+    def faster(self) -> bool:
+        return self.tokens_per_s > self.pick_tokens_per_s
+
+    def line(self) -> str:
+        name = Path(self.file).name
+        if not self.faster:
+            return (f"{self.pick} ({self.pick_tokens_per_s:.1f} tokens/s predicted) is faster than "
+                    f"{self.engine} decoding {name} alone here ({self.tokens_per_s:.1f} tokens/s, measured, "
+                    f"{self.threads} threads)")
+        return (f"but {self.engine} decodes {name} alone at {self.tokens_per_s:.1f} tokens/s here (measured, "
+                f"{self.threads} threads), {self.tokens_per_s / self.pick_tokens_per_s:.2f}x this pick's "
+                f"{self.pick_tokens_per_s:.1f}: run the target in {self.engine}, and on requests that copy "
+                "their "
+                f"context (edits, questions about a file) add lookup drafting there (`draftnas lookup`)")
+
+
+def plain_route(target: str, pick: str, pick_tokens_per_s: float, target_gguf: str | None = None,
+                build: str | None = None, threads: int | None = None) -> PlainRoute | None:
+    """The target's plain llama.cpp decode here (a few seconds of `llama-bench`), where a llama.cpp build
+    and the target's GGUF exist; None otherwise."""
+    from draftnas.core.errors import DraftnasError
+
+    try:
+        target_file = engine_target(target, target_gguf)
+        n = threads_here(threads)
+        llama = probe_flags(find_llama_cpp(build), target_file, n)
+        timing = time_gguf(llama, target_file, (1,), 64, n, repeats=2, gen=32)
+    except DraftnasError as e:
+        log.info("no plain llama.cpp decode of %s to compare with: %s", target, e)
+        return None
+    return PlainRoute(engine=ENGINE, file=str(target_file), tokens_per_s=round(1000 / timing.decode_ms, 2),
+                      threads=n, pick=pick, pick_tokens_per_s=round(pick_tokens_per_s, 2))

@@ -76,3 +76,16 @@ def test_llama_cpp_lookup_drafts_exactly_what_the_replay_says(tmp_path):
     assert tokens == plain_tokens == hybrid_tokens
     assert sum(replay.drafted) > 0  # the test exercises drafting
     assert (looked.drafted, looked.accepted) == (sum(replay.drafted), sum(replay.accepted))
+
+
+def test_the_plain_route_says_which_is_faster_and_is_absent_without_a_build(tmp_path):
+    """The embedded target's Q4_K_M file timed alone (a few seconds of llama-bench) beside a pick."""
+    from draftnas.search.engine import plain_route
+
+    assert plain_route("qwen2.5-coder-1.5b", "pick", 5.0, build=str(tmp_path / "no-build")) is None
+    _build()
+    slow = plain_route("qwen2.5-coder-1.5b", "the pick", 0.01, threads=2)
+    assert slow is not None and slow.faster and slow.tokens_per_s > 0.01
+    assert "run the target in llama.cpp" in slow.line() and ".gguf alone at" in slow.line()
+    fast = slow.__class__(**(slow.to_dict() | {"pick_tokens_per_s": 1e9}))
+    assert not fast.faster and fast.line().startswith("the pick (")

@@ -100,3 +100,31 @@ class _PlainTokenizer:
 def test_encode_prompt_uses_the_chat_template_when_present():
     assert encode_prompt(_ChatTokenizer(), "abcd") == [1, 2, 4]
     assert encode_prompt(_PlainTokenizer(), "abc") == [7, 7, 7]
+
+
+def test_the_context_workloads_load_by_name_with_long_prompts_and_a_licence_each():
+    import json
+    from importlib import resources
+
+    from draftnas.core.prompts import WORKLOADS
+
+    for name in WORKLOADS:
+        prompts = load_prompts(name)
+        assert len(prompts) >= 24 and {p.domain for p in prompts} == {name}
+        assert min(len(p.text) for p in prompts) > 600  # hundreds of tokens of context at least
+        raw = resources.files("draftnas").joinpath("data", "prompts", f"{name}.jsonl").read_text("utf-8")
+        assert all("PSF-2.0" in row["source"] or "Apache-2.0" in row["source"]
+                   for row in map(json.loads, raw.splitlines()))
+    assert not {p.domain for p in load_prompts("all")} & set(WORKLOADS)  # the main job's set is unchanged
+
+
+def test_a_prompt_longer_than_the_context_is_one_line_naming_it():
+    from draftnas.core.errors import InvalidInputError
+    from draftnas.core.prompts import Prompt, check_context
+
+    prompts = [Prompt(id="short", domain="x", text="a"), Prompt(id="long", domain="x", text="b")]
+    check_context(prompts, [[1] * 10, [1] * 50], 14, 64, "static")
+    with pytest.raises(InvalidInputError) as e:
+        check_context(prompts, [[1] * 10, [1] * 60], 14, 64, "static")
+    assert str(e.value).startswith("prompt long has 60 tokens; with 14 new tokens it needs 74 positions, more "
+                                   "than the 64 the target holds in static")
