@@ -77,3 +77,37 @@ def test_the_profiles_table_lists_every_shipped_profile():
     table = text[text.index("### Shipped profiles"):]
     missing = [f"{k} ({f})" for k, f in SHIPPED_PROFILES.items() if f"| `{k}` | `{f}` |" not in table]
     assert missing == [] and "| `cpu-roofline` |" in table
+
+
+def test_every_marked_table_is_its_rendering_from_the_results_it_names():
+    """Figures are rendered, not typed: `python scripts/render_tables.py` rewrites what differs."""
+    from draftnas.report.tables import cited_files, render_page
+
+    results = ROOT / "benchmarks" / "results"
+    stale = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = page.read_text()
+        for name in cited_files(text):
+            assert (results / name).is_file(), f"{page.relative_to(ROOT)} cites {name}, not in results"
+        if render_page(text, results) != text:
+            stale.append(str(page.relative_to(ROOT)))
+    assert not stale, f"re-render with `python scripts/render_tables.py`: {stale}"
+
+
+def test_a_table_renders_from_its_file_and_a_changed_figure_is_caught(tmp_path):
+    import json
+
+    from draftnas.report.tables import render_page
+
+    bench = {"host": "h", "threads": 2, "load_average_before": "0.1", "n_prompts": 1, "rounds": 1,
+             "max_new_tokens": 8, "engine": "static", "dtype": "bf16", "comparisons": [],
+             "arms": [{"name": "target", "tokens_per_s": 10.0, "tokens_per_s_interval": [9.0, 11.0]},
+                      {"name": "draftnas", "drafter": "d", "tokens_per_s": 15.0,
+                       "tokens_per_s_interval": [14.0, 16.0],
+                       "speedup": 1.5, "speedup_interval": [1.4, 1.6], "tokens_per_step": 2.0,
+                       "lossless": True}]}
+    (tmp_path / "b.json").write_text(json.dumps(bench))
+    page = render_page("x\n<!-- table: bench b.json -->\n<!-- /table -->\n", tmp_path)
+    assert "| draftnas | d | 15.00 [14.00, 16.00] | 1.500x [1.400, 1.600] | 2.00 | yes |" in page
+    assert render_page(page, tmp_path) == page
+    assert render_page(page.replace("1.500x", "1.600x"), tmp_path) == page  # a typed figure is re-rendered

@@ -26,14 +26,16 @@ class LookupRequest(Record):
                                "JSONL file. Its search split is priced; the held-out split (every third "
                                "prompt) is written for the bench.")
     engine: str = option("llama.cpp", choices=ENGINES, help="Engine the lookup runs and is timed in.")
-    n: tuple[int, ...] = option((2, 3, 4, 6), parse=_ints, cli_type=str, cli_default="2,3,4,6", nonempty=True,
+    n: tuple[int, ...] = option((2, 3, 4, 6), flag="--match-lengths", parse=_ints, cli_type=str,
+                                cli_default="2,3,4,6", nonempty=True,
                                 distinct=True, low=RANGES["n"][0], high=RANGES["n"][1],
-                                help="Match lengths searched (tokens).")
-    m: tuple[int, ...] = option((2, 3, 4, 6, 8, 12, 16), parse=_ints, cli_type=str,
+                                help="Match lengths n searched (tokens; llama.cpp's size-n).")
+    m: tuple[int, ...] = option((2, 3, 4, 6, 8, 12, 16), flag="--draft-lengths", parse=_ints, cli_type=str,
                                 cli_default="2,3,4,6,8,12,16", nonempty=True, distinct=True,
                                 low=RANGES["m"][0], high=RANGES["m"][1],
-                                help="Draft lengths searched (tokens; below a match length: skipped).")
-    max_new_tokens: int = option(192, low=8, high=4096, help="Tokens the target answers each prompt with.")
+                                help="Draft lengths m searched (llama.cpp's size-m; below n: skipped).")
+    max_new_tokens: int = option(192, short="-n", low=8, high=4096, help="Tokens the target answers each "
+                                                                         "prompt with.")
     target_gguf: str | None = option(None, help="The target's GGUF file (default: the embedded Q4_K_M).")
     llama_cpp: str | None = option(None, help="llama.cpp build folder (default: `draftnas engines "
                                               "--build`'s).")

@@ -126,5 +126,5 @@ def test_a_prompt_longer_than_the_context_is_one_line_naming_it():
     check_context(prompts, [[1] * 10, [1] * 50], 14, 64, "static")
     with pytest.raises(InvalidInputError) as e:
         check_context(prompts, [[1] * 10, [1] * 60], 14, 64, "static")
-    assert str(e.value).startswith("prompt long has 60 tokens; with 14 new tokens it needs 74 positions, more "
-                                   "than the 64 the target holds in static")
+    assert str(e.value).startswith("prompt long has 60 tokens; with 14 new tokens it needs 74 positions, "
+                                   "more than the 64 the target holds in static")
