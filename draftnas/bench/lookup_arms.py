@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from draftnas.bench.arms import MAIN, Arm, Bench, Run
+from draftnas.bench.arms import MAIN, Arm, Bench, Run, arm_names
 from draftnas.bench.records import ArmResult, BenchPrompt, Comparison
 from draftnas.drafter.lookup import LookupSettings, parse_lookup
 from draftnas.drafter.lookup_loop import lookup_generate
 
-LOOKUP, HYBRID = "lookup", "hybrid"
+LOOKUP, HYBRID, HF_LOOKUP = "lookup", "hybrid", "hf_lookup"
 
 
 class LookupArm(Arm):
@@ -26,6 +26,11 @@ class LookupArm(Arm):
         self.name = HYBRID if hybrid else LOOKUP
         self.engine = "static" if bench.engines else "hf"
         self.drafter = None
+
+    @property
+    def rival(self) -> str:
+        """The bench drafter's arm in the same engine, which this arm is compared with."""
+        return arm_names(MAIN)[1 if isinstance(self, HfLookupArm) else 0]
 
     @property
     def spec(self) -> str:
@@ -48,14 +53,38 @@ class LookupArm(Arm):
                    drafted_steps=tuple(out.drafted))
 
 
+class HfLookupArm(LookupArm):
+    """transformers' own prompt lookup, `generate(prompt_lookup_num_tokens=m, max_matching_ngram_size=n)`,
+    against transformers' target alone (its rule also tries shorter matches and takes the earliest, so
+    its steps are counted, not replayed). transformers runs one candidate source per call: no hybrid."""
+
+    def __init__(self, bench: Bench, settings: LookupSettings) -> None:
+        super().__init__(bench, settings, False, "")
+        self.name, self.engine = HF_LOOKUP, "hf"
+        self.baseline = "hf_target" if bench.engines else "target"
+
+    def run(self, ids: list[int], seed: int, max_new_tokens: int) -> Run:
+        b = self.bench
+        calls = [0]
+        hook = b.target.model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        try:
+            run = b.generate(ids, seed, max_new_tokens, **self.settings.transformers_kwargs())
+        finally:
+            hook.remove()
+        run.steps = calls[0]
+        return run
+
+
 def lookup_arms(bench: Bench) -> list[Arm]:
-    """The lookup and hybrid arms `bench.options.lookup` asks for (none without it)."""
+    """The lookup and hybrid arms `bench.options.lookup` asks for (none without it), and transformers'
+    prompt lookup where the bench runs transformers' arms."""
     spec = bench.options.lookup
     if spec is None or bench.options.temperature > 0:
         return []
     settings = parse_lookup(spec)
-    return [LookupArm(bench, settings, False, bench.options.hybrid_policy),
-            LookupArm(bench, settings, True, bench.options.hybrid_policy)]
+    arms: list[Arm] = [LookupArm(bench, settings, False, bench.options.hybrid_policy),
+                       LookupArm(bench, settings, True, bench.options.hybrid_policy)]
+    return arms + ([HfLookupArm(bench, settings)] if bench.options.hf_assisted else [])
 
 
 def lookup_result(arm: LookupArm, rows: Sequence[BenchPrompt], result: ArmResult, speedup: Comparison
@@ -64,6 +93,11 @@ def lookup_result(arm: LookupArm, rows: Sequence[BenchPrompt], result: ArmResult
     runs = [p.run(arm.name) for p in rows]
     steps, drafted = max(sum(r.steps for r in runs), 1), max(sum(r.drafted for r in runs), 1)
     main = arm.bench.drafters[MAIN]
+    if isinstance(arm, HfLookupArm):  # transformers counts its target's calls, not drafts
+        return replace(result, drafter=arm.spec, speedup=speedup.ratio, speedup_interval=speedup.interval,
+                       tokens_per_step=sum(r.new_tokens for r in runs) / steps, gamma=arm.settings.m,
+                       lossless=all(bool(r.lossless) for r in runs),
+                       exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs))
     return replace(
         result, drafter=arm.spec, speedup=speedup.ratio, speedup_interval=speedup.interval,
         tokens_per_step=sum(r.new_tokens for r in runs) / steps,

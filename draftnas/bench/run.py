@@ -160,7 +160,7 @@ def _comparisons(arms: Sequence[Arm], rows: Sequence[BenchPrompt],
                  for d in drafters if d.label != MAIN
                  for mine, theirs in zip(arm_names(MAIN), arm_names(d.label), strict=True)
                  if mine in names and theirs in names) + tuple(
-        compare_arms(rows, a.name, arm_names(MAIN)[0]) for a in arms if isinstance(a, LookupArm))
+        compare_arms(rows, a.name, a.rival) for a in arms if isinstance(a, LookupArm) and a.rival in names)
 
 
 def _load_drafters(draft: str | LoadedModel, references: Sequence[str | LoadedModel], target: LoadedModel,

@@ -364,6 +364,10 @@ def test_lookup_arms_run_in_the_loop_lossless_and_are_compared_with_the_drafter(
     assert lookup.gamma == 3 and lookup.speedup is not None and lookup.baseline == "target"
     assert [(c.numerator, c.denominator) for c in result.comparisons] == [("lookup", "draftnas"),
                                                                          ("hybrid", "draftnas")]
+    with_hf = run_bench(target, draft, PROMPTS[:2], replace(options, hf_assisted=True, hf_routed=False))
+    hf = with_hf.arm("hf_lookup")
+    assert hf.lossless is True and hf.baseline == "hf_target" and hf.engine == "hf" and hf.gamma == 3
+    assert ("hf_lookup", "hf") in [(c.numerator, c.denominator) for c in with_hf.comparisons]
 
 
 @pytest.mark.parametrize("change, said", [
