@@ -123,7 +123,11 @@ def read_accepts(path: str | Path) -> AcceptsFile:
         raise option_error("replay", f"{str(path)!r} is not JSON ({e})") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise option_error("replay", f"{str(path)!r} is not an accepts file (schema {SCHEMA!r})")
-    accepts = AcceptsFile.from_dict(data)
+    try:
+        accepts = AcceptsFile.from_dict(data)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise option_error("replay", f"{str(path)!r} is an accepts file with missing or malformed fields "
+                                     f"({type(e).__name__}: {e})") from None
     for label, trace in accepts.traces.items():
         if trace.source not in SOURCES or trace.gamma < 1 or not trace.prompts:
             raise InvalidInputError(f"{path}: trace {label!r} needs a source in {SOURCES}, gamma >= 1 and "

@@ -30,7 +30,7 @@ from draftnas.core.machine import cpu_identity
 from draftnas.core.records import write_json_file
 from draftnas.core.registry import Architecture
 from draftnas.latency.records import EngineCalibration, EngineTiming
-from draftnas.models.gguf_file import write_gguf
+from draftnas.models.gguf_file import read_info, write_gguf
 from draftnas.models.gguf_tensors import random_tensors
 from draftnas.models.llama_cpp import LlamaCpp, LlamaCppError, host_flags
 from draftnas.models.sources import state_dir
@@ -90,7 +90,8 @@ def time_gguf(
 
 def probe_flags(llama: LlamaCpp, model: Path, threads: int) -> LlamaCpp:
     """`llama` with the flags this host needs (`models.llama_cpp.host_flags`), probed with a 2-token
-    batch of `model`."""
+    batch of `model` (its file checked first: a damaged file is named as such, not the build)."""
+    read_info(model)
 
     def runs(flags: Sequence[str]) -> bool:
         try:

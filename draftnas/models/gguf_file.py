@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -118,22 +119,33 @@ def _header_cached(path: str, size: int, mtime: float) -> _Header:
 
     if data[:4] != b"GGUF":
         raise InvalidInputError(f"{path} is not a GGUF file")
-    pos = 4
-    take("<I")
-    n_tensors, n_kv = take("<Q"), take("<Q")
-    kv: dict[str, tuple[int, int | None, object]] = {}
-    for _ in range(n_kv):
-        key = text()
-        kind = take("<I")
-        sub = struct.unpack_from("<I", data, pos)[0] if kind == 9 else None
-        kv[key] = (kind, sub, value(kind))
-    tensors = {}
-    for _ in range(n_tensors):
-        name = text()
-        dims = [take("<Q") for _ in range(take("<I"))]
-        kind = take("<I")
-        take("<Q")
-        tensors[name] = (gguf.GGMLQuantizationType(kind).name, tuple(reversed(dims)))
+    try:
+        pos = 4
+        take("<I")
+        n_tensors, n_kv = take("<Q"), take("<Q")
+        kv: dict[str, tuple[int, int | None, object]] = {}
+        for _ in range(n_kv):
+            key = text()
+            kind = take("<I")
+            sub = struct.unpack_from("<I", data, pos)[0] if kind == 9 else None
+            kv[key] = (kind, sub, value(kind))
+        tensors, end = {}, 0
+        for _ in range(n_tensors):
+            name = text()
+            dims = [take("<Q") for _ in range(take("<I"))]
+            kind = take("<I")
+            offset = take("<Q")
+            qtype = gguf.GGMLQuantizationType(kind)
+            block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+            end = max(end, offset + math.prod(dims) // block * nbytes)
+            tensors[name] = (qtype.name, tuple(reversed(dims)))
+    except (struct.error, ValueError, KeyError, IndexError, MemoryError) as e:
+        raise InvalidInputError(f"{path} is a truncated or damaged GGUF file (its header ends early: {e})"
+                                ) from e
+    align = int(kv["general.alignment"][2]) if "general.alignment" in kv else 32  # type: ignore[call-overload]
+    if -(-pos // align) * align + end > size:
+        raise InvalidInputError(f"{path} is a truncated GGUF file: its tensors need "
+                                f"{-(-pos // align) * align + end:,} bytes, the file holds {size:,}")
     return _Header(kv=kv, tensors=tensors)
 
 

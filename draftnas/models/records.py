@@ -199,10 +199,13 @@ def weights_problem(weights: str, device: str, dtype: str) -> str | None:
     line naming what is allowed; None where it can. The CPU runs int8 and int4; CUDA runs int4 through
     `torch._weight_int4pack_mm`, which takes bf16 activations (on GPUs of compute capability 8.0 and newer:
     `models.matmul.pack_int4` says so where one is older); int8 there is not offered. `dtype`: "bf16",
-    "fp32" (`dtype_name` of a torch dtype)."""
-    if device == "cpu" or not quantized(weights):  # a GGUF block type is llama.cpp's, not multiplied here
-        return None
-    kinds = format_kinds(weights)
+    "fp32" (`dtype_name` of a torch dtype). A spelling `weight_roles` refuses is its one line."""
+    try:
+        if not quantized(weights) or device == "cpu":  # a GGUF block type is llama.cpp's, not multiplied here
+            return None
+        kinds = format_kinds(weights)
+    except ValueError as e:
+        return str(e)
     if device != "cuda":
         return f"{weights} weights multiply on the CPU or CUDA only, not on {device}: use dense"
     if "int8" in kinds:
