@@ -55,7 +55,8 @@ def test_a_misspelled_per_layer_format_is_one_line(weights):
 
     with pytest.raises(OptionError) as e:
         BenchOptions(draft_weights=weights).validate()
-    assert e.value.for_flags().startswith(f"--draft-weights weight format {weights!r}: use one of dense, int8")
+    said = e.value.for_flags()
+    assert said.startswith(f"--draft-weights weight format {weights!r}: use one of dense, int8")
 
 
 def test_an_accepts_file_with_missing_fields_is_one_line(tmp_path):
