@@ -92,7 +92,8 @@ def edit_set(rng: random.Random) -> list[dict[str, str]]:
     for module, name, source in pool:
         if len(rows) == PER_SET or module in seen:
             continue
-        k = len(rows) % len(EDITS)
+        # the instruction cycles so that the held-out prompts (every third) meet every kind too
+        k = (len(rows) + 2 * (len(rows) // 3)) % len(EDITS)
         var = local_name(source)
         if "{var}" in EDITS[k] and var is None:
             continue

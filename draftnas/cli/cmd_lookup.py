@@ -56,5 +56,16 @@ def render(result: LookupResult) -> None:
         f"-d {best.label} -p {result.heldout_file} --per-domain 0",
         f"host: {result.host}, {result.threads} threads; {result.wall_s / 60:.1f} min",
     ]
-    for line in lines:
+    for line in lines + edge_warnings(result):
         console.print(line, highlight=False, soft_wrap=True)
+
+
+def edge_warnings(result: LookupResult) -> list[str]:
+    """A warning where the best setting sits on the largest n or m searched: the optimum may lie beyond."""
+    best, out = result.best, []
+    for name, value, searched in (("match length n", best.n, {p.n for p in result.prices}),
+                                  ("draft length m", best.m, {p.m for p in result.prices})):
+        if len(searched) > 1 and value == max(searched):
+            out.append(f"WARNING: the best {name} ({value}) is the largest searched; the optimum may lie "
+                       "beyond it (search longer ones)")
+    return out

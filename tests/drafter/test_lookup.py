@@ -114,3 +114,20 @@ def test_a_setting_is_priced_from_its_replay_and_the_step_costs():
     assert price.tokens_per_step == pytest.approx((sum(replay.accepted) + replay.steps) / replay.steps,
                                                   abs=1e-4)
     assert price.break_even_tokens_per_step == 1.6
+
+
+def test_a_best_setting_on_the_grid_edge_is_warned_about():
+    from draftnas.cli.cmd_lookup import edge_warnings
+    from draftnas.search.lookup import price_setting
+    from draftnas.search.lookup_records import LookupResult
+
+    traces = [([7, 1, 2, 3, 4, 5, 6, 8, 9, 1, 2, 3, 4], [5, 6, 8, 9, 1, 2, 3, 4, 5, 6, 8, 9, 0])]
+    batch = {1: 10.0, 2: 11.0, 3: 12.0, 4: 13.0, 5: 14.0}
+    priced = [price_setting(LookupSettings(n=n, m=m), traces, 10.0, batch) for n in (1, 2) for m in (2, 4)]
+    prices = sorted(priced, key=lambda p: -p.speedup)
+    result = LookupResult(target="t", engine="llama.cpp", workload="w", searched_prompts=("a",),
+                          heldout_prompts=("b",), heldout_file="f", context_tokens=8, decode_ms=10.0,
+                          batch_ms=batch, prices=tuple(prices), flags=())
+    said = edge_warnings(result)
+    assert ("draft length m (4)" in " ".join(said)) == (prices[0].m == 4)
+    assert all(line.startswith("WARNING: the best ") for line in said)

@@ -67,15 +67,23 @@ def test_the_budget_to_beat_a_bar_is_where_the_priced_speed_crosses_it():
     assert tokens_to_beat(flat, 1e6, latency, WORKLOAD, GAMMA) is None  # a bar above what gamma + 1 gives
 
 
-def test_the_shipped_curves_are_smollm2s_each_checked_within_10_percent_with_its_command():
+@pytest.mark.parametrize("target, shapes, budget", [("smollm2-135m", 3, 1_000_000),
+                                                    ("qwen2.5-coder-1.5b", 2, 100_000)])
+def test_the_shipped_curves_are_each_checked_within_10_percent_with_its_command(target, shapes, budget):
     from draftnas.drafter.curve_fit import shipped_curves
 
-    curves = shipped_curves("smollm2-135m")
-    assert curves is not None and curves.target == "smollm2-135m" and len(curves.curves) >= 3
+    curves = shipped_curves(target)
+    assert curves is not None and curves.target == target and len(curves.curves) >= shapes
     for c in curves.curves:
         assert c.check is not None and abs(c.check.error) < 0.10, c.label
         assert c.command.startswith("draftnas distill train") and len(c.delta_sha256) == 64
         assert c.host and c.points and all(p.tokens >= c.fitted_from for p in c.points)
+        assert c.measured_max() >= budget  # a measured point at the budget the issue asks for
+
+
+def test_no_curves_ship_for_a_target_never_trained():
+    from draftnas.drafter.curve_fit import shipped_curves
+
     assert shipped_curves("gemma-3-270m") is None
 
 
