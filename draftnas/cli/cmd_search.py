@@ -88,7 +88,7 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
         from draftnas.search.engine import plain_route
 
         route = plain_route(request.target, f"trial {result.best.number} in draftnas's loop",
-                            result.best.primary.tokens_per_s, build=request.llama_cpp)
+                            result.best.throughput.tokens_per_s, build=request.llama_cpp)
     if emit_json(output, result_json(result, exported,
                                      hand) | ({"plain_route": route.to_dict()} if route else {})):
         return
