@@ -52,8 +52,9 @@ def render(result: LookupResult) -> None:
         "(its lookup also tries shorter matches and takes the earliest, so bench it there)",
         f"step costs at {result.context_tokens} tokens of context: decode {result.decode_ms:.1f} ms; "
         f"a batch of k tokens over a decode: {costs}",
-        f"bench it on the held-out prompts: draftnas bench --engine llama.cpp -t {result.target} "
-        f"-d {best.label} -p {result.heldout_file} --per-domain 0",
+        (f"bench it on the held-out prompts: draftnas bench --engine llama.cpp -t {result.target} "
+         f"-d {best.label} -p {result.heldout_file} --per-domain 0" if result.heldout_file
+         else "priced on every prompt given (--no-held-out): no held-out prompts written"),
         f"host: {result.host}, {result.threads} threads; {result.wall_s / 60:.1f} min",
     ]
     for line in lines + edge_warnings(result):

@@ -59,7 +59,8 @@ def bench_table(root: Path, files: Sequence[str]) -> list[str]:
     lines = ["| arm | drafter | tokens/s | speedup over the target alone | tokens/step | lossless |",
              "|---|---|---|---|---|---|"]
     for arm in data["arms"]:
-        lossless = "-" if arm.get("lossless") is None else "yes" if arm["lossless"] else "no"
+        lossless = "-" if arm.get("lossless") is None else "yes" if arm["lossless"] else \
+            f"no ({arm.get('exact_match_rate', 0):.0%} of outputs exact)"
         tps = arm.get("tokens_per_step")
         lines.append(f"| {arm['name']} | {arm.get('drafter') or '-'} | "
                      f"{_speed(arm['tokens_per_s'], arm.get('tokens_per_s_interval'))} | "
@@ -79,34 +80,62 @@ def _arm(data: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((a for a in data["arms"] if a["name"] == name), None)
 
 
+def _loop_cell(bench: dict[str, Any] | None) -> str:
+    """draftnas's loop on a workload: its fastest arm over the target alone, beside the model drafter's."""
+    if bench is None:
+        return "not benched"
+    arms = [a for a in bench["arms"] if a.get("speedup") is not None and a.get("engine") != "hf"]
+    best = max(arms, key=lambda a: a["speedup"])
+    model = _arm(bench, "draftnas")
+    cell = (f"{best['name']} at {best['tokens_per_s']:.2f} tokens/s, "
+            f"{_ratio(best['speedup'], best.get('speedup_interval'))}")
+    if model is not None and best["name"] != "draftnas":
+        cell += f"; the model drafter {_ratio(model['speedup'], model.get('speedup_interval'))}"
+        paired = next((c for c in bench.get("comparisons", [])
+                       if c["numerator"] == best["name"] and c["denominator"] == "draftnas"), None)
+        if paired is not None:
+            cell += f"; {best['name']} ÷ model drafter {_ratio(paired['ratio'], paired['interval'])}"
+    return cell
+
+
+def _exact(arm: dict[str, Any]) -> str:
+    rate = arm.get("exact_match_rate")
+    return "" if rate is None else ", every output the target's" if rate >= 1 else \
+        f", {rate:.0%} of outputs the target's"
+
+
 def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
-    """Per workload: llama.cpp's plain tokens/s, the lookup search's pick (predicted) and the bench's
-    measured speedups (the lookup arm, and the hybrid where benched)."""
+    """Per workload: llama.cpp's plain tokens/s, the lookup search's pick (predicted) and its bench in
+    llama.cpp (measured), and draftnas's loop's fastest arm where benched; a bench belongs to the search
+    whose held-out prompts it ran."""
     loaded = [_read(root, f) for f in files]
     searches = [d for d in loaded if "prices" in d]
     benches = [d for d in loaded if "arms" in d]
-    lines = ["| workload | llama.cpp alone, tokens/s | lookup setting | predicted | measured | "
-             "hybrid with the 0.5B, measured |", "|---|---|---|---|---|---|"]
+    lines = ["| workload | llama.cpp alone, tokens/s | lookup in llama.cpp | predicted | measured | "
+             "draftnas's loop, fastest arm over its target alone |", "|---|---|---|---|---|---|"]
     for s in searches:
         best = s["prices"][0]
-        held = set(s["heldout_prompts"])
-        bench = next((b for b in benches if {p["prompt_id"] for p in b["prompts"]} <= held), None)
-        plain = f"{1000 / s['decode_ms']:.1f} (llama-bench)"
-        measured = hybrid = "not benched"
-        if bench is not None:
-            target, mine = _arm(bench, "target"), _arm(bench, "draftnas")
+        held = set(s["heldout_prompts"]) or set(s["searched_prompts"])  # --no-held-out: a bench's own prompts
+        mine = [b for b in benches if {p["prompt_id"] for p in b["prompts"]} <= held]
+        name = s["workload"] if s["heldout_prompts"] else \
+            f"{s['searched_prompts'][0].rsplit('-', 1)[0]}, priced on the bench's own prompts"
+        llama = next((b for b in mine if b.get("engine") == "llama.cpp"), None)
+        loop = next((b for b in mine if b.get("engine") != "llama.cpp"), None)
+        plain, measured = f"{1000 / s['decode_ms']:.1f} (llama-bench)", "not benched"
+        if llama is not None:
+            target, arm = _arm(llama, "target"), _arm(llama, "draftnas")
             plain = _speed(target["tokens_per_s"], target.get("tokens_per_s_interval")) if target else plain
-            measured = _ratio(mine.get("speedup"), mine.get("speedup_interval")) if mine else measured
-            mixed = next((a for a in bench["arms"] if "+" in (a.get("drafter") or "")), None)
-            hybrid = _ratio(mixed.get("speedup"), mixed.get("speedup_interval")) if mixed else "-"
-        verdict = "pays" if best["speedup"] > 1 else "does not pay"
-        lines.append(f"| {s['workload']} | {plain} | {best['label']} | {best['speedup']:.3f}x ({verdict}) | "
-                     f"{measured} | {hybrid} |")
+            if arm is not None:
+                measured = _ratio(arm.get("speedup"), arm.get("speedup_interval")) + _exact(arm)
+        verdict = "pays" if best["speedup"] > 1.02 else "level" if best["speedup"] >= 0.98 else "does not pay"
+        lines.append(f"| {name} | {plain} | {best['label']} | {best['speedup']:.3f}x ({verdict}) | "
+                     f"{measured} | {_loop_cell(loop)} |")
     lines.append("")
     hosts = sorted({f"{s['host']}, {s['threads']} threads" for s in searches})
-    lines.append("- predicted: `draftnas lookup` on each workload's search split (every third prompt held "
-                 "out); measured: `draftnas bench --engine llama.cpp` on the held-out prompts (decode only); "
-                 + "; ".join(hosts))
+    lines.append("- predicted: `draftnas lookup` on each workload's search split, the median prompt (every "
+                 "third prompt held out); measured: `draftnas bench` on the held-out prompts, medians [95% "
+                 "intervals], paired per prompt and round; llama.cpp's tokens/s are decode only, the loop's "
+                 "include the prefill; " + "; ".join(hosts))
     lines.append(f"- from {', '.join(f'`{f}`' for f in files)}")
     return lines
 

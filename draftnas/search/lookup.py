@@ -109,8 +109,8 @@ def search_lookup(request: LookupRequest, *, progress: Progress | None = None) -
     request = request.validate()
     started = time.perf_counter()
     prompts = load_prompts(request.prompts)
-    searched, kept_back = split_prompts(prompts)
-    if not searched or not kept_back:
+    searched, kept_back = split_prompts(prompts) if request.held_out else (list(prompts), [])
+    if not searched or (request.held_out and not kept_back):
         raise InvalidInputError(f"prompt set {request.prompts!r} has {len(prompts)} prompt(s); the lookup "
                                 "search needs at least 2 (every third is held out for the bench)")
     target_file = engine_target(request.target, request.target_gguf)
@@ -127,13 +127,14 @@ def search_lookup(request: LookupRequest, *, progress: Progress | None = None) -
     best = LookupSettings(n=prices[0].n, m=prices[0].m)
     out = Path(request.out)
     out.mkdir(parents=True, exist_ok=True)
-    heldout_file = out / HELDOUT_FILE
-    heldout_file.write_text("".join(json.dumps(p.to_dict(), ensure_ascii=False) + "\n" for p in kept_back),
-                            "utf-8")
+    heldout_file = out / HELDOUT_FILE if kept_back else None
+    if heldout_file is not None:
+        rows = "".join(json.dumps(p.to_dict(), ensure_ascii=False) + "\n" for p in kept_back)
+        heldout_file.write_text(rows, "utf-8")
     result = LookupResult(
         target=request.target, engine=request.engine, workload=request.prompts,
         searched_prompts=tuple(p.id for p in searched), heldout_prompts=tuple(p.id for p in kept_back),
-        heldout_file=str(heldout_file), context_tokens=depth, decode_ms=timing.decode_ms,
+        heldout_file=str(heldout_file or ""), context_tokens=depth, decode_ms=timing.decode_ms,
         batch_ms=dict(timing.batch_ms), prices=tuple(prices), flags=tuple(best.llama_cpp_flags()),
         transformers=best.transformers_kwargs(), host=cpu_identity().label(), threads=threads,
         versions={"llama.cpp": llama.version}, answer_tokens=sum(len(a) for a in answers),

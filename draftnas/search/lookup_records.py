@@ -39,6 +39,10 @@ class LookupRequest(Record):
     target_gguf: str | None = option(None, help="The target's GGUF file (default: the embedded Q4_K_M).")
     llama_cpp: str | None = option(None, help="llama.cpp build folder (default: `draftnas engines "
                                               "--build`'s).")
+    held_out: bool = option(True, flag="--held-out/--no-held-out",
+                            help="Hold every third prompt out of the pricing for the bench (--no-held-out: "
+                                 "price every prompt given, e.g. the very prompts a bench ran, to check the "
+                                 "prediction on them).")
     out: str = option("runs/lookup", help="Folder written: lookup.json and heldout-prompts.jsonl.")
 
     def validate(self) -> LookupRequest:

@@ -131,3 +131,17 @@ def test_a_best_setting_on_the_grid_edge_is_warned_about():
     said = edge_warnings(result)
     assert ("draft length m (4)" in " ".join(said)) == (prices[0].m == 4)
     assert all(line.startswith("WARNING: the best ") for line in said)
+
+
+def test_every_third_prompt_is_held_out_for_the_bench_unless_asked_not_to():
+    from draftnas.core.prompts import load_prompts
+    from draftnas.search.lookup import split_prompts
+    from draftnas.search.lookup_records import LookupRequest
+
+    prompts = load_prompts("edit")
+    searched, held = split_prompts(prompts)
+    assert [p.id for p in held] == [p.id for i, p in enumerate(prompts) if i % 3 == 0]
+    assert not {p.id for p in searched} & {p.id for p in held} and len(searched) + len(held) == len(prompts)
+    kinds = {p.text.split()[0] + p.text.split()[1] for p in held}
+    assert len(kinds) >= 5  # the held-out prompts meet (almost) every kind of edit, not two of six
+    assert LookupRequest(held_out=False).validate().held_out is False
