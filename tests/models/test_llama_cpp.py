@@ -57,7 +57,13 @@ def test_find_llama_cpp_names_what_is_missing(tmp_path, monkeypatch):
 def test_host_flags_turn_repacking_off_only_where_batches_crash(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTNAS_STATE", str(tmp_path / "state"))
     from draftnas.latency.llama_cpp import probe_flags
+    from draftnas.models.gguf_file import write_gguf
+    from draftnas.models.gguf_tensors import random_tensors
 
+    shape = tiny_qwen2()  # probe_flags reads the file's header before it runs the build
+    tokenizer = _tokenizer_gguf(tmp_path / "tok.gguf", [f"t{i}" for i in range(64)])
+    write_gguf(tmp_path / "model.gguf", shape, random_tensors(shape), "Q8_0", tokenizer, "t",
+               settings=(1e6, 1e-6, 2048))
     crashing = find_llama_cpp(fake_build(tmp_path / "crash", crash_unless_repack_off=True))
     probed = probe_flags(crashing, tmp_path / "model.gguf", threads=2)
     assert probed.flags == ("--repack", "0") and "crashed" in probed.flags_why
