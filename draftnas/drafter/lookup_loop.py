@@ -20,7 +20,7 @@ import torch
 from draftnas.core.errors import InvalidInputError
 from draftnas.drafter.lookup import LookupSettings, propose
 from draftnas.models.engines import EngineLike, as_engine, engine_vocab_size, token_ids
-from draftnas.models.speculative import SpeculativeOutput, _Drafter
+from draftnas.models.speculative import SpeculativeOutput, _Drafter, emit_step
 
 POLICIES = ("fallback", "longer")
 
@@ -82,21 +82,7 @@ def lookup_generate(target: EngineLike, prompt_ids: Sequence[int], settings: Loo
                 k += 1
             if model is not None:  # it read its own drafts but the last; else nothing past `base` holds
                 model.rollback(base + min(k, len(drafts) - 1) if by_model else base)
-            cached = _emit(out, seq, drafts[:k] + [int(best[k])], len(drafts), k, eos, max_new_tokens) + base
+            emit_step(out, seq, drafts[:k] + [int(best[k])], len(drafts), k, eos, max_new_tokens)
+            cached = base + k  # the target read seq + all drafts; keep the accepted ones
     out.elapsed_s = time.perf_counter() - started
     return out
-
-
-def _emit(out: SpeculativeOutput, seq: list[int], emitted: list[int], drafted: int, k: int, eos: set[int],
-          max_new_tokens: int) -> int:
-    """Append a step's tokens (cut after an end-of-sequence token and at the budget); returns k, the drafts
-    the target keeps in its cache past the step's start."""
-    stop = next((j for j, t in enumerate(emitted) if t in eos), None)
-    if stop is not None:
-        emitted = emitted[:stop + 1]
-    emitted = emitted[:max_new_tokens - len(out.tokens)]
-    seq += emitted
-    out.tokens += emitted
-    out.accepted.append(k)
-    out.drafted.append(drafted)
-    return k

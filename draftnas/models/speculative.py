@@ -277,21 +277,28 @@ def speculative_generate(
                                                        p_min if replay is None else 0.0)
                 out.draft_s += draft_s
                 out.host_reads += 1 + (len(drafts) if p_min > 0 and replay is None else 0)
-            emitted = drafts[:k] + [nxt]
-            stop = next((j for j, t in enumerate(emitted) if t in eos), None)
-            if stop is not None:
-                emitted = emitted[:stop + 1]
-            emitted = emitted[:max_new_tokens - len(out.tokens)]
-            seq += emitted
-            out.tokens += emitted
-            out.accepted.append(k)
-            out.drafted.append(len(drafts))
+            stopped = emit_step(out, seq, drafts[:k] + [nxt], len(drafts), k, eos, max_new_tokens)
             cached = base + k  # the target read seq + all drafts; keep the accepted ones
             draft.rollback(base + min(k, max(len(drafts) - 1, 0)) if drafts else draft.cached)
-            if stop is not None:
+            if stopped:
                 break
     out.elapsed_s = time.perf_counter() - started
     return out
+
+
+def emit_step(out: SpeculativeOutput, seq: list[int], emitted: list[int], drafted: int, k: int, eos: set[int],
+              max_new_tokens: int) -> bool:
+    """Append one step's tokens to `seq` and `out` (cut after an end-of-sequence token and at the budget),
+    with its accepted and drafted counts; whether an end-of-sequence token stopped it."""
+    stop = next((j for j, t in enumerate(emitted) if t in eos), None)
+    if stop is not None:
+        emitted = emitted[:stop + 1]
+    emitted = emitted[:max_new_tokens - len(out.tokens)]
+    seq += emitted
+    out.tokens += emitted
+    out.accepted.append(k)
+    out.drafted.append(drafted)
+    return stop is not None
 
 
 @dataclass
