@@ -93,14 +93,14 @@ class CpuIdentity(Record):
         return ", ".join(parts)
 
     def same_kernels(self, other: CpuIdentity) -> bool:
-        """Whether `other` runs the same kernels as far as both are known: vendor, instruction sets,
-        and family/model where both record them."""
-        if self.vendor and other.vendor and self.vendor != other.vendor:
+        """Whether `other` runs the same kernels: same vendor, instruction sets, family and model, each
+        recorded on both sides. An identity that does not record them (a profile measured before draftnas
+        recorded CPUs) matches no CPU: "AMD EPYC" names Zen 2 to Zen 5 alike."""
+        known = (self.vendor, other.vendor, self.family, other.family, self.model, other.model)
+        if any(v is None or v == "" for v in known) or self.isa is None or other.isa is None:
             return False
-        if self.isa is not None and other.isa is not None and set(self.isa) != set(other.isa):
-            return False
-        both = self.family is not None and other.family is not None
-        return not both or (self.family, self.model) == (other.family, other.model)
+        return ((self.vendor, self.family, self.model, set(self.isa))
+                == (other.vendor, other.family, other.model, set(other.isa)))
 
 
 @dataclass(frozen=True)

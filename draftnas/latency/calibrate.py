@@ -62,8 +62,7 @@ def host_mismatch(profile: LatencyProfile) -> str | None:
     if profile.device != "cpu":
         return None
     here, cores = cpu_identity(), cpu_count()
-    same_cpu = (profile.cpu.same_kernels(here) if profile.cpu is not None
-                else profile.device_name.startswith(here.name))
+    same_cpu = profile.cpu is not None and profile.cpu.same_kernels(here)  # unrecorded: never this CPU
     same_threads = profile.threads in (None, cores)
     if same_cpu and same_threads:
         return None

@@ -38,7 +38,7 @@ class HostKey(Record):
 
     def problems_here(self, here: HostKey) -> list[str]:
         out = []
-        if not self.cpu.same_kernels(here.cpu) or self.cpu.name != here.cpu.name:
+        if self.cpu != here.cpu:  # a record of this machine: the same identity, recorded the same way
             out.append(f"it was measured on {self.cpu.label()}, this host is {here.cpu.label()}")
         if self.threads != here.threads:
             out.append(f"it was measured with {self.threads} threads, this run uses {here.threads}")

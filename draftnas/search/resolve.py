@@ -199,6 +199,8 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
             latency_profile, target_arch, space, calibration_progress, engine=engine, dtype=request.dtype,
             stacks=stacks, given=Path(request.calibration).expanduser() if request.calibration else None,
             quant_stacks=[base_arch])
+        borrowed = host_mismatch(latency_profile)
+        profile_note += f"; started from the profile {profile}" + (f": {borrowed}" if borrowed else "")
     quant_dtype = None
     if isinstance(predictor, CalibratedModel) and predictor.calibration.quant_dtype not in ("", dtype):
         quant_dtype = predictor.calibration.quant_dtype  # quantized drafters beside an fp32 target: bf16

@@ -330,6 +330,13 @@ def test_a_profile_from_another_cpu_or_a_spec_sheet_is_named_as_such():
     # hosts /proc/cpuinfo names alike ("AMD EPYC") differ by family, model and instruction sets
     same_name = dataclasses.replace(here, cpu=dataclasses.replace(cpu_identity(), family=1, model=1))
     assert host_mismatch(same_name) is not None
+    # a profile that records no family or model (measured before draftnas recorded them) is never this
+    # CPU's, whatever its name: the Zen 2 profile said "AMD EPYC" and was taken for a Zen 3 host's
+    unrecorded = dataclasses.replace(here, cpu=dataclasses.replace(cpu_identity(), family=None, model=None))
+    assert host_mismatch(unrecorded) is not None
+    assert host_mismatch(dataclasses.replace(here, cpu=None)) is not None
+    for name in ("cpu-amd-static", "cpu-intel-xeon"):  # the two shipped without an identity
+        assert host_mismatch(dataclasses.replace(default_profile(name), threads=cpu_count())) is not None
     assert "cores" in host_mismatch(dataclasses.replace(here, threads=cpu_count() + 7))
     assert "spec-sheet" in host_mismatch(default_profile("h100-sxm"))
     gpu = dataclasses.replace(here, device="cuda", device_name="NVIDIA H100 80GB HBM3")
@@ -384,3 +391,24 @@ def test_profile_target_extrapolates_k_layers_checks_the_method_and_the_search_u
     assert options.engine is None  # not calibrated: priced as the profile was timed
     with pytest.raises(InvalidInputError, match="engine must be one of static, hf, llama.cpp, got 'vllm'"):
         plan_search(dataclasses.replace(request, engine="vllm"))
+
+
+def test_a_search_calibrated_from_a_borrowed_profile_names_it_and_whose_it_is(monkeypatch, tmp_path):
+    """The calibration corrects the main terms, but the search's note says which profile it started from
+    and, when that profile is another CPU's (or records no CPU), that it is."""
+    import draftnas.search.resolve as resolve
+    from draftnas.latency.model import LatencyModel
+    from draftnas.search.records import StudySettings
+    from draftnas.search.resolve import SearchRequest, plan_search
+
+    def fake_calibration(profile, *args, **kwargs):  # the timing itself is tested elsewhere
+        return LatencyModel.from_profile(profile), "calibrated on this machine (stand-in)", "fp32"
+
+    monkeypatch.setattr(resolve, "calibrated_predictor", fake_calibration)
+    request = SearchRequest(target="smollm2-135m", profile="cpu-amd-static", acceptance_prior=0.5,
+                            study=StudySettings(run_dir=str(tmp_path)))
+    options, _, _ = plan_search(request)
+    note = options.profile_note or ""
+    assert note.startswith("calibrated on this machine")
+    assert "started from the profile cpu-amd-static (AMD EPYC" in note
+    assert "the latency profile was measured on AMD EPYC" in note  # not this CPU's, said so
