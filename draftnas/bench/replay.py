@@ -108,15 +108,20 @@ def resolve_shape(spec: str, field: str) -> Shape:
     return shape
 
 
-def load_trace(request: BenchRequest, drafter: Shape) -> tuple[AcceptsTrace, str]:
+def load_trace(request: BenchRequest, drafter: Shape, target: str = "") -> tuple[AcceptsTrace, str]:
     """The counts to replay and the host they were recorded on: the accepts file's trace, or counts
-    drawn at `alpha=RATE` (the drafter's exported γ, else --gamma)."""
+    drawn at `alpha=RATE` (the drafter's exported γ, else --gamma). Counts recorded with another target
+    than `target` (the replay's) are a stand-in for its own: the trace's note says whose they are."""
     spec, options = request.replay or "", request.options
     rate = parse_rate(spec)
     if rate is None:
         accepts = read_accepts(spec)
         trace = accepts.trace(request.replay_drafter)
         cut = tuple(head(p, options.max_new_tokens) for p in trace.prompts)
+        if target and accepts.target != target and not trace.note:
+            whose = f"{accepts.target}'s with {trace.drafter} ({trace.label})"
+            trace = replace(trace, note=f"the counts are {whose}, "
+                                        f"a stand-in for {target}'s own acceptance")
         return replace(trace, prompts=cut), accepts.host
     gamma = drafter.gamma or options.gamma
     return synthetic_accepts(rate, gamma, options.max_new_tokens, [RATE_PROMPT_TOKENS] * RATE_PROMPTS,
@@ -184,7 +189,7 @@ def run_replay(request: BenchRequest, *, progress: Progress | None = None
     target, drafter = resolve_shape(request.target, "target"), resolve_shape(request.draft, "draft")
     if options.draft_weights is not None:  # as asked, over what a folder records (dense on a GPU)
         drafter.weights = options.draft_weights
-    trace, recorded_on = load_trace(request, drafter)
+    trace, recorded_on = load_trace(request, drafter, target.name)
     _check(target, drafter, trace, options.device, options.dtype)
     target = _within_drafter_vocabulary(target, drafter)
     with kept_choices():

@@ -206,3 +206,24 @@ def test_replay_timing_matches_the_real_run_on_this_host(smollm2, tmp_path):
         ratios = [statistics.median(f) / statistics.median(r)
                   for f, r in zip(times[f"replay {what}"], times[f"real {what}"], strict=True)]
         assert 0.8 <= statistics.median(ratios) <= 1.25, (what, ratios)
+
+
+def test_counts_from_another_target_are_replayed_as_a_stand_in_and_say_whose_they_are(recorded, tmp_path):
+    """The 7B/32B GPU replays replayed the 1.5B pair's counts with an empty note; now a replay whose
+    accepts file names another target says whose counts they are, in its JSON and its printed table."""
+    import dataclasses
+
+    from draftnas.cli.cmd_bench import replay_table
+
+    _, path, folders = recorded
+    accepts = read_accepts(str(path))
+    own = tmp_path / "own.json"
+    write_accepts(own, dataclasses.replace(accepts, target=resolve_shape(folders["target"], "target").name))
+    same = run_replay(BenchRequest(target=folders["target"], draft=folders["draft"], replay=str(own)))
+    assert isinstance(same, ReplayResult) and same.note == ""
+    other = run_replay(BenchRequest(target=folders["target"], draft=folders["draft"], replay=str(path)))
+    assert isinstance(other, ReplayResult)
+    assert other.note.startswith(f"the counts are {accepts.target}'s with ")
+    assert "a stand-in for" in other.note
+    assert ReplayResult.from_dict(json.loads(json.dumps(other.to_dict()))).note == other.note
+    assert "STAND-IN" in str(replay_table(other).title) and "STAND-IN" not in str(replay_table(same).title)
