@@ -116,13 +116,16 @@ def links_of(result: BenchResult) -> list[AblationLink]:
 
 def table_lines(result: BenchResult) -> list[str]:
     """The chain as a Markdown table: each link's tokens/s and speedup over the target alone (medians,
-    95% intervals), tokens per step, γ, and its tokens/s over the link before it."""
+    95% intervals), tokens per step, γ, and its tokens/s over the link before it, paired per prompt and
+    round (a median of ratios with its interval and verdict, not a ratio of medians)."""
+    from draftnas.bench.run import compare_arms
+
     target = result.arm("target")
     lines = [f"Target alone: {target.tokens_per_s:.2f} tokens/s "
              f"[{target.tokens_per_s_interval[0]:.2f}, {target.tokens_per_s_interval[1]:.2f}] "
              "(draftnas's static loop, the same run).", "",
              "| link | drafter | γ <stop | weights | tokens/s [95%] | × target [95%] | tokens/step "
-             "| × link before |",
+             "| × link before, paired [95%] |",
              "|---|---|---|---|---|---|---|---|"]
     before = None
     for link in links_of(result):
@@ -130,12 +133,15 @@ def table_lines(result: BenchResult) -> list[str]:
         speed = "-" if link.speedup is None else (f"{link.speedup:.3f} [{link.speedup_interval[0]:.3f}, "
                                                   f"{link.speedup_interval[1]:.3f}]")
         step = "-" if link.tokens_per_step is None else f"{link.tokens_per_step:.2f}"
-        over = "-" if before is None else f"{link.tokens_per_s / before:.3f}"
+        over = "-"
+        if before is not None:
+            c = compare_arms(result.prompts, link.arm, before)
+            over = f"{c.ratio:.3f} [{c.interval[0]:.3f}, {c.interval[1]:.3f}], {c.verdict}"
         trial = f" (trial {link.trial})" if link.trial is not None else ""
         drafting = f"{link.gamma} <{link.p_min:g}" if link.p_min else f"{link.gamma}"
         lines.append(f"| {link.adds} | {Path(link.drafter).name}{trial} | {drafting} | {link.weights} | "
                      f"{link.tokens_per_s:.2f} [{lo:.2f}, {hi:.2f}] | {speed} | {step} | {over} |")
-        before = link.tokens_per_s
+        before = link.arm
     return lines + [f"\nNot in the chain: {note}" for note in (result.ablation or {}).get("notes", [])]
 
 
