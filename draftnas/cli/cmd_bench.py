@@ -11,7 +11,7 @@ from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.records import BenchRequest
 from draftnas.bench.replay_records import ReplayResult
 from draftnas.cli.app import app, console
-from draftnas.cli.flags import Output, emit_json, options_command
+from draftnas.cli.flags import Output, command_line, emit_json, options_command
 from draftnas.cli.progress import progress_bars
 
 if TYPE_CHECKING:
@@ -169,7 +169,9 @@ def _crossover(batch: int | None, upto: int) -> str:
 def replay_table(result: ReplayResult) -> Table:
     """A replay: the target alone and the replayed loop (medians over prompts [95% interval]), the
     speedup beside the latency model's, and whether the replay took exactly the recorded steps."""
-    table = Table(title=f"Replay of {result.source} acceptance ({result.label}), gamma={result.gamma}: "
+    stand_in = ", a STAND-IN (below)" if result.note else ""
+    table = Table(title=f"Replay of {result.source} acceptance ({result.label}){stand_in}, "
+                        f"gamma={result.gamma}: "
                         f"{result.n_prompts} prompts, {result.rounds} rounds, {result.device}, "
                         f"{result.dtype}, {result.threads} threads, random weights; "
                         "median over prompts [95% interval]",
@@ -233,7 +235,8 @@ def bench(request: BenchRequest, output: Output) -> None:
     with progress_bars(output.json) as on:
         result, torch_result = bench_from_request(request, progress=on("bench"),
                                                   torch_progress=on("bench, draftnas's loop"))
-    data = result.to_dict() | ({"torch_arms": torch_result.to_dict()} if torch_result is not None else {})
+    data = result.to_dict() | ({"torch_arms": torch_result.to_dict()} if torch_result is not None else {}) \
+        | {"command": command_line()}
     if emit_json(output, data):
         return
     out_json = output.out_json

@@ -40,6 +40,13 @@ class Output:
     out_json: str | None = option(None, flag="--out-json", help="Also write the result as JSON to this file.")
 
 
+def command_line() -> str:
+    """The command as the user typed it (for results files to say how they were made)."""
+    import shlex
+
+    return shlex.join(["draftnas", *sys.argv[1:]])
+
+
 def emit_json(output: Output, data: Any) -> bool:
     """`data` as JSON: on stdout with --json, to --out-json's file (written whole) when given. True
     when stdout got it (the command prints nothing else there)."""

@@ -8,7 +8,13 @@ Tables (`RENDERERS`):
   speedup, and the measured bench beside it (lookup search results `lookup.json`, benches `BenchResult`);
 - `bench FILE`: every arm of one bench (tokens/s and speedup, medians with 95% intervals, paired per
   prompt and round) and its comparisons;
-- `training FILE...`: training runs (`distill train` results): shape, budget, tokens/s, held-out readings.
+- `training FILE...`: training runs (`distill train` results): shape, budget, tokens/s, held-out readings;
+- `replay FILE...`: replays at other sizes, with whose acceptance each replayed (a stand-in marked so);
+- `batched FILE`: a batched bench, measured beside predicted per batch size, and the crossovers;
+- `ablation FILE`: `bench --ablation`'s chain, each link over the one before paired per prompt and round;
+- `curves FILE...`: `distill curve` results, each shape's fit and its check at the largest budget;
+- `hosts BENCH+PLAIN...`: per host, the main job's pick benched in its engine beside the fastest plain
+  decoding of the same weights there.
 Every table ends with the host, threads, load and the files it came from.
 """
 
@@ -47,25 +53,45 @@ def _speed(value: float, interval: Sequence[float] | None) -> str:
 def _bench_line(data: dict[str, Any], name: str) -> str:
     load = data.get("load_average_before", "")
     return (f"{name}: {data.get('host', '')}, {data.get('threads', '')} threads, load before {load}; "
-            f"{data.get('n_prompts')} prompts x {data.get('rounds')} rounds, {data.get('max_new_tokens')} "
+            f"{data.get('n_prompts')} prompts x {data.get('rounds') or 1} round(s), "
+            f"{data.get('max_new_tokens')} "
             f"new tokens; {data.get('engine')} ({data.get('dtype')})")
 
 
-def bench_table(root: Path, files: Sequence[str]) -> list[str]:
-    """Every arm of one bench and its paired comparisons."""
-    (name,) = files
-    data = _read(root, name)
-    decode_only = data.get("engine") == "llama.cpp"
-    lines = ["| arm | drafter | tokens/s | speedup over the target alone | tokens/step | lossless |",
-             "|---|---|---|---|---|---|"]
+def _arm_rows(data: dict[str, Any]) -> list[str]:
+    """One bench's arms as table rows (with the search's prediction and its error where it had one)."""
+    predicted = {p["arm"]: p for p in data.get("predictions") or []}
+    head = "| arm | drafter | tokens/s | speedup over the target alone | tokens/step | lossless |"
+    lines = [head + (" predicted tokens/s (error) |" if predicted else ""),
+             "|---|---|---|---|---|---|" + ("---|" if predicted else "")]
     for arm in data["arms"]:
         lossless = "-" if arm.get("lossless") is None else "yes" if arm["lossless"] else \
             f"no ({arm.get('exact_match_rate', 0):.0%} of outputs exact)"
         tps = arm.get("tokens_per_step")
-        lines.append(f"| {arm['name']} | {arm.get('drafter') or '-'} | "
-                     f"{_speed(arm['tokens_per_s'], arm.get('tokens_per_s_interval'))} | "
-                     f"{_ratio(arm.get('speedup'), arm.get('speedup_interval'))} | "
-                     f"{'-' if tps is None else f'{tps:.2f}'} | {lossless} |")
+        row = (f"| {arm['name']} | {arm.get('drafter') or '-'} | "
+               f"{_speed(arm['tokens_per_s'], arm.get('tokens_per_s_interval'))} | "
+               f"{_ratio(arm.get('speedup'), arm.get('speedup_interval'))} | "
+               f"{'-' if tps is None else f'{tps:.2f}'} | {lossless} |")
+        if predicted:
+            p = predicted.get(arm["name"])
+            row += " - |" if p is None else \
+                f" {p['predicted_tokens_per_s']:.2f} ({p['tokens_per_s_error']:+.1%}) |"
+        lines.append(row)
+    return lines
+
+
+def bench_table(root: Path, files: Sequence[str]) -> list[str]:
+    """Every arm of one bench and its paired comparisons (draftnas's loop's arms too where the bench ran
+    them beside llama.cpp's)."""
+    (name,) = files
+    data = _read(root, name)
+    decode_only = data.get("engine") == "llama.cpp"
+    lines = _arm_rows(data)
+    torch_arms = data.get("torch_arms")
+    if torch_arms:
+        lines += ["", f"draftnas's loop on the same prompts ({torch_arms.get('dtype')}, prefill included):",
+                  "",
+                  *_arm_rows(torch_arms)]
     lines.append("")
     for c in data.get("comparisons", []):
         lines.append(f"- {c['numerator']} / {c['denominator']}: {_ratio(c['ratio'], c['interval'])}, "
@@ -73,6 +99,8 @@ def bench_table(root: Path, files: Sequence[str]) -> list[str]:
     timing = "decode only (the server's timings)" if decode_only else "prefill included"
     lines += [f"- tokens/s: {timing}; medians over prompts with 95% intervals",
               f"- {_bench_line(data, name)}"]
+    if data.get("command"):
+        lines.append(f"- made by `{data['command']}`")
     return lines
 
 
@@ -98,6 +126,17 @@ def _loop_cell(bench: dict[str, Any] | None) -> str:
     return cell
 
 
+def _model_cell(bench: dict[str, Any]) -> str:
+    """The model drafter a llama.cpp bench ran beside lookup (its reference without a lookup part)."""
+    arm = next((a for a in bench["arms"] if a["name"].startswith("reference")
+                and "lookup:" not in str(a.get("drafter"))), None)
+    if arm is None:
+        return "not benched"
+    gamma = f", γ {arm['gamma']}" if arm.get("gamma") else ""
+    return (f"{Path(str(arm['drafter'])).name}{gamma}: "
+            f"{_ratio(arm.get('speedup'), arm.get('speedup_interval'))}{_exact(arm)}")
+
+
 def _exact(arm: dict[str, Any]) -> str:
     rate = arm.get("exact_match_rate")
     return "" if rate is None else ", every output the target's" if rate >= 1 else \
@@ -112,7 +151,8 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
     searches = [d for d in loaded if "prices" in d]
     benches = [d for d in loaded if "arms" in d]
     lines = ["| workload | llama.cpp alone, tokens/s | lookup in llama.cpp | predicted | measured | "
-             "draftnas's loop, fastest arm over its target alone |", "|---|---|---|---|---|---|"]
+             "a model drafter in llama.cpp | draftnas's loop, fastest arm over its target alone |",
+             "|---|---|---|---|---|---|---|"]
     for s in searches:
         best = s["prices"][0]
         held = set(s["heldout_prompts"]) or set(s["searched_prompts"])  # --no-held-out: a bench's own prompts
@@ -121,15 +161,16 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
             f"{s['searched_prompts'][0].rsplit('-', 1)[0]}, priced on the bench's own prompts"
         llama = next((b for b in mine if b.get("engine") == "llama.cpp"), None)
         loop = next((b for b in mine if b.get("engine") != "llama.cpp"), None)
-        plain, measured = f"{1000 / s['decode_ms']:.1f} (llama-bench)", "not benched"
+        plain, measured, model = f"{1000 / s['decode_ms']:.1f} (llama-bench)", "not benched", "not benched"
         if llama is not None:
             target, arm = _arm(llama, "target"), _arm(llama, "draftnas")
             plain = _speed(target["tokens_per_s"], target.get("tokens_per_s_interval")) if target else plain
             if arm is not None:
                 measured = _ratio(arm.get("speedup"), arm.get("speedup_interval")) + _exact(arm)
+            model = _model_cell(llama)
         verdict = "pays" if best["speedup"] > 1.02 else "level" if best["speedup"] >= 0.98 else "does not pay"
         lines.append(f"| {name} | {plain} | {best['label']} | {best['speedup']:.3f}x ({verdict}) | "
-                     f"{measured} | {_loop_cell(loop)} |")
+                     f"{measured} | {model} | {_loop_cell(loop)} |")
     lines.append("")
     hosts = sorted({f"{s['host']}, {s['threads']} threads" for s in searches})
     lines.append("- predicted: `draftnas lookup` on each workload's search split, the median prompt (every "
@@ -137,6 +178,43 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
                  "intervals], paired per prompt and round; llama.cpp's tokens/s are decode only, the loop's "
                  "include the prefill; " + "; ".join(hosts))
     lines.append(f"- from {', '.join(f'`{f}`' for f in files)}")
+    return lines
+
+
+def _hosts(labels: Sequence[str]) -> str:
+    """Host labels ("CPU, N threads, load A B C") said once per host, the loads of its runs after it."""
+    loads: dict[str, list[str]] = {}
+    for label in labels:
+        host, _, load = label.partition(", load ")
+        loads.setdefault(host, [])
+        if load:
+            loads[host].append(load)
+    return "; ".join(host + (f", load {' / '.join(v)}" if v else "") for host, v in loads.items())
+
+
+def _run_name(name: str) -> str:
+    """A results file's run name: its file name without `.train.json` or `.json`."""
+    return Path(name).name.removesuffix(".json").removesuffix(".train")
+
+
+def curves_table(root: Path, files: Sequence[str]) -> list[str]:
+    """`distill curve` results: per shape, the fitted log-linear curve and its check at the largest budget
+    (a fit made without that budget, against the reading there)."""
+    lines = ["| shape | base, layers | fit: tokens/step | largest budget | predicted there | measured "
+             "| error |",
+             "|---|---|---|---|---|---|---|"]
+    hosts = set()
+    for f in files:
+        for c in _read(root, f)["curves"]:
+            hosts.add(str(c.get("host", "")))
+            check = c["check"]
+            error = check["predicted"] / check["measured"] - 1
+            lines.append(f"| {c['label']} | {c['base']}, {','.join(map(str, c['layers']))} | "
+                         f"{c['intercept']:.3f} + {c['slope']:.4f} ln T (from {c['fitted_from']:,}) | "
+                         f"{check['tokens']:,} | {check['predicted']:.3f} | {check['measured']:.3f} | "
+                         f"{error:+.1%} |")
+    lines += ["", f"- tokens per step at each run's γ on held-out prompts; {_hosts(sorted(hosts))}; "
+              f"from {', '.join(f'`{f}`' for f in files)}"]
     return lines
 
 
@@ -150,16 +228,137 @@ def training_table(root: Path, files: Sequence[str]) -> list[str]:
         first, last = d["readings"][0], d["readings"][-1]
         hosts.add(str(d["host"]))
         speed = d["trained_tokens"] / max(d["train_s"], 1e-9)  # train_s: the run's, over its resumes
-        lines.append(f"| {Path(f).name.split('.')[0]} | {d['base']}, {','.join(map(str, d['layers']))} | "
+        lines.append(f"| {_run_name(f)} | {d['base']}, {','.join(map(str, d['layers']))} | "
                      f"{d['head_rows']} | {d['trained_tokens']:,} | {speed:,.0f} | "
                      f"{first['top1_agreement']:.3f} -> {last['top1_agreement']:.3f} | "
                      f"{first['tokens_per_step']:.3f} -> {last['tokens_per_step']:.3f} |")
-    lines += ["", f"- {'; '.join(sorted(hosts))}; from {', '.join(f'`{f}`' for f in files)}"]
+    lines += ["", f"- {_hosts(sorted(hosts))}; from {', '.join(f'`{f}`' for f in files)}"]
+    return lines
+
+
+def _counts_source(root: Path, data: dict[str, Any]) -> str:
+    """Whose acceptance a replay replayed: the accepts file's pair, marked a stand-in where its target is
+    not the replay's; or the stated rate."""
+    if data.get("source") != "bench":
+        return f"stated rate ({data.get('note') or data.get('source')}), a stand-in"
+    accepts = Path(str(data.get("accepts", ""))).name
+    pair = _read(root, accepts).get("target") if (root / accepts).is_file() else None
+    if pair is None:
+        return f"recorded counts ({accepts or 'file not kept'})"
+    stand_in = ", a stand-in" if pair != data["target"] else ""
+    return f"{pair}'s counts on {str(data.get('recorded_on', '')).split(',')[0]}{stand_in}"
+
+
+def replay_table(root: Path, files: Sequence[str]) -> list[str]:
+    """Replays (`bench --replay`): per target and drafter shape, the target alone and the replayed loop,
+    with whose acceptance each replayed."""
+    lines = ["| target | drafter | acceptance from | target alone, tokens/s | speculative, tokens/s | "
+             "speedup | tokens/step |", "|---|---|---|---|---|---|---|"]
+    hosts = set()
+    for f in files:
+        d = _read(root, f)
+        hosts.add(f"{d['host']}, {d['dtype']}, {d['n_prompts']} prompts x {d['rounds']} rounds, "
+                  f"load before {d.get('load_average_before', '')}")
+        lines.append(f"| {d['target']} | {d['drafter']} ({d.get('draft_weights', 'dense')}) | "
+                     f"{_counts_source(root, d)} | "
+                     f"{_speed(d['target_tokens_per_s'], d.get('target_tokens_per_s_interval'))} | "
+                     f"{_speed(d['tokens_per_s'], d.get('tokens_per_s_interval'))} | "
+                     f"{_ratio(d['speedup'], d.get('speedup_interval'))} | {d['tokens_per_step']:.2f} |")
+    lines += ["", "- random weights of the real shapes; each replayed step drafts and verifies what the "
+              "recorded step accepted; medians over prompts with 95% intervals, paired per prompt and round",
+              f"- {'; '.join(sorted(hosts))}; from {', '.join(f'`{f}`' for f in files)}"]
+    return lines
+
+
+def batched_table(root: Path, files: Sequence[str]) -> list[str]:
+    """`bench --batch-size`: per batch size, the target alone and each drafter's speedup, measured beside
+    predicted, and the crossover (the first batch where speculation stops paying)."""
+    (name,) = files
+    d = _read(root, name)
+    labels = list(d["drafters"])
+    head = " | ".join(f"{label}: measured / predicted" for label in labels)
+    lines = [f"| batch | target alone, tokens/s | {head} |", "|---|---|" + "---|" * len(labels)]
+    for pt in d["points"]:
+        cells = []
+        for label in labels:
+            predicted = (pt.get("predicted_speedup") or {}).get(label)
+            said = "-" if predicted is None else f"{predicted:.3f}x"
+            cells.append(f"{pt['speedup'][label]:.3f}x / {said}")
+        lines.append(f"| {pt['batch_size']} | {pt['target_tokens_per_s']:.1f} | {' | '.join(cells)} |")
+    crossings = "; ".join(f"{label}: measured {d['measured_crossover'].get(label)}, predicted "
+                          f"{d['predicted_crossover'].get(label)}" for label in labels)
+    load = d.get("load_average_before", "")
+    lines += ["", "- the first batch where speculation stops paying (none: it pays at every batch run): "
+              f"{crossings}",
+              f"- {d['host']}, {d['threads']} threads, {d['dtype']}, load before {load}; "
+              f"one run per batch size; predicted by {d.get('profile', '')}; drafters "
+              f"{', '.join(f'{k} = {v}' for k, v in d['drafters'].items())}; from `{name}`"]
+    return lines
+
+
+def ablation_table(root: Path, files: Sequence[str]) -> list[str]:
+    """`bench --ablation`: the chain from the stock drafter to the winner, each link over the one before it
+    paired per prompt and round (the same table the winner's card carries)."""
+    from draftnas.bench.ablation import table_lines
+    from draftnas.bench.records import BenchResult
+
+    (name,) = files
+    data = _read(root, name)
+    return [*table_lines(BenchResult.from_dict(data)), "",
+            "- tokens/s: prefill included; medians over prompts "
+            "with 95% intervals", f"- {_bench_line(data, name)}"]
+
+
+def _plain(root: Path, name: str) -> str:
+    """The fastest plain decoding measured beside a bench: a llama.cpp bench's target alone, or a
+    `llama-bench` JSON's generation runs (median with its 95% interval)."""
+    from draftnas.bench.stats import median_interval
+
+    path = root / name
+    if not path.is_file():
+        raise FileNotFoundError(f"a table cites {name}, which is not in {root}")
+    data = json.loads(path.read_text("utf-8"))
+    if isinstance(data, list):  # llama-bench -o json: one entry per test
+        gen = next(t for t in data if t.get("n_gen"))
+        value, low, high = median_interval(gen["samples_ts"])
+        return f"{_speed(value, (low, high))} (llama-bench, {gen['n_gen']} tokens)"
+    target = _arm(data, "target")
+    assert target is not None, f"{name} has no target arm"
+    return f"{_speed(target['tokens_per_s'], target.get('tokens_per_s_interval'))} (llama-server)"
+
+
+def hosts_table(root: Path, files: Sequence[str]) -> list[str]:
+    """Per host kind: a bench of the main job's pick in its engine (the target alone, the pick, the stock
+    drafter as users run it) beside the fastest plain decoding of the same weights there. Each FILE is
+    `BENCH+PLAIN`: the bench and the plain decoding's results file."""
+    lines = ["| host | engine | requests | target alone, tokens/s | best found | stock drafter "
+             "| fastest plain decoding there, tokens/s |", "|---|---|---|---|---|---|---|"]
+    for spec in files:
+        bench_name, _, plain_name = spec.partition("+")
+        data = _read(root, bench_name)
+        target, best, stock = (_arm(data, n) for n in ("target", "draftnas", "reference"))
+        assert target is not None and best is not None, f"{bench_name} lacks the target or draftnas arm"
+        engine = ("llama.cpp" if data.get("engine") == "llama.cpp"
+                  else f"draftnas's loop ({data.get('dtype')})")
+        host = str(data.get("host", "")).split(", avx")[0]
+        alone = _speed(target["tokens_per_s"], target.get("tokens_per_s_interval"))
+        users = "-" if stock is None else _ratio(stock.get("speedup"), stock.get("speedup_interval"))
+        found = _ratio(best.get("speedup"), best.get("speedup_interval"))
+        requests = "/".join(sorted({p["domain"] for p in data["prompts"]}))
+        lines.append(f"| {host} | {engine} | {requests}, {data.get('n_prompts')} prompts | {alone} "
+                     f"| {found} "
+                     f"| {users} | {_plain(root, plain_name) if plain_name else '-'} |")
+    lines += ["", "- best found and stock drafter: speedup over the target alone in the same engine and run, "
+              "medians over prompts [95% intervals]; llama.cpp's server times decode only, draftnas's loop "
+              "each request with its prefill, llama-bench 64 generated tokens after no prompt",
+              f"- from {', '.join(f'`{n}`' for n in dict.fromkeys(f for s in files for f in s.split('+')))}"]
     return lines
 
 
 RENDERERS: dict[str, Callable[[Path, Sequence[str]], list[str]]] = {
-    "bench": bench_table, "workloads": workloads_table, "training": training_table}
+    "bench": bench_table, "workloads": workloads_table, "training": training_table,
+    "replay": replay_table, "batched": batched_table, "ablation": ablation_table, "curves": curves_table,
+    "hosts": hosts_table}
 
 
 def render_page(text: str, root: Path) -> str:
@@ -175,4 +374,4 @@ def render_page(text: str, root: Path) -> str:
 
 def cited_files(text: str) -> list[str]:
     """The results files a page's tables are rendered from."""
-    return [f for m in MARK.finditer(text) for f in m["spec"].split()[1:]]
+    return [f for m in MARK.finditer(text) for spec in m["spec"].split()[1:] for f in spec.split("+")]
