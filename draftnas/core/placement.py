@@ -91,12 +91,20 @@ def kv_bytes_per_sequence(arch: Architecture, dtype: str, tokens: int, gpus: int
     return 2 * arch.num_hidden_layers * heads * arch.head_dim * dtype_bytes(dtype) * tokens
 
 
-def activation_bytes(arch: Architecture, dtype: str, batch: int, new_tokens: int, gpus: int = 1) -> int:
-    """Largest transient of one forward per GPU: hidden states, the MLP's gate/up outputs and the
-    full-vocabulary logits in fp32 (gathered on every rank)."""
-    rows = batch * new_tokens
-    per_row = (4 * arch.hidden_size + 2 * math.ceil(arch.intermediate_size / gpus)) * dtype_bytes(dtype)
-    return rows * (per_row + 4 * arch.vocab_size)
+def activation_bytes(arch: Architecture, bytes_per_value: int, batch: int, new_tokens: int, slots: int = 0,
+                     gpus: int = 1, head_rows: int | None = None) -> int:
+    """Peak transient memory of one forward on one device (bytes): the largest live intermediates, with
+    no reuse assumed between them. The MLP's gate, up and product ([B, T, intermediate / gpus] x 3), the
+    residual stream and norm (fp32 statistics), this rank's q/k/v, the attention weights where a math
+    kernel materialises them ([B, heads / gpus, T, `slots`] in fp32; 0 slots: a fused kernel) and the
+    logits in fp32 (`head_rows`, else the full vocabulary, gathered on every rank)."""
+    tokens = batch * new_tokens
+    rows = arch.vocab_size if head_rows is None else head_rows
+    sharded = 3 * arch.intermediate_size + arch.q_dim + 2 * arch.kv_dim
+    per_token = (math.ceil(sharded / gpus) + 4 * arch.hidden_size) * bytes_per_value \
+        + 2 * arch.hidden_size * 4 + 4 * rows
+    attention = 4 * batch * math.ceil(arch.num_attention_heads / gpus) * new_tokens * slots
+    return int(tokens * per_token + attention)
 
 
 def valid_degrees(arch: Architecture, max_gpus: int) -> tuple[int, ...]:
@@ -154,7 +162,7 @@ def _place(target: Architecture, hardware: Hardware, dtype: str, gpus: int, draf
     capacity = int(memory * (1 - margin))
     weights = weight_bytes(target, dtype, gpus)
     kv = kv_bytes_per_sequence(target, dtype, tokens, gpus)
-    act = activation_bytes(target, dtype, largest_batch, new_tokens, gpus)
+    act = activation_bytes(target, dtype_bytes(dtype), largest_batch, new_tokens, gpus=gpus)
     return Placement(hardware=hardware.name, dtype=dtype, gpus=gpus, draft_gpus=draft_gpus,
                      memory_bytes=memory,
                      margin=margin, capacity_bytes=capacity, target_weight_bytes=weights,

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
-from draftnas.core.errors import InvalidInputError, UnknownTargetError
+from draftnas.core.errors import UnknownTargetError
 from draftnas.core.options import option
 from draftnas.core.records import Record
 
@@ -170,13 +170,6 @@ def get_architecture(name: str) -> Architecture:
     raise UnknownTargetError(
         f"unknown architecture {name!r}.{hint} Run `draftnas targets` for the list."
     )
-
-
-def validate_architecture(arch: Architecture) -> Architecture:
-    problems = arch.problems()
-    if problems:
-        raise InvalidInputError(f"architecture {arch.name!r}: " + "; ".join(problems))
-    return arch
 
 
 def resolve_architecture(spec: str) -> Architecture:

@@ -34,10 +34,6 @@ def layer_problems(plan: Any) -> list[str]:
     return out
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def width_problems(plan: Any, base: Architecture | None) -> list[str]:
     out = []
     h, kv, inter = plan.num_attention_heads, plan.num_key_value_heads, plan.intermediate_size

@@ -187,20 +187,6 @@ def _time_stacks(rt: Runtime, arch: Architecture, conditions: Sequence[Condition
     return {(j.layers, j.cond): j.measurement().median_ms for j in group.jobs}
 
 
-def measure_extrapolated(options: ProfileOptions, arch: Architecture, conditions: Sequence[Condition],
-                         layer_counts: Sequence[int] = (2, 4), progress: Progress | None = None
-                         ) -> dict[Condition, float]:
-    """Latency (ms) of `arch` at full depth from timings of only its first k layers.
-
-    For targets too big for the device (e.g. LLaMA-65B on one GPU): only max(k) layers
-    are built; each condition's estimate is fixed + L * per-layer (`extrapolate_from_layers`).
-    """
-    medians = _time_stacks(Runtime(options.validate()), arch, conditions, layer_counts, progress)
-    return {cond: extrapolate_from_layers({k: medians[(k, cond)] for k in layer_counts},
-                                          arch.num_hidden_layers)
-            for cond in conditions}
-
-
 def measure_target(options: ProfileOptions, target: Architecture, *, layer_counts: Sequence[int] = (2, 4),
                    batch_sizes: Sequence[int] = (1,), max_gamma: int = 4, context_tokens: int = 128,
                    gpus: int = 1, check_layers: int | None = None,

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from draftnas.core.placement import activation_bytes
 from draftnas.core.records import Progress
 from draftnas.core.registry import Architecture
 from draftnas.latency.records import (
@@ -31,7 +32,6 @@ from draftnas.latency.runtime import (
     out_of_memory,
     static_step,
 )
-from draftnas.models.decoder import activation_bytes
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def model_job(rt: Runtime, arch: Architecture, layers: int, cond: Condition, spl
 
     batch, new, context = cond
     kv = kv_bytes(rt, arch, cond, layers)
-    act = activation_bytes(arch, batch, new, context + new, rt.dtype_bytes)
+    act = activation_bytes(arch, rt.dtype_bytes, batch, new, slots=context + new)
     logits = batch * new * arch.vocab_size * rt.dtype_bytes
     if rt.options.mode in STATIC_MODES:
         held, transient = kv + logits, act

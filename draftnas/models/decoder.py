@@ -378,19 +378,3 @@ class StaticStep:
 
     def reset(self) -> None:
         """Nothing to undo: the next call writes the same slots."""
-
-
-def activation_bytes(arch: Architecture, batch_size: int, new_tokens: int, slots: int,
-                     dtype_bytes: int, head_rows: int | None = None) -> int:
-    """Peak transient memory of one forward (bytes): the largest live intermediates.
-
-    The MLP's gate, up and product ([B, T, intermediate] x 3), the residual stream and norm
-    (fp32 statistics), q/k/v, the attention weights if a math kernel materialises them
-    ([B, H, T, S] in fp32) and the logits ([B, T, V]), with no reuse assumed between them.
-    """
-    tokens = batch_size * new_tokens
-    rows = arch.vocab_size if head_rows is None else head_rows
-    per_token = (3 * arch.intermediate_size + 4 * arch.hidden_size + arch.q_dim + 2 * arch.kv_dim
-                 + rows) * dtype_bytes + 2 * arch.hidden_size * 4
-    attention = 4 * batch_size * arch.num_attention_heads * new_tokens * slots
-    return int(tokens * per_token + attention)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.models.decoder import StaticDecoder, StaticStep, activation_bytes
+from draftnas.core.placement import activation_bytes
+from draftnas.models.decoder import StaticDecoder, StaticStep
 from draftnas.models.hf_head import CACHE_ARG
 from draftnas.models.matmul import MatmulChooser
 from draftnas.models.row_padding import choose_row_padding
@@ -265,10 +266,11 @@ def test_weights_of_the_wrong_shape_or_family_are_refused() -> None:
 
 
 def test_activation_bytes_counts_the_logits_and_grows_with_tokens() -> None:
-    small = activation_bytes(TINY_ARCH, 1, 1, 16, 4)
+    small = activation_bytes(TINY_ARCH, 4, 1, 1, slots=16)
     assert small >= TINY_ARCH.vocab_size * 4  # the logits alone
-    assert activation_bytes(TINY_ARCH, 4, 5, 16, 4) > 19 * small  # 20x the tokens, attention grows too
-    assert activation_bytes(TINY_ARCH, 1, 1, 16, 4, head_rows=10) < small
+    assert activation_bytes(TINY_ARCH, 4, 4, 5, slots=16) > 19 * small  # 20x the tokens, attention grows too
+    assert activation_bytes(TINY_ARCH, 4, 1, 1, slots=16, head_rows=10) < small
+    assert activation_bytes(TINY_ARCH, 4, 1, 1, slots=16, gpus=2) < small  # one rank's share
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
