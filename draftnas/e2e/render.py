@@ -60,8 +60,8 @@ def honest_notes(result: E2EResult) -> list[str]:
     if gpu:
         r, s = max(gpu, key=lambda x: x[1] or 0.0)
         notes.append(f"with the measured acceptance, the {E2E_GPU_PROFILE} spec-sheet profile predicts "
-                     f"{s:.2f}x for {r.name} (a GPU decode step of a 135M target costs about as much as a "
-                     "few drafter layers, so depth, not parameters, sets the drafter's cost there).")
+                     f"{s:.2f}x for {r.name} on {result.options.target} (a roofline from the data sheet, "
+                     "NOT MEASURED on a GPU).")
     f = result.fidelity
     notes.append(f"prediction fidelity over {f.n_drafters} drafters: MAPE {f.mape_best_gamma:.1f}% at the "
                  f"best gamma, {f.mape_fixed_gamma:.1f}% at the fixed gamma; Spearman "

@@ -197,15 +197,14 @@ def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
         "",
         f"`generation_config.json` sets `num_assistant_tokens={g}` with a constant schedule: the γ priced "
         "best for draftnas's loop. transformers' assisted generation does more work per step outside the "
-        "two models (about 3 ms on a 2-core CPU host), which can favour a smaller γ there; "
+        "two models, which can favour a smaller γ there; "
         "`draftnas bench --gamma N` measures both at any γ.",
         "",
         "On CPU, a host's default kernel can make the target's multi-token verify cost far more than a "
         "one-token decode, which undoes speculative decoding. With draftnas installed, route both models' "
         "linear layers through the product that times fastest on your host (outputs unchanged; products of "
         "more than 16 rows keep the default kernel; no effect on CUDA). Each step size is timed once, on "
-        f"its second use; `.prepare(range(1, {g + 2}))` on a routing does it up front (3-5 s a size for "
-        "Gemma-3-270M on a 2-core AMD EPYC host):",
+        f"its second use; `.prepare(range(1, {g + 2}))` on a routing does it up front (seconds a size):",
         "",
         "```python",
         "from draftnas.models.linears import route_linears",

@@ -379,3 +379,39 @@ def test_lookup_that_cannot_run_as_asked_is_one_line(change, said):
     with pytest.raises(OptionError) as e:
         BenchOptions(**change).validate()
     assert said in e.value.for_flags() and "\n" not in e.value.for_flags()
+
+
+def test_torch_arms_run_the_same_prompts_through_draftnas_loop_after_llama_cpp(monkeypatch):
+    """`bench --engine llama.cpp --torch-arms`: the llama.cpp arms first, then the same prompts, target,
+    drafter and references in draftnas's static loop, without transformers' arms or the llama.cpp
+    search's predictions; without the flag only the llama.cpp arms run."""
+    import draftnas.bench.llama_cpp as llama_cpp
+    import draftnas.bench.run as run
+    from draftnas.bench.records import BenchRequest
+    from draftnas.bench.request import bench_from_request
+
+    calls: list[tuple[str, object, object, tuple[str, ...], BenchOptions, tuple[str, ...]]] = []
+
+    def fake(engine):
+        def bench(target, draft, prompts, options, references=(), progress=None, **_):
+            calls.append((engine, target, draft, tuple(p.id for p in prompts), options, tuple(references)))
+            return engine
+        return bench
+
+    monkeypatch.setattr(llama_cpp, "run_llama_cpp_bench", fake("llama.cpp"))
+    monkeypatch.setattr(run, "run_bench", fake("loop"))
+    options = BenchOptions(engine="llama.cpp", torch_arms=True, gamma=3, dtype="bf16", per_domain=1)
+    request = BenchRequest(target="qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b",
+                           references=("qwen2.5-coder-0.5b",), prompts="chat", options=options)
+    assert bench_from_request(request) == ("llama.cpp", "loop")
+    (engine, *first), (second_engine, *second) = calls
+    assert (engine, second_engine) == ("llama.cpp", "loop")
+    assert first[:3] == second[:3] and first[4] == second[4]  # target, drafter, prompts, references
+    loop = second[3]
+    assert loop.engine == "static" and not loop.hf_assisted and not loop.hf_routed
+    assert loop.predictions is None
+    assert (loop.gamma, loop.dtype) == (3, "bf16")
+    calls.clear()
+    alone = replace(request, options=replace(options, torch_arms=False))
+    assert bench_from_request(alone) == ("llama.cpp", None)
+    assert [c[0] for c in calls] == ["llama.cpp"]

@@ -541,9 +541,11 @@ def test_gemma3_reduced_head_heals_from_traces(tiny_gemma):
                          top_k=1, max_new_tokens=12, eos_token_ids=())
     drafter = apply_plan(tiny_gemma, plan_pruning(tiny_gemma, PlanOptions(num_layers=2)))
     apply_vocab_subset(drafter, select_subset([r.continuation_ids.tolist() for r in records], 16, V))
-    result = heal(drafter, Traces(meta, records), HealOptions(steps=8, batch_size=2, eval_every=0,
+    result = heal(drafter, Traces(meta, records), HealOptions(steps=40, batch_size=2, eval_every=0,
                                                                heldout_every=2, checkpoint_every=100))
-    assert result.steps == 8 and result.top1_after >= 0.0
+    # the reduced head's drafter learns its target's continuations: held-out agreement rises
+    assert result.steps == 40 and result.n_heldout_positions > 0
+    assert result.top1_after > result.top1_before or result.top1_after == 1.0
 
 
 def test_a_qwen2_drafter_exports_a_reduced_head_that_is_a_lossless_assistant(tmp_path):

@@ -122,6 +122,11 @@ def test_pipeline_writes_records_and_a_consistent_table(tiny_run):
     meas = [r.measured[fixed].speedup for r in distinct]
     assert result.fidelity.mape_fixed_gamma == pytest.approx(mape(pred, meas))
     assert result.notes and any("MAPE" in n for n in result.notes)
+    # the GPU line names this run's target and says it is a roofline, not a 135M target's measurement
+    gpu = [n for n in result.notes if "spec-sheet profile predicts" in n]
+    assert len(gpu) == (1 if any(r.gpu_predicted_speedup is not None for r in result.rows) else 0)
+    assert all(f"on {options.target} (a roofline" in n and "NOT MEASURED" in n for n in gpu)
+    assert not any("135M" in n for n in gpu)
     assert result.machine.logical_cores >= 1 and result.machine.load_average_after
 
 

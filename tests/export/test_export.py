@@ -71,6 +71,8 @@ def test_export_writes_a_loadable_folder(tiny_base, tmp_path):
     assert card.startswith("---\n") and 'base_model: "tiny"' in card
     assert "- speculative-decoding" in card and "- draft-model" in card and "assistant_model=" in card
     assert '"num_speculative_tokens": 3' in card and "| latency.draft_ms | 1, 1 |" in card
+    # the shipped text names no host: a user's card speaks of their machine, not ours
+    assert not any(host in card for host in ("EPYC", "Xeon", "Zen", "2-core", "H100", "H200"))
     loaded = AutoModelForCausalLM.from_pretrained(out).eval()
     probe = torch.tensor([[4, 5, 6]])
     with torch.no_grad():

@@ -201,3 +201,38 @@ def test_a_drafter_unlike_every_measured_pair_is_refused_not_extrapolated():
                        choice=CandidateChoice(depth=2, hidden_ratio=0.5))
     with pytest.raises(InfeasibleCandidateError, match="hidden_ratio 0.5"):
         ModelEvaluator(model, L7, 30).evaluate(narrow)
+
+
+def test_alpha_measure_from_the_command_line_writes_pairs_and_a_rerun_resumes(tiny_llama_config, tmp_path):
+    """`draftnas alpha measure` end to end on a tiny folder model: a designed drafter cut from it, traced,
+    measured, one JSON line per pair; a second call measures nothing again."""
+    import torch
+    import yaml
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+    from typer.testing import CliRunner
+
+    from draftnas.cli import app
+
+    torch.manual_seed(0)
+    folder = tmp_path / "base"
+    LlamaForCausalLM(tiny_llama_config).eval().save_pretrained(folder)
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(128)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w1",
+                            pad_token="w2").save_pretrained(folder)
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"schema_version": 1, "name": "tiny-alpha", "target": str(folder),
+                                     "base": str(folder), "depth": {"min": 1, "max": 2},
+                                     "traces": {"prompts": 3, "max_new_tokens": 4}}))
+    out = tmp_path / "pairs.jsonl"
+    args = ["alpha", "measure", "--base", str(folder), "--out", str(out), "--pairs", "2", "--per-domain", "1",
+            "--heal-steps", "0", "--space", str(space)]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and all(0.0 <= r["alpha"] <= 1.0 and r["heal_steps"] == 0 for r in rows)
+    assert all(r["base"] == str(folder) and r["n_positions"] > 0 for r in rows)
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert out.read_text().splitlines() == [json.dumps(r) for r in rows]  # kept, not measured again
