@@ -23,7 +23,8 @@ def lookup(request: LookupRequest, output: Output) -> None:
     from draftnas.search.lookup import search_lookup
 
     with progress_bars(output.json) as on:
-        result = search_lookup(request, progress=on("the target's answers"))
+        result = search_lookup(request, progress=on("the target's answers"),
+                               steps_progress=on("the answers again with lookup, timing its steps"))
     if emit_json(output, result.to_dict()):
         return
     render(result)
@@ -52,6 +53,10 @@ def render(result: LookupResult) -> None:
         "(its lookup also tries shorter matches and takes the earliest, so bench it there)",
         f"step costs at {result.context_tokens} tokens of context: decode {result.decode_ms:.1f} ms; "
         f"a batch of k tokens over a decode: {costs}",
+        *([f"priced at llama-server's steps: its decode {result.decode_ms:.1f} ms (llama-bench "
+           f"{result.bench_decode_ms:.1f}), a drafting step {result.server_step_scale:.2f}x llama-bench's "
+           f"batch; llama-bench's costs alone would have said {result.bench_best.label} at "
+           f"{result.bench_best.speedup:.3f}x"] if result.bench_best is not None else []),
         (f"bench it on the held-out prompts: draftnas bench --engine llama.cpp -t {result.target} "
          f"-d {best.label} -p {result.heldout_file} --per-domain 0" if result.heldout_file
          else "priced on every prompt given (--no-held-out): no held-out prompts written"),

@@ -87,21 +87,53 @@ def split_prompts(prompts: Sequence[Prompt]) -> tuple[list[Prompt], list[Prompt]
 
 
 def engine_answers(llama: LlamaCpp, target_file: Path, encoded: Sequence[list[int]], max_new_tokens: int,
-                   threads: int, progress: Progress | None = None) -> list[list[int]]:
-    """The target's greedy answers in llama.cpp (the target alone), token ids."""
+                   threads: int, progress: Progress | None = None, flags: Sequence[str] = (),
+                   ) -> tuple[list[list[int]], list[float]]:
+    """The target's greedy answers in llama.cpp, token ids, and the server's decode time of each (ms after
+    the first token: its `predicted_ms`); the target alone, or with `flags` (lookup settings)."""
     context = max(len(ids) for ids in encoded) + max_new_tokens + 64
-    answers = []
-    with Server(llama, "target", target_file, (), threads, context) as server:
+    answers, times = [], []
+    with Server(llama, "target", target_file, flags, threads, context) as server:
         for i, ids in enumerate(encoded):
-            answers.append([int(t) for t in server.complete(ids, max_new_tokens, 0).get("tokens", [])])
+            reply = server.complete(ids, max_new_tokens, 0)
+            answers.append([int(t) for t in reply.get("tokens", [])])
+            times.append(float(reply.get("timings", {}).get("predicted_ms", 0.0)))
             if progress:
                 progress(i + 1, len(encoded))
-    return answers
+    return answers, times
 
 
-def search_lookup(request: LookupRequest, *, progress: Progress | None = None) -> LookupResult:
+def server_step_scale(settings: LookupSettings, traces: Sequence[tuple[list[int], list[int]]],
+                      plain_ms: Sequence[float], lookup_ms: Sequence[float], decode_ms: float,
+                      batch_ms: dict[int, float]) -> tuple[float, float]:
+    """(the server's decode ms, the scale of its drafting steps over `llama-bench`'s batches): the server's
+    decode from its plain answers (time over tokens after the first), and the scale that makes the replayed
+    steps of `settings` cost what the server spent answering with them, pooled over prompts. llama-bench
+    times a batch alone; the server's speculative step also drafts, samples each position and keeps its
+    cache, which `llama-bench` prices too cheaply."""
+    answered = [(len(a) - 1, ms) for (_, a), ms in zip(traces, plain_ms, strict=True)
+                if len(a) > 1 and ms > 0]
+    if not answered:
+        return decode_ms, 1.0
+    server_decode = sum(ms for _, ms in answered) / sum(n for n, _ in answered)
+    decodes, batches, spent = 0, 0.0, 0.0
+    for (prompt, answer), ms in zip(traces, lookup_ms, strict=True):
+        if len(answer) <= 1 or ms <= 0:
+            continue
+        replay = replay_lookup(prompt, answer, settings.n, settings.m)
+        decodes += sum(d == 0 for d in replay.drafted)
+        batches += sum(step_ms(decode_ms, batch_ms, d) for d in replay.drafted if d > 0)
+        spent += ms
+    if batches <= 0:
+        return server_decode, 1.0
+    return server_decode, max(spent - decodes * server_decode, 0.0) / batches
+
+
+def search_lookup(request: LookupRequest, *, progress: Progress | None = None,
+                  steps_progress: Progress | None = None) -> LookupResult:
     """Price every (n, m) of the request on its workload's search split in its engine; write the result and
-    the held-out prompts into `request.out`."""
+    the held-out prompts into `request.out`. `progress`: the target's answers; `steps_progress`: the
+    answers again with lookup, timing the server's steps."""
     from transformers import AutoTokenizer
 
     from draftnas.models.sources import ensure_local_folder
@@ -118,12 +150,25 @@ def search_lookup(request: LookupRequest, *, progress: Progress | None = None) -
     llama = probe_flags(find_llama_cpp(request.llama_cpp), target_file, threads)
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_local_folder(request.target)[1]))
     encoded = [encode_prompt(tokenizer, p.text) for p in searched]
-    answers = engine_answers(llama, target_file, encoded, request.max_new_tokens, threads, progress)
+    answers, plain_ms = engine_answers(llama, target_file, encoded, request.max_new_tokens, threads, progress)
     depth = int(statistics.median(len(ids) for ids in encoded)) + request.max_new_tokens // 2
     timing = time_gguf(llama, target_file, tuple(range(1, max(request.m) + 2)), depth, threads, repeats=2)
     traces = list(zip(encoded, answers, strict=True))
-    prices = sorted((price_setting(LookupSettings(n=n, m=m), traces, timing.decode_ms, timing.batch_ms)
-                     for n in request.n for m in request.m if m >= n), key=lambda p: -p.speedup)
+    settings = [LookupSettings(n=n, m=m) for n in request.n for m in request.m if m >= n]
+    bench_prices = sorted((price_setting(s, traces, timing.decode_ms, timing.batch_ms) for s in settings),
+                          key=lambda p: -p.speedup)
+    decode_ms, batch_ms, scale = timing.decode_ms, dict(timing.batch_ms), 1.0
+    if request.server_steps:  # the server answers again with llama-bench's pick: its steps priced as run
+        first = LookupSettings(n=bench_prices[0].n, m=bench_prices[0].m)
+        _, lookup_ms = engine_answers(llama, target_file, encoded, request.max_new_tokens, threads,
+                                      steps_progress, flags=first.llama_cpp_flags())
+        decode_ms, scale = server_step_scale(first, traces, plain_ms, lookup_ms, timing.decode_ms,
+                                             timing.batch_ms)
+        batch_ms = {k: v * scale for k, v in timing.batch_ms.items()}
+        log.info("llama-server's steps: decode %.1f ms (llama-bench %.1f), drafting steps %.2fx "
+                 "llama-bench's batches", decode_ms, timing.decode_ms, scale)
+    prices = sorted((price_setting(s, traces, decode_ms, batch_ms) for s in settings),
+                    key=lambda p: -p.speedup)
     best = LookupSettings(n=prices[0].n, m=prices[0].m)
     out = Path(request.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -134,8 +179,10 @@ def search_lookup(request: LookupRequest, *, progress: Progress | None = None) -
     result = LookupResult(
         target=request.target, engine=request.engine, workload=request.prompts,
         searched_prompts=tuple(p.id for p in searched), heldout_prompts=tuple(p.id for p in kept_back),
-        heldout_file=str(heldout_file or ""), context_tokens=depth, decode_ms=timing.decode_ms,
-        batch_ms=dict(timing.batch_ms), prices=tuple(prices), flags=tuple(best.llama_cpp_flags()),
+        heldout_file=str(heldout_file or ""), context_tokens=depth, decode_ms=decode_ms,
+        batch_ms=batch_ms, prices=tuple(prices), bench_decode_ms=timing.decode_ms,
+        bench_batch_ms=dict(timing.batch_ms), server_step_scale=scale,
+        bench_best=bench_prices[0] if request.server_steps else None, flags=tuple(best.llama_cpp_flags()),
         transformers=best.transformers_kwargs(), host=cpu_identity().label(), threads=threads,
         versions={"llama.cpp": llama.version}, answer_tokens=sum(len(a) for a in answers),
     )

@@ -43,6 +43,10 @@ class LookupRequest(Record):
                             help="Hold every third prompt out of the pricing for the bench (--no-held-out: "
                                  "price every prompt given, e.g. the very prompts a bench ran, to check the "
                                  "prediction on them).")
+    server_steps: bool = option(True, flag="--server-steps/--no-server-steps",
+                                help="Answer the prompts a second time with the best setting in llama-server "
+                                     "and price every step at the server's cost (llama-bench's batches alone "
+                                     "underprice a speculative step); --no-server-steps: llama-bench only.")
     out: str = option("runs/lookup", help="Folder written: lookup.json and heldout-prompts.jsonl.")
 
     def validate(self) -> LookupRequest:
@@ -78,7 +82,7 @@ class LookupResult(Record):
     heldout_prompts: tuple[str, ...]
     heldout_file: str
     context_tokens: int  # the depth the step costs were timed at (the prompts' median + half an answer)
-    decode_ms: float
+    decode_ms: float  # the step costs the prices use: llama-server's (see server_step_scale)
     batch_ms: dict[int, float]
     prices: tuple[LookupPrice, ...]  # best first
     flags: tuple[str, ...]  # the engine's flags of the best setting
@@ -88,6 +92,10 @@ class LookupResult(Record):
     versions: dict[str, str] = field(default_factory=dict)
     answer_tokens: int = 0  # new tokens over the searched prompts
     wall_s: float = 0.0
+    bench_decode_ms: float = 0.0  # llama-bench's decode and batches at the same depth
+    bench_batch_ms: dict[int, float] = field(default_factory=dict)
+    server_step_scale: float = 1.0  # llama-server's drafting steps over llama-bench's batches (1: not run)
+    bench_best: LookupPrice | None = None  # the best setting as llama-bench's costs alone priced it
 
     @property
     def best(self) -> LookupPrice:

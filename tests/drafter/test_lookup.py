@@ -145,3 +145,25 @@ def test_every_third_prompt_is_held_out_for_the_bench_unless_asked_not_to():
     kinds = {p.text.split()[0] + p.text.split()[1] for p in held}
     assert len(kinds) >= 5  # the held-out prompts meet (almost) every kind of edit, not two of six
     assert LookupRequest(held_out=False).validate().held_out is False
+
+
+def test_the_servers_steps_rescale_llama_benchs_batches_to_what_the_server_spent():
+    """llama-bench times a batch alone, and its costs priced the server's speculative steps 17-24% too
+    cheaply on edit; the search answers again with its pick and prices every step at the server's cost."""
+    from draftnas.search.lookup import price_setting, server_step_scale
+
+    prompt = [7, 1, 2, 3, 4, 5, 6, 8, 9, 1, 2]
+    answer = [3, 4, 5, 6, 8, 9, 1, 2, 0, 0]
+    settings, batch = LookupSettings(n=2, m=2), {1: 10.0, 2: 14.0, 3: 16.0}
+    replay = replay_lookup(prompt, answer, 2, 2)
+    decodes = sum(d == 0 for d in replay.drafted)
+    drafting = sum(16.0 for d in replay.drafted if d == 2)
+    assert decodes and drafting  # the answer has both kinds of step
+    plain_ms = [(len(answer) - 1) * 12.0]  # the server decodes at 12 ms, llama-bench said 10
+    lookup_ms = [decodes * 12.0 + 1.25 * drafting]  # and its drafting steps cost 1.25x llama-bench's batch
+    decode, scale = server_step_scale(settings, [(prompt, answer)], plain_ms, lookup_ms, 10.0, batch)
+    assert decode == pytest.approx(12.0) and scale == pytest.approx(1.25)
+    priced = price_setting(settings, [(prompt, answer)], decode, {k: v * scale for k, v in batch.items()})
+    assert priced.speedup == pytest.approx(plain_ms[0] / lookup_ms[0], abs=1e-4)  # what the server spent
+    # nothing timed (a server that returned no timings): llama-bench's costs as they were
+    assert server_step_scale(settings, [(prompt, answer)], [0.0], [0.0], 10.0, batch) == (10.0, 1.0)
