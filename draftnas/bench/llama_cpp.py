@@ -119,6 +119,7 @@ def _run(server: Server, arm: LlamaArm, ids: Sequence[int], options: BenchOption
     run = ArmRun(
         arm=arm.name,
         seconds=float(t["predicted_ms"]) / 1000,
+        prompt_seconds=float(t.get("prompt_ms", 0.0)) / 1000,
         new_tokens=n,
         steps=steps,
         accepted=accepted,

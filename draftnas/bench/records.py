@@ -218,7 +218,9 @@ class BenchRequest(Record):
 
 @dataclass(frozen=True)
 class ArmRun(Record):
-    """One prompt through one arm. `seconds`: wall time, prefill included; tokens are new tokens;
+    """One prompt through one arm. `seconds`: wall time, prefill included, in draftnas's engines and
+    transformers'; in llama.cpp the server's decode time (`predicted_ms`), its prefill kept apart in
+    `prompt_seconds` (`prompt_ms`), so both definitions of tokens/s are in the JSON; tokens are new tokens;
     `steps`: speculative steps (the target's forward calls for transformers' arms). `lossless`: greedy
     output equal to the baseline arm's; where it departs, the index and the target's top-1 minus top-2
     logit there (own greedy run in draftnas's engines)."""
@@ -230,6 +232,7 @@ class ArmRun(Record):
     accepted: int = 0
     drafted: int = 0
     draft_s: float = 0.0  # time inside the drafter (draftnas's loop)
+    prompt_seconds: float = 0.0  # llama.cpp: the prompt's prefill, not in `seconds`
     accepted_steps: tuple[int, ...] = ()  # draftnas's loop: drafts accepted at each step
     drafted_steps: tuple[int, ...] = ()  # and drafts proposed at each step
     lossless: bool | None = None

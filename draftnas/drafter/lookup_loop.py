@@ -19,7 +19,7 @@ import torch
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.drafter.lookup import LookupSettings, propose
-from draftnas.models.engines import EngineLike, as_engine, engine_vocab_size, token_ids
+from draftnas.models.engines import EngineLike, as_engine, token_ids
 from draftnas.models.speculative import SpeculativeOutput, _Drafter, emit_step
 
 POLICIES = ("fallback", "longer")
@@ -57,7 +57,7 @@ def lookup_generate(target: EngineLike, prompt_ids: Sequence[int], settings: Loo
             subset = list(subset.ids)
         draft_engine = as_engine(drafter)
         draft_engine.reset()
-        model = _Drafter(draft_engine, engine_vocab_size(engine),
+        model = _Drafter(draft_engine, engine.vocab_size,
                          None if subset is None else torch.as_tensor(subset, dtype=torch.long))
     eos = set(eos_token_ids)
     out = SpeculativeOutput(tokens=[])

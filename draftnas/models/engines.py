@@ -29,6 +29,11 @@ class Engine(Protocol):
 
     device: torch.device
 
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary the engine's input embeddings read."""
+        ...
+
     def reset(self) -> None:
         """Ready for a new sequence."""
 
@@ -47,6 +52,10 @@ class HFEngine:
     def __init__(self, model: Any) -> None:
         self.model, self.cache = model, DynamicCache()
         self.device = next(model.parameters()).device
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().weight.shape[0])
 
     def reset(self) -> None:
         self.cache = DynamicCache()
@@ -73,6 +82,7 @@ class StaticEngine:
                  max_graph_tokens: int = 16) -> None:
         self.decoder, self.capture, self.max_graph_tokens = decoder, capture, max_graph_tokens
         self.cache = decoder.new_cache(1, max_tokens)
+        self.vocab_size = int(decoder.arch.vocab_size)
         self.device = decoder.device
         self.steps: dict[int, Any] = {}
 
@@ -118,10 +128,3 @@ def crop_cache(cache: Any, length: int) -> None:
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
-
-
-def engine_vocab_size(engine: Engine) -> int:
-    """The vocabulary the engine's input embeddings read."""
-    if isinstance(engine, StaticEngine):
-        return int(engine.decoder.arch.vocab_size)
-    return int(engine.model.get_input_embeddings().weight.shape[0])  # type: ignore[attr-defined]

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.models.engines import Engine, EngineLike, as_engine, engine_vocab_size, token_ids
+from draftnas.models.engines import Engine, EngineLike, as_engine, token_ids
 
 
 @dataclass
@@ -253,7 +253,7 @@ def speculative_generate(
     target_engine, draft_engine = as_engine(target), as_engine(drafter)
     target_engine.reset()
     draft_engine.reset()
-    vocab_size = engine_vocab_size(target_engine)
+    vocab_size = target_engine.vocab_size
     draft = _Drafter(draft_engine, vocab_size, subset)
     cached = 0
     seq, eos = list(prompt_ids), set(eos_token_ids)

@@ -327,9 +327,13 @@ def test_the_ablation_table_says_each_links_figures_and_goes_into_the_folders_ca
     notes = ["'+ head': none"]
     result = replace(bench, ablation={"links": [link.to_dict() for link in links], "notes": notes})
     lines = table_lines(result)
-    ratio = bench.arm("draftnas").tokens_per_s / bench.arm("reference").tokens_per_s
-    assert lines[-3].startswith("| stock | tiny-stock | 3 | dense |")
-    assert lines[-2].startswith("| + int8 weights | x (trial 7) |") and lines[-2].endswith(f"| {ratio:.3f} |")
+    # each link over the one before, paired per prompt and round (not a ratio of the two medians)
+    from draftnas.bench.run import compare_arms
+
+    paired = compare_arms(bench.prompts, "draftnas", "reference")
+    cell = f"| {paired.ratio:.3f} [{paired.interval[0]:.3f}, {paired.interval[1]:.3f}], {paired.verdict} |"
+    assert lines[-3].startswith("| stock | tiny-stock | 3 | dense |") and lines[-3].endswith("| - |")
+    assert lines[-2].startswith("| + int8 weights | x (trial 7) |") and lines[-2].endswith(cell)
     assert lines[-1] == "\nNot in the chain: '+ head': none"
     (tmp_path / "README.md").write_text("# card\n\nbody\n")
     write_card_section(tmp_path, lines, result, "draftnas bench --ablation")

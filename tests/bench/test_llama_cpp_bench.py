@@ -38,6 +38,7 @@ def test_server_arms_decode_and_draft(tmp_path):
         plain, plain_tokens = _run(alone, LlamaArm("target", target), [151644, 872, 198], options)
         drafted, tokens = _run(spec, spec_arm, [151644, 872, 198], options)
     assert plain.new_tokens == len(plain_tokens) > 0 and plain.seconds > 0 and plain.drafted == 0
+    assert plain.prompt_seconds > 0 and drafted.prompt_seconds > 0  # the prefill, kept apart from decode
     assert drafted.drafted > 0 and 0 <= drafted.accepted <= drafted.drafted
     assert drafted.steps == max(drafted.new_tokens - drafted.accepted, 1)
 
