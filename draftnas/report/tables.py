@@ -161,6 +161,10 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
             f"{s['searched_prompts'][0].rsplit('-', 1)[0]}, priced on the bench's own prompts"
         llama = next((b for b in mine if b.get("engine") == "llama.cpp"), None)
         loop = next((b for b in mine if b.get("engine") != "llama.cpp"), None)
+        other = None  # the loop benched on prompts of the same set the drafter was not searched on
+        if loop is None and s["heldout_prompts"]:
+            other = next((b for b in benches if b.get("engine") != "llama.cpp"
+                          and {p["domain"] for p in b["prompts"]} == {s["workload"]}), None)
         plain, measured, model = f"{1000 / s['decode_ms']:.1f} (llama-bench)", "not benched", "not benched"
         if llama is not None:
             target, arm = _arm(llama, "target"), _arm(llama, "draftnas")
@@ -168,9 +172,11 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
             if arm is not None:
                 measured = _ratio(arm.get("speedup"), arm.get("speedup_interval")) + _exact(arm)
             model = _model_cell(llama)
+        loop_cell = _loop_cell(loop) if other is None else f"{_loop_cell(other)} (other prompts of the set)"
         verdict = "pays" if best["speedup"] > 1.02 else "level" if best["speedup"] >= 0.98 else "does not pay"
-        lines.append(f"| {name} | {plain} | {best['label']} | {best['speedup']:.3f}x ({verdict}) | "
-                     f"{measured} | {model} | {_loop_cell(loop)} |")
+        priced = "llama-server's steps" if s.get("bench_best") else "llama-bench's costs"
+        lines.append(f"| {name} | {plain} | {best['label']} | {best['speedup']:.3f}x ({verdict}; {priced}) | "
+                     f"{measured} | {model} | {loop_cell} |")
     lines.append("")
     hosts = sorted({f"{s['host']}, {s['threads']} threads" for s in searches})
     lines.append("- predicted: `draftnas lookup` on each workload's search split, the median prompt (every "
