@@ -18,6 +18,34 @@ def test_the_readme_is_a_short_guide_opening_with_the_two_commands():
     assert commands[1] == "bash scripts/setup.sh && python3 -m pytest -q"
 
 
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_the_docs_are_guides_no_page_over_250_lines_and_dated_headings_only_in_the_journal():
+    long = [f"{p.relative_to(ROOT)} ({n})" for p in _pages() if (n := len(p.read_text().splitlines())) > 250]
+    dated = [f"{p.relative_to(ROOT)}: {line}" for p in _pages() if p.name != "journal.md"
+             for line in p.read_text().splitlines()
+             if line.startswith("#") and re.search(r"20\d\d-\d\d", line)]
+    assert long == [] and dated == []
+
+
+FIGURE = re.compile(r"\d\.\d+ ?(x|×)|\[\d+\.\d+, \d+\.\d+\]|\d\.\d+ ?(ms|tok/s|tokens/s)\b|\d\.\d+%")
+
+
+def test_every_table_of_figures_is_rendered_from_results_not_typed():
+    """A Markdown table quoting a measured figure (a speedup, an interval, tokens/s, ms, a percentage) lies
+    between the markers `scripts/render_tables.py` fills; typed tables drift from their results."""
+    from draftnas.report.tables import MARK
+
+    typed = []
+    for page in _pages():
+        text = MARK.sub("", page.read_text())
+        typed += [f"{page.relative_to(ROOT)}: {block.splitlines()[0][:80]}"
+                  for block in re.findall(r"(?m)(?:^\|.*\|\n)+", text) if FIGURE.search(block)]
+    assert typed == []
+
+
 def test_every_relative_link_in_the_readme_and_docs_resolves():
     broken = []
     for page in [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]:
