@@ -39,6 +39,13 @@ from draftnas.search.evaluate import Evaluation, Evaluator, WeightsEvaluator
 from draftnas.search.hand_made import ATTR as HAND_MADE
 from draftnas.search.hand_made import hand_made_best, hand_made_params, next_hand_made
 from draftnas.search.healing import heal_within_budget
+from draftnas.search.liveness import (
+    InterruptGate,
+    ask_with_worker,
+    fail_own_running_trials,
+    heartbeat,
+    recover_stale_trials,
+)
 from draftnas.search.records import (
     AcceptanceReading,
     BatchEconomics,
@@ -62,15 +69,7 @@ from draftnas.search.scoring import (
     weights_predictor,
 )
 from draftnas.search.space import HealBudget
-from draftnas.search.storage import (
-    InterruptGate,
-    ask_with_worker,
-    fail_own_running_trials,
-    heartbeat,
-    normalize_storage,
-    ranked_trials,
-    recover_stale_trials,
-)
+from draftnas.search.storage import normalize_storage, ranked_trials
 from draftnas.search.study import distributions, make_sampler, objectives, open_study
 from draftnas.search.trained import price_trained
 

@@ -207,7 +207,7 @@ def test_ctrl_c_between_creating_a_trial_and_evaluating_it_leaves_nothing_runnin
 def test_ctrl_c_waits_for_the_storage_write_but_stops_an_evaluation_at_once():
     """A KeyboardInterrupt inside SQLAlchemy's flush can hang the session: outside an evaluation the
     signal is held until a safe point; inside one it raises at once; a second one always does."""
-    from draftnas.search.storage import InterruptGate
+    from draftnas.search.liveness import InterruptGate
 
     before = signal.getsignal(signal.SIGINT)
     gate = InterruptGate()
