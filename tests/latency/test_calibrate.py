@@ -86,8 +86,9 @@ def test_a_base_is_timed_beside_the_target_and_prices_the_drafters_of_its_width(
     base_ratio = (stack.prefix_ms[2]) / _flat_model().predict_ms(cut, context_tokens=128)
     assert model.predict_ms(cut, context_tokens=128) == pytest.approx(
         _flat_model().predict_ms(cut, context_tokens=128) * base_ratio, rel=0.35)
-    assert model.predict_ms(cut, context_tokens=128) != pytest.approx(
-        _flat_model().predict_ms(cut, context_tokens=128) * model.ratio(2), rel=1e-3)
+    # and nearer that line than the target's (the two coincide only when the timings happen to agree)
+    said, flat = model.predict_ms(cut, context_tokens=128), _flat_model().predict_ms(cut, context_tokens=128)
+    assert abs(said - flat * base_ratio) <= abs(said - flat * model.ratio(2))
 
 
 def test_a_base_is_timed_with_int8_weights_beside_its_dense_stack_and_only_in_the_static_cpu_engine():
