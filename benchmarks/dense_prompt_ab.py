@@ -20,7 +20,8 @@ import torch
 from draftnas.bench.arms import Bench
 from draftnas.bench.records import BenchOptions
 from draftnas.bench.run import load_for_bench
-from draftnas.bench.stats import median_interval, per_prompt_median
+from draftnas.bench.stats import per_prompt_median
+from draftnas.core.intervals import median_interval
 from draftnas.core.prompts import load_prompts
 from draftnas.models.speculative import speculative_generate
 

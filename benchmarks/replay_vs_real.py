@@ -33,7 +33,8 @@ def main() -> None:
     from draftnas.bench.records import BenchOptions
     from draftnas.bench.replay import replay_engine, resolve_shape
     from draftnas.bench.run import load_for_bench
-    from draftnas.bench.stats import median_interval, per_prompt_median
+    from draftnas.bench.stats import per_prompt_median
+    from draftnas.core.intervals import median_interval
     from draftnas.core.machine import cpu_identity, host_fields, load_average, print_figures
     from draftnas.core.prompts import load_prompts
     from draftnas.models.kernel_choices import kept_choices

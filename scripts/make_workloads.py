@@ -6,7 +6,8 @@ Material we may ship, its licence in each prompt's `source`:
 - doc-qa: sections of this repository's own guides (Apache-2.0, as the package).
 
 The choice is deterministic given the sources (sorted files, a fixed seed): run it again to rebuild the
-sets, `python scripts/make_workloads.py` (it rewrites the three files).
+sets, `python scripts/make_workloads.py [edit|code-qa|doc-qa ...]` (it rewrites the files named, all three
+by default). doc-qa reads the guides as they are now: rebuilding it after the guides change changes the set.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "draftnas" / "data" / "prompts"
 PER_SET = 36
+PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
+EDIT_SET = 72  # edit is the workload whose search a bench holds to its prediction: twice the prompts
 STDLIB_MODULES = (
     "argparse", "csv", "configparser", "difflib", "email/_header_value_parser", "ftplib", "gettext",
     "http/cookiejar", "imaplib", "inspect", "json/encoder", "json/decoder", "logging/__init__",
@@ -81,29 +84,39 @@ def functions(path: Path, low: int, high: int) -> list[tuple[str, str]]:
 
 def local_name(source: str) -> str | None:
     """A local variable the function assigns (for the rename edit), longest first, if any."""
-    names = sorted(set(re.findall(r"^\s+([a-z_][a-z0-9_]{2,})\s*=[^=]", source, re.M)), key=lambda s: -len(s))
+    found = set(re.findall(r"^\s+([a-z_][a-z0-9_]{2,})\s*=[^=]", source, re.M))
+    names = sorted(found, key=lambda s: (-len(s), s))  # ties by name: the same set whatever the hash seed
     return names[0] if names else None
 
 
 def edit_set(rng: random.Random) -> list[dict[str, str]]:
+    """EDIT_SET prompts: one function per module first (the first PER_SET are the set as first shipped), then
+    a second function of each module, so that a held-out third of the set is large enough for a bench whose
+    median a search can be held to."""
     pool = [(m, f, s) for m in STDLIB_MODULES for f, s in functions(stdlib_file(m), 18, 70)]
     rng.shuffle(pool)
-    rows, seen = [], set()
-    for module, name, source in pool:
-        if len(rows) == PER_SET or module in seen:
-            continue
-        # the instruction cycles so that the held-out prompts (every third) meet every kind too
-        k = (len(rows) + 2 * (len(rows) // 3)) % len(EDITS)
-        var = local_name(source)
-        if "{var}" in EDITS[k] and var is None:
-            continue
-        seen.add(module)
-        ask = EDITS[k].format(var=var, new=f"{var}_value" if var else "")
-        rows.append(
-            {"id": f"edit-{len(rows):03d}", "domain": "edit", "language": "en",
-             "text": f"{ask}\n\n```python\n{source}\n```",
-             "source": f"CPython {sys.version_info[0]}.{sys.version_info[1]} Lib/{module}.py, {name} (PSF-2.0)"}
-        )
+    rows: list[dict[str, str]] = []
+    used: dict[str, int] = {}
+    taken: set[tuple[str, str]] = set()
+    for per_module in (1, 2):
+        for module, name, source in pool:
+            if len(rows) == (PER_SET if per_module == 1 else EDIT_SET):
+                break
+            if used.get(module, 0) >= per_module or (module, name) in taken:
+                continue
+            # the instruction cycles so that the held-out prompts (every third) meet every kind too
+            k = (len(rows) + 2 * (len(rows) // 3)) % len(EDITS)
+            var = local_name(source)
+            if "{var}" in EDITS[k] and var is None:
+                continue
+            used[module] = used.get(module, 0) + 1
+            taken.add((module, name))
+            ask = EDITS[k].format(var=var, new=f"{var}_value" if var else "")
+            rows.append(
+                {"id": f"edit-{len(rows):03d}", "domain": "edit", "language": "en",
+                 "text": f"{ask}\n\n```python\n{source}\n```",
+                 "source": f"CPython {PY} Lib/{module}.py, {name} (PSF-2.0)"}
+            )
     return rows
 
 
@@ -119,7 +132,7 @@ def code_qa_set(rng: random.Random) -> list[dict[str, str]]:
         rows.append(
             {"id": f"code-qa-{len(rows):03d}", "domain": "code-qa", "language": "en",
              "text": f"```python\n{source}\n```\n\n{ask}",
-             "source": f"CPython {sys.version_info[0]}.{sys.version_info[1]} Lib/{module}.py, {name} (PSF-2.0)"}
+             "source": f"CPython {PY} Lib/{module}.py, {name} (PSF-2.0)"}
         )
     return rows
 
@@ -150,7 +163,13 @@ def doc_qa_set(rng: random.Random) -> list[dict[str, str]]:
 
 
 def main() -> None:
-    for name, make in (("edit", edit_set), ("code-qa", code_qa_set), ("doc-qa", doc_qa_set)):
+    makers = {"edit": edit_set, "code-qa": code_qa_set, "doc-qa": doc_qa_set}
+    wanted = sys.argv[1:] or list(makers)
+    unknown = [w for w in wanted if w not in makers]
+    if unknown:
+        raise SystemExit(f"unknown workload {unknown[0]!r}: choose from {', '.join(makers)}")
+    for name in wanted:
+        make = makers[name]
         rows = make(random.Random(f"draftnas-{name}"))
         if len(rows) < 24:
             raise SystemExit(f"{name}: only {len(rows)} prompts found (want >= 24)")

@@ -13,29 +13,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-import numpy as np
-
-RESAMPLES = 4000
-LEVEL = 0.95
-
-
-def median_interval(values: Sequence[float], level: float = LEVEL, resamples: int = RESAMPLES,
-                    seed: int = 0) -> tuple[float, float, float]:
-    """(median, low, high): the median of `values` and the percentile bootstrap interval of the median
-    at `level` (`resamples` resamples with replacement, seeded: the same values give the same
-    interval). One value gives a zero-width interval at it."""
-    if not values:
-        raise ValueError("no values")
-    data = np.asarray(values, dtype=float)
-    mid = float(statistics.median(data.tolist()))
-    if len(data) == 1:
-        return mid, mid, mid
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(data), size=(resamples, len(data)))
-    medians = np.median(data[picks], axis=1)
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.percentile(medians, [tail, 100 - tail])
-    return mid, float(low), float(high)
+from draftnas.core.intervals import median_interval
 
 
 def per_prompt_median(by_prompt: dict[str, list[float]]) -> list[float]:

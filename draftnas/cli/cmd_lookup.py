@@ -8,7 +8,7 @@ from rich.table import Table
 from draftnas.cli.app import app, console
 from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
-from draftnas.search.lookup_records import LookupRequest, LookupResult
+from draftnas.search.lookup_records import LookupPrice, LookupRequest, LookupResult
 
 SHOWN = 8
 
@@ -47,7 +47,8 @@ def render(result: LookupResult) -> None:
     verdict = "pays" if best.speedup > 1 else "does not pay"
     lines = [
         f"best: {best.label}, predicted {best.speedup:.3f}x the target alone in {result.engine} "
-        f"(median prompt; lowest {best.speedup_low:.3f}x): lookup {verdict} on this workload here",
+        f"(median prompt{_interval(best)}; lowest {best.speedup_low:.3f}x): lookup {verdict} on this "
+        "workload here",
         f"{result.engine} flags: {' '.join(result.flags)}",
         f"transformers: generate(..., {', '.join(f'{k}={v}' for k, v in result.transformers.items())}) "
         "(its lookup also tries shorter matches and takes the earliest, so bench it there)",
@@ -64,6 +65,13 @@ def render(result: LookupResult) -> None:
     ]
     for line in lines + edge_warnings(result):
         console.print(line, highlight=False, soft_wrap=True)
+
+
+def _interval(price: LookupPrice) -> str:
+    """', 95% interval over prompts [low, high]' where the result has one."""
+    if price.speedup_ci_low is None or price.speedup_ci_high is None:
+        return ""
+    return f", 95% interval over prompts [{price.speedup_ci_low:.3f}, {price.speedup_ci_high:.3f}]"
 
 
 def edge_warnings(result: LookupResult) -> list[str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from draftnas.acceptance.records import held_out
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.intervals import median_interval
 from draftnas.core.machine import cpu_count, cpu_identity
 from draftnas.core.prompts import Prompt, encode_prompt, load_prompts
 from draftnas.core.records import Progress
@@ -67,6 +68,7 @@ def price_setting(settings: LookupSettings, traces: Sequence[tuple[list[int], li
         raise InvalidInputError("the target answered every prompt with at most one token: nothing to price")
     times = [request_times(r, decode_ms, batch_ms) for r in replays]
     ratios = sorted(plain / spent for plain, spent in times)
+    _, ci_low, ci_high = median_interval(ratios)
     steps = sum(r.steps for r in replays)
     drafted = sum(sum(r.drafted) for r in replays)
     return LookupPrice(
@@ -77,6 +79,7 @@ def price_setting(settings: LookupSettings, traces: Sequence[tuple[list[int], li
         speedup=round(statistics.median(ratios), 4), speedup_low=round(ratios[0], 4),
         pooled_speedup=round(sum(p for p, _ in times) / sum(s for _, s in times), 4),
         break_even_tokens_per_step=round(step_ms(decode_ms, batch_ms, settings.m) / decode_ms, 3),
+        speedup_ci_low=round(ci_low, 4), speedup_ci_high=round(ci_high, 4),
     )
 
 

@@ -69,6 +69,10 @@ class LookupPrice(Record):
     speedup_low: float  # the lowest prompt's
     pooled_speedup: float  # all prompts' plain time over all their lookup time
     break_even_tokens_per_step: float  # what a step drafting m tokens every time must yield to pay
+    # the 95% bootstrap interval of the median over prompts (resampling prompts, as a bench's interval
+    # does): how far another sample of this workload's prompts may read; absent in results before it
+    speedup_ci_low: float | None = None
+    speedup_ci_high: float | None = None
 
 
 @dataclass(frozen=True)
