@@ -13,26 +13,28 @@
 #   (machine start)        120  one start, counted against the loan
 #   (transfers)             30  the checkout there, the results back
 #   setup                   15  install the wheelhouse if it came, join the model parts if they came
-#   int4-cuda              100  the CUDA tests (int4 through torch._weight_int4pack_mm among them), then
-#                               dense against int4 at the Qwen drafter's and target's shapes: products and
-#                               a captured decode step (benchmarks/weight_formats.py --device cuda)
-#   replay-qwen            270  Qwen2.5-Coder-7B and -32B shapes, each with the stock 0.5B and the searched
-#                               drafter's shape (0.5B, 98,304-row head), dense and in int4 as it was
-#                               searched, the 1.5B pair's measured acceptance replayed (a stand-in for the
-#                               bigger pairs' own)
-#   replay-batched          90  the 7B shape with the 0.5B, B = 1..64: the measured crossover beside the
-#                               latency model's
-#   replay-paper           110  LLaMA-65B (a GPU of < 135 GB: LLaMA-33B) with the paper's drafters, LLaMA-7B
-#                               cut to 1, 3, 5 layers at full width, at PAPER_ALPHA (default 0.8)
+#   batch-calibration      120  the Qwen2.5-Coder-7B shape's decode and verify and the 0.5B's decode timed
+#                               at B = 2..64 on this GPU (search --batch 64, random weights, an assumed
+#                               acceptance): the break-even batch predicted from timed batches
+#   replay-batched         200  the 7B shape with the 0.5B, B = 1..64, 3 runs per B: the measured crossover
+#                               beside the one the batch-calibration's timings predict, the loop's time split
+#   replay-qwen            130  the Qwen2.5-Coder-7B shape with the stock 0.5B and the searched drafter's
+#                               shape (0.5B, 98,304-row head), dense and in int4 as it was searched, the 1.5B
+#                               pair's measured acceptance replayed (a stand-in for the 7B pair's own);
+#                               QWEN_TARGETS="qwen2.5-coder-7b qwen2.5-coder-32b" adds the 32B (60 s more)
 #   summary                  5  one JSON of every figure ($OUT/summary.json, also printed)
-#   total                  740  (phases 590)
+#   total                  620  (phases 470) of the 720 s a loan should leave room in
 #
 #   Seen on an H200 (2026-11-27): int4-cuda 82 s; a 7B replay about 35 s and a 32B one about 60 s
 #   with the process start and the build; a 65B one about 80 s. A replay whose JSON is there already is
 #   skipped (FORCE=1 runs it again), so a phase cut at its bound goes on where it stopped on the next
 #   call: replay-paper's three 65B replays need two.
 #
-#   extras (run by name, outside the plan): search-cuda 120 (SmolLM2-135M: search --device cuda, export,
+#   extras (run by name, outside the plan): int4-cuda 100 (the CUDA tests, int4 through
+#   torch._weight_int4pack_mm among them, then dense against int4 at the Qwen drafter's and target's shapes;
+#   82 s on the H200), replay-paper 110 (LLaMA-65B, or LLaMA-33B on a GPU of < 135 GB, with the paper's
+#   drafters, LLaMA-7B cut to 1, 3, 5 layers at full width, at PAPER_ALPHA, default 0.8),
+#   search-cuda 120 (SmolLM2-135M: search --device cuda, export,
 #   bench the winner, every prompt length warmed: predicted beside measured tokens/s), tests 90,
 #   profile-graph 200, profile-static 160, bench-bf16 220, bench-fp32 220, gemma 120, batched 200, e2e 240
 #
@@ -51,11 +53,13 @@ OUT=$(realpath -m "${OUT:-gpu-out}")
 export PYTHONPATH="$PWD/.whl/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 PY=${PYTHON:-python3}
 case $PY in */*) PY=$(realpath -s "$PY") ;; esac  # a path stays valid in phases that change folder
-PLAN="setup int4-cuda replay-qwen replay-batched replay-paper summary"
-EXTRAS="search-cuda tests profile-graph profile-static bench-bf16 bench-fp32 gemma batched e2e"
+PLAN="setup batch-calibration replay-batched replay-qwen summary"
+EXTRAS="int4-cuda replay-paper search-cuda tests profile-graph profile-static bench-bf16 bench-fp32 gemma batched e2e"
 ALL="${PLAN% summary} $EXTRAS summary"  # every phase, the summary last
-START_S=120 TRANSFER_S=30 LOAN_S=900 COMMAND_S=600  # one start and the transfers, the loan, one command
-declare -A PLANNED=([setup]=15 [int4-cuda]=100 [replay-qwen]=270 [replay-paper]=110 [replay-batched]=90
+START_S=120 TRANSFER_S=30 LOAN_S=720 COMMAND_S=600  # one start and the transfers, what a loan of 900 s
+# should leave room for (a second try of a failed phase), one command
+declare -A PLANNED=([setup]=15 [int4-cuda]=100 [replay-qwen]=130 [replay-paper]=110 [replay-batched]=200
+                    [batch-calibration]=120
                     [search-cuda]=120 [summary]=5 [tests]=90 [profile-graph]=200 [profile-static]=160 [bench-bf16]=220
                     [bench-fp32]=220 [gemma]=120 [batched]=200 [e2e]=240)
 ACCEPTS=benchmarks/results/cpu-intel-xeon-f6m167-qwen2.5-coder-1.5b-accepts.json
@@ -74,7 +78,7 @@ if [ "${DRY_RUN:-0}" = 1 ]; then  # the same commands on a CPU with tiny sizes
     QWEN_TARGETS=smollm2-135m PAPER_TARGET=smollm2-135m PAPER_DRAFTERS=smollm2-135m REPLAY_ROUNDS=1
     QWEN_DRAFTERS="reference:smollm2-135m draftnas:smollm2-135m,head=4096"
     QWEN_DRAFTERS+=" draftnas-int4:smollm2-135m,head=4096,weights=int4" REPLAY_BATCHES=1,2 REPLAY_NEW=4
-    REPLAY_FILE_NEW=8 INT4_ARCHS=smollm2-135m INT4_REPEATS=1
+    REPLAY_FILE_NEW=8 INT4_ARCHS=smollm2-135m INT4_REPEATS=1 BATCH_MAX=2 BATCH_BASE=smollm2-135m
     cat > "$OUT/dry-space.yaml" <<'YAML'
 schema_version: 1
 name: dry-run
@@ -94,8 +98,8 @@ else
     export DRAFTNAS_CACHE="$PWD/.whl/cache"
     DEVICE=cuda TARGET=.whl/smollm2.gguf GEMMA=.whl/gemma3.gguf NEW=64 PER=3 BATCHES=1,2,4,8,16,32,64
     PROMPTS=all PROFILE_ARGS=(--device cuda --dtype bf16) GRAPH_MODE=cuda-graph HALF=bf16 TRIALS=8 E2E_BUDGET=quick
-    QWEN_TARGETS="qwen2.5-coder-7b qwen2.5-coder-32b" REPLAY_ROUNDS=3 REPLAY_BATCHES=1,2,4,8,16,32,64
-    REPLAY_FILE_NEW=64
+    QWEN_TARGETS=${QWEN_TARGETS:-qwen2.5-coder-7b} REPLAY_ROUNDS=3 REPLAY_BATCHES=1,2,4,8,16,32,64
+    REPLAY_FILE_NEW=64 BATCH_MAX=64 BATCH_BASE=qwen2.5-coder-0.5b
     QWEN_DRAFTERS="reference:qwen2.5-coder-0.5b draftnas:$WINNER_SHAPE draftnas-int4:$WINNER_SHAPE,weights=int4"
     REPLAY_NEW=32 INT4_ARCHS="qwen2.5-coder-0.5b qwen2.5-coder-1.5b" INT4_REPEATS=7
     PAPER_DRAFTERS="wide-sheared-llama-1l wide-sheared-llama-3l wide-sheared-llama-5l"
@@ -118,6 +122,16 @@ drafters() {  # the drafters to bench: each packed one, unpacked; in a dry run t
 graph_profile() {  # the CUDA-graph profile the pricing phases use: this session's, else the shipped H100 one
     if [ -f "$OUT/profile-graph.json" ]; then echo "$OUT/profile-graph.json"
     else echo "$PWD/draftnas/data/profiles/h100-bf16-cuda-graph.json"; fi
+}
+
+batch_calibration() {  # the calibration with batched steps the batch-calibration phase stored, if it ran
+    [ -f "$OUT/batch-calibration.json" ] || return 0
+    "$PY" - "$OUT/batch-calibration.json" <<'PYEOF'
+import json, re, sys
+note = json.load(open(sys.argv[1])).get("profile_note") or ""
+found = re.findall(r"batched steps \(B [0-9, ]+\) (?:timed here in [0-9]+ s, stored in|reused from) (\S+?\.json)", note)
+print(found[-1] if found else "")
+PYEOF
 }
 
 as_folder() {  # as_folder SPEC: the model's local folder (a GGUF or an embedded package converted once)
@@ -203,9 +217,17 @@ PYEOF
             replay "paper-$PAPER_TARGET-$d" "$PAPER_TARGET" "$d" "alpha=$PAPER_ALPHA" --gamma 4 \
                 --max-new-tokens "$REPLAY_NEW" || return 1
         done ;;
-    replay-batched)  # priced by the session's own profile where profile-graph ran, else the shipped H100 one
-        local t profile=()
-        [ "${DRY_RUN:-0}" != 1 ] && profile=(--profile "$(graph_profile)")
+    batch-calibration)  # the first Qwen target's shape and the 0.5B timed at batch (random weights, no acceptance)
+        local t
+        t=$(echo "$QWEN_TARGETS" | cut -d' ' -f1)
+        "$PY" -m draftnas search --target "$t" --base-shape "$BATCH_BASE" --acceptance-prior 0.7 \
+            --device "$DEVICE" --dtype "$HALF" --batch "$BATCH_MAX" --trials "$TRIALS" \
+            --storage "sqlite:///$OUT/batch-calibration.db" --out-json "$OUT/batch-calibration.json" ;;
+    replay-batched)  # priced by the batch-calibration's timings where it ran, else the session's profile
+        local t profile=() stored  # (profile-graph's) or the shipped H100 one
+        stored=$(batch_calibration)
+        if [ -n "$stored" ]; then profile=(--profile "$stored")
+        elif [ "${DRY_RUN:-0}" != 1 ]; then profile=(--profile "$(graph_profile)"); fi
         t=$(echo "$QWEN_TARGETS" | cut -d' ' -f1)
         "$PY" -m draftnas bench --replay "$ACCEPTS" --replay-drafter reference --target "$t" \
             --draft "$(echo "$QWEN_DRAFTERS" | cut -d' ' -f1 | cut -d: -f2)" --device "$DEVICE" --dtype "$HALF" \
@@ -285,10 +307,10 @@ for name in "$@"; do
     # on the GPU a phase is bounded by its planned device seconds; the CPU dry run checks what each phase
     # wrote, not how long it took (a slow or loaded host is no failure there): no bound
     limit=${PLANNED[$name]:-60}; [ "${DRY_RUN:-0}" = 1 ] && limit=0
-    timeout "$limit" bash -c "$(declare -f phase drafters graph_profile as_folder join_parts bench3 replay); \
+    timeout "$limit" bash -c "$(declare -f phase drafters graph_profile batch_calibration as_folder join_parts bench3 replay); \
         $(declare -p PY OUT DEVICE TARGET GEMMA NEW PER BATCHES PROMPTS PROFILE_ARGS GRAPH_MODE HALF TRIALS \
         E2E_BUDGET SEARCH_ARGS ALL ACCEPTS QWEN_TARGETS QWEN_DRAFTERS PAPER_TARGET PAPER_DRAFTERS PAPER_ALPHA \
-        REPLAY_ROUNDS REPLAY_BATCHES REPLAY_NEW REPLAY_FILE_NEW INT4_ARCHS INT4_REPEATS CUDA_TESTS \
+        REPLAY_ROUNDS REPLAY_BATCHES REPLAY_NEW REPLAY_FILE_NEW INT4_ARCHS INT4_REPEATS CUDA_TESTS BATCH_MAX BATCH_BASE \
         CUDA_TESTS_MORE); phase $name" \
         > "$OUT/$name.log" 2>&1
     status=$?

@@ -53,6 +53,14 @@ def summarize(out: Path) -> dict[str, Any]:
                        for p in data["points"]],
             "measured_crossover": data["measured_crossover"],
             "predicted_crossover": data["predicted_crossover"], "profile": data["profile"]}
+    if (out / "batch-calibration.json").is_file():  # search --batch: the break-even batch from timed batches
+        data = json.loads((out / "batch-calibration.json").read_text())
+        best = (data.get("ranked") or [{}])[0]  # ranked best first
+        economics = best.get("economics") or {}
+        summary["batch_calibration"] = {
+            "target": data["info"]["target"], "candidate": (best.get("candidate") or {}).get("name"),
+            "crossover_batch": economics.get("crossover_batch"),
+            "timed_batches": economics.get("timed_batches"), "profile_note": data.get("profile_note")}
     replays = {}
     for path in sorted(out.glob("replay-*.json")):  # replay-batched.json is a batched result
         data = json.loads(path.read_text())
@@ -60,6 +68,7 @@ def summarize(out: Path) -> dict[str, Any]:
             summary["replay_batched"] = {
                 "target": data["target"], "drafters": data["drafters"], "replay": data["replay"],
                 "points": [{"batch_size": p["batch_size"], "speedup": p["speedup"],
+                            "speedup_runs": p.get("speedup_runs"), "time_split": p.get("time_split"),
                             "predicted_speedup": p["predicted_speedup"]} for p in data["points"]],
                 "measured_crossover": data["measured_crossover"],
                 "predicted_crossover": data["predicted_crossover"], "profile": data["profile"]}

@@ -12,7 +12,9 @@ class BatchPoint(Record):
     """One batch size B: B prompts decoded together by the target alone and by each drafter's batched
     loop (dicts keyed by drafter label). Tokens/s count every sequence's new tokens; `tokens_per_step`
     is per sequence; `exact_match_rate`: share of sequences equal to the target's batched greedy
-    output; `predicted_speedup`: the latency profile at this B with this B's measured tokens per step."""
+    output; `predicted_speedup`: the latency model at this B with this B's measured tokens per step.
+    With several runs per B, tokens/s are medians over runs and a speedup the median of the runs' paired
+    ones."""
 
     batch_size: int
     target_tokens_per_s: float
@@ -21,6 +23,16 @@ class BatchPoint(Record):
     tokens_per_step: dict[str, float]
     exact_match_rate: dict[str, float]
     predicted_speedup: dict[str, float]
+    # per drafter, each interleaved run's speedup over the target alone in that run (`speedup` is their
+    # median; one run: that run's)
+    speedup_runs: dict[str, tuple[float, ...]] | None = None
+    # per drafter, the share of its loop's time (all runs) in prefill, draft, verify, read and bookkeeping
+    # (`models.batched.BatchedOutput.split_s`), and of the target's verified rows spent on finished sequences
+    time_split: dict[str, dict[str, float]] | None = None
+    idle_row_share: dict[str, float] | None = None
+    # the same paired median with the prompts' prefill left out of both runs (the decode steps alone, what a
+    # latency model's step prices: the prefill reads one prompt at a time in both loops)
+    decode_speedup: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

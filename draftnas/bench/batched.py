@@ -14,6 +14,8 @@ speedup is below 1, measured and predicted.
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +25,7 @@ import torch
 from draftnas.bench.arms import Drafter
 from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
 from draftnas.bench.records import BenchOptions
+from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_identity, load_average
 from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt
@@ -31,22 +34,30 @@ from draftnas.core.records import Progress
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import predict_throughput
 from draftnas.latency.calibrate import host_cpu_profile
+from draftnas.latency.calibration_store import check_here, read_calibration
+from draftnas.latency.corrected import CalibratedModel
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
 from draftnas.latency.hardware import CPU_ROOFLINE, SPEC_SHEETS, spec_sheet_profile
 from draftnas.latency.model import LatencyModel
+from draftnas.latency.records import HostCalibration
 from draftnas.models.batched import BatchedOutput, BatchedStatic, batched_greedy, batched_speculative_generate
 from draftnas.models.decoder import StaticDecoder
 from draftnas.models.records import dtype_name
 from draftnas.models.sources import LoadedModel
+from draftnas.search.records import LatencyPredictor
 
 #: Batch sizes the predicted crossover is looked for at (the profile prices any B; the bench
 #: measures the ones asked for).
 PREDICTED_BATCHES = tuple(2 ** i for i in range(11))
 
 
-def latency_model(spec: str | None, device: str, dtype: str) -> tuple[str, LatencyModel | None]:
-    """The profile the predictions come from -> (its label, its model); ("", None) on a GPU no
-    shipped spec sheet describes when none was named."""
+def latency_model(spec: str | None, device: str, dtype: str,
+                  target: Architecture | None = None) -> tuple[str, LatencyPredictor | None]:
+    """What the predictions come from -> (its label, its model); ("", None) on a GPU no shipped spec sheet
+    describes when none was named. A calibration a search stored on this host (`target`'s) prices with its
+    timings, batched ones included; one stored on another host or for another target is refused in a line."""
+    if spec is not None and target is not None and is_calibration(Path(spec).expanduser()):
+        return calibrated_model(Path(spec).expanduser(), target)
     if spec is None and device == "cuda":
         name = torch.cuda.get_device_name().lower()
         sheet = next((k for k in SPEC_SHEETS if k.split("-")[0] in name), None)
@@ -66,8 +77,38 @@ def latency_model(spec: str | None, device: str, dtype: str) -> tuple[str, Laten
     return f"{name} ({profile.device_name}, {profile.kind}, {profile.dtype})", model
 
 
-def predicted_speedup(model: LatencyModel, target: Architecture, drafter: Architecture, head_rows: int | None,
-                      batch_size: int, gamma: int, tokens_per_step: float, context_tokens: int) -> float:
+def is_calibration(path: Path) -> bool:
+    """Whether `path` holds a calibration a search stored (not a latency profile)."""
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "calibration" in data and "host" in data
+
+
+def calibrated_model(path: Path, target: Architecture) -> tuple[str, LatencyPredictor]:
+    """A stored calibration of this host for `target` as a latency model -> (its label, the model)."""
+    stored = read_calibration(path, flag="--profile")
+    check_here(stored, path, flag="--profile")
+    c = stored.calibration
+    if c.target != target.name and not _same_shape(c, target):
+        raise InvalidInputError(f"--profile {path} calibrates {c.target}, not this bench's target "
+                                f"{target.name}")
+    profile = default_profile(host_cpu_profile("static", c.dtype), c.dtype)
+    batches = ", ".join(str(b) for b in sorted({b for t in c.batched for b in t.batches()}))
+    label = (f"calibration {path} ({c.device_name}, {c.dtype}, "
+             + (f"batched steps timed at B {batches})" if batches else "batch 1 only: batches priced by the "
+                "profile's growth)"))
+    return label, CalibratedModel(LatencyModel.from_profile(profile), c, target)
+
+
+def _same_shape(c: HostCalibration, target: Architecture) -> bool:
+    return any(t.arch.with_shape(name="") == target.with_shape(name="") for t in c.batched)
+
+
+def predicted_speedup(model: LatencyPredictor, target: Architecture, drafter: Architecture,
+                      head_rows: int | None, batch_size: int, gamma: int, tokens_per_step: float,
+                      context_tokens: int) -> float:
     """The profile's speedup of the batched loop over the target alone at `batch_size`."""
     def ms(arch: Architecture, new_tokens: int, head: int | None = None) -> float:
         return model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
@@ -83,17 +124,34 @@ def _batch(encoded: Sequence[list[int]], batch_size: int) -> list[list[int]]:
     return [encoded[i % len(encoded)] for i in range(batch_size)]
 
 
-def _point(batch_size: int, target_out: BatchedOutput, outs: dict[str, BatchedOutput],
+def paired_point(batch_size: int, runs: Sequence[dict[str, BatchedOutput]],
            predicted: dict[str, float]) -> BatchPoint:
-    base = target_out.tokens_per_s
+    """One batch size from its interleaved runs (each: the target alone as "target", and every drafter)."""
+    labels = [k for k in runs[0] if k != "target"]
+    ratios = {k: tuple(r[k].tokens_per_s / r["target"].tokens_per_s for r in runs) for k in labels}
+    target, first = runs[0]["target"], runs[0]
     return BatchPoint(
-        batch_size=batch_size, target_tokens_per_s=base,
-        tokens_per_s={k: o.tokens_per_s for k, o in outs.items()},
-        speedup={k: o.tokens_per_s / base for k, o in outs.items()},
-        tokens_per_step={k: o.tokens_per_step for k, o in outs.items()},
-        exact_match_rate={k: sum(a == b for a, b in zip(o.tokens, target_out.tokens, strict=True))
-                          / batch_size for k, o in outs.items()},
-        predicted_speedup=predicted)
+        batch_size=batch_size, target_tokens_per_s=statistics.median(r["target"].tokens_per_s for r in runs),
+        tokens_per_s={k: statistics.median(r[k].tokens_per_s for r in runs) for k in labels},
+        speedup={k: statistics.median(v) for k, v in ratios.items()},
+        tokens_per_step={k: first[k].tokens_per_step for k in labels},
+        exact_match_rate={k: sum(a == b for a, b in zip(first[k].tokens, target.tokens, strict=True))
+                          / batch_size for k in labels},
+        predicted_speedup=predicted, speedup_runs=ratios,
+        time_split={k: _shares([r[k] for r in runs]) for k in labels},
+        decode_speedup={k: statistics.median(r[k].decode_tokens_per_s / r["target"].decode_tokens_per_s
+                                             for r in runs) for k in labels},
+        idle_row_share={k: sum(r[k].idle_rows for r in runs) / max(sum(r[k].rows for r in runs), 1)
+                        for k in labels})
+
+
+def _shares(outs: Sequence[BatchedOutput]) -> dict[str, float]:
+    """Each part's share of the runs' whole time (what the parts leave: "other")."""
+    total = sum(o.elapsed_s for o in outs)
+    if not total:
+        return {}
+    parts = {key: sum(o.split_s.get(key, 0.0) for o in outs) / total for key in outs[0].split_s}
+    return {**parts, "other": max(0.0, 1.0 - sum(parts.values()))} if parts else {}
 
 
 def _decode(name: str, engines: dict[str, BatchedStatic], batch: list[list[int]],
@@ -121,11 +179,11 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
     decoders = {"target": StaticDecoder.from_hf(target.model)} | {
         d.label: StaticDecoder.from_hf(d.loaded.model) for d in drafters}
     heads = {d.label: torch.tensor(d.subset.ids) if d.subset is not None else None for d in drafters}
-    target_arch = Architecture.from_hf_config(target.model.config, "target")
+    target_arch = Architecture.from_hf_config(target.model.config, target.source.spec)
     shapes = {d.label: Architecture.from_hf_config(d.loaded.model.config, d.label) for d in drafters}
     rows = {d.label: d.subset.size if d.subset is not None else None for d in drafters}
     dtype = next(target.model.parameters()).dtype
-    label, model = latency_model(options.profile, options.device, dtype_name(dtype))
+    label, model = latency_model(options.profile, options.device, dtype_name(dtype), target_arch)
     context = round(sum(map(len, encoded)) / len(encoded) + n_new / 2)
     points = []
     sizes = sorted(options.batch_sizes)
@@ -137,12 +195,14 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
         names = names[index % len(names):] + names[:index % len(names)]
         for name in names:  # warm-up: every step width met (and on CUDA captured) before the timed runs
             _decode(name, engines, batch, heads, gamma, n_new)
-        outs = {name: _decode(name, engines, batch, heads, gamma, n_new) for name in names}
-        target_out = outs.pop("target")
+        runs = []
+        for r in range(max(1, options.rounds)):  # interleaved; the order turns each run
+            order = names[r % len(names):] + names[:r % len(names)]
+            runs.append({name: _decode(name, engines, batch, heads, gamma, n_new) for name in order})
         predicted = {} if model is None else {
             k: predicted_speedup(model, target_arch, shapes[k], rows[k], size, gamma, o.tokens_per_step,
-                                 context) for k, o in outs.items()}
-        points.append(_point(size, target_out, outs, predicted))
+                                 context) for k, o in runs[0].items() if k != "target"}
+        points.append(paired_point(size, runs, predicted))
         if progress:
             progress(index + 1, len(sizes))
     return BatchedBenchResult(
@@ -158,9 +218,9 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
         versions=package_versions(), wall_s=round(time.perf_counter() - started, 2))
 
 
-def _predicted_crossover(model: LatencyModel | None, target: Architecture, shapes: dict[str, Architecture],
-                         rows: dict[str, int | None], points: Sequence[BatchPoint], gamma: int,
-                         context: int) -> dict[str, int | None]:
+def _predicted_crossover(model: LatencyPredictor | None, target: Architecture,
+                         shapes: dict[str, Architecture], rows: dict[str, int | None],
+                         points: Sequence[BatchPoint], gamma: int, context: int) -> dict[str, int | None]:
     """Per drafter, the first of `PREDICTED_BATCHES` the profile prices below 1, at the drafter's
     tokens per step averaged over the measured batch sizes (acceptance does not depend on B)."""
     if model is None:

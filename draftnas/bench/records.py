@@ -60,7 +60,8 @@ class BenchOptions(Record):
     seed: int = option(0, help="Seed of sampling runs.")
     rounds: int = option(
         3, help="Interleaved rounds over the prompts: every arm runs every prompt once per round; figures "
-                "are medians over rounds, then over prompts, with 95% bootstrap intervals over prompts.",
+                "are medians over rounds, then over prompts, with 95% bootstrap intervals over prompts "
+                "(--batch-size: runs per B, a speedup the median of the runs' paired ones).",
         low=1, high=100)
     hf_assisted: bool = option(True, flag="--hf/--no-hf", help="Run transformers' assisted generation.")
     hf_routed: bool = option(
@@ -120,9 +121,9 @@ class BenchOptions(Record):
                    "and the estimator's for the same prompts to this JSON: what `bench --replay` replays on "
                    "another machine at the same or other shapes.")
     profile: str | None = option(
-        None, help="Latency profile the batch sizes' predictions use (a shipped name or a JSON file). "
-                   "Default: on CPU the shipped profile measured on this host; on CUDA the spec sheet "
-                   "of the GPU present, if one is shipped.")
+        None, help="What prices the batch sizes' predictions: a shipped profile, a profile JSON, or a "
+                   "calibration of this host a search stored (`search --batch B` times batches up to B). "
+                   "Default: on CPU the profile measured on this host; on CUDA the GPU's spec sheet.")
 
     def resolved_engine(self) -> str:
         return "static" if self.batch_sizes else self.engine or ("static" if self.device == "cuda" else "hf")

@@ -31,12 +31,13 @@ from draftnas.acceptance.accepts import (
     synthetic_accepts,
 )
 from draftnas.bench.arms import product_rows
-from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
+from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.batched import (
     PREDICTED_BATCHES,
     first_below_one,
     host_label,
     latency_model,
+    paired_point,
     predicted_speedup,
 )
 from draftnas.bench.records import BenchRequest
@@ -270,7 +271,7 @@ def _result(request: BenchRequest, target: Shape, drafter: Shape, trace: Accepts
     tokens = sum(r.new_tokens for r in runs)
     predicted, label = None, ""
     if not quantized(drafter.weights):
-        label, model = latency_model(options.profile, options.device, options.dtype)
+        label, model = latency_model(options.profile, options.device, options.dtype, target.arch)
         if model is not None:
             predicted = predicted_speedup(model, target.arch, drafter.arch, drafter.head_rows or None, 1,
                                           trace.gamma, trace.tokens_per_step, _context(trace))
@@ -304,24 +305,21 @@ def _run_batched(request: BenchRequest, target: Shape, drafter: Shape, trace: Ac
     slots = max(p.prompt_tokens + p.new_tokens for p in prompts) + gamma + 2
     decoders = [build_decoder(s, options.device, dtype, slots, options.seed + i)
                 for i, s in enumerate((target, drafter))]
-    label, model = latency_model(options.profile, options.device, options.dtype)
+    label, model = latency_model(options.profile, options.device, options.dtype, target.arch)
     context = _context(trace)
     points, sizes = [], sorted(options.batch_sizes)
     for index, size in enumerate(sizes):
         chosen = [prompts[i % len(prompts)] for i in range(size)]
         t_eng, d_eng = (BatchedStatic(d, size, slots, capture=capture) for d in decoders)
-        base, out = _batched_pair(t_eng, d_eng, chosen, target.arch.vocab_size, gamma, options.seed, index,
-                                  options.rounds)
+        runs = _batched_pair(t_eng, d_eng, chosen, target.arch.vocab_size, gamma, options.seed, index,
+                             options.rounds)
+        out = runs[0]["loop"]
         same = sum(list(a) == list(p.accepted) for a, p in zip(out.accepted, chosen, strict=True))
         predicted = {} if model is None or quantized(drafter.weights) else {
             trace.label: predicted_speedup(model, target.arch, drafter.arch, drafter.head_rows or None, size,
                                            gamma, out.tokens_per_step, context)}
-        points.append(BatchPoint(
-            batch_size=size, target_tokens_per_s=base.tokens_per_s,
-            tokens_per_s={trace.label: out.tokens_per_s},
-            speedup={trace.label: out.tokens_per_s / base.tokens_per_s},
-            tokens_per_step={trace.label: out.tokens_per_step}, exact_match_rate={trace.label: same / size},
-            predicted_speedup=predicted))
+        point = paired_point(size, [{"target": r["target"], trace.label: r["loop"]} for r in runs], predicted)
+        points.append(replace(point, exact_match_rate={trace.label: same / size}))
         if progress:
             progress(index + 1, len(sizes))
     predicted_cross = None
@@ -342,10 +340,10 @@ def _run_batched(request: BenchRequest, target: Shape, drafter: Shape, trace: Ac
 
 
 def _batched_pair(t_eng: BatchedStatic, d_eng: BatchedStatic, chosen: Sequence[AcceptsPrompt], vocab: int,
-                  gamma: int, seed: int, index: int, rounds: int) -> tuple[BatchedOutput, BatchedOutput]:
+                  gamma: int, seed: int, index: int, rounds: int) -> list[dict[str, BatchedOutput]]:
     """One batch size: the target alone and the replayed loop, each warmed once (every step width met,
     on CUDA captured), then timed `rounds` times each, alternating, the order rotating with the batch size
-    -> (target, loop), each its run of median time."""
+    -> each round's pair ("target", "loop")."""
     batch = [_ids(p.prompt_tokens, vocab, seed + i) for i, p in enumerate(chosen)]
     budgets = [p.new_tokens for p in chosen]
     runs = {
@@ -357,9 +355,4 @@ def _batched_pair(t_eng: BatchedStatic, d_eng: BatchedStatic, chosen: Sequence[A
     order = ["target", "loop"] if index % 2 == 0 else ["loop", "target"]
     for name in order:
         runs[name]()
-    timed: dict[str, list[BatchedOutput]] = {name: [] for name in order}
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else order[::-1]:
-            timed[name].append(runs[name]())
-    median = {name: sorted(outs, key=lambda o: o.elapsed_s)[len(outs) // 2] for name, outs in timed.items()}
-    return median["target"], median["loop"]
+    return [{name: runs[name]() for name in (order if r % 2 == 0 else order[::-1])} for r in range(rounds)]

@@ -141,8 +141,9 @@ def prompts_table(result: BenchResult) -> Table:
 
 
 def batch_table(result: BatchedBenchResult) -> Table:
-    """Per batch size: the target's tokens/s, then each drafter's tokens/s, measured speedup beside
-    the profile's, tokens per step and exact match with the target's batched greedy output."""
+    """Per batch size: the target's tokens/s, then each drafter's tokens/s, measured speedup (the median of
+    the runs, their range beside it) beside the predicted one, tokens per step and exact match with the
+    target's batched greedy output."""
     table = Table(title=f"Batched speculative decoding, gamma={result.gamma} ({result.max_new_tokens} "
                         f"tokens per sequence, {result.device}, {result.dtype}, {result.threads} threads, "
                         "static engine)", header_style="bold")
@@ -155,7 +156,9 @@ def batch_table(result: BatchedBenchResult) -> Table:
     for p in result.points:
         cells = [str(p.batch_size), f"{p.target_tokens_per_s:.2f}"]
         for k in labels:
-            cells += [f"{p.tokens_per_s[k]:.2f}", f"{p.speedup[k]:.3f}x",
+            spread = sorted((p.speedup_runs or {}).get(k, ()))
+            cells += [f"{p.tokens_per_s[k]:.2f}", f"{p.speedup[k]:.3f}x"
+                      + (f" ({spread[0]:.3f}-{spread[-1]:.3f})" if len(spread) > 1 else ""),
                       f"{p.predicted_speedup[k]:.3f}x" if k in p.predicted_speedup else "-",
                       f"{p.tokens_per_step[k]:.3f}", f"{p.exact_match_rate[k]:.0%}"]
         table.add_row(*cells)
@@ -210,14 +213,30 @@ def _print_batched(result: BatchedBenchResult) -> None:
         console.print(f"replayed: {result.replay}; random weights; the exact column is the share of "
                       "sequences whose replayed counts equal the record", highlight=False, soft_wrap=True)
     largest = max(p.batch_size for p in result.points)
+    runs = max((len(v) for p in result.points for v in (p.speedup_runs or {}).values()), default=1)
     for label, spec in result.drafters.items():
         predicted = (_crossover(result.predicted_crossover[label], 1024) if result.profile
                      else "no profile for this device (--profile)")
         measured = _crossover(result.measured_crossover[label], largest)
-        console.print(f"{label} ({spec}): crossover measured {measured}, predicted {predicted}",
-                      highlight=False, soft_wrap=True)
+        paying = [p.batch_size for p in result.points if p.speedup[label] >= 1.0
+                  and (result.measured_crossover[label] is None
+                       or p.batch_size < result.measured_crossover[label])]  # type: ignore[operator]
+        pays = f"pays up to B={paying[-1]}" if paying else "does not pay at any batch measured"
+        decode = ", ".join(f"B={p.batch_size} {p.decode_speedup[label]:.3f}x" for p in result.points
+                           if p.decode_speedup and label in p.decode_speedup)
+        console.print(f"{label} ({spec}): break-even batch: {pays} (measured, median of {runs} run(s) per "
+                      f"B); crossover measured {measured}, predicted {predicted}"
+                      + (f"; without the prompts' prefill: {decode}" if decode else ""), highlight=False,
+                      soft_wrap=True)
+        for p in result.points:
+            split = (p.time_split or {}).get(label)
+            if split:
+                idle = (p.idle_row_share or {}).get(label, 0.0)
+                parts = ", ".join(f"{k} {v:.0%}" for k, v in split.items())
+                console.print(f"  B={p.batch_size} time: {parts}; verified rows of finished sequences "
+                              f"{idle:.0%}", highlight=False, soft_wrap=True)
     if result.profile:
-        console.print(f"predictions: profile {result.profile}", highlight=False, soft_wrap=True)
+        console.print(f"predictions: {result.profile}", highlight=False, soft_wrap=True)
     console.print(f"host: {result.host}, {result.threads} threads, load average before "
                   f"{result.load_average_before}; prompts (cycled to fill a batch): "
                   f"{', '.join(result.prompts)}", highlight=False, soft_wrap=True)

@@ -12,6 +12,7 @@ import numpy as np
 
 from draftnas.core.errors import InfeasibleCandidateError, ProfileError
 from draftnas.core.registry import Architecture
+from draftnas.latency.batch_records import BatchTiming, factor
 from draftnas.latency.records import HostCalibration, StackCalibration, TargetTiming
 
 
@@ -197,8 +198,33 @@ class CalibratedModel:
             return None
         return float(np.interp(new_tokens, counts, ms))  # exact at measured counts, linear between
 
+    def timed_batches(self) -> tuple[int, ...]:
+        """The batch sizes above 1 this calibration timed (empty: batches are priced from batch 1 alone)."""
+        return tuple(sorted({b for t in self.calibration.batched for b in t.batches() if b > 1}))
+
     def predict_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
                    context_tokens: int = 128, head_vocab_size: int | None = None) -> float:
+        ms = self._single(arch, batch_size, new_tokens, context_tokens, head_vocab_size)
+        if batch_size == 1:
+            return ms
+        timing = self._batch_timing(arch)
+        if timing is None:  # batches priced from the batch-1 calibration alone (the profile's growth with B)
+            return ms
+        return ms * factor(timing, batch_size, new_tokens,
+                           lambda a, b, n, ctx: self._single(a, b, n, ctx, None))
+
+    def _batch_timing(self, arch: Architecture) -> BatchTiming | None:
+        """The batched timing of `arch`'s layer shape in this model's weights: its own depth, else the
+        deepest timed (a drafter cut from a base takes the base's correction)."""
+        fits = [t for t in self.calibration.batched if t.weights == self.weights and t.layer_shape_of(arch)]
+        if not fits:
+            return None
+        return max(fits, key=lambda t: (t.arch.num_hidden_layers == arch.num_hidden_layers,
+                                        t.arch.num_hidden_layers))
+
+    def _single(self, arch: Architecture, batch_size: int, new_tokens: int, context_tokens: int,
+                head_vocab_size: int | None) -> float:
+        """The price from the batch-1 calibration (a batch above 1 by the profile's growth with B)."""
         same = (self.weights == "dense" and arch.with_shape(name="") == self.target.with_shape(name="")
                 and head_vocab_size in (None, self.target.vocab_size))
         c = self.calibration

@@ -11,6 +11,7 @@ from draftnas.core.options import check_options, option, option_group, parse_int
 from draftnas.core.placement import Hardware
 from draftnas.core.records import CpuIdentity, Record
 from draftnas.core.registry import Architecture
+from draftnas.latency.batch_records import BatchTiming
 from draftnas.models.records import llama_cpp_option
 
 SCHEMA_VERSION = 1
@@ -211,6 +212,7 @@ class HostCalibration(Record):
     # dtype -> its target decode and verify, timed to choose the dtype (empty: the dtype was given)
     dtype_ms: dict[str, dict[int, float]] = field(default_factory=dict)
     quant_dtype: str = ""  # the activation dtype quantized stacks were timed in ("" none timed; may differ)
+    batched: tuple[BatchTiming, ...] = ()  # the target and drafter bases at batch > 1 (`batch_records`)
 
 
 @dataclass(frozen=True)

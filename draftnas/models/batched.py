@@ -39,6 +39,13 @@ class BatchedOutput:
     steps: int = 0
     host_reads: int = 0
     elapsed_s: float = 0.0
+    # where the time went (speculative loop; seconds): "prefill", "draft" (the drafter's steps), "verify"
+    # (the target's step and the acceptance on the device), "read" (the step's one host read: on CUDA it
+    # waits for the queued work, so there draft and verify read low and read high), "bookkeeping" (the
+    # per-sequence work on the host); `idle_rows`: rows the target verified for sequences already done
+    split_s: dict[str, float] = field(default_factory=dict)
+    idle_rows: int = 0
+    rows: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -47,6 +54,12 @@ class BatchedOutput:
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """New tokens over the time after the prompts' prefill (the steps alone)."""
+        decode = self.elapsed_s - self.split_s.get("prefill", 0.0)
+        return self.new_tokens / decode if decode > 0 else 0.0
 
     @property
     def tokens_per_step(self) -> float:
@@ -137,6 +150,7 @@ def batched_greedy(target: BatchedStatic, prompts: Sequence[Sequence[int]], *, m
     with torch.inference_mode():
         for row, prompt in enumerate(prompts):
             target.prefill(row, prompt[:-1])
+        out.split_s = {"prefill": time.perf_counter() - started}  # one sequence at a time, as the loop's
         last = torch.tensor([[p[-1]] for p in prompts], dtype=torch.long, device=device)  # [B, 1]
         position = torch.tensor([[len(p) - 1] for p in prompts], dtype=torch.long, device=device)
         longest, done = max(len(p) for p in prompts), [False] * len(prompts)
@@ -183,10 +197,13 @@ def batched_speculative_generate(target: BatchedStatic, drafter: BatchedStatic,
         for row, counts in enumerate(replay):
             forced[:len(counts), row] = torch.tensor(list(counts), dtype=torch.long)
         forced = forced.to(device)
+    split = dict.fromkeys(("prefill", "draft", "verify", "read", "bookkeeping"), 0.0)
+    clock = time.perf_counter
     with torch.inference_mode():
         for row, prompt in enumerate(prompts):  # the target holds all but the last token, the drafter
             target.prefill(row, prompt[:-1])   # all but the last two
             drafter.prefill(row, prompt[:-2])
+        split["prefill"] = clock() - started
         last2 = torch.tensor([list(p[-2:]) for p in prompts], dtype=torch.long, device=device)  # [B, 2]
         length = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)  # [B]
         lengths, done = [len(p) for p in prompts], [False] * len(prompts)
@@ -195,6 +212,7 @@ def batched_speculative_generate(target: BatchedStatic, drafter: BatchedStatic,
             remaining = max(b - len(t) for t, b, d in zip(out.tokens, budget, done, strict=True) if not d)
             g = max(1, min(gamma, remaining - 1))
             span = max(lengths) + g  # slots the step reads: every position it writes lies below
+            t0 = clock()
             feed, at = last2, torch.stack((length - 2, length - 1), dim=1)
             drafts = []
             for i in range(g):
@@ -205,13 +223,18 @@ def batched_speculative_generate(target: BatchedStatic, drafter: BatchedStatic,
                 drafts.append(tok)
                 feed, at = tok[:, None], (length + i)[:, None]
             drafted = torch.stack(drafts, dim=1)  # [B, g]
+            t1 = clock()
             verify_at = length[:, None] - 1 + torch.arange(g + 1, device=device)
             best = target.step(torch.cat((last2[:, 1:], drafted), dim=1), verify_at, span).argmax(-1)
             k = (drafted == best[:, :g]).long().cumprod(dim=1).sum(dim=1)  # [B] drafts accepted
             if forced is not None:
                 k = forced[out.steps].clamp(max=g)
             nxt = best.gather(1, k[:, None])[:, 0]
+            t2 = clock()
             read = torch.cat((k, nxt, drafted.flatten())).tolist()  # the step's one read by the host
+            t3 = clock()
+            out.rows += len(prompts) * (g + 1)
+            out.idle_rows += sum(done) * (g + 1)
             out.host_reads += 1
             out.steps += 1
             n, finished = len(prompts), False
@@ -230,7 +253,12 @@ def batched_speculative_generate(target: BatchedStatic, drafter: BatchedStatic,
             before = torch.where(k > 0, drafted.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0], last2[:, 1])
             last2 = torch.where(running[:, None], torch.stack((before, nxt), dim=1), last2)
             length = torch.where(running, length + k + 1, length)
+            t4 = clock()
+            for key, spent in (("draft", t1 - t0), ("verify", t2 - t1), ("read", t3 - t2),
+                               ("bookkeeping", t4 - t3)):
+                split[key] += spent
     out.elapsed_s = time.perf_counter() - started
+    out.split_s = split
     return out
 
 

@@ -25,7 +25,7 @@ from draftnas.core.records import write_json_file
 
 log = logging.getLogger(__name__)
 
-_ACTIVE: list[KernelChoices] = []
+_ACTIVE: list[KernelChoices | None] = []  # None: choices timed anew (`fresh_choices`)
 
 
 def host_fingerprint() -> str:
@@ -82,6 +82,17 @@ class KernelChoices:
 def active() -> KernelChoices | None:
     """The store choices go to now, if any."""
     return _ACTIVE[-1] if _ACTIVE else None
+
+
+@contextlib.contextmanager
+def fresh_choices() -> Iterator[None]:
+    """Inside, kernel choices are timed anew and kept nowhere, even within `kept_choices`: a step that a
+    kept choice made slow is timed as a fresh process would run it."""
+    _ACTIVE.append(None)
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
 
 
 @contextlib.contextmanager

@@ -175,14 +175,16 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
         loop_cell = _loop_cell(loop) if other is None else f"{_loop_cell(other)} (other prompts of the set)"
         verdict = "pays" if best["speedup"] > 1.02 else "level" if best["speedup"] >= 0.98 else "does not pay"
         priced = "llama-server's steps" if s.get("bench_best") else "llama-bench's costs"
-        lines.append(f"| {name} | {plain} | {best['label']} | {best['speedup']:.3f}x ({verdict}; {priced}) | "
-                     f"{measured} | {model} | {loop_cell} |")
+        spread = (f" [{best['speedup_ci_low']:.3f}, {best['speedup_ci_high']:.3f}]"
+                  if best.get("speedup_ci_low") is not None else "")
+        lines.append(f"| {name} | {plain} | {best['label']} | {best['speedup']:.3f}x{spread} ({verdict}; "
+                     f"{priced}) | {measured} | {model} | {loop_cell} |")
     lines.append("")
     hosts = sorted({f"{s['host']}, {s['threads']} threads" for s in searches})
     lines.append("- predicted: `draftnas lookup` on each workload's search split, the median prompt (every "
-                 "third prompt held out); measured: `draftnas bench` on the held-out prompts, medians [95% "
-                 "intervals], paired per prompt and round; llama.cpp's tokens/s are decode only, the loop's "
-                 "include the prefill; " + "; ".join(hosts))
+                 "third prompt held out; its 95% interval over prompts where recorded); measured: `draftnas "
+                 "bench` on the held-out prompts, medians [95% intervals], paired per prompt and round; "
+                 "llama.cpp's tokens/s are decode only, the loop's include the prefill; " + "; ".join(hosts))
     lines.append(f"- from {', '.join(f'`{f}`' for f in files)}")
     return lines
 
@@ -284,12 +286,16 @@ def batched_table(root: Path, files: Sequence[str]) -> list[str]:
     labels = list(d["drafters"])
     head = " | ".join(f"{label}: measured / predicted" for label in labels)
     lines = [f"| batch | target alone, tokens/s | {head} |", "|---|---|" + "---|" * len(labels)]
+    runs = 1
     for pt in d["points"]:
         cells = []
         for label in labels:
             predicted = (pt.get("predicted_speedup") or {}).get(label)
             said = "-" if predicted is None else f"{predicted:.3f}x"
-            cells.append(f"{pt['speedup'][label]:.3f}x / {said}")
+            spread = sorted((pt.get("speedup_runs") or {}).get(label) or ())
+            runs = max(runs, len(spread))
+            ranged = f" ({spread[0]:.3f}-{spread[-1]:.3f})" if len(spread) > 1 else ""
+            cells.append(f"{pt['speedup'][label]:.3f}x{ranged} / {said}")
         lines.append(f"| {pt['batch_size']} | {pt['target_tokens_per_s']:.1f} | {' | '.join(cells)} |")
     crossings = "; ".join(f"{label}: measured {d['measured_crossover'].get(label)}, predicted "
                           f"{d['predicted_crossover'].get(label)}" for label in labels)
@@ -297,9 +303,24 @@ def batched_table(root: Path, files: Sequence[str]) -> list[str]:
     lines += ["", "- the first batch where speculation stops paying (none: it pays at every batch run): "
               f"{crossings}",
               f"- {d['host']}, {d['threads']} threads, {d['dtype']}, load before {load}; "
-              f"one run per batch size; predicted by {d.get('profile', '')}; drafters "
+              + ("one run per batch size" if runs == 1 else
+                 f"the median of {runs} interleaved runs per batch size (their range in brackets), each "
+                 "paired with the target alone's run beside it")
+              + f"; predicted by {d.get('profile', '')}; drafters "
               f"{', '.join(f'{k} = {v}' for k, v in d['drafters'].items())}; from `{name}`"]
-    return lines
+    return lines + _time_split_lines(d, labels)
+
+
+def _time_split_lines(d: dict[str, Any], labels: Sequence[str]) -> list[str]:
+    """Where each drafter's batched loop spent its time at each batch (where the bench recorded it)."""
+    out = []
+    for label in labels:
+        parts = [f"B={pt['batch_size']}: " + ", ".join(f"{k} {v:.0%}" for k, v in split.items())
+                 + f", finished rows {(pt.get('idle_row_share') or {}).get(label, 0.0):.0%}"
+                 for pt in d["points"] if (split := (pt.get("time_split") or {}).get(label))]
+        if parts:
+            out.append(f"- {label}'s loop, share of its time: " + "; ".join(parts))
+    return out
 
 
 def ablation_table(root: Path, files: Sequence[str]) -> list[str]:
@@ -318,7 +339,7 @@ def ablation_table(root: Path, files: Sequence[str]) -> list[str]:
 def _plain(root: Path, name: str) -> str:
     """The fastest plain decoding measured beside a bench: a llama.cpp bench's target alone, or a
     `llama-bench` JSON's generation runs (median with its 95% interval)."""
-    from draftnas.bench.stats import median_interval
+    from draftnas.core.intervals import median_interval
 
     path = root / name
     if not path.is_file():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from draftnas.core.machine import cpu_has_native_bf16
 from draftnas.core.registry import Architecture
+from draftnas.latency.batched import stored_or_timed_batches, timed_batches
 from draftnas.latency.calibrate import calibrate_host, choose_dtype, stored_or_calibrated
 from draftnas.latency.corrected import CalibratedModel
 from draftnas.latency.model import LatencyModel
@@ -90,6 +91,13 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     with kept_choices():
         calibration, where = stored_or_calibrated(options, target, request, calibrate, given=given,
                                                   progress=progress)
+        batches = timed_batches(w.batch_sizes)
+        if batches:
+            stacks_b = [(a, "dense") for a in stacks] + [(a, f) for f in formats for a in quant_stacks]
+            calibration, said = stored_or_timed_batches(
+                replace(options, dtype=calibration.dtype), target, calibration, request, batches, max(counts),
+                stacks_b, calibration.quant_dtype or None, progress)
+            where += f"; {said}"
     model = CalibratedModel(LatencyModel.from_profile(profile), calibration, target)
     return model, f"{model.summary()}; {where}", calibration.dtype
 

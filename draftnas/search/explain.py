@@ -11,7 +11,7 @@ from draftnas.search.healing import healing_lines
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.core.registry import Architecture
-    from draftnas.search.records import CandidateChoice, SearchResult
+    from draftnas.search.records import BatchEconomics, CandidateChoice, SearchResult
     from draftnas.search.space import SearchSpace
 
 
@@ -40,6 +40,8 @@ def summary_lines(result: SearchResult) -> list[str]:
         bar = bar_line(result)
         if bar is not None:
             lines.append(bar)
+        if b.economics is not None:
+            lines.append(break_even_line(b.economics, f"trial {b.number}"))
         lines += healing_lines(result)
         lines += [f"WARNING: the best sits on an edge of the space: {edge}; the optimum may lie beyond it "
                   "(widen the space there and search again)"
@@ -57,6 +59,24 @@ def summary_lines(result: SearchResult) -> list[str]:
         lines.append(result.profile_note if result.profile_note.startswith("calibrated")
                      else f"NOTE: {result.profile_note}.")
     return lines
+
+
+def break_even_line(e: BatchEconomics, name: str) -> str:
+    """One line: the largest swept batch at which `name` still pays (predicted), and what priced it."""
+    paying = [b for b, s in zip(e.sweep_batches, e.sweep_speedup, strict=True) if s > 1.0
+              and (e.crossover_batch is None or b < e.crossover_batch)]
+    if e.timed_batches:
+        top = max(e.timed_batches)
+        how = f"batches timed here up to {top}" + (", larger ones priced from it"
+                                                   if e.sweep_batches[-1] > top else "")
+    else:
+        how = ("priced from batch-1 timings by the profile's growth with the batch, which can be wrong "
+               "by orders of magnitude: `--batch B` times batches up to B")
+    if not paying:
+        return f"break-even batch: {name} does not pay even at batch 1 ({how})"
+    stop = (f"stops at batch {e.crossover_batch}" if e.crossover_batch is not None
+            else f"pays at every batch swept, to {e.sweep_batches[-1]}")
+    return (f"break-even batch: {name} pays up to batch {paying[-1]} (predicted; {stop}; {how})")
 
 
 def space_edges(space: SearchSpace, choice: CandidateChoice, gamma: int, base: Architecture) -> list[str]:
@@ -141,11 +161,15 @@ def next_commands(result: SearchResult, exported: tuple[str, int, float] | None 
         use = _llama_cpp_use(result, folder, gamma, target_gguf)
     else:
         weights = b.candidate.choice.weights
-        use = [f"  in transformers: target.generate(..., assistant_model={load})",
+        use = [f"  in transformers: target.generate(..., assistant_model={load})"
+               + ("  # loaded plainly it runs dense, at the γ and stop its generation_config sets for that"
+                  if weights != "dense" else ""),
                "  on CPU, route both models' small products first (a multi-token verify can cost far more "
                "than a decode with the default kernel): from draftnas.models import route_linears; "
                "route_linears(target); route_linears(drafter"
-               + (f", weights={weights!r})  # it runs with {weights} weights" if weights != "dense" else ")")]
+               + (f", weights={weights!r}) and pass num_assistant_tokens={gamma}"
+                  + (f", assistant_confidence_threshold={p_min:g}" if p_min else "")
+                  + f" to generate  # its {weights} kernels' own settings" if weights != "dense" else ")")]
     return [
         "next:",
         *export,

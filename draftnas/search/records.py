@@ -1,6 +1,5 @@
-"""What the search stage hands on: candidates, what a trial stores (latency, acceptance,
-throughput, batch economics), the study's identity and settings, and a search's result. No torch.
-"""
+"""What the search stage hands on: candidates, what a trial stores (latency, acceptance, throughput,
+batch economics), the study's identity and settings, and a search's result. No torch."""
 
 from __future__ import annotations
 
@@ -231,6 +230,9 @@ class BatchEconomics(Record):
     crossover_batch: int | None
     sweep_batches: tuple[int, ...]
     sweep_speedup: tuple[float, ...]
+    # the batches above 1 whose steps were timed on this machine (`search --batch`); a swept batch past
+    # the largest is priced from it, and with none every batch is priced from batch 1 by the profile
+    timed_batches: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,7 @@ class RankedTrial(Record):
     reference: str | None = None  # a published drafter priced beside the trials (number -1), not a trial
     hand_made: str | None = None  # a trial pricing the stock drafter under one transform ("int8, head 32768")
     healed: dict[str, Any] | None = None  # a trial healing another within the budget (`search.healing`)
+    dense_latency: LatencyReading | None = None  # a quantized drafter's, run dense (loaded plainly)
 
     @property
     def primary(self) -> ThroughputEstimate:

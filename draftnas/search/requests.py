@@ -95,6 +95,11 @@ class SearchRequest(Record):
                    "calibrations/) to use instead of timing; one from another CPU, thread count or torch "
                    "version is refused. Default: the stored one when its target decode and verify still "
                    "re-time within 10%, else a new calibration, stored for the next run.")
+    batch: int | None = option(
+        None, low=1,
+        help="Rank for a server decoding this many sequences at once: the workload's batch sizes become this "
+             "one, and the calibration also times the target's decode and verify and the drafters' bases at "
+             "batch 2, 4, ... up to it (stored beside the calibration). Default: the space's batch sizes.")
     threads: int | None = option(None, low=1, help="torch's CPU threads for the whole search (default: "
                                                    "torch's own); part of the stored calibration's key.")
     curves: str | None = option(

@@ -27,6 +27,7 @@ from draftnas.core.prompts import Prompt, load_prompts, subsample
 from draftnas.core.registry import Architecture, resolve_architecture
 from draftnas.drafter.curve_fit import load_curves, shipped_curves
 from draftnas.drafter.distill_records import CurveSet
+from draftnas.latency.batched import check_batch_fits
 from draftnas.latency.calibrate import calibrates, host_cpu_profile, host_mismatch
 from draftnas.latency.corrected import CalibratedModel, TargetTimedModel
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
@@ -228,6 +229,16 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
 
 
 def _space(request: SearchRequest) -> tuple[SearchSpace, str | None]:
+    """The request's space (`_named_space`), its workload at `request.batch` where one is given."""
+    space, note = _named_space(request)
+    if request.batch is None:
+        return space, note
+    workload = replace(space.workload, batch_sizes=(request.batch,), batch_weights=(1.0,))
+    # its own study: trials priced at another batch are not this one's
+    return replace(space, workload=workload, name=f"{space.name}-batch{request.batch}"), note
+
+
+def _named_space(request: SearchRequest) -> tuple[SearchSpace, str | None]:
     """The request's space: given, named, the target's shipped one, or (none shipped, a base shape
     given) the default one built from the registry, written as YAML into the run folder to edit."""
     if isinstance(request.space, SearchSpace):
@@ -292,15 +303,31 @@ def _placement(request: SearchRequest, profile: LatencyProfile, target: Architec
                space: SearchSpace) -> Placement | None:
     """Where the target runs: GPU profiles that carry their hardware; None on a CPU profile."""
 
+    w = space.workload
     if profile.hardware is None or profile.device != "cuda":
         if request.gpus not in (None, 1):
             raise option_error("gpus", f"applies to GPU profiles with hardware figures; the profile "
                                        f"{profile.device_name} ({profile.device}) has none")
+        if request.batch is not None and profile.device == "cpu":
+            check_batch_fits(target, request.dtype or profile.dtype, request.batch,
+                             w.context_tokens + w.prompt_tokens + space.gamma.max + 1)
         return None
-    w = space.workload
-    return place(target, profile.hardware, profile.dtype, batch_sizes=w.batch_sizes,
-                 context_tokens=w.context_tokens, max_gamma=space.gamma.max, gpus=request.gpus,
-                 draft_tp=request.draft_tp, margin=request.memory_margin)
+
+    def at(batches: tuple[int, ...]) -> Placement:
+        return place(target, profile.hardware, profile.dtype, batch_sizes=batches,
+                     context_tokens=w.context_tokens, max_gamma=space.gamma.max, gpus=request.gpus,
+                     draft_tp=request.draft_tp, margin=request.memory_margin)
+
+    if request.batch is None:
+        return at(w.batch_sizes)
+    single = at((1,))  # the target alone at batch 1 says its own line where even that does not fit
+    try:
+        placement: Placement | None = at(w.batch_sizes)
+    except InvalidInputError:  # the batch's activations alone overflow every degree
+        placement = None
+    if placement is None or request.batch > placement.max_batch:
+        raise option_error("batch", f"of {request.batch} sequences does not fit: {single.summary()}")
+    return placement
 
 
 def _model_evaluator(request: SearchRequest, space: SearchSpace, base: str,

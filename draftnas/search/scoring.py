@@ -289,4 +289,5 @@ def batch_economics(predictor: LatencyPredictor, target_predictor: LatencyPredic
     return BatchEconomics(alpha=acceptance.acceptance_rate, largest_batch=batches[at_largest],
                           break_even_alpha_batch1=break_even_alpha(reading, 0, spec),
                           break_even_alpha_largest=break_even_alpha(reading, at_largest, spec),
-                          crossover_batch=crossover, sweep_batches=tuple(batches), sweep_speedup=speedups)
+                          crossover_batch=crossover, sweep_batches=tuple(batches), sweep_speedup=speedups,
+                          timed_batches=tuple(getattr(predictor, "timed_batches", tuple)()))

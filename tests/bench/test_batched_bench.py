@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from draftnas.bench.batch_records import BatchedBenchResult
@@ -37,9 +39,15 @@ def test_every_batch_size_is_lossless_for_each_drafter_with_the_crossover_beside
         for label in result.drafters:
             assert point.exact_match_rate[label] == 1.0  # fp32: each sequence equals the target's own
             assert 1.0 <= point.tokens_per_step[label] <= 4.0
-            ratio = point.tokens_per_s[label] / point.target_tokens_per_s
-            assert point.speedup[label] == pytest.approx(ratio)
+            runs = point.speedup_runs[label]  # one per round (3 by default), each paired in its run
+            assert len(runs) == options.rounds
+            assert point.speedup[label] == pytest.approx(statistics.median(runs))
             assert point.predicted_speedup[label] > 0
+            split = point.time_split[label]  # where the loop's time went: parts of the whole, and the rest
+            assert set(split) == {"prefill", "draft", "verify", "read", "bookkeeping", "other"}
+            assert sum(split.values()) == pytest.approx(1.0) and split["verify"] > 0 and split["draft"] > 0
+            assert 0.0 <= point.idle_row_share[label] < 1.0
+            assert point.decode_speedup[label] > 0  # the same runs with the prompts' prefill left out
     for label in result.drafters:
         assert result.measured_crossover[label] == first_below_one(
             [(p.batch_size, p.speedup[label]) for p in result.points])
@@ -76,3 +84,36 @@ def test_batch_sizes_refuse_sampling_the_hf_engine_and_bad_values_in_one_line():
     with pytest.raises(InvalidInputError, match="neither a JSON file nor a shipped profile"):
         latency_model("no-such-profile", "cpu", "fp32")
     assert BenchOptions(batch_sizes=(1, 2)).resolved_engine() == "static"
+
+
+def test_a_stored_calibration_prices_the_batches_and_one_from_another_host_is_refused(tmp_path):
+    import dataclasses
+    import json
+
+    from draftnas.core.records import CpuIdentity
+    from draftnas.latency.batch_records import BatchTiming
+    from draftnas.latency.calibration_store import FORMAT, StoredCalibration, host_key
+    from draftnas.latency.records import HostCalibration
+
+    target = get_architecture("qwen2.5-coder-1.5b")
+    drafter = get_architecture("qwen2.5-coder-0.5b")
+    ms = {f"{b}x{n}": 57.0 * max(1.0, b * n / 8) for b in (2, 4, 8) for n in (1, 5)}
+    calibration = HostCalibration(
+        target=target.name, device_name="here", threads=2, context_tokens=128,
+        target_ms={n: 57.0 * max(1.0, n / 8) for n in range(1, 6)}, prefix_ms={1: 5.0, 2: 7.0},
+        dtype="bf16", batched=(BatchTiming(arch=target, weights="dense", context_tokens=128, ms=ms),))
+    here = StoredCalibration(host=host_key(), request={}, calibration=calibration)
+    path = tmp_path / "here.json"
+    path.write_text(json.dumps(here.to_dict()))
+    label, model = latency_model(str(path), "cpu", "bf16", target)
+    assert "batched steps timed at B 2, 4, 8" in label and model is not None
+    assert model.predict_ms(target, batch_size=8, new_tokens=5) == pytest.approx(57.0 * 5)
+    assert FORMAT == here.format
+    other = dataclasses.replace(here, host=dataclasses.replace(host_key(), cpu=CpuIdentity(
+        vendor="GenuineIntel", family=6, model=143, isa=("avx2", "avx512f", "amx_tile"))))
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps(other.to_dict()))
+    with pytest.raises(InvalidInputError, match="does not belong to this host"):
+        latency_model(str(elsewhere), "cpu", "bf16", target)
+    with pytest.raises(InvalidInputError, match="calibrates qwen2.5-coder-1.5b, not this bench's target"):
+        latency_model(str(path), "cpu", "bf16", drafter)

@@ -835,3 +835,19 @@ def test_the_budget_stops_healing_when_too_little_is_left():
     heal_within_budget(ranked[:1], SMOL, HealBudget(), 600.0, lambda r, h: trains.append(h.train),
                        train="lowrank")
     assert trains == ["lowrank"]  # --heal-with lowrank: a low-rank update over the stack
+
+
+def test_search_at_a_batch_prices_it_says_its_break_even_batch_and_refuses_a_batch_that_cannot_run(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'b.db'}"
+    ok = subprocess.run(_cli("--batch", "8", "--trials", "3", "--storage", storage, "--out-json",
+                             str(tmp_path / "b.json")), cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert ok.returncode == 0, ok.stderr
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["info"]["space"]["workload"]["batch_sizes"] == [8] and data["study_name"].endswith("-batch8")
+    # no GPU here to time batches on: the line says the break-even batch came from batch 1 alone
+    assert "break-even batch:" in ok.stdout and "--batch B` times batches" in ok.stdout.replace("\n", " ")
+    for batch, needle in (("0", "--batch must be"), ("100000", "--batch of 100000 sequences does not fit")):
+        bad = subprocess.run(_cli("--batch", batch, "--trials", "1", "--storage", storage), cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+        assert bad.returncode == 2 and len(lines) == 1 and needle in lines[0], bad.stderr
