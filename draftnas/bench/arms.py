@@ -80,6 +80,8 @@ class Drafter:
     weights: str = "dense"  # how its linear layers run in the static engine and the routed arm
     gamma: int = 4  # draft tokens per step, in every arm of this drafter
     p_min: float = 0.0  # its confidence stop (greedy; 0: gamma drafts every step)
+    # (gamma, stop) where transformers runs it plainly (dense): a quantized export's own (`plain_gamma`)
+    plain: tuple[int, float] | None = None
 
     @classmethod
     def of(cls, label: str, loaded: LoadedModel, weights: str = "dense", gamma: int = 4,
@@ -149,11 +151,8 @@ class Bench:
         }
         if sampling:  # the plain temperature-T softmax: no top-k/top-p warping
             self.gen_kwargs.update(temperature=options.temperature, top_k=0, top_p=1.0)
-        for d in drafters:  # a constant gamma and the drafter's confidence stop, as the loop drafts
-            cfg = d.loaded.model.generation_config
-            cfg.num_assistant_tokens = d.gamma
-            cfg.num_assistant_tokens_schedule = "constant"
-            cfg.assistant_confidence_threshold = d.p_min
+        for d in drafters:  # a constant gamma and the drafter's confidence stop, as the loop drafts (run
+            _drafting_config(d.loaded.model, *(d.plain or (d.gamma, d.p_min)))  # plainly: its dense ones)
         self.engines: dict[str, StaticEngine] = {}  # "target" / drafter label -> engine
         self.routed = options.hf_assisted and options.hf_routed and options.device == "cpu"
         self._routings: dict[str, LinearRouting] = {}
@@ -170,6 +169,7 @@ class Bench:
                 d = self.drafters[key]
                 with d.full_vocabulary(d.loaded.model) as model:  # transformers needs the full head
                     self._copies[key] = copy.deepcopy(model)
+                _drafting_config(self._copies[key], d.gamma, d.p_min)  # routed: its own kernels' settings
         return self._copies[key]
 
     def routing(self, key: str) -> LinearRouting:
@@ -262,6 +262,14 @@ class Bench:
             out.append(HfTargetArm(self, routed=True))
             out += [HfAssistedArm(self, label, "hf_routed_target", routed=True) for label in self.drafters]
         return out
+
+
+def _drafting_config(model: Any, gamma: int, p_min: float) -> None:
+    """Assisted generation's settings for a drafter `model`: a constant `gamma` and the confidence stop."""
+    cfg = model.generation_config
+    cfg.num_assistant_tokens = gamma
+    cfg.num_assistant_tokens_schedule = "constant"
+    cfg.assistant_confidence_threshold = p_min
 
 
 class Arm:

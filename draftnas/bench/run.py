@@ -12,8 +12,7 @@ from it, the target's top-1 minus top-2 logit margin at that token is recorded: 
 verify pass over gamma + 1 tokens and a one-token decode may round a near-tie differently (a margin
 near 0), which a bug would not need. The estimator's prediction comes from a trace of the target's
 own outputs on these prompts (one teacher-forced target pass for the top-k probabilities) and one
-teacher-forced pass of each drafter.
-"""
+teacher-forced pass of each drafter."""
 
 from __future__ import annotations
 
@@ -166,8 +165,8 @@ def _comparisons(arms: Sequence[Arm], rows: Sequence[BenchPrompt],
 def _load_drafters(draft: str | LoadedModel, references: Sequence[str | LoadedModel], target: LoadedModel,
                    load: dict[str, Any], options: BenchOptions,
                    policies: Mapping[int, tuple[int, float]]) -> list[Drafter]:
-    """Each drafter at its γ and confidence stop: the main one at the options', a reference at `policies`'
-    (reference index -> (γ, p_min)), else its exported folder's own best, else the reference options'."""
+    """Each drafter at its γ and stop: the main one at the options', a reference at `policies`' (reference
+    index -> (γ, p_min)), else its folder's own, else the reference options'; run plainly, its folder's."""
     out = []
     for index, spec in enumerate([draft, *references], start=-1):
         label = MAIN if index < 0 else reference_label(index)
@@ -179,8 +178,10 @@ def _load_drafters(draft: str | LoadedModel, references: Sequence[str | LoadedMo
         gamma, p_min = (options.gamma, options.p_min) if label == MAIN else policies.get(index, (
             own_gamma if isinstance(own_gamma, int) else options.reference_gamma or options.gamma,
             float(own_stop) if isinstance(own_stop, int | float) else options.reference_p_min))
-        out.append(Drafter.of(label, loaded, _weights(label, loaded, options), gamma,
-                              p_min if options.temperature <= 0 and not options.batch_sizes else 0.0))
+        plain = record.get("plain_gamma")  # a quantized export's settings run dense (a plain load's)
+        out.append(replace(Drafter.of(label, loaded, _weights(label, loaded, options), gamma,
+                                      p_min if options.temperature <= 0 and not options.batch_sizes else 0.0),
+                           plain=(plain, float(record.get("plain_p_min") or 0)) if plain else None))
     return out
 
 

@@ -174,6 +174,23 @@ def _model_ref(spec: str) -> str:
     return repr(f"path/to/{Path(spec).name or spec}")
 
 
+def _settings_lines(info: ExportInfo) -> list[str]:
+    """What generation_config.json sets and, for a quantized drafter, the settings of each way it runs."""
+    g, stop = info.gamma, (f" stopping below confidence {info.p_min:g}" if info.p_min else "")
+    tail = ("transformers' assisted generation does more work per step outside the two models, which can "
+            "favour a smaller γ there; `draftnas bench --gamma N` measures both at any γ.")
+    if info.plain_gamma is None:
+        return [f"`generation_config.json` sets `num_assistant_tokens={g}` with a constant schedule{stop}: "
+                f"the γ priced best for draftnas's loop. {tail}"]
+    plain = f" stopping below confidence {info.plain_p_min:g}" if info.plain_p_min else ""
+    return [f"Settings differ by how the drafter runs. Loaded plainly it runs dense, and "
+            f"`generation_config.json` sets what was priced best for it dense: `num_assistant_tokens="
+            f"{info.plain_gamma}`{plain} (`assistant_confidence_threshold={info.plain_p_min:g}`). With its "
+            f"{info.weights} kernels (`route_linears` below, as draftnas's loop runs it) it drafts faster, "
+            f"and γ {g}{stop} was priced best: pass `num_assistant_tokens={g}, "
+            f"assistant_confidence_threshold={info.p_min:g}` to `generate`. {tail}"]
+
+
 def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
     g = info.gamma
     target = _model_ref(info.target)
@@ -195,10 +212,7 @@ def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
         "out = target.generate(**inputs, assistant_model=drafter, do_sample=False, max_new_tokens=64)",
         "```",
         "",
-        f"`generation_config.json` sets `num_assistant_tokens={g}` with a constant schedule: the γ priced "
-        "best for draftnas's loop. transformers' assisted generation does more work per step outside the "
-        "two models, which can favour a smaller γ there; "
-        "`draftnas bench --gamma N` measures both at any γ.",
+        *_settings_lines(info),
         "",
         "On CPU, a host's default kernel can make the target's multi-token verify cost far more than a "
         "one-token decode, which undoes speculative decoding. With draftnas installed, route both models' "

@@ -82,7 +82,9 @@ def _replace(tmp: Path, out: Path) -> None:
 
 def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo,
                   full_head: bool = False) -> None:
-    _set_generation_config(model, info.gamma, info.p_min)
+    # what a plain load reads: a quantized drafter loaded plainly runs dense, so its own dense settings
+    _set_generation_config(model, *((info.plain_gamma, info.plain_p_min) if info.plain_gamma
+                                    else (info.gamma, info.p_min)))
     subset = model_subset(model)
     full_parameters = None
     if subset is not None:  # the reduced head as it is, and (asked for) a plain full-head variant beside it

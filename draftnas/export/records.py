@@ -65,6 +65,10 @@ class ExportInfo(Record):
     # (weight-only, CPU; the folder holds the dense weights, quantized when loaded:
     # draftnas.models.linears.route_linears(weights=...))
     weights: str = "dense"
+    # a quantized drafter's settings where it runs dense (loaded plainly: transformers' `assistant_model=`,
+    # which reads them from generation_config), priced with its dense latency; None for a dense drafter
+    plain_gamma: int | None = None
+    plain_p_min: float = 0.0
 
 
 @dataclass(frozen=True)

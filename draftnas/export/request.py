@@ -96,6 +96,19 @@ def _drafting(request: ExportRequest, trial: RankedTrial | None,
     return DEFAULT_GAMMA, 0.0
 
 
+def plain_drafting(request: ExportRequest, trial: RankedTrial | None, info: StudyInfo | None,
+                   estimate: AcceptanceEstimate | None) -> tuple[int, float] | None:
+    """(gamma, confidence stop) for a quantized trial's drafter run dense, as a plain load runs it: the best
+    policy on its dense latency at the exported drafter's acceptance (else the search's); None for a dense
+    trial, one priced before draftnas kept its dense latency, or a --gamma given."""
+    if request.gamma is not None or trial is None or info is None or trial.dense_latency is None:
+        return None
+    reading = measured_acceptance(estimate) if estimate is not None else trial.acceptance
+    dense = predict_workload(trial.dense_latency, reading, info.space.workload, info.space.gamma)
+    best = dense.primary()
+    return (best.gamma, best.p_min) if best.gamma >= MIN_GAMMA else (MIN_GAMMA, 0.0)
+
+
 def _same_trial(record: dict[str, Any], trial: RankedTrial) -> bool:
     """Whether a folder's draftnas.json was exported from `trial` as the study holds it now, not from a
     trial of the same number in an earlier study of that name (deleted and searched again)."""
@@ -228,12 +241,14 @@ def export_from_request(request: ExportRequest, *, progress: Progress | None = N
         measured = ({"top1_agreement_after_healing": heal_result.top1_after} if heal_result.kept
                     else {"top1_agreement": heal_result.top1_before})
     gamma, p_min = _drafting(request, trial, prediction)
+    plain = plain_drafting(request, trial, source.info, built.estimate)
     info = ExportInfo(
         base=base, target=target, plan=plan, trial=trial,
         profile=source.info.profile if source.info else None,
         heal=heal_result, source=source.label, seed=request.seed, gamma=gamma, p_min=p_min,
         measured=measured, acceptance=built.estimate, prediction=prediction,
         searched_prompts=searched_prompts(source.info), weights=weights, dtype=draft_dtype,
+        plain_gamma=plain[0] if plain else None, plain_p_min=plain[1] if plain else 0.0,
     )
     # stored in the dtype the drafter runs in (healing trains in fp32; a bf16 search's drafter runs in bf16)
     model = built.model.to(getattr(torch, TORCH_DTYPES[draft_dtype]))

@@ -279,9 +279,10 @@ def _evaluate_trial(run: _Run, trial: optuna.Trial,
     return _finish(run, trial, evaluation, candidate, latency, single)
 
 
-def _read(run: _Run, candidate: Candidate) -> LatencyReading:
+def _read(run: _Run, candidate: Candidate, weights: str | None = None) -> LatencyReading:
+    """The candidate's latency reading with its linear layers in `weights` (default: its own format)."""
     o = run.options
-    predictor = weights_predictor(run.predictor, candidate.choice.weights)
+    predictor = weights_predictor(run.predictor, weights or candidate.choice.weights)
     return read_latency(predictor, o.profile, candidate.arch, o.space.workload, run.target_latency,
                         candidate.head_vocab_size, placement=o.placement, target_arch=o.target_arch,
                         target_predictor=run.target_predictor)
@@ -374,8 +375,12 @@ def _finish(run: _Run, trial: optuna.Trial, evaluation: Evaluation, proposed: Ca
         latency = _read(run, candidate)
     prediction = predict_workload(latency, evaluation.acceptance, o.space.workload, o.space.gamma)
     economics = _economics(run, candidate, evaluation.acceptance)
+    dense = None  # a quantized drafter loaded plainly (transformers' assistant_model=) runs dense
+    if candidate.choice.weights != "dense":
+        with contextlib.suppress(InfeasibleCandidateError):
+            dense = _read(run, candidate, "dense")
     for key, rec in (("candidate", candidate), ("latency", latency), ("acceptance", evaluation.acceptance),
-                     ("throughput", prediction), ("economics", economics)):
+                     ("throughput", prediction), ("economics", economics), ("dense_latency", dense)):
         if rec is not None:
             trial.set_user_attr(key, rec.to_dict())
     if single:

@@ -145,7 +145,9 @@ def _ranked(t: FrozenTrial) -> RankedTrial | None:
                        acceptance=AcceptanceReading.from_dict(a["acceptance"]),
                        throughput=WorkloadPrediction.from_dict(a["throughput"]),
                        reused_from=a.get("reused_from"), hand_made=a.get("hand_made"), healed=a.get("healed"),
-                       economics=BatchEconomics.from_dict(a["economics"]) if "economics" in a else None)
+                       economics=BatchEconomics.from_dict(a["economics"]) if "economics" in a else None,
+                       dense_latency=(LatencyReading.from_dict(a["dense_latency"]) if "dense_latency" in a
+                                      else None))
 
 
 def load_study(study_name: str, storage: str | None, run_dir: str | Path = "runs") -> optuna.Study:

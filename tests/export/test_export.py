@@ -456,3 +456,35 @@ def test_heal_takes_a_plan_or_a_drafter_folder_not_both_nor_neither():
     with pytest.raises(OptionError, match="plan_file and drafter exclude each other") as caught:
         HealRequest(plan_file="p.json", drafter="folder").validate()
     assert caught.value.for_flags() == "--plan and --drafter exclude each other: give one"
+
+
+def test_a_quantized_drafter_carries_its_dense_settings_for_a_plain_load():
+    """A drafter searched with int4 kernels drafts long runs cheaply there; loaded plainly it runs dense,
+    where each draft costs more: the export prices the dense reading for the plain route."""
+    from draftnas.export.card import _settings_lines
+    from draftnas.export.records import ExportInfo, ExportRequest
+    from draftnas.export.request import plain_drafting
+    from draftnas.search.scoring import assumed_acceptance
+
+    info = _info()
+    info = dataclasses.replace(info, space=dataclasses.replace(
+        info.space, workload=dataclasses.replace(info.space.workload, batch_sizes=(1,), batch_weights=(1.0,)),
+        gamma=dataclasses.replace(info.space.gamma, min=0, max=10, p_min=(0.0,))))
+    cheap = _trial(0, 1.0).latency
+    cheap = dataclasses.replace(cheap, batch_sizes=(1,), draft_ms=(0.2,), target_ms=(4.0,),
+                                verify_ms=(tuple(4.0 + 0.1 * g for g in range(11)),))
+    dense = dataclasses.replace(cheap, draft_ms=(1.6,))  # the same drafter run dense: 8x the draft cost
+    trial = dataclasses.replace(_trial(0, 1.0), latency=cheap, acceptance=assumed_acceptance(0.8),
+                                dense_latency=dense)
+    request = ExportRequest(out_dir="x", study="s")
+    plain_gamma, _ = plain_drafting(request, trial, info, None)
+    from draftnas.search.scoring import predict_workload
+
+    own = predict_workload(cheap, trial.acceptance, info.space.workload, info.space.gamma).primary().gamma
+    assert 1 <= plain_gamma < own  # dearer drafts: fewer of them
+    assert plain_drafting(request, dataclasses.replace(trial, dense_latency=None), info, None) is None
+    assert plain_drafting(ExportRequest(out_dir="x", study="s", gamma=3), trial, info, None) is None
+    card = " ".join(_settings_lines(ExportInfo(base="b", target="t", gamma=own, weights="int4",
+                                               plain_gamma=plain_gamma)))
+    assert f"num_assistant_tokens={plain_gamma}`" in card and f"num_assistant_tokens={own}," in card
+    assert "route_linears" in card
