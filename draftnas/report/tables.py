@@ -299,10 +299,9 @@ def batched_table(root: Path, files: Sequence[str]) -> list[str]:
         lines.append(f"| {pt['batch_size']} | {pt['target_tokens_per_s']:.1f} | {' | '.join(cells)} |")
     crossings = "; ".join(f"{label}: measured {d['measured_crossover'].get(label)}, predicted "
                           f"{d['predicted_crossover'].get(label)}" for label in labels)
-    load = d.get("load_average_before", "")
     lines += ["", "- the first batch where speculation stops paying (none: it pays at every batch run): "
-              f"{crossings}",
-              f"- {d['host']}, {d['threads']} threads, {d['dtype']}, load before {load}; "
+              f"{crossings}", f"- {d['host']}, {d['threads']} threads, {d['dtype']}, load before "
+              f"{d.get('load_average_before')}; "
               + ("one run per batch size" if runs == 1 else
                  f"the median of {runs} interleaved runs per batch size (their range in brackets), each "
                  "paired with the target alone's run beside it")
@@ -313,14 +312,11 @@ def batched_table(root: Path, files: Sequence[str]) -> list[str]:
 
 def _time_split_lines(d: dict[str, Any], labels: Sequence[str]) -> list[str]:
     """Where each drafter's batched loop spent its time at each batch (where the bench recorded it)."""
-    out = []
-    for label in labels:
-        parts = [f"B={pt['batch_size']}: " + ", ".join(f"{k} {v:.0%}" for k, v in split.items())
-                 + f", finished rows {(pt.get('idle_row_share') or {}).get(label, 0.0):.0%}"
-                 for pt in d["points"] if (split := (pt.get("time_split") or {}).get(label))]
-        if parts:
-            out.append(f"- {label}'s loop, share of its time: " + "; ".join(parts))
-    return out
+    parts = {label: "; ".join(f"B={pt['batch_size']}: " + ", ".join(f"{k} {v:.0%}" for k, v in split.items())
+                              + f", finished rows {(pt.get('idle_row_share') or {}).get(label, 0.0):.0%}"
+                              for pt in d["points"] if (split := (pt.get("time_split") or {}).get(label)))
+             for label in labels}
+    return [f"- {label}'s loop, share of its time: {text}" for label, text in parts.items() if text]
 
 
 def ablation_table(root: Path, files: Sequence[str]) -> list[str]:

@@ -313,8 +313,10 @@ def _placement(request: SearchRequest, profile: LatencyProfile, target: Architec
                              w.context_tokens + w.prompt_tokens + space.gamma.max + 1)
         return None
 
+    hardware = profile.hardware
+
     def at(batches: tuple[int, ...]) -> Placement:
-        return place(target, profile.hardware, profile.dtype, batch_sizes=batches,
+        return place(target, hardware, profile.dtype, batch_sizes=batches,
                      context_tokens=w.context_tokens, max_gamma=space.gamma.max, gpus=request.gpus,
                      draft_tp=request.draft_tp, margin=request.memory_margin)
 
