@@ -15,8 +15,8 @@ from draftnas.core.options import OptionError
 
 # Registration order is the order of `draftnas --help`: the pipeline's order.
 _COMMAND_MODULES = ("cmd_basic", "cmd_engines", "cmd_profile", "cmd_trace", "cmd_search", "cmd_report",
-                    "cmd_heal", "cmd_export", "cmd_lookup", "cmd_bench", "cmd_e2e", "cmd_alpha",
-                    "cmd_distill")
+                    "cmd_heal", "cmd_export", "cmd_lookup", "cmd_bench", "cmd_verdict", "cmd_e2e",
+                    "cmd_alpha", "cmd_distill")
 for _module in _COMMAND_MODULES:
     importlib.import_module(f"draftnas.cli.{_module}")
 

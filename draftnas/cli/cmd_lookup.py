@@ -3,6 +3,8 @@ exactly on the target's answers, timed with the engine's own step costs)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.table import Table
 
 from draftnas.cli.app import app, console
@@ -59,7 +61,8 @@ def render(result: LookupResult) -> None:
            f"batch; llama-bench's costs alone would have said {result.bench_best.label} at "
            f"{result.bench_best.speedup:.3f}x"] if result.bench_best is not None else []),
         (f"bench it on the held-out prompts: draftnas bench --engine llama.cpp -t {result.target} "
-         f"-d {best.label} -p {result.heldout_file} --per-domain 0" if result.heldout_file
+         f"-d {best.label} -p {result.heldout_file} --per-domain 0 --out-json BENCH.json; then what pays "
+         f"where: draftnas verdict {Path(result.heldout_file).parent},BENCH.json" if result.heldout_file
          else "priced on every prompt given (--no-held-out): no held-out prompts written"),
         f"host: {result.host}, {result.threads} threads; {result.wall_s / 60:.1f} min",
     ]

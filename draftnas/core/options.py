@@ -222,6 +222,13 @@ def _parse_list(text: str, cast: Callable[[str], T], noun: str, example: str) ->
     return tuple(values)
 
 
+def parse_words(text: object) -> tuple[str, ...]:
+    """'a, b' -> ('a', 'b'): a flag's comma-separated words (a tuple passes through)."""
+    if isinstance(text, tuple):
+        return tuple(str(t) for t in text)
+    return tuple(t.strip() for t in str(text).split(",") if t.strip())
+
+
 def parse_floats(text: str) -> tuple[float, ...]:
     """'0,0.7' -> (0.0, 0.7): a flag's comma-separated numbers; one line naming the bad item."""
     return _parse_list(text, float, "number", "0,0.7")

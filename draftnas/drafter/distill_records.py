@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftnas.core.options import check_options, option, option_error
+from draftnas.core.options import check_options, option, option_error, parse_words
 from draftnas.core.records import Record
 
 #: The seed's sampling temperatures for self-distilled data.
@@ -27,12 +27,6 @@ def _floats(text: object) -> tuple[float, ...]:
     if isinstance(text, tuple):
         return tuple(float(t) for t in text)
     return tuple(float(t) for t in str(text).split(",") if t.strip())
-
-
-def _words(text: object) -> tuple[str, ...]:
-    if isinstance(text, tuple):
-        return tuple(str(t) for t in text)
-    return tuple(t.strip() for t in str(text).split(",") if t.strip())
 
 
 @dataclass(frozen=True)
@@ -90,8 +84,8 @@ class DistillDataRequest(Record):
     out: str = option(help="Data folder (created; an existing one of the same target is resumed and "
                            "appended to).", argument=True)
     target: str = option("smollm2-135m", help="Target whose outputs the drafter learns.")
-    sources: tuple[str, ...] = option(SOURCES, parse=_words, cli_type=str, choices=SOURCES, distinct=True,
-                                      nonempty=True, cli_default=",".join(SOURCES),
+    sources: tuple[str, ...] = option(SOURCES, parse=parse_words, cli_type=str, choices=SOURCES,
+                                      distinct=True, nonempty=True, cli_default=",".join(SOURCES),
                                       help="Kinds of data, taken in rounds: set (the shipped prompt sets' "
                                            "training prompts, answered), written (prompts the target writes "
                                            "itself, answered), text (teacher-forced top-k over text found "
@@ -99,7 +93,8 @@ class DistillDataRequest(Record):
     temperatures: tuple[float, ...] = option(SEED_TEMPERATURES, parse=_floats, cli_type=str, low=0.0,
                                              high=2.0, nonempty=True, cli_default="0,0.3,0.7,1",
                                              help="Sampling temperatures of generated data (the seed's).")
-    written_domains: tuple[str, ...] = option((), parse=_words, cli_type=str, cli_default="", distinct=True,
+    written_domains: tuple[str, ...] = option((), parse=parse_words, cli_type=str, cli_default="",
+                                              distinct=True,
                                               choices=("chat", "translation", "code", "math"),
                                               help="Domains the written prompts rotate over (default: every "
                                                    "shipped domain), e.g. chat for a chat workload.")
@@ -323,7 +318,7 @@ class DistillCurveRequest(Record):
     """`draftnas distill curve`: fit the curves of training runs (their folders) into one file."""
 
     runs: tuple[str, ...] = option(help="Training folders of `draftnas distill train` (comma-separated).",
-                                   argument=True, parse=_words, cli_type=str, nonempty=True)
+                                   argument=True, parse=parse_words, cli_type=str, nonempty=True)
     out: str = option("curves.json", help="Curves file written (JSON; a PNG plot beside it).")
     min_tokens: int = option(10_000, low=1, help="Readings below this budget are left out of the fit "
                                                  "(warm-up).")

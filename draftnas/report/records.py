@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftnas.core.options import option
+from draftnas.core.options import check_options, option, parse_words
 from draftnas.core.records import Record
 
 
@@ -18,6 +18,20 @@ class ReportRequest(Record):
     storage: str | None = option(None, help="Storage URL (default: runs/<study>/study.db).")
     run_dir: str = option("runs", help="Folder of studies' outputs.")
     top: int = option(20, low=1, help="Rows in the ranking.")
+
+
+@dataclass(frozen=True)
+class VerdictRequest(Record):
+    """What `draftnas verdict` was asked: the results to join into what pays where."""
+
+    results: tuple[str, ...] = option(
+        help="Results, comma-separated: `draftnas lookup` folders (or their lookup.json), one per workload, "
+             "and `draftnas bench --out-json` files run on their held-out prompts.",
+        argument=True, parse=parse_words, cli_type=str, nonempty=True)
+
+    def validate(self) -> VerdictRequest:
+        check_options(self)
+        return self
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from draftnas.report.verdict import benches_of
+
 MARK = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 
 
@@ -155,16 +157,9 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for s in searches:
         best = s["prices"][0]
-        held = set(s["heldout_prompts"]) or set(s["searched_prompts"])  # --no-held-out: a bench's own prompts
-        mine = [b for b in benches if {p["prompt_id"] for p in b["prompts"]} <= held]
         name = s["workload"] if s["heldout_prompts"] else \
             f"{s['searched_prompts'][0].rsplit('-', 1)[0]}, priced on the bench's own prompts"
-        llama = next((b for b in mine if b.get("engine") == "llama.cpp"), None)
-        loop = next((b for b in mine if b.get("engine") != "llama.cpp"), None)
-        other = None  # the loop benched on prompts of the same set the drafter was not searched on
-        if loop is None and s["heldout_prompts"]:
-            other = next((b for b in benches if b.get("engine") != "llama.cpp"
-                          and {p["domain"] for p in b["prompts"]} == {s["workload"]}), None)
+        llama, loop, other_prompts = benches_of(s, benches)
         plain, measured, model = f"{1000 / s['decode_ms']:.1f} (llama-bench)", "not benched", "not benched"
         if llama is not None:
             target, arm = _arm(llama, "target"), _arm(llama, "draftnas")
@@ -172,7 +167,7 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
             if arm is not None:
                 measured = _ratio(arm.get("speedup"), arm.get("speedup_interval")) + _exact(arm)
             model = _model_cell(llama)
-        loop_cell = _loop_cell(loop) if other is None else f"{_loop_cell(other)} (other prompts of the set)"
+        loop_cell = _loop_cell(loop) + (" (other prompts of the set)" if other_prompts else "")
         verdict = "pays" if best["speedup"] > 1.02 else "level" if best["speedup"] >= 0.98 else "does not pay"
         priced = "llama-server's steps" if s.get("bench_best") else "llama-bench's costs"
         spread = (f" [{best['speedup_ci_low']:.3f}, {best['speedup_ci_high']:.3f}]"

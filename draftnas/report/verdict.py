@@ -1,0 +1,264 @@
+"""What pays where (`draftnas verdict`): per workload and engine, the drafter family that pays, its settings
+in that engine, its predicted speedup and break-even, and what the bench measured, from the results the
+pipeline wrote: `draftnas lookup`'s `lookup.json` (lookup drafting priced per workload in llama.cpp) and
+`draftnas bench` results (llama.cpp's arms, or draftnas's loop's drafter, lookup and hybrid arms).
+
+A bench belongs to the lookup search whose held-out prompts it ran (a loop bench on other prompts of the
+same set is taken, and said so). Per workload it recommends the fastest measured route over llama.cpp's
+plain decode of the same weights. Importing this module does not load torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.records import Record
+from draftnas.drafter.lookup import is_lookup, parse_lookup
+from draftnas.search.lookup_records import LookupResult
+
+LOOKUP_FILE = "lookup.json"
+LLAMA = "llama.cpp"
+
+
+@dataclass(frozen=True)
+class Route(Record):
+    """One way to decode a workload in one engine: a drafter family at its settings, priced and measured."""
+
+    engine: str
+    family: str  # lookup, model drafter, hybrid
+    settings: str
+    run_with: str  # the engine's flags or call for these settings
+    predicted: float | None = None  # speedup over the target alone in the same engine
+    predicted_interval: tuple[float, float] | None = None
+    break_even: str = ""
+    measured: float | None = None  # the bench's median paired speedup
+    measured_interval: tuple[float, float] | None = None
+    tokens_per_s: float | None = None  # measured; llama.cpp decode only, the loop's with the prefill
+    exact_match_rate: float | None = None
+    measured_on: str = ""  # which prompts the bench ran
+
+    @property
+    def verdict(self) -> str:
+        if self.measured is not None:
+            low, high = self.measured_interval or (self.measured, self.measured)
+            return "pays" if low > 1 else "does not pay" if high < 1 else "not separable"
+        if self.predicted is not None:
+            return "pays (predicted)" if self.predicted > 1.02 else \
+                "level (predicted)" if self.predicted >= 0.98 else "does not pay (predicted)"
+        return "not priced: bench it"  # e.g. transformers' lookup: it also tries shorter matches
+
+    @property
+    def rank(self) -> float:
+        """What orders an engine's routes: the measured speedup where benched, else the predicted one."""
+        return self.measured if self.measured is not None else self.predicted or 0.0
+
+
+@dataclass(frozen=True)
+class WorkloadVerdict(Record):
+    """Every route priced or measured for one workload, and the one to take."""
+
+    workload: str
+    target: str
+    host: str
+    plain_tokens_per_s: float  # llama.cpp alone on the same weights
+    plain_source: str
+    routes: tuple[Route, ...]
+    recommended: str
+
+    def best(self, engine: str) -> Route | None:
+        mine = [r for r in self.routes if r.engine == engine]
+        return max(mine, key=lambda r: r.rank) if mine else None
+
+    @property
+    def engines(self) -> list[str]:
+        return list(dict.fromkeys(r.engine for r in self.routes))
+
+
+def read_results(paths: Sequence[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The lookup results and benches among `paths` (a folder: its lookup.json), each checked; a file
+    that is neither, or is cut short, is one line naming it."""
+    lookups: list[dict[str, Any]] = []
+    benches: list[dict[str, Any]] = []
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            path = path / LOOKUP_FILE
+        try:
+            data = json.loads(path.read_text("utf-8"))
+        except FileNotFoundError:
+            raise InvalidInputError(f"{name}: no such file (give `draftnas lookup`'s folder or lookup.json, "
+                                    "or a `draftnas bench --out-json` file)") from None
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise InvalidInputError(f"{path}: not a JSON results file ({exc})") from None
+        kind = "lookup" if isinstance(data, dict) and "prices" in data else \
+            "bench" if isinstance(data, dict) and "arms" in data else None
+        if kind is None:
+            raise InvalidInputError(f"{path}: neither a `draftnas lookup` result nor a `draftnas bench` "
+                                    "result")
+        problem = _problem(data, kind)
+        if problem:
+            raise InvalidInputError(f"{path}: a {kind} result {problem}")
+        (lookups if kind == "lookup" else benches).append(data)
+    if not lookups:
+        raise InvalidInputError("no `draftnas lookup` result given: a verdict is per workload, and a "
+                                "workload is named by its lookup search (`draftnas lookup -p WORKLOAD "
+                                "--out DIR`)")
+    return lookups, benches
+
+
+def _problem(data: dict[str, Any], kind: str) -> str:
+    if kind == "lookup":
+        try:
+            result = LookupResult.from_dict(data)
+        except (TypeError, ValueError, KeyError) as exc:
+            return f"with missing or malformed fields ({exc})"
+        return "" if result.prices else "with no priced settings"
+    for key in ("arms", "prompts"):
+        if not isinstance(data.get(key), list):
+            return f"without its {key!r} list"
+    if not any(a.get("name") == "target" for a in data["arms"] if isinstance(a, dict)):
+        return "without the target-alone arm"
+    return ""
+
+
+def benches_of(search: dict[str, Any], benches: Sequence[dict[str, Any]]
+               ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
+    """The llama.cpp bench and the loop bench of a lookup search: those that ran its held-out prompts (or,
+    with --no-held-out, its own); a loop bench on other prompts of the same set where none did (the bool
+    says so)."""
+    held = set(search["heldout_prompts"]) or set(search["searched_prompts"])
+    mine = [b for b in benches if {p["prompt_id"] for p in b["prompts"]} <= held]
+    llama = next((b for b in mine if b.get("engine") == LLAMA), None)
+    loop = next((b for b in mine if b.get("engine") != LLAMA), None)
+    if loop is None and search["heldout_prompts"]:
+        loop = next((b for b in benches if b.get("engine") != LLAMA
+                     and {p["domain"] for p in b["prompts"]} == {search["workload"]}), None)
+        return llama, loop, loop is not None
+    return llama, loop, False
+
+
+def _prompts_run(bench: dict[str, Any] | None, which: str) -> str:
+    if bench is None:
+        return ""
+    return f"{bench.get('n_prompts') or len(bench['prompts'])} {which} x {bench.get('rounds') or 1} round(s)"
+
+
+def _arm(bench: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return next((a for a in bench["arms"] if a["name"] == name), None)
+
+
+def _interval(value: Sequence[float] | None) -> tuple[float, float] | None:
+    return (float(value[0]), float(value[1])) if value and len(value) == 2 else None
+
+
+def _measured(arm: dict[str, Any], on: str) -> dict[str, Any]:
+    return {"measured": arm.get("speedup"), "measured_interval": _interval(arm.get("speedup_interval")),
+            "tokens_per_s": arm.get("tokens_per_s"), "exact_match_rate": arm.get("exact_match_rate"),
+            "measured_on": on}
+
+
+def _llama_routes(search: LookupResult, bench: dict[str, Any] | None) -> list[Route]:
+    """llama.cpp: the lookup search's pick (predicted; measured where its bench ran it) and every other
+    speculative arm its bench ran (a model drafter, a hybrid)."""
+    best = search.best
+    on = _prompts_run(bench, "held-out prompts" if search.heldout_prompts else "prompts searched")
+    lookup = Route(LLAMA, "lookup", best.label, " ".join(search.flags), predicted=best.speedup,
+                   predicted_interval=(best.speedup_ci_low, best.speedup_ci_high)
+                   if best.speedup_ci_low is not None and best.speedup_ci_high is not None else None,
+                   break_even=f"{best.break_even_tokens_per_step:.1f} tokens/step at m={best.m}")
+    routes = [lookup]
+    for arm in (bench or {"arms": []})["arms"]:
+        spec = str(arm.get("drafter") or "")
+        if arm.get("speedup") is None or not spec:
+            continue
+        if spec == best.label:
+            routes[0] = replace(lookup, **_measured(arm, on))
+            continue
+        lookup_part, _, model = spec.partition("+") if is_lookup(spec) else ("", "", spec)
+        family = "hybrid" if lookup_part and model else "lookup" if lookup_part else "model drafter"
+        settings = spec if family == "lookup" else f"{lookup_part + ' + ' if lookup_part else ''}" \
+            f"{_name(model)}, γ {arm.get('gamma')}"
+        flags = _llama_flags(lookup_part, model, int(arm.get("gamma") or 0))
+        routes.append(Route(LLAMA, family, settings, flags, **_measured(arm, on)))
+    return routes
+
+
+def _llama_flags(lookup_part: str, model: str, gamma: int) -> str:
+    if not model:
+        return " ".join(parse_lookup(lookup_part).llama_cpp_flags())
+    flags = f"-md {model} --spec-draft-n-max {gamma}"
+    if lookup_part:
+        settings = parse_lookup(lookup_part)
+        flags += f" --spec-type {settings.kind},draft-simple " + " ".join(settings.llama_cpp_flags()[2:-2])
+    return flags
+
+
+def _loop_routes(bench: dict[str, Any], other_prompts: bool) -> list[Route]:
+    """draftnas's loop: every speculative arm of its bench, measured over the loop's own target alone."""
+    engine = f"draftnas's loop ({bench.get('dtype')})"
+    on = _prompts_run(bench, "other prompts of the set" if other_prompts else "held-out prompts")
+    out = []
+    for arm in bench["arms"]:
+        if arm.get("speedup") is None or arm.get("engine") == "hf":
+            continue
+        spec, gamma = str(arm.get("drafter") or ""), arm.get("gamma")
+        family = {"lookup": "lookup", "hybrid": "hybrid"}.get(arm["name"], "model drafter")
+        stop = f", stop {arm['p_min']:g}" if arm.get("p_min") else ""
+        lookup_part, _, model = spec.partition("+")
+        settings = lookup_part if family == "lookup" else f"{_name(spec)}, γ {gamma}{stop}" \
+            if family == "model drafter" else f"{lookup_part} + {_name(model)}"
+        policy = spec.rpartition(" (")[2].rstrip(")") if " (" in spec else "fallback"
+        run = {"lookup": f"draftnas bench -d DRAFTER --lookup {spec}",
+               "hybrid": f"draftnas bench -d {model.partition(' (')[0]} --lookup {lookup_part} "
+                         f"--hybrid-policy {policy}",
+               }.get(family, f"draftnas bench -d {spec} --gamma {gamma}")
+        out.append(Route(engine, family, settings, run, **_measured(arm, on)))
+    return out
+
+
+def _name(spec: str) -> str:
+    """A drafter's short name: a folder or file by its own name, a policy note kept."""
+    path, _, note = spec.partition(" (")
+    return Path(path.rstrip("/")).name + (f" ({note}" if note else "")
+
+
+def _transformers_route(search: LookupResult) -> Route:
+    kwargs = ", ".join(f"{k}={v}" for k, v in search.transformers.items())
+    return Route("transformers", "lookup", search.best.label, f"generate(..., {kwargs})")
+
+
+def workload_verdicts(lookups: Sequence[dict[str, Any]], benches: Sequence[dict[str, Any]]
+                      ) -> list[WorkloadVerdict]:
+    """One verdict per lookup search, its benches joined to it."""
+    out = []
+    for data in lookups:
+        search = LookupResult.from_dict(data)
+        llama, loop, other = benches_of(data, benches)
+        routes = _llama_routes(search, llama) + (_loop_routes(loop, other) if loop else [])
+        routes.append(_transformers_route(search))
+        target = _arm(llama, "target") if llama else None
+        plain, source = (float(target["tokens_per_s"]), "measured beside the routes, decode only") \
+            if target else (1000 / search.decode_ms, "from the lookup search's decode step")
+        out.append(WorkloadVerdict(workload=search.workload, target=search.target,
+                                   host=f"{search.host}, {search.threads} threads", plain_tokens_per_s=plain,
+                                   plain_source=source, routes=tuple(routes),
+                                   recommended=_recommend(plain, routes)))
+    return out
+
+
+def _recommend(plain: float, routes: Sequence[Route]) -> str:
+    """The fastest measured route over llama.cpp alone, or llama.cpp alone where none is faster."""
+    measured = [r for r in routes if r.tokens_per_s is not None and r.verdict == "pays"]
+    fastest = max(measured, key=lambda r: r.tokens_per_s or 0.0, default=None)
+    speed = fastest.tokens_per_s if fastest is not None else None
+    if fastest is None or speed is None or speed <= plain:
+        priced = [r for r in routes if r.measured is None and r.verdict == "pays (predicted)"]
+        hint = f"; predicted to pay, not benched: {priced[0].engine} {priced[0].settings}" if priced else ""
+        return f"{LLAMA} alone ({plain:.1f} tokens/s): no benched route is faster{hint}"
+    return (f"{fastest.engine} with {fastest.family} {fastest.settings} ({fastest.run_with}): "
+            f"{speed:.1f} tokens/s, {speed / plain:.2f}x {LLAMA} alone")

@@ -1,0 +1,91 @@
+"""`draftnas verdict`: what pays where, joined from lookup searches and benches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftnas.core.errors import InvalidInputError
+from draftnas.report.verdict import read_results, workload_verdicts
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "workloads"
+EDIT = ["lookup-edit72.json", "bench-llama-edit72.json", "bench-loop-edit.json"]
+CHAT = ["lookup-chat.json", "bench-llama-chat.json", "bench-loop-chat.json"]
+
+
+def _verdicts(names):
+    return workload_verdicts(*read_results([str(RESULTS / n) for n in names]))
+
+
+def test_the_shipped_edit_run_recommends_llama_cpp_lookup_at_its_measured_speed():
+    (edit,) = _verdicts(EDIT)
+    llama = edit.best("llama.cpp")
+    bench = json.loads((RESULTS / "bench-llama-edit72.json").read_text())
+    arm = next(a for a in bench["arms"] if a["name"] == "draftnas")
+    assert llama.family == "lookup" and llama.settings == "lookup:n=6,m=32"
+    assert llama.measured == pytest.approx(arm["speedup"]) and llama.verdict == "pays"
+    assert llama.predicted == pytest.approx(1.6198)
+    assert llama.predicted_interval == pytest.approx((1.5003, 1.8262))
+    assert "--spec-ngram-simple-size-m 32" in llama.run_with
+    assert edit.recommended.startswith("llama.cpp with lookup lookup:n=6,m=32")
+    assert llama.measured_on == "24 held-out prompts x 2 round(s)"
+    # draftnas's loop: its fastest arm (the hybrid) over its own target
+    loop = edit.best("draftnas's loop (bfloat16)")
+    assert loop.family == "hybrid" and loop.measured_on == "8 held-out prompts x 2 round(s)"
+    assert "--hybrid-policy fallback" in loop.run_with
+    assert edit.best("transformers").run_with == \
+        "generate(..., prompt_lookup_num_tokens=32, max_matching_ngram_size=6)"
+
+
+def test_where_nothing_beats_plain_decoding_it_says_so_and_keeps_every_arm():
+    (chat,) = _verdicts(CHAT)
+    assert chat.recommended.startswith("llama.cpp alone")
+    families = {(r.engine, r.family) for r in chat.routes}
+    assert ("llama.cpp", "model drafter") in families and ("llama.cpp", "lookup") in families
+    model = next(r for r in chat.routes if r.family == "model drafter" and r.engine == "llama.cpp")
+    assert model.verdict == "does not pay" and "--spec-draft-n-max 3" in model.run_with
+
+
+def test_the_command_prints_the_table_and_each_engines_settings():
+    out = subprocess.run([sys.executable, "-m", "draftnas", "verdict",
+                          ",".join(str(RESULTS / n) for n in EDIT + CHAT)],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "What pays where" in out.stdout
+    assert "edit: take llama.cpp with lookup lookup:n=6,m=32" in out.stdout
+    assert "chat: take llama.cpp alone" in out.stdout
+    assert "llama.cpp: decode plainly" in out.stdout  # chat: lookup not separable, the model drafter slower
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("content,needle", [
+    ('{"prices": [', "not a JSON results file"),
+    ('{"workload": "edit"}', "neither a `draftnas lookup` result nor a `draftnas bench` result"),
+    ('{"prices": [{"label": "lookup:n=2,m=2"}]}', "a lookup result with missing or malformed fields"),
+    ('{"arms": [{"name": "draftnas"}], "prompts": []}', "a bench result without the target-alone arm"),
+])
+def test_a_bad_results_file_is_one_line_naming_it(tmp_path, content, needle):
+    name = _write(tmp_path / "r.json", content)
+    with pytest.raises(InvalidInputError, match="r.json") as caught:
+        read_results([name])
+    assert needle in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_no_lookup_result_and_a_missing_file_are_refused(tmp_path):
+    with pytest.raises(InvalidInputError, match="no `draftnas lookup` result given"):
+        read_results([str(RESULTS / "bench-llama-chat.json")])
+    with pytest.raises(InvalidInputError, match="no such file"):
+        read_results([str(tmp_path / "absent")])
+    out = subprocess.run([sys.executable, "-m", "draftnas", "verdict", _write(tmp_path / "cut.json", "{")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len([ln for ln in out.stderr.splitlines() if ln.strip()]) == 1
