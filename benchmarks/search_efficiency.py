@@ -112,7 +112,7 @@ def main() -> None:
     from draftnas.search.loop import SearchOptions, run_search
     from draftnas.search.records import StudySettings
     from draftnas.search.resolve import resolve_profile
-    from draftnas.search.space_file import load_search_space
+    from draftnas.search.spaces import load_search_space
     from draftnas.search.storage import load_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -13,7 +13,7 @@ from draftnas.core.registry import Architecture, get_architecture
 from draftnas.core.throughput import expected_tokens_per_step
 from draftnas.search.evaluate import Evaluation
 from draftnas.search.records import AcceptanceReading, Candidate, SearchOptions, StudySettings
-from draftnas.search.space_file import load_search_space
+from draftnas.search.spaces import load_search_space
 
 
 def tiny_llama(config, seed=0, **changes):

@@ -22,6 +22,8 @@ expectation of the same replay with acceptance probabilities beta_t (a dynamic
 programme over positions; the contexts after a rejection are approximated by the
 trace's own tokens, which is exact in distribution for the accepted prefix).
 
+The replay itself (expected and greedy steps, per-domain summaries) is `acceptance.steps`.
+
 `vocab_subset` restricts the drafter's head to a subset of full-vocabulary ids
 (a reduced draft vocabulary): a target token outside it is always rejected under
 greedy, and q is renormalized over the subset under sampling.
@@ -39,7 +41,8 @@ import numpy as np
 import torch
 
 from draftnas.acceptance.accepts import AcceptsPrompt, AcceptsTrace, policy_steps, walk_accepts
-from draftnas.acceptance.records import AcceptanceEstimate, DomainAcceptance
+from draftnas.acceptance.records import AcceptanceEstimate
+from draftnas.acceptance.steps import PerPosition, replay_steps, summarize
 from draftnas.acceptance.traces import (
     TraceRecord,
     Traces,
@@ -53,90 +56,6 @@ from draftnas.core.records import Progress
 log = logging.getLogger(__name__)
 TOKENS_PER_BATCH = 4096
 HEAD_CHUNK_ROWS = 512
-
-
-def expected_steps(beta: np.ndarray, lengths: np.ndarray, gamma: int, max_new_tokens: int) -> np.ndarray:
-    """Expected number of speculative steps to emit each sequence.
-
-    beta: [N, T] per-position acceptance probability (1/0 under greedy), zero past each
-    sequence's length; lengths: [N] tokens in each sequence (the last may be EOS).
-    A step at position t drafts g = min(gamma, max_new_tokens - t - 1) tokens (the
-    decoding loops' end-of-budget rule), accepts a prefix of k with probability
-    prod_{j<k} beta_{t+j} * (1 - beta_{t+k}) (k < g) or prod_{j<g} beta_{t+j} (k = g),
-    and moves to min(t + k + 1, length). Returns [N] expected steps (exact under greedy).
-    """
-    n, width = beta.shape
-    padded = np.zeros((n, width + gamma + 2))
-    padded[:, :width] = beta
-    steps = np.zeros((n, width + gamma + 2))  # steps[:, t] = expected steps from position t
-    cols = np.arange(width + gamma + 2)
-    for t in range(width - 1, -1, -1):
-        g = max(0, min(gamma, max_new_tokens - t - 1))
-        reach = np.ones(n)  # prod_{j<k} beta_{t+j}
-        total = np.ones(n)
-        for k in range(g + 1):
-            p_k = reach * (1.0 - padded[:, t + k]) if k < g else reach
-            nxt = np.minimum(t + k + 1, lengths)
-            total += p_k * steps[np.arange(n), np.minimum(nxt, cols[-1])]
-            reach = reach * padded[:, t + k]
-        steps[:, t] = np.where(t < lengths, total, 0.0)
-    return steps[:, 0]
-
-
-def greedy_steps(agree: Sequence[np.ndarray], gamma: int, max_new_tokens: int) -> np.ndarray:
-    """Exact steps of greedy speculative decoding per sequence (the replay `expected_steps`
-    computes, walked directly: much faster for 0/1 agreement). agree: per sequence [C] of 0/1."""
-    return np.array([len(walk_accepts(a.tolist(), gamma, max_new_tokens)[0]) for a in agree], dtype=float)
-
-
-def _bootstrap(tokens: np.ndarray, steps: np.ndarray, n: int, confidence: float,
-               seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile interval of sum(tokens)/sum(steps) over prompts resampled with replacement.
-
-    tokens [N]; steps [N, G]. Returns (low [G], high [G]).
-    """
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(tokens), size=(n, len(tokens)))
-    ratios = tokens[idx].sum(1)[:, None] / steps[idx].sum(1)  # [n, G]
-    tail = (1.0 - confidence) / 2 * 100
-    return np.percentile(ratios, tail, axis=0), np.percentile(ratios, 100 - tail, axis=0)
-
-
-@dataclass
-class _Steps:
-    """Per record: tokens [N], expected steps [N, G] (point and upper), and per-position sums."""
-
-    tokens: np.ndarray
-    steps: np.ndarray
-    steps_hi: np.ndarray
-    beta_sum: np.ndarray
-    beta_hi_sum: np.ndarray
-    top1_sum: np.ndarray
-
-
-def _summarize(s: _Steps, rows: np.ndarray, n_bootstrap: int, confidence: float,
-               seed: int) -> DomainAcceptance:
-    tokens, steps = s.tokens[rows], s.steps[rows]
-    low, high = _bootstrap(tokens, steps, n_bootstrap, confidence, seed)
-    point = tokens.sum() / steps.sum(0)
-    positions = max(int(tokens.sum()), 1)
-    keys = [str(g) for g in range(1, steps.shape[1] + 1)]
-    return DomainAcceptance(
-        n_prompts=int(rows.sum()), n_positions=int(tokens.sum()),
-        top1_agreement=float(s.top1_sum[rows].sum() / positions),
-        acceptance_rate=float(s.beta_sum[rows].sum() / positions),
-        tokens_per_step=dict(zip(keys, point.tolist(), strict=True)),
-        ci_low=dict(zip(keys, low.tolist(), strict=True)),
-        ci_high=dict(zip(keys, high.tolist(), strict=True)),
-    )
-
-
-@dataclass
-class _PerPosition:
-    beta: list[np.ndarray]  # per record [C]
-    beta_hi: list[np.ndarray]
-    top1: list[np.ndarray]
-    confidence: list[np.ndarray]  # the drafter's probability of its own argmax
 
 
 def _unwrap(drafter: Any) -> tuple[Any, str | None]:
@@ -232,14 +151,14 @@ class BodyMemo:
 
 def _teacher_forced(model: Any, records: Sequence[TraceRecord], temperature: float,
                     subset: torch.Tensor | None, vocab_size: int, progress: Progress | None,
-                    body: BodyMemo | None = None) -> _PerPosition:
+                    body: BodyMemo | None = None) -> PerPosition:
 
     full_to_head = None
     if subset is not None:
         full_to_head = torch.full((vocab_size,), -1, dtype=torch.long)
         full_to_head[subset] = torch.arange(subset.numel())
     empty = [np.zeros(0)] * len(records)
-    out = _PerPosition(list(empty), list(empty), list(empty), list(empty))
+    out = PerPosition(list(empty), list(empty), list(empty), list(empty))
     done = 0
     with torch.inference_mode():
         for batch in _batches(records):
@@ -277,34 +196,9 @@ def _check_head(model: Any, vocab_size: int, subset: torch.Tensor | None) -> Non
         raise TraceError(f"the drafter's LM head has {rows} rows; expected {sorted(allowed)}{hint}")
 
 
-def _padded(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    width = max((len(a) for a in arrays), default=0)
-    out = np.zeros((len(arrays), width))
-    for i, a in enumerate(arrays):
-        out[i, :len(a)] = a
-    return out
-
-
-def _replay(per: _PerPosition, lengths: np.ndarray, max_gamma: int, max_new: int, *,
-            greedy: bool) -> _Steps:
-    gammas = range(1, max_gamma + 1)
-    if greedy:
-        steps = np.stack([greedy_steps(per.beta, g, max_new) for g in gammas], 1)  # [N, G]
-        steps_hi = steps
-    else:
-        beta, beta_hi = _padded(per.beta), _padded(per.beta_hi)
-        steps = np.stack([expected_steps(beta, lengths, g, max_new) for g in gammas], 1)
-        steps_hi = np.stack([expected_steps(beta_hi, lengths, g, max_new) for g in gammas], 1)
-    return _Steps(
-        tokens=lengths.astype(float), steps=steps, steps_hi=steps_hi,
-        beta_sum=np.array([b.sum() for b in per.beta]), beta_hi_sum=np.array([b.sum() for b in per.beta_hi]),
-        top1_sum=np.array([b.sum() for b in per.top1]),
-    )
-
-
 def _agreement(drafter_model: Any, traces: Traces, temperature: float, vocab_subset: Any,
                progress: Progress | None, body: BodyMemo | None = None
-               ) -> tuple[Traces, _PerPosition, torch.Tensor | None]:
+               ) -> tuple[Traces, PerPosition, torch.Tensor | None]:
     """The drafter checked against the traces and run teacher-forced over the records at
     `temperature` -> (those records, per-position acceptance, the head's subset)."""
     model, fingerprint = _unwrap(drafter_model)
@@ -372,11 +266,11 @@ def estimate_acceptance(
     selected, per, subset = _agreement(drafter_model, traces, temperature, vocab_subset, progress, body)
     lengths = np.array([len(r.continuation_ids) for r in selected.records])
     max_new = max(traces.metadata.max_new_tokens, int(lengths.max()))
-    steps = _replay(per, lengths, max_gamma, max_new, greedy=temperature <= 0)
+    steps = replay_steps(per, lengths, max_gamma, max_new, greedy=temperature <= 0)
     everything = np.ones(len(lengths), dtype=bool)
-    overall = _summarize(steps, everything, n_bootstrap, confidence, seed)
+    overall = summarize(steps, everything, n_bootstrap, confidence, seed)
     per_domain = {
-        domain: _summarize(steps, np.array([r.info.domain == domain for r in selected.records]),
+        domain: summarize(steps, np.array([r.info.domain == domain for r in selected.records]),
                            n_bootstrap, confidence, seed)
         for domain in selected.domains
     }

@@ -118,7 +118,7 @@ def table_lines(result: BenchResult) -> list[str]:
     """The chain as a Markdown table: each link's tokens/s and speedup over the target alone (medians,
     95% intervals), tokens per step, γ, and its tokens/s over the link before it, paired per prompt and
     round (a median of ratios with its interval and verdict, not a ratio of medians)."""
-    from draftnas.bench.run import compare_arms
+    from draftnas.bench.stats import compare_arms
 
     target = result.arm("target")
     lines = [f"Target alone: {target.tokens_per_s:.2f} tokens/s "

@@ -30,8 +30,9 @@ from transformers import AutoTokenizer
 from draftnas.bench.arms import MAIN, REFERENCE, reference_label
 from draftnas.bench.predicted import check_predictions
 from draftnas.bench.records import ArmResult, ArmRun, BenchOptions, BenchPrompt, BenchResult
-from draftnas.bench.run import compare_arms, first_divergence, unseen_prompts
-from draftnas.bench.stats import interval_of, tokens_per_s
+from draftnas.bench.run import unseen_prompts
+from draftnas.bench.stats import compare_arms, first_divergence, interval_of, tokens_per_s
+from draftnas.core.engines import LLAMA_CPP
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.options import option_error
@@ -46,7 +47,7 @@ from draftnas.search.engine import Verdict
 from draftnas.search.predictions import read_predictions
 
 log = logging.getLogger(__name__)
-ENGINE = "llama.cpp"
+ENGINE = LLAMA_CPP
 TARGET = "target"
 WARM_UP = "Say hello in one short sentence."  # each server's first request, never measured
 

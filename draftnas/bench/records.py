@@ -1,21 +1,15 @@
-"""What `draftnas bench` is asked and measures, and the records of e2e's analysis (pure).
-"""
+"""What `draftnas bench` is asked and measures, and the records of e2e's analysis (pure)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from draftnas.core.engines import HF, STATIC, EngineKind, engine_kind, engine_names
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group, parse_ints
 from draftnas.core.records import Record
-from draftnas.models.records import (
-    ENGINES,
-    TORCH_DTYPES,
-    llama_cpp_option,
-    target_gguf_option,
-    weights_problem,
-)
+from draftnas.models.records import TORCH_DTYPES, llama_cpp_option, target_gguf_option, weights_problem
 
 
 def _lookup_problems(options: BenchOptions) -> list[tuple[str, str]]:
@@ -27,7 +21,7 @@ def _lookup_problems(options: BenchOptions) -> list[tuple[str, str]]:
         parse_lookup(options.lookup or "")
     except InvalidInputError as e:
         return [("lookup", str(e).removeprefix("lookup "))]
-    if options.engine == "llama.cpp" or options.batch_sizes or options.temperature > 0:
+    if not options.kind.own_loop or options.batch_sizes or options.temperature > 0:
         return [("lookup", "runs in draftnas's greedy one-sequence loop: drop {engine} llama.cpp (there, "
                            "give lookup settings as --draft or --reference) and {batch_sizes}, set "
                            "{temperature} 0")]
@@ -88,7 +82,7 @@ class BenchOptions(Record):
         None, help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's "
                    "decoder over a cache allocated once (CUDA graphs on a GPU). llama.cpp: the GGUFs in "
                    "llama.cpp's own server, greedy, draft length fixed at --gamma. Default: static on cuda, "
-                   "hf on cpu.", choices=(*ENGINES, "llama.cpp"))
+                   "hf on cpu.", choices=engine_names())
     llama_cpp: str | None = llama_cpp_option("run the llama.cpp arms")
     torch_arms: bool = option(
         False, flag="--torch-arms/--no-torch-arms",
@@ -126,28 +120,34 @@ class BenchOptions(Record):
                    "Default: on CPU the profile measured on this host; on CUDA the GPU's spec sheet.")
 
     def resolved_engine(self) -> str:
-        return "static" if self.batch_sizes else self.engine or ("static" if self.device == "cuda" else "hf")
+        return STATIC if self.batch_sizes else self.kind.name
+
+    @property
+    def kind(self) -> EngineKind:  # the engine asked for, or the device's default
+        return engine_kind(self.engine or (STATIC if self.device == "cuda" else HF))
 
     def validate(self) -> BenchOptions:
+        if self.engine not in (None, *engine_names()):
+            return check_options(self)  # names the allowed engines
         extra = []
         if self.batch_sizes and self.temperature > 0:
             extra.append(("batch_sizes", "runs greedy decoding only: set {temperature} 0"))
-        if self.batch_sizes and self.engine == "hf":
-            extra.append(("batch_sizes", "runs in the static engine: drop {engine} hf"))
+        if self.batch_sizes and self.engine is not None and not self.kind.batched:
+            extra.append(("batch_sizes", f"runs in the static engine: drop {{engine}} {self.engine}"))
         if self.batch_sizes and self.reference_gamma not in (None, self.gamma):
             extra.append(("reference_gamma", "applies to the arms bench; {batch_sizes} runs every "
                                              "drafter at {gamma}"))
-        one_greedy = not (self.batch_sizes or self.engine == "llama.cpp" or self.temperature > 0)
+        one_greedy = not (self.batch_sizes or not self.kind.own_loop or self.temperature > 0)
         if max(self.p_min, self.reference_p_min) > 0 and not one_greedy:
             extra.append(("p_min", "runs in the greedy one-sequence loops: drop {batch_sizes} and {engine} "
                                    "llama.cpp, set {temperature} 0"))
-        if self.write_accepts and (self.batch_sizes or self.engine == "llama.cpp" or self.temperature > 0):
+        if self.write_accepts and not one_greedy:
             extra.append(("write_accepts", "records draftnas's greedy loop: drop {batch_sizes} and {engine} "
                                            "llama.cpp, set {temperature} 0"))
         if self.lookup is not None:
             extra += _lookup_problems(self)
-        if self.engine == "llama.cpp" and (self.batch_sizes or self.device != "cpu" or self.temperature > 0):
-            extra.append(("engine", "llama.cpp is benched on the CPU, greedy, one sequence at a time"))
+        if self.engine is not None and self.kind.limits(self.device, self.temperature):
+            extra.append(("engine", f"{self.engine} {self.kind.limits(self.device, self.temperature)}"))
         for name in ("draft_weights", "reference_weights"):
             weights = getattr(self, name)
             try:
@@ -195,7 +195,7 @@ class BenchRequest(Record):
 
     def validate(self) -> BenchRequest:
         extra = []
-        if self.replay and (self.references or self.ablation or self.options.engine not in (None, "static")
+        if self.replay and (self.references or self.ablation or self.options.engine not in (None, STATIC)
                             or self.options.temperature > 0 or self.options.write_accepts):
             extra.append(("replay", "replays one drafter's greedy counts in draftnas's static loop: drop "
                                     "{references}, {ablation}, {write_accepts} and {engine} other than "
@@ -203,7 +203,7 @@ class BenchRequest(Record):
         if self.replay_drafter and not self.replay:
             extra.append(("replay_drafter", "names a trace of {replay}'s file: give --replay"))
         if self.ablation and (self.references or self.options.batch_sizes or self.options.engine
-                              not in (None, "static")):
+                              not in (None, STATIC)):
             extra.append(("ablation", "benches its own chain in draftnas's static loop: drop {references}, "
                                       "{batch_sizes} and {engine} other than static"))
         if self.options.batch_sizes and len(self.references) > 1:

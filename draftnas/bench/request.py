@@ -8,6 +8,7 @@ from dataclasses import replace
 from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.records import BenchRequest, BenchResult
 from draftnas.bench.replay_records import ReplayResult
+from draftnas.core.engines import LLAMA_CPP, STATIC
 from draftnas.core.prompts import load_prompts
 from draftnas.core.records import Progress
 
@@ -31,7 +32,7 @@ def bench_from_request(request: BenchRequest, *, progress: Progress | None = Non
 
         return run_ablation(request, progress=progress), None
     prompts = load_prompts(request.prompts)
-    if options.engine == "llama.cpp":
+    if options.engine == LLAMA_CPP:
         from draftnas.bench.llama_cpp import run_llama_cpp_bench
 
         result: BenchResult | BatchedBenchResult | ReplayResult = run_llama_cpp_bench(
@@ -42,8 +43,8 @@ def bench_from_request(request: BenchRequest, *, progress: Progress | None = Non
     else:
         result = run_bench(request.target, request.draft, prompts, options, references=request.references,
                            progress=progress)
-    if options.engine != "llama.cpp" or not options.torch_arms:
+    if options.engine != LLAMA_CPP or not options.torch_arms:
         return result, None
-    torch_options = replace(options, engine="static", hf_assisted=False, hf_routed=False, predictions=None)
+    torch_options = replace(options, engine=STATIC, hf_assisted=False, hf_routed=False, predictions=None)
     return result, run_bench(request.target, request.draft, prompts, torch_options,
                              references=request.references, progress=torch_progress)

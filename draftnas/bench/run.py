@@ -37,7 +37,8 @@ from draftnas.bench.lookup_arms import LookupArm, lookup_arms, lookup_result
 from draftnas.bench.predicted import check_predictions, exported_prediction
 from draftnas.bench.recorded import write_bench_accepts
 from draftnas.bench.records import ArmResult, ArmRun, BenchOptions, BenchPrompt, BenchResult, Comparison
-from draftnas.bench.stats import drafting_split, interval_of, tokens_per_s, verdict
+from draftnas.bench.stats import compare_arms, drafting_split, first_divergence, interval_of, tokens_per_s
+from draftnas.core.engines import STATIC, engine_kind
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
 from draftnas.core.options import option_error
@@ -89,12 +90,6 @@ def _bench_prompt(bench: Bench, arms: Sequence[Arm], prompt: Prompt, ids: list[i
                        runs=tuple(out)), runs["target"].tokens
 
 
-def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
-    """Index of the first position where `tokens` departs from `reference` (None: identical)."""
-    i = next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b), None)
-    return i if i is not None or len(tokens) == len(reference) else min(len(tokens), len(reference))
-
-
 def bench_traces(target: LoadedModel, prompts: Sequence[Prompt], encoded: Sequence[list[int]],
                  continuations: Sequence[list[int]], options: BenchOptions) -> Traces:
     """In-memory traces of the target's own outputs (one teacher-forced pass each for top-k)."""
@@ -134,20 +129,11 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
         draft_ms_per_token=1000 * sum(r.draft_s for r in runs) / drafted if loop else None,
         draft_share=share, free_draft_speedup=free, free_draft_speedup_interval=free_interval,
         draft_vocab_size=d.subset.size if d.subset is not None else None,
-        draft_weights=d.weights if arm.engine in ("static", "hf-routed") else "dense", gamma=d.gamma,
+        draft_weights=d.weights if arm.engine in (STATIC, "hf-routed") else "dense", gamma=d.gamma,
         p_min=d.p_min,
         lossless=all(bool(r.lossless) for r in runs) if greedy else None,
         exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs) if greedy else None,
         divergence_margins=tuple(r.divergence_margin for r in runs if r.divergence_margin is not None))
-
-
-def compare_arms(rows: Sequence[BenchPrompt], numerator: str, denominator: str) -> Comparison:
-    """`numerator`'s tokens/s over `denominator`'s, per prompt and round, as a median with its interval
-    and the verdict it supports (ahead only when the whole interval lies above 1)."""
-    ratio, (low, high) = interval_of(
-        rows, lambda p: tokens_per_s(p.run(numerator)) / max(tokens_per_s(p.run(denominator)), 1e-12))
-    return Comparison(numerator=numerator, denominator=denominator, ratio=ratio, interval=(low, high),
-                      verdict=verdict(low, high), prompts=len({p.prompt_id for p in rows}))
 
 
 def _comparisons(arms: Sequence[Arm], rows: Sequence[BenchPrompt],
@@ -208,7 +194,7 @@ def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:
         record = exported_record(loaded.folder) if loaded.folder is not None else None
         weights = str((record or {}).get("weights", "dense"))
     field = "draft_weights" if label == MAIN else "reference_weights"
-    if quantized(weights) and options.resolved_engine() != "static":
+    if quantized(weights) and not engine_kind(options.resolved_engine()).quantized_kernels:
         raise option_error(field, f"{weights} ({label} drafter) runs in draftnas's loop in its static engine "
                                   "only: set {engine} static, or dense weights")
     problem = weights_problem(weights, options.device, options.dtype)
@@ -280,7 +266,7 @@ def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Seq
     bench = Bench(t_model, drafters, options)
     check_context(prompts, encoded, options.max_new_tokens + bench.max_gamma + 1,
                   t_model.model.config.max_position_embeddings, options.resolved_engine())
-    if options.resolved_engine() == "static":
+    if options.resolved_engine() == STATIC:
         bench.build_engines(max(len(ids) for ids in encoded) + options.max_new_tokens + bench.max_gamma + 1)
     bench.prepare(encoded)
     arms = bench.arms() + lookup_arms(bench)

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
+from draftnas.bench.records import BenchPrompt, Comparison
 from draftnas.core.intervals import median_interval
 
 
@@ -96,3 +97,18 @@ def drafting_split(rows: Sequence[_PromptRuns], arm: str, baseline: str
 
     ceiling, interval = interval_of(rows, free)
     return share, ceiling, interval
+
+
+def compare_arms(rows: Sequence[BenchPrompt], numerator: str, denominator: str) -> Comparison:
+    """`numerator`'s tokens/s over `denominator`'s, per prompt and round, as a median with its interval
+    and the verdict it supports (ahead only when the whole interval lies above 1)."""
+    ratio, (low, high) = interval_of(
+        rows, lambda p: tokens_per_s(p.run(numerator)) / max(tokens_per_s(p.run(denominator)), 1e-12))
+    return Comparison(numerator=numerator, denominator=denominator, ratio=ratio, interval=(low, high),
+                      verdict=verdict(low, high), prompts=len({p.prompt_id for p in rows}))
+
+
+def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
+    """Index of the first position where `tokens` departs from `reference` (None: identical)."""
+    i = next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b), None)
+    return i if i is not None or len(tokens) == len(reference) else min(len(tokens), len(reference))

@@ -13,6 +13,7 @@ from draftnas.cli.cmd_export import render_export
 from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
 from draftnas.cli.search_render import ranked_table, trained_table
+from draftnas.core.engines import engine_kind
 from draftnas.core.options import option
 from draftnas.search.hand_made import hand_made_best
 from draftnas.search.requests import SearchRequest
@@ -84,7 +85,7 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
             else:
                 render_export(exported.result)
     route = None
-    if result.best is not None and request.engine != "llama.cpp":  # the fastest plain decoding here?
+    if result.best is not None and not engine_kind(request.engine).external:  # the fastest plain decoding?
         from draftnas.search.engine import plain_route
 
         route = plain_route(request.target, f"trial {result.best.number} in draftnas's loop",

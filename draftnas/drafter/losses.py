@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftnas.acceptance.estimate import greedy_steps, head_logits
+from draftnas.acceptance.estimate import head_logits
+from draftnas.acceptance.steps import greedy_steps
 from draftnas.drafter.heal_data import HealSequence
 from draftnas.drafter.vocab import head_row_table, kept_ids
 

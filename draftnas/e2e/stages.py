@@ -37,7 +37,7 @@ from draftnas.search.loop import run_search
 from draftnas.search.records import StudySettings
 from draftnas.search.resolve import SearchRequest, plan_search
 from draftnas.search.space import DepthRange, GammaRange
-from draftnas.search.space_file import default_space_for, load_search_space
+from draftnas.search.spaces import default_space_for, load_search_space
 
 if TYPE_CHECKING:
     from draftnas.acceptance.traces import Traces

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from draftnas.core.engines import engine_kind
 from draftnas.core.errors import DeviceError
 from draftnas.core.machine import cpu_count, cpu_identity
 from draftnas.core.options import option_error
@@ -83,7 +84,7 @@ def host_cpu_profile(engine: str = "static", dtype: str | None = None) -> str:
     and instruction sets) with this many threads, in the mode that prices `engine` and the `dtype`
     asked for if there is one, else any measured here, else this CPU's roofline prior (never another
     CPU's profile: `draftnas.latency.hardware.cpu_roofline_profile`)."""
-    mode = "static" if engine == "static" else "eager"
+    mode = engine_kind(engine).graph_mode("cpu") or "eager"
     cpu = {k: default_profile(k) for k in SHIPPED_PROFILES if k.startswith("cpu")}
     here = [(p.mode != mode, dtype is not None and p.dtype != dtype, k) for k, p in cpu.items()
             if host_mismatch(p) is None]

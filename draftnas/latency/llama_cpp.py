@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from draftnas.core.engines import LLAMA_CPP
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.machine import cpu_identity
 from draftnas.core.records import write_json_file
@@ -177,7 +178,7 @@ def calibrate_llama_cpp(
             path.unlink()
             tick()
     return EngineCalibration(
-        engine="llama.cpp",
+        engine=LLAMA_CPP,
         version=llama.version,
         cpu=cpu_identity(),
         threads=threads,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from draftnas.core.engines import LLAMA_CPP
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group, parse_ints
 from draftnas.core.placement import Hardware
@@ -278,7 +279,7 @@ class ProfileOptions(Record):
         return check_options(self, extra)
 
 
-PROFILE_ENGINES = ("torch", "llama.cpp")
+PROFILE_ENGINES = ("torch", LLAMA_CPP)  # torch: the static and hf engines' steps
 
 
 @dataclass(frozen=True)
@@ -324,7 +325,7 @@ class ProfileRequest(Record):
 
     def validate(self) -> ProfileRequest:
         extra = []
-        if self.engine == "llama.cpp" and (self.model is None or not self.model.endswith(".gguf")):
+        if self.engine == LLAMA_CPP and (self.model is None or not self.model.endswith(".gguf")):
             extra.append(("model", "must name a GGUF file with the {engine} llama.cpp, got "
                                    f"{self.model!r}"))
         if self.quants and self.base is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from draftnas.core.engines import LLAMA_CPP
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Progress, write_json_file
 from draftnas.core.registry import get_architecture, resolve_architecture
@@ -19,7 +20,7 @@ def profile_from_request(request: ProfileRequest, *, progress: Progress | None =
     """Do what the request asks (see the module docstring) and write its file; `command`: the command
     line recorded in a measured profile."""
     request = request.validate()
-    if request.engine == "llama.cpp":
+    if request.engine == LLAMA_CPP:
         return _llama_cpp(request, progress)
     if request.target is not None:
         return _add_target(request, progress)

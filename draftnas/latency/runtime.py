@@ -17,9 +17,9 @@ from draftnas.core.errors import DeviceError
 from draftnas.core.machine import available_memory_bytes, cpu_count, cpu_model_name, require_device
 from draftnas.core.registry import Architecture
 from draftnas.latency.records import STATIC_MODES, Condition, ProfileOptions
-from draftnas.models.decoder import StaticStep
 from draftnas.models.hf_head import CACHE_ARG
 from draftnas.models.matmul import MatmulChooser
+from draftnas.models.static_step import StaticStep
 
 CUDA_MARGIN_BYTES = 1 << 30  # the CUDA context, allocator rounding and cuBLAS workspaces
 RAM_FRACTION = 0.5  # of available RAM: the rest stays with the OS and other processes
@@ -149,7 +149,7 @@ def out_of_memory(exc: BaseException) -> bool:
 
 def static_step(rt: Runtime, model: Any, arch: Architecture, cond: Condition, layers: int,
                  pool: Any) -> Any:
-    """`draftnas.models.decoder.StaticStep` over a cache of exactly context + new slots, the context
+    """`draftnas.models.static_step.StaticStep` over a cache of exactly context + new slots, the context
     filled with random keys/values; captured as a CUDA graph in "cuda-graph" mode.
 
     The write positions are the step's input (context .. context + new - 1), so every call

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.models.decoder import KVCache, StaticDecoder, StaticStep
+from draftnas.models.decoder import KVCache, StaticDecoder
+from draftnas.models.static_step import StaticStep
 
 
 @dataclass

@@ -18,8 +18,8 @@ import torch
 from transformers import DynamicCache
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.models.decoder import StaticStep
 from draftnas.models.hf_head import CACHE_ARG
+from draftnas.models.static_step import StaticStep
 
 
 class Engine(Protocol):

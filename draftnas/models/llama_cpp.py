@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftnas.core.engines import HF, LLAMA_CPP, STATIC
 from draftnas.core.errors import DraftnasError, InvalidInputError
 from draftnas.core.machine import cpu_identity
 from draftnas.core.provenance import sha256_file
@@ -322,14 +323,14 @@ def engines_here(request: EnginesRequest, say: Callable[[str], None] = log.info)
         built = build_llama_cpp(force=request.force, say=say)
         say(f"llama.cpp ready in {built.bin_dir}")
     versions = package_versions()
-    rows = [EngineRow("static", True, f"draftnas's decoder, torch {versions.get('torch')}",
+    rows = [EngineRow(STATIC, True, f"draftnas's decoder, torch {versions.get('torch')}",
                       "draftnas (bench --engine static)"),
-            EngineRow("hf", True, f"transformers {versions.get('transformers')}",
+            EngineRow(HF, True, f"transformers {versions.get('transformers')}",
                       "assisted generation (bench --engine hf)")]
     try:
         llama = find_llama_cpp(request.llama_cpp)
         flags = f"; flags here: {' '.join(llama.flags)}" if llama.flags else ""
-        rows.append(EngineRow("llama.cpp", True, llama.version, f"{llama.bin_dir}{flags}"))
+        rows.append(EngineRow(LLAMA_CPP, True, llama.version, f"{llama.bin_dir}{flags}"))
     except LlamaCppError as exc:
-        rows.append(EngineRow("llama.cpp", False, f"pinned: {PACKAGE} {VERSION}", str(exc)))
+        rows.append(EngineRow(LLAMA_CPP, False, f"pinned: {PACKAGE} {VERSION}", str(exc)))
     return rows

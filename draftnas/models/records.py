@@ -99,7 +99,6 @@ class ModelInfo(Record):
     converted_now: bool
 
 
-ENGINES = ("hf", "static")
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 

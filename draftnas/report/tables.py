@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP
 from draftnas.report.verdict import benches_of
 
 MARK = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- /table -->", re.S)
@@ -87,7 +88,7 @@ def bench_table(root: Path, files: Sequence[str]) -> list[str]:
     them beside llama.cpp's)."""
     (name,) = files
     data = _read(root, name)
-    decode_only = data.get("engine") == "llama.cpp"
+    decode_only = ENGINE_KINDS[data.get("engine") or HF].decode_only
     lines = _arm_rows(data)
     torch_arms = data.get("torch_arms")
     if torch_arms:
@@ -114,7 +115,7 @@ def _loop_cell(bench: dict[str, Any] | None) -> str:
     """draftnas's loop on a workload: its fastest arm over the target alone, beside the model drafter's."""
     if bench is None:
         return "not benched"
-    arms = [a for a in bench["arms"] if a.get("speedup") is not None and a.get("engine") != "hf"]
+    arms = [a for a in bench["arms"] if a.get("speedup") is not None and a.get("engine") != HF]
     best = max(arms, key=lambda a: a["speedup"])
     model = _arm(bench, "draftnas")
     cell = (f"{best['name']} at {best['tokens_per_s']:.2f} tokens/s, "
@@ -356,7 +357,7 @@ def hosts_table(root: Path, files: Sequence[str]) -> list[str]:
         data = _read(root, bench_name)
         target, best, stock = (_arm(data, n) for n in ("target", "draftnas", "reference"))
         assert target is not None and best is not None, f"{bench_name} lacks the target or draftnas arm"
-        engine = ("llama.cpp" if data.get("engine") == "llama.cpp"
+        engine = (LLAMA_CPP if data.get("engine") == LLAMA_CPP
                   else f"draftnas's loop ({data.get('dtype')})")
         host = str(data.get("host", "")).split(", avx")[0]
         alone = _speed(target["tokens_per_s"], target.get("tokens_per_s_interval"))

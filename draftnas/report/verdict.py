@@ -16,13 +16,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from draftnas.core.engines import HF, LLAMA_CPP
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Record
 from draftnas.drafter.lookup import is_lookup, parse_lookup
 from draftnas.search.lookup_records import LookupResult
 
 LOOKUP_FILE = "lookup.json"
-LLAMA = "llama.cpp"
 
 
 @dataclass(frozen=True)
@@ -133,10 +133,10 @@ def benches_of(search: dict[str, Any], benches: Sequence[dict[str, Any]]
     says so)."""
     held = set(search["heldout_prompts"]) or set(search["searched_prompts"])
     mine = [b for b in benches if {p["prompt_id"] for p in b["prompts"]} <= held]
-    llama = next((b for b in mine if b.get("engine") == LLAMA), None)
-    loop = next((b for b in mine if b.get("engine") != LLAMA), None)
+    llama = next((b for b in mine if b.get("engine") == LLAMA_CPP), None)
+    loop = next((b for b in mine if b.get("engine") != LLAMA_CPP), None)
     if loop is None and search["heldout_prompts"]:
-        loop = next((b for b in benches if b.get("engine") != LLAMA
+        loop = next((b for b in benches if b.get("engine") != LLAMA_CPP
                      and {p["domain"] for p in b["prompts"]} == {search["workload"]}), None)
         return llama, loop, loop is not None
     return llama, loop, False
@@ -167,7 +167,7 @@ def _llama_routes(search: LookupResult, bench: dict[str, Any] | None) -> list[Ro
     speculative arm its bench ran (a model drafter, a hybrid)."""
     best = search.best
     on = _prompts_run(bench, "held-out prompts" if search.heldout_prompts else "prompts searched")
-    lookup = Route(LLAMA, "lookup", best.label, " ".join(search.flags), predicted=best.speedup,
+    lookup = Route(LLAMA_CPP, "lookup", best.label, " ".join(search.flags), predicted=best.speedup,
                    predicted_interval=(best.speedup_ci_low, best.speedup_ci_high)
                    if best.speedup_ci_low is not None and best.speedup_ci_high is not None else None,
                    break_even=f"{best.break_even_tokens_per_step:.1f} tokens/step at m={best.m}")
@@ -184,7 +184,7 @@ def _llama_routes(search: LookupResult, bench: dict[str, Any] | None) -> list[Ro
         settings = spec if family == "lookup" else f"{lookup_part + ' + ' if lookup_part else ''}" \
             f"{_name(model)}, γ {arm.get('gamma')}"
         flags = _llama_flags(lookup_part, model, int(arm.get("gamma") or 0))
-        routes.append(Route(LLAMA, family, settings, flags, **_measured(arm, on)))
+        routes.append(Route(LLAMA_CPP, family, settings, flags, **_measured(arm, on)))
     return routes
 
 
@@ -204,7 +204,7 @@ def _loop_routes(bench: dict[str, Any], other_prompts: bool) -> list[Route]:
     on = _prompts_run(bench, "other prompts of the set" if other_prompts else "held-out prompts")
     out = []
     for arm in bench["arms"]:
-        if arm.get("speedup") is None or arm.get("engine") == "hf":
+        if arm.get("speedup") is None or arm.get("engine") == HF:
             continue
         spec, gamma = str(arm.get("drafter") or ""), arm.get("gamma")
         family = {"lookup": "lookup", "hybrid": "hybrid"}.get(arm["name"], "model drafter")
@@ -259,6 +259,6 @@ def _recommend(plain: float, routes: Sequence[Route]) -> str:
     if fastest is None or speed is None or speed <= plain:
         priced = [r for r in routes if r.measured is None and r.verdict == "pays (predicted)"]
         hint = f"; predicted to pay, not benched: {priced[0].engine} {priced[0].settings}" if priced else ""
-        return f"{LLAMA} alone ({plain:.1f} tokens/s): no benched route is faster{hint}"
+        return f"{LLAMA_CPP} alone ({plain:.1f} tokens/s): no benched route is faster{hint}"
     return (f"{fastest.engine} with {fastest.family} {fastest.settings} ({fastest.run_with}): "
-            f"{speed:.1f} tokens/s, {speed / plain:.2f}x {LLAMA} alone")
+            f"{speed:.1f} tokens/s, {speed / plain:.2f}x {LLAMA_CPP} alone")

@@ -19,9 +19,9 @@ _EXPORTS = {
     "plan_search": "resolve",
     "summary_lines": "explain",
     "next_commands": "explain",
-    "load_search_space": "space_file",
-    "default_space_for": "space_file",
-    "registry_space": "space_file",
+    "load_search_space": "spaces",
+    "default_space_for": "spaces",
+    "registry_space": "spaces",
     "SearchSpace": "space",
     "load_results": "results",
     "AlphaMeasureRequest": "requests",
@@ -59,4 +59,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from draftnas.search.resolve import plan_search, search
     from draftnas.search.results import load_results
     from draftnas.search.space import SearchSpace
-    from draftnas.search.space_file import default_space_for, load_search_space, registry_space
+    from draftnas.search.spaces import default_space_for, load_search_space, registry_space

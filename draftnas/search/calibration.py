@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from draftnas.core.engines import engine_kind
 from draftnas.core.machine import cpu_has_native_bf16
 from draftnas.core.registry import Architecture
 from draftnas.latency.batched import stored_or_timed_batches, timed_batches
@@ -49,8 +50,7 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     (`models.kernel_choices`)."""
     g = space.gamma
     counts = [n + 1 for n in range(max(1, g.min), g.max + 1)]
-    cuda = profile.device == "cuda"
-    mode = ("cuda-graph" if cuda else "static") if engine == "static" else "eager"
+    mode = engine_kind(engine).graph_mode(profile.device) or "eager"
     options = ProfileOptions(device=profile.device, dtype=dtype or profile.dtype, mode=mode, repeats=5,
                              warmup=1)
     # the smallest and largest reduced heads: a head's saving is linear in its rows between them
@@ -106,7 +106,8 @@ def quant_formats(space: SearchSpace, device: str, engine: str) -> list[str]:
     """The space's quantized weight formats the calibration times the base in: those it offers, where they
     can run (draftnas's static engine: on the CPU every format, on CUDA int4 in bf16, `weights_problem`;
     elsewhere such trials are pruned as unpriced)."""
-    if engine != "static" or device not in ("cpu", "cuda"):
+    kind = engine_kind(engine)
+    if not kind.quantized_kernels or device not in kind.devices:
         return []
     return [w for w in space.weights if quantized(w) and weights_problem(w, device, "bf16") is None]
 

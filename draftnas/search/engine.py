@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftnas.core.engines import LLAMA_CPP
 from draftnas.core.machine import cpu_count, cpu_identity
 from draftnas.core.options import option_error
 from draftnas.core.records import Record
@@ -34,7 +35,7 @@ from draftnas.models.records import GGUF_WEIGHTS
 from draftnas.search.space import SearchSpace
 
 log = logging.getLogger(__name__)
-ENGINE = "llama.cpp"
+ENGINE = LLAMA_CPP
 
 
 def space_problems(space: SearchSpace) -> list[str]:

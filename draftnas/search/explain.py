@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from draftnas.core.engines import LLAMA_CPP
 from draftnas.search.hand_made import bar_line
 from draftnas.search.healing import healing_lines
 
@@ -157,7 +158,7 @@ def next_commands(result: SearchResult, exported: tuple[str, int, float] | None 
     ref = next((r for r in result.references if r.reference and has_weights(r.reference)), None)
     reference = ref.reference if ref is not None else None
     ref_gamma = ref.primary.gamma if ref is not None else gamma  # the reference at its own best gamma
-    if result.info.engine == "llama.cpp":
+    if result.info.engine == LLAMA_CPP:
         use = _llama_cpp_use(result, folder, gamma, target_gguf)
     else:
         weights = b.candidate.choice.weights

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from draftnas.core.engines import LLAMA_CPP
 from draftnas.core.options import check_options, option, parse_ints
 from draftnas.core.records import Record
 from draftnas.drafter.lookup import RANGES
 
-ENGINES = ("llama.cpp",)
+ENGINES = (LLAMA_CPP,)  # the lookup search times llama-server; draftnas's loop runs lookup in the bench
 
 
 def _ints(text: object) -> tuple[int, ...]:

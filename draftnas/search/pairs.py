@@ -30,7 +30,7 @@ from draftnas.search.records import Candidate, CandidateChoice
 from draftnas.search.requests import AlphaMeasureRequest
 from draftnas.search.resolve import fingerprint_text
 from draftnas.search.space import SearchSpace
-from draftnas.search.space_file import default_space_for
+from draftnas.search.spaces import default_space_for
 
 log = logging.getLogger(__name__)
 DOMAIN_SETS = "chat,code,math,translation"
@@ -142,7 +142,7 @@ def measure_pairs(base: str, out: str | Path, *, n: int = 24, seed: int = 0, per
 def pairs_from_request(request: AlphaMeasureRequest, *, progress: Callable[[int, int], None] | None = None,
                        trace_progress: Callable[[int, int], None] | None = None) -> list[AlphaPair]:
     """`draftnas alpha measure`: the request's design of drafters measured into its file."""
-    from draftnas.search.space_file import load_search_space
+    from draftnas.search.spaces import load_search_space
 
     return measure_pairs(request.base, request.out, n=request.pairs, seed=request.seed,
                          per_domain=request.per_domain,

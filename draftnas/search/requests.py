@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftnas.core.engines import ENGINE_KINDS, LLAMA_CPP, engine_names
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group
 from draftnas.core.records import Record
@@ -16,7 +17,6 @@ from draftnas.models.records import llama_cpp_option, target_gguf_option
 from draftnas.search.records import StudySettings
 from draftnas.search.space import SearchSpace
 
-SEARCH_ENGINES = ("static", "hf", "llama.cpp")
 DTYPES = ("fp32", "fp16", "bf16", "fp8")
 
 
@@ -82,7 +82,7 @@ class SearchRequest(Record):
              "reduced heads and a few short decoding runs on the device, and correct a measured profile "
              "of that device with them.")
     engine: str = option(
-        "static", choices=SEARCH_ENGINES,
+        "static", choices=engine_names(),
         help="The speculative loop the calibration times and the printed bench runs: static (draftnas's "
              "decoder over caches allocated once), hf (transformers models over a growing cache) or "
              "llama.cpp (GGUF drafters timed, ranked and exported for llama.cpp's own tools; the target must "
@@ -138,10 +138,11 @@ class SearchRequest(Record):
                                               "(`draftnas alpha fit` writes one)"))
         if self.acceptance_anchor is not None and model is None:
             extra.append(("acceptance_anchor", "needs an acceptance model ({acceptance_prior} MODEL.json)"))
-        if self.target_gguf is not None and self.engine != "llama.cpp":
-            extra.append(("target_gguf", "is a llama.cpp file: set {engine} llama.cpp with it"))
-        if self.engine == "llama.cpp" and self.device != "cpu":
-            extra.append(("engine", "llama.cpp is calibrated and benched on the CPU ({device} cpu)"))
+        kind = ENGINE_KINDS.get(self.engine)
+        if self.target_gguf is not None and kind is not None and kind.drafter_file != "gguf":
+            extra.append(("target_gguf", f"is a GGUF file: set {{engine}} {LLAMA_CPP} with it"))
+        if kind is not None and kind.limits(self.device, 0.0):
+            extra.append(("engine", f"{self.engine} {kind.limits(self.device, 0.0)} ({{device}})"))
         return check_options(self, extra)
 
 

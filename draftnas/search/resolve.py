@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 from draftnas.acceptance.records import TraceOptions
 from draftnas.acceptance.traces import same_tokenizer_files, tokenizer_fingerprint
 from draftnas.acceptance.tracing import build_traces
+from draftnas.core.engines import LLAMA_CPP
 from draftnas.core.errors import InvalidInputError, SearchSpaceError
 from draftnas.core.machine import cpu_has_native_bf16, cpu_identity, require_device
 from draftnas.core.options import option_error
@@ -39,7 +40,6 @@ from draftnas.models.sources import ensure_local_folder, has_weights
 from draftnas.search.alpha import load_alpha_model
 from draftnas.search.calibration import calibrated_predictor
 from draftnas.search.candidate import reference_candidate
-from draftnas.search.engine import ENGINE as LLAMA_CPP
 from draftnas.search.engine import llama_cpp_model, verdict
 from draftnas.search.evaluate import Evaluator, ModelEvaluator, PriorEvaluator, WeightsEvaluator
 from draftnas.search.loop import SearchOptions, run_search
@@ -48,12 +48,8 @@ from draftnas.search.predictions import search_predictions, write_predictions
 from draftnas.search.records import LatencyPredictor, SearchResult, default_study_name
 from draftnas.search.requests import SearchRequest
 from draftnas.search.space import SearchSpace
-from draftnas.search.space_file import (
-    default_space_for,
-    load_search_space,
-    parse_search_space,
-    registry_space,
-)
+from draftnas.search.space_file import parse_search_space
+from draftnas.search.spaces import default_space_for, load_search_space, registry_space
 
 if TYPE_CHECKING:
     from draftnas.latency.records import LatencyProfile

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from draftnas.acceptance.estimate import estimate_acceptance, expected_steps, greedy_steps
+from draftnas.acceptance.estimate import estimate_acceptance
+from draftnas.acceptance.steps import expected_steps, greedy_steps
 from draftnas.core.errors import InvalidInputError, TraceError
 from tests.helpers import AGREE, StubDrafter, V, bigram, make_traces
 

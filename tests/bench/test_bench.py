@@ -138,7 +138,7 @@ def test_static_engine_bench_is_lossless_and_times_transformers_beside_it(tiny_p
 
 
 def test_first_divergence_and_its_margin_are_reported():
-    from draftnas.bench.run import first_divergence
+    from draftnas.bench.stats import first_divergence
 
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 5, 3], [1, 2, 3]) == 1
@@ -328,7 +328,7 @@ def test_the_ablation_table_says_each_links_figures_and_goes_into_the_folders_ca
     result = replace(bench, ablation={"links": [link.to_dict() for link in links], "notes": notes})
     lines = table_lines(result)
     # each link over the one before, paired per prompt and round (not a ratio of the two medians)
-    from draftnas.bench.run import compare_arms
+    from draftnas.bench.stats import compare_arms
 
     paired = compare_arms(bench.prompts, "draftnas", "reference")
     cell = f"| {paired.ratio:.3f} [{paired.interval[0]:.3f}, {paired.interval[1]:.3f}], {paired.verdict} |"

@@ -6,8 +6,7 @@ import pytest
 
 from benchmarks.drafting_split import pooled
 from draftnas.bench.records import ArmRun, BenchPrompt
-from draftnas.bench.run import compare_arms
-from draftnas.bench.stats import drafting_split, relative_error, tokens_per_s, verdict
+from draftnas.bench.stats import compare_arms, drafting_split, relative_error, tokens_per_s, verdict
 from draftnas.core.intervals import median_interval
 
 

@@ -177,7 +177,7 @@ def test_a_space_with_formats_or_heads_it_cannot_have_is_one_line_and_writes_not
                                                                                       needle):
     import yaml
 
-    from draftnas.search.space_file import shipped_spaces
+    from draftnas.search.spaces import shipped_spaces
 
     space = {**yaml.safe_load(shipped_spaces()["qwen2.5-coder-1.5b"].read_text()), **change}
     folder = tmp_path / "work"

@@ -15,7 +15,7 @@ def test_greedy_replay_healing_uses_is_hand_computed():
     """Healing's readings replay continuations with acceptance.greedy_steps (one replay)."""
     import numpy as np
 
-    from draftnas.acceptance.estimate import greedy_steps
+    from draftnas.acceptance.steps import greedy_steps
 
     def steps(matches: list[bool], gamma: int) -> int:
         return int(greedy_steps([np.asarray(matches, dtype=float)], gamma, len(matches))[0])

@@ -461,7 +461,8 @@ def test_vocab_size_is_a_search_dimension():
     from draftnas.search.candidate import build_candidate
     from draftnas.search.loop import distributions
     from draftnas.search.records import CandidateChoice
-    from draftnas.search.space_file import load_search_space, parse_search_space
+    from draftnas.search.space_file import parse_search_space
+    from draftnas.search.spaces import load_search_space
 
     space = load_search_space("gemma-3-270m")
     assert space.vocab_sizes[0] == 0 and 4096 in space.vocab_sizes
@@ -486,7 +487,7 @@ def test_latency_reading_charges_the_reduced_head():
     from draftnas.latency.model import LatencyModel
     from draftnas.search.records import TargetLatency
     from draftnas.search.scoring import read_latency
-    from draftnas.search.space_file import load_search_space
+    from draftnas.search.spaces import load_search_space
 
     space = load_search_space("gemma-3-270m")
     model = LatencyModel.from_profile(default_profile("cpu-intel-xeon"))

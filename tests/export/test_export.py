@@ -175,7 +175,7 @@ def _info(base="tiny", traces=None):
     """What the fake studies were made for: acceptance assumed, or (`traces`) measured on those."""
     from draftnas.core.registry import get_architecture
     from draftnas.search.records import StudyInfo
-    from draftnas.search.space_file import load_search_space
+    from draftnas.search.spaces import load_search_space
 
     smol = get_architecture("smollm2-135m")
     space = load_search_space("smollm2-135m")  # its workload at the trials' batch sizes (1 and 8)
@@ -415,7 +415,7 @@ def test_the_cli_heals_by_default_with_the_stated_budget_unless_the_space_heals_
 
     from draftnas.export.records import DEFAULT_EXPORT_HEAL_STEPS, ExportRequest
     from draftnas.export.request import default_heal_steps
-    from draftnas.search.space_file import load_search_space as load_space
+    from draftnas.search.spaces import load_search_space as load_space
 
     fields = {f.name: f for f in dataclasses.fields(ExportRequest)}
     assert fields["heal_steps"].default is None  # resolved per source

@@ -161,7 +161,7 @@ def test_the_formats_a_calibration_times_are_those_that_run_on_its_device():
     import dataclasses
 
     from draftnas.search.calibration import quant_formats
-    from draftnas.search.space_file import load_search_space
+    from draftnas.search.spaces import load_search_space
 
     space = load_search_space("qwen2.5-coder-1.5b")
     mixed = dataclasses.replace(space, weights=("dense", "int8", "int4", "attn=int8,mlp=int8,head=int4",
@@ -180,7 +180,7 @@ def test_a_cuda_calibration_of_a_space_offering_int4_times_its_base_in_int4_in_b
     from draftnas.core.errors import InfeasibleCandidateError
     from draftnas.latency.files import load_profile, profiles_dir
     from draftnas.search.calibration import calibrated_predictor
-    from draftnas.search.space_file import load_search_space
+    from draftnas.search.spaces import load_search_space
 
     target = TARGET.with_shape(hidden_size=256, intermediate_size=512, head_dim=64, vocab_size=1024)
     base = BASE.with_shape(hidden_size=128, intermediate_size=256, head_dim=64, vocab_size=1024)

@@ -353,7 +353,7 @@ def test_profile_target_extrapolates_k_layers_checks_the_method_and_the_search_u
     from draftnas.latency.model import LatencyModel
     from draftnas.search.records import StudySettings
     from draftnas.search.resolve import SearchRequest, plan_search
-    from draftnas.search.space_file import default_space_for
+    from draftnas.search.spaces import default_space_for
 
     smol = get_architecture("smollm2-135m")
     small = smol.with_shape(num_hidden_layers=6)

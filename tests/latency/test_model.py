@@ -434,7 +434,7 @@ def test_the_default_cpu_profile_is_the_one_measured_on_this_host(monkeypatch, c
     import draftnas.latency.hardware as hardware
     from draftnas.latency.calibrate import host_cpu_profile, host_mismatch
     from draftnas.search.resolve import resolve_profile
-    from draftnas.search.space_file import default_space_for
+    from draftnas.search.spaces import default_space_for
 
     for module in (profile_module, hardware):
         monkeypatch.setattr(module, "cpu_identity", lambda: cpu)

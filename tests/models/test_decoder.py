@@ -9,10 +9,11 @@ import torch
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.placement import activation_bytes
-from draftnas.models.decoder import StaticDecoder, StaticStep
+from draftnas.models.decoder import StaticDecoder
 from draftnas.models.hf_head import CACHE_ARG
 from draftnas.models.matmul import MatmulChooser
 from draftnas.models.row_padding import choose_row_padding
+from draftnas.models.static_step import StaticStep
 from tests.helpers import TINY_ARCH, FactoryCounter, hf_family, hf_gemma, hf_llama, hf_qwen2
 
 

@@ -143,8 +143,9 @@ def test_the_cuda_int4_product_is_the_product_with_the_dequantized_weight():
 def test_an_int4_decoder_on_cuda_decodes_as_its_dequantized_weights_and_replays_in_a_graph():
     """A static decoder in int4 on CUDA: its logits are the decoder's with the dequantized weights written
     in (bf16 sums apart), and a captured step replays to the eager one."""
-    from draftnas.models.decoder import StaticDecoder, StaticStep
+    from draftnas.models.decoder import StaticDecoder
     from draftnas.models.matmul import dequantize_int4, quantize_int4
+    from draftnas.models.static_step import StaticStep
     from tests.helpers import TINY_ARCH
 
     arch = TINY_ARCH.with_shape(hidden_size=128, intermediate_size=256, vocab_size=512)

@@ -28,7 +28,7 @@ from draftnas.search.evaluate import ModelEvaluator
 from draftnas.search.pairs import design
 from draftnas.search.records import CandidateChoice, StudySettings
 from draftnas.search.resolve import SearchRequest, search
-from draftnas.search.space_file import default_space_for
+from draftnas.search.spaces import default_space_for
 
 SMOL = get_architecture("smollm2-135m")
 L7 = get_architecture("llama-7b")

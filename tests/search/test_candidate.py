@@ -11,7 +11,7 @@ from draftnas.core.registry import get_architecture
 from draftnas.drafter.records import PruningPlan
 from draftnas.search.candidate import build_candidate, drafter_shape
 from draftnas.search.records import Candidate, CandidateChoice
-from draftnas.search.space_file import load_search_space
+from draftnas.search.spaces import load_search_space
 
 SMOL = get_architecture("smollm2-135m")  # 9 q heads, 3 KV heads (groups of 3), MLP 1536
 LLAMA7 = get_architecture("llama-7b")  # 32 heads, multi-head (32 KV heads), MLP 11008

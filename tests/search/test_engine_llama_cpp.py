@@ -11,7 +11,7 @@ from draftnas.core.throughput import expected_tokens_per_step
 from draftnas.latency.llama_cpp import EngineModel
 from draftnas.latency.records import EngineCalibration, EngineTiming
 from draftnas.search.engine import break_even_acceptance, space_problems, verdict
-from draftnas.search.space_file import default_space_for, load_search_space
+from draftnas.search.spaces import default_space_for, load_search_space
 
 TARGET = get_architecture("qwen2.5-coder-1.5b")
 BASE = get_architecture("qwen2.5-coder-0.5b")

@@ -23,7 +23,8 @@ from draftnas.search.records import AcceptanceReading, LatencyReading
 from draftnas.search.results import load_results
 from draftnas.search.scoring import assumed_acceptance, predict_workload
 from draftnas.search.space import GammaRange, Workload
-from draftnas.search.space_file import load_search_space, parse_search_space
+from draftnas.search.space_file import parse_search_space
+from draftnas.search.spaces import load_search_space
 from draftnas.search.storage import load_trial, normalize_storage, open_storage
 from tests.helpers import SMOL, FakeMeasured, StubLatency, smol_options
 
@@ -696,7 +697,7 @@ def test_a_registry_target_without_a_shipped_space_gets_the_default_space_writte
     from draftnas.search.records import StudySettings
     from draftnas.search.requests import SearchRequest
     from draftnas.search.resolve import plan_search
-    from draftnas.search.space_file import registry_space
+    from draftnas.search.spaces import registry_space
 
     request = SearchRequest(target="qwen2.5-72b", base_shape="qwen2.5-0.5b", acceptance_prior=0.7,
                             study=StudySettings(n_trials=2, run_dir=str(tmp_path)))

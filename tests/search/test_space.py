@@ -7,12 +7,8 @@ import yaml
 
 from draftnas.core.errors import SearchSpaceError
 from draftnas.core.registry import get_architecture
-from draftnas.search.space_file import (
-    default_space_for,
-    load_search_space,
-    parse_search_space,
-    shipped_spaces,
-)
+from draftnas.search.space_file import parse_search_space
+from draftnas.search.spaces import default_space_for, load_search_space, shipped_spaces
 
 GOOD = {
     "schema_version": 1, "name": "t", "target": "smollm2-135m", "base": "smollm2-135m",
