@@ -26,7 +26,8 @@ def main() -> None:
     from draftnas.core.machine import cpu_model_name, load_average
     from draftnas.drafter.heal import heal
     from draftnas.drafter.heal_data import generate_heal_data
-    from draftnas.drafter.records import HealOptions, load_plan
+    from draftnas.drafter.heal_records import HealOptions
+    from draftnas.drafter.records import load_plan
     from draftnas.drafter.surgery import apply_plan
     from draftnas.models.sources import load_model
 

@@ -24,8 +24,9 @@ def main() -> None:
     from draftnas.core.machine import cpu_model_name, load_average
     from draftnas.drafter.heal import heal
     from draftnas.drafter.heal_data import generate_heal_data
+    from draftnas.drafter.heal_records import HealOptions
     from draftnas.drafter.plan import plan_pruning
-    from draftnas.drafter.records import HealOptions, PlanOptions
+    from draftnas.drafter.records import PlanOptions
     from draftnas.drafter.surgery import apply_plan
     from draftnas.models.sources import load_model
 

@@ -33,8 +33,9 @@ def main() -> None:
 
     from draftnas.drafter.heal import heal
     from draftnas.drafter.heal_data import HealData, generate_heal_data
+    from draftnas.drafter.heal_records import HealOptions
     from draftnas.drafter.plan import plan_pruning
-    from draftnas.drafter.records import HealOptions, PlanOptions
+    from draftnas.drafter.records import PlanOptions
     from draftnas.drafter.surgery import apply_plan
     from draftnas.export.folder import export_drafter
     from draftnas.export.records import ExportInfo

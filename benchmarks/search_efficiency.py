@@ -110,8 +110,8 @@ def main() -> None:
     from draftnas.core.registry import get_architecture
     from draftnas.search.evaluate import PriorEvaluator
     from draftnas.search.loop import SearchOptions, run_search
+    from draftnas.search.pricing import resolve_profile
     from draftnas.search.records import StudySettings
-    from draftnas.search.resolve import resolve_profile
     from draftnas.search.spaces import load_search_space
     from draftnas.search.storage import load_study
 

@@ -33,11 +33,11 @@ from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import predict_throughput
-from draftnas.latency.calibrate import host_cpu_profile
 from draftnas.latency.calibration_store import check_here, read_calibration
 from draftnas.latency.corrected import CalibratedModel
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
 from draftnas.latency.hardware import CPU_ROOFLINE, SPEC_SHEETS, spec_sheet_profile
+from draftnas.latency.host_profile import host_cpu_profile
 from draftnas.latency.model import LatencyModel
 from draftnas.latency.records import HostCalibration
 from draftnas.models.batched import BatchedOutput, BatchedStatic, batched_greedy, batched_speculative_generate

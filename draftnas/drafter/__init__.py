@@ -13,8 +13,8 @@ from draftnas.core.public import lazy_exports
 _EXPORTS = {
     "PruningPlan": "records",
     "load_plan": "records",
-    "HealOptions": "records",
-    "HealResult": "records",
+    "HealOptions": "heal_records",
+    "HealResult": "heal_records",
     "BuiltDrafter": "records",
     "build_drafter": "build",
     "make_distill_data": "distill_data",
@@ -37,6 +37,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.drafter.build import build_drafter
     from draftnas.drafter.distill_data import make_distill_data
-    from draftnas.drafter.records import BuiltDrafter, HealOptions, HealResult, PruningPlan, load_plan
+    from draftnas.drafter.heal_records import HealOptions, HealResult
+    from draftnas.drafter.records import BuiltDrafter, PruningPlan, load_plan
     from draftnas.drafter.train import train_from_request
     from draftnas.drafter.trained import load_trained

@@ -28,16 +28,9 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Progress
 from draftnas.drafter.heal import heal as run_heal
 from draftnas.drafter.heal_data import HealData
+from draftnas.drafter.heal_records import HealOptions, HealReading, HealResult, prompt_key
 from draftnas.drafter.plan import plan_pruning
-from draftnas.drafter.records import (
-    BuiltDrafter,
-    HealOptions,
-    HealReading,
-    HealResult,
-    PlanOptions,
-    PruningPlan,
-    prompt_key,
-)
+from draftnas.drafter.records import BuiltDrafter, PlanOptions, PruningPlan
 from draftnas.drafter.surgery import apply_plan
 from draftnas.drafter.vocab import subset_from_traces
 from draftnas.models.ggml_quants import round_model

@@ -46,6 +46,7 @@ from draftnas.core.machine import require_device
 from draftnas.core.records import Progress
 from draftnas.drafter.adapters import attach_low_rank, is_adapter, merge_low_rank
 from draftnas.drafter.heal_data import HealData, is_traces, load_or_make_data, pad_id
+from draftnas.drafter.heal_records import HealOptions, HealReading, HealResult, prompt_key
 from draftnas.drafter.losses import (
     collate,
     head_subset,
@@ -55,7 +56,6 @@ from draftnas.drafter.losses import (
     selected_logits,
     topk_to_head,
 )
-from draftnas.drafter.records import HealOptions, HealReading, HealResult, prompt_key
 
 log = logging.getLogger(__name__)
 STATE_FILE = "heal-state.pt"

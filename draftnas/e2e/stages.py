@@ -25,8 +25,9 @@ from draftnas.core.records import write_json_file
 from draftnas.core.registry import Architecture
 from draftnas.drafter.build import build_drafter, choose_head, heal_options
 from draftnas.drafter.heal_data import HealData, data_from_traces
+from draftnas.drafter.heal_records import HealOptions
 from draftnas.drafter.plan import plan_pruning
-from draftnas.drafter.records import HealOptions, PlanOptions, PruningPlan
+from draftnas.drafter.records import PlanOptions, PruningPlan
 from draftnas.e2e.records import ROLES, Budget, E2EOptions, RoleDrafter
 from draftnas.export.folder import export_drafter, load_drafter
 from draftnas.export.records import ExportInfo
@@ -61,7 +62,7 @@ def stage_profile(options: E2EOptions, out: Path, tick: Callable[[int, int], Non
     """The given or shipped profile, else out/profile.json (measured here once)."""
 
     if options.profile:
-        from draftnas.search.resolve import resolve_profile
+        from draftnas.search.pricing import resolve_profile
 
         label, given = resolve_profile(options.profile, search_space(options))
         return given, label

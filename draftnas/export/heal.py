@@ -11,7 +11,8 @@ from pathlib import Path
 from draftnas.core.machine import require_device
 from draftnas.core.options import option_error
 from draftnas.core.records import Progress
-from draftnas.drafter.records import HealReading, HealResult, PruningPlan, load_plan
+from draftnas.drafter.heal_records import HealReading, HealResult
+from draftnas.drafter.records import PruningPlan, load_plan
 from draftnas.export.folder import check_destination, export_drafter, load_drafter
 from draftnas.export.records import ExportInfo, HealRequest
 from draftnas.export.request import teacher_for

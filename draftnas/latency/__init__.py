@@ -24,8 +24,8 @@ _EXPORTS = {
     "SHIPPED_PROFILES": "files",
     "cpu_roofline_profile": "hardware",
     "spec_sheet_profile": "hardware",
-    "host_cpu_profile": "calibrate",
-    "host_mismatch": "calibrate",
+    "host_cpu_profile": "host_profile",
+    "host_mismatch": "host_profile",
 }
 __all__ = [
     "LatencyModel",
@@ -47,9 +47,9 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from draftnas.latency.calibrate import host_cpu_profile, host_mismatch
     from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile, save_profile
     from draftnas.latency.hardware import cpu_roofline_profile, spec_sheet_profile
+    from draftnas.latency.host_profile import host_cpu_profile, host_mismatch
     from draftnas.latency.measure import measure_profile
     from draftnas.latency.model import LatencyModel
     from draftnas.latency.records import LatencyProfile, ProfileOptions, ProfileOutcome, ProfileRequest

@@ -9,14 +9,14 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from draftnas.core.engines import engine_kind
 from draftnas.core.errors import DeviceError
-from draftnas.core.machine import cpu_count, cpu_identity
+from draftnas.core.machine import cpu_identity
 from draftnas.core.options import option_error
 from draftnas.core.records import Progress
 from draftnas.core.registry import Architecture
@@ -30,12 +30,9 @@ from draftnas.latency.calibration_store import (
     store_path,
     write_calibration,
 )
-from draftnas.latency.files import SHIPPED_PROFILES, default_profile
-from draftnas.latency.hardware import CPU_ROOFLINE
 from draftnas.latency.records import (
     STATIC_MODES,
     HostCalibration,
-    LatencyProfile,
     ProfileOptions,
     StackCalibration,
 )
@@ -48,79 +45,41 @@ from draftnas.models.speculative import greedy_decode, speculative_generate
 log = logging.getLogger(__name__)
 
 
-def host_mismatch(profile: LatencyProfile) -> str | None:
-    """One line when `profile` was not measured on this CPU (model or thread count), or is a
-    spec sheet; None when it was, or when it is a GPU profile (judged where it is used).
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """What `calibrate_host` times of the target and beside it (random weights, seconds not a profile's
+    minutes). Steps run the way the options' mode runs them (eager: transformers' forward, what `--engine
+    hf` runs; static: draftnas's decoder, what `--engine static` runs)."""
 
-    CPU hosts of one machine kind differ 2x in decode time (an Intel Xeon and an AMD EPYC
-    host, both "2-core"), so a shipped profile is a prior, never this machine's figures.
-    """
-    if profile.kind == "spec-sheet" and profile.device == "cpu":
-        return (f"no shipped profile was measured on this CPU: the search starts from its "
-                f"{profile.device_name} (NOT MEASURED), which the calibration corrects")
-    if profile.kind == "spec-sheet":
-        return f"the latency profile is a spec-sheet roofline for {profile.device_name}, not a measurement"
-    if profile.device != "cpu":
-        return None
-    here, cores = cpu_identity(), cpu_count()
-    same_cpu = profile.cpu is not None and profile.cpu.same_kernels(here)  # unrecorded: never this CPU
-    same_threads = profile.threads in (None, cores)
-    if same_cpu and same_threads:
-        return None
-    measured_on = profile.cpu.label() if profile.cpu is not None else profile.device_name
-    return (f"the latency profile was measured on {measured_on}, {profile.threads or '?'} threads; this "
-            f"machine is {here.label()} with {cores} cores, so its predictions may be far off here (the "
-            "calibration corrects them; or measure this host: draftnas profile --device cpu --mode static "
-            "--out my-cpu.json, then --profile my-cpu.json)")
-
-
-def calibrates(profile: LatencyProfile) -> bool:
-    """Whether the calibration corrects `profile`: a measured one, or a CPU's roofline prior."""
-    return profile.kind == "measured" or profile.device == "cpu"
+    new_tokens: tuple[int, ...]  # the target's steps at full depth: each count of new tokens
+    prefix_layers: tuple[int, ...] = (1, 2)  # one new token through the target's first k layers
+    context_tokens: int = 128
+    overheads: bool = True  # short real decoding runs measure the work outside the forward too
+    prompt_tokens: int = 0  # > 0: the prefill of a prompt that long
+    # reduced draft heads: one new token of the full-depth target with each (`HostCalibration.head_saving_ms`)
+    head_rows: tuple[int, ...] = ()
+    # more shapes timed alike (a drafter's base, a reference drafter): first layers, full depth and reduced
+    # heads at one new token (`HostCalibration.stacks`), pricing drafters of their width from their kernels
+    stacks: tuple[Architecture, ...] = ()
+    # drafter bases timed alike in each weight format of `quant_formats` ("int8", "int4", per layer group;
+    # draftnas's static decoder, where `weights_problem` lets each run: `HostCalibration.quant_stacks`)
+    quant_stacks: tuple[Architecture, ...] = ()
+    quant_formats: tuple[str, ...] = ("int8",)
+    # False: the reduced heads are timed under the stacks only (drafters are cut from a base timed as a
+    # stack, so the target's own body under each head decides nothing and costs a full-size build per head)
+    target_heads: bool = True
+    # the activation dtype the quantized stacks run in where not the target's (an fp32 target with
+    # bf16-activation int8 drafters, where that int8 kernel is the fast one)
+    quant_dtype: str | None = None
 
 
-def host_cpu_profile(engine: str = "static", dtype: str | None = None) -> str:
-    """The shipped CPU profile to start from here: one measured on this CPU (vendor, family, model
-    and instruction sets) with this many threads, in the mode that prices `engine` and the `dtype`
-    asked for if there is one, else any measured here, else this CPU's roofline prior (never another
-    CPU's profile: `draftnas.latency.hardware.cpu_roofline_profile`)."""
-    mode = engine_kind(engine).graph_mode("cpu") or "eager"
-    cpu = {k: default_profile(k) for k in SHIPPED_PROFILES if k.startswith("cpu")}
-    here = [(p.mode != mode, dtype is not None and p.dtype != dtype, k) for k, p in cpu.items()
-            if host_mismatch(p) is None]
-    return min(here)[2] if here else CPU_ROOFLINE
-
-
-def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Sequence[int],
-                   prefix_layers: Sequence[int] = (1, 2), context_tokens: int = 128,
-                   progress: Progress | None = None, overheads: bool = True,
-                   prompt_tokens: int = 0, head_rows: Sequence[int] = (),
-                   stacks: Sequence[Architecture] = (), quant_stacks: Sequence[Architecture] = (),
-                   quant_formats: Sequence[str] = ("int8",), target_heads: bool = True,
-                   quant_dtype: str | None = None) -> HostCalibration:
-    """Time `target` (random weights) on this machine: every count in `new_tokens` at full depth,
-    and one new token through its first k layers for k in `prefix_layers` — seconds, not the
-    minutes of a profile. Timed the way `options.mode` runs steps (eager: transformers' forward,
-    what `--engine hf` runs; static: draftnas's decoder, what `--engine static` runs).
-    With `overheads`, short real decoding runs also measure the work outside the forward
-    (`decoding_overheads`). `prompt_tokens` > 0: the prefill of a prompt that long is timed too.
-    `head_rows`: reduced draft heads; one new token of the full-depth target with each, so the
-    time a smaller head saves is measured (`HostCalibration.head_saving_ms`). `stacks`: more shapes
-    timed alike (a drafter's base, a reference drafter): their first layers, full depth and reduced
-    heads at one new token (`HostCalibration.stacks`), so drafters of their width are priced from
-    their own kernels. `quant_stacks`: drafter bases timed alike in each weight format of `quant_formats`
-    ("int8", "int4", per layer group; `HostCalibration.quant_stacks`; draftnas's static decoder, where
-    `weights_problem` lets each run), so each format's drafters cut from them are priced from that format's
-    kernels. With more than the target's own jobs, the target is timed at the start and again at the end,
-    and its medians pool both passes. `target_heads` False: the reduced heads are timed under the stacks
-    only (drafters are cut from a base timed as a stack, so the target's own body under each head decides
-    nothing and cost a full-size build per head).
-    `quant_dtype`: the activation dtype the quantized stacks run in, when it is not the target's (an fp32
-    target with bf16-activation int8 drafters, where that int8 kernel is the fast one).
-    """
-    started = time.perf_counter()
+def calibrate_host(options: ProfileOptions, target: Architecture, plan: CalibrationPlan,
+                   progress: Progress | None = None) -> HostCalibration:
+    """Time `target` on this machine as `plan` says. With more than the target's own jobs, the target is
+    timed at the start and again at the end, and its medians pool both passes."""
+    started, context = time.perf_counter(), plan.context_tokens
     rt = Runtime(options.validate())
-    formats = tuple(f for f in quant_formats if f != "dense") if quant_stacks else ()
+    formats = tuple(f for f in plan.quant_formats if f != "dense") if plan.quant_stacks else ()
     if formats and options.mode not in STATIC_MODES:
         raise DeviceError(f"{formats[0]} drafters run in draftnas's static decoder only: calibrate them in a "
                           f"static mode ({', '.join(STATIC_MODES)})")
@@ -128,32 +87,33 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     if unavailable:
         raise DeviceError(unavailable[0])
     full = target.num_hidden_layers
-    prefixes = tuple(k for k in sorted(set(prefix_layers) | ({1} if overheads else set())) if k < full)
-    counts = tuple(sorted(set(new_tokens) | {1} | ({2, 3, 4} if overheads else set())))
-    jobs = [model_job(rt, target, full, (1, n, context_tokens), "calibration") for n in counts]
-    jobs += [model_job(rt, target, k, (1, 1, context_tokens), "calibration") for k in prefixes]
-    if overheads and full > 1:  # the first layer's verify steps, for the decodes that time the work outside
-        jobs += [model_job(rt, target, 1, (1, n, context_tokens), "calibration") for n in (2, 3, 4)]
-    if prompt_tokens > 0:
-        jobs.append(model_job(rt, target, full, (1, prompt_tokens, 0), "calibration"))
+    prefixes = tuple(k for k in sorted(set(plan.prefix_layers) | ({1} if plan.overheads else set()))
+                     if k < full)
+    counts = tuple(sorted(set(plan.new_tokens) | {1} | ({2, 3, 4} if plan.overheads else set())))
+    jobs = [model_job(rt, target, full, (1, n, context), "calibration") for n in counts]
+    jobs += [model_job(rt, target, k, (1, 1, context), "calibration") for k in prefixes]
+    if plan.overheads and full > 1:  # the first layer's verify steps: the decodes time the work outside
+        jobs += [model_job(rt, target, 1, (1, n, context), "calibration") for n in (2, 3, 4)]
+    if plan.prompt_tokens > 0:
+        jobs.append(model_job(rt, target, full, (1, plan.prompt_tokens, 0), "calibration"))
     groups = [Group(functools.partial(rt.build, target), model_bytes(rt, target), jobs, name=target.name)]
-    rows = sorted({r for r in head_rows if 0 < r < target.vocab_size})
-    target_rows = rows if target_heads else []
+    rows = sorted({r for r in plan.head_rows if 0 < r < target.vocab_size})
+    target_rows = rows if plan.target_heads else []
     for r in target_rows:  # the target's body under an r-row head: full depth and (if timed) its first layer
         shape = target.with_shape(vocab_size=r)
         depths = (full, 1) if 1 in prefixes else (full,)
-        jobs_r = [model_job(rt, shape, k, (1, 1, context_tokens), "calibration") for k in depths]
+        jobs_r = [model_job(rt, shape, k, (1, 1, context), "calibration") for k in depths]
         groups.append(Group(functools.partial(rt.build, shape), model_bytes(rt, shape), jobs_r,
                             name=f"{target.name} under a {r:,}-row head"))
-    extra_stacks = {a.name: a for a in stacks if a.with_shape(name="") != target.with_shape(name="")}
-    stack_groups = {name: _stack_groups(rt, a, prefixes, rows, context_tokens, prompt_tokens=prompt_tokens)
+    extra_stacks = {a.name: a for a in plan.stacks if a.with_shape(name="") != target.with_shape(name="")}
+    stack_groups = {name: _stack_groups(rt, a, prefixes, rows, context, prompt_tokens=plan.prompt_tokens)
                     for name, a in extra_stacks.items()}
-    # quantized drafters may run with activations in another dtype than the target's (`quant_dtype`)
-    rtq = rt if quant_dtype in (None, options.resolved_dtype()) else \
-        Runtime(dataclasses.replace(options, dtype=quant_dtype).validate())
-    quant_groups = {(f, a.name): _stack_groups(rtq, a, prefixes, rows, context_tokens, weights=f,
-                                               prompt_tokens=prompt_tokens)
-                    for f in formats for a in quant_stacks}
+    # quantized drafters may run with activations in another dtype than the target's (`plan.quant_dtype`)
+    rtq = rt if plan.quant_dtype in (None, options.resolved_dtype()) else \
+        Runtime(dataclasses.replace(options, dtype=plan.quant_dtype).validate())
+    quant_groups = {(f, a.name): _stack_groups(rtq, a, prefixes, rows, context, weights=f,
+                                               prompt_tokens=plan.prompt_tokens)
+                    for f in formats for a in plan.quant_stacks}
     all_groups = groups + [g for gs in (*stack_groups.values(), *quant_groups.values()) for g in gs]
     if len(all_groups) > 1:
         # the target's steps once more at the end, their times pooled with the first pass: the AMD
@@ -167,19 +127,19 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
     reduced = {r: g.jobs[0].measurement().median_ms for r, g in zip(target_rows, groups[1:], strict=True)}
     reduced_first = {r: g.jobs[1].measurement().median_ms
                      for r, g in zip(target_rows, groups[1:], strict=True) if len(g.jobs) > 1}
-    medians = {(j.layers, j.cond[1]): j.measurement().median_ms for j in jobs if j.cond[2] == context_tokens}
+    medians = {(j.layers, j.cond[1]): j.measurement().median_ms for j in jobs if j.cond[2] == context}
     prefill = {j.cond[1]: j.measurement().median_ms for j in jobs if j.cond[2] == 0}
     target_ms = {n: medians[(full, n)] for n in counts}
     prefix_ms = {k: medians[(k, 1)] for k in prefixes}
     extra = (0.0, 0.0, 0.0)
-    if overheads:
-        read = decoding_overheads(rt, target, context_tokens, {n: medians[(1, n)] for n in (1, 2, 3, 4)})
+    if plan.overheads:
+        read = decoding_overheads(rt, target, context, {n: medians[(1, n)] for n in (1, 2, 3, 4)})
         log.info("work outside the forward read %.2f ms per generated token, %.2f per drafted token, "
                  "%.2f per verify step (a negative reading counts as 0)", *read)
         extra = (max(0.0, read[0]), max(0.0, read[1]), max(0.0, read[2]))
     return HostCalibration(
         target=target.name, device_name=rt.device_name(), threads=rt.torch.get_num_threads(),
-        context_tokens=context_tokens, target_ms=target_ms, prefix_ms=prefix_ms, mode=options.mode,
+        context_tokens=context, target_ms=target_ms, prefix_ms=prefix_ms, mode=options.mode,
         wall_s=round(time.perf_counter() - started, 1), generate_overhead_ms=extra[0],
         draft_overhead_ms=extra[1], verify_overhead_ms=extra[2], prefill_ms=prefill,
         head_saving_ms={r: max(0.0, target_ms[1] - ms) for r, ms in reduced.items()},
@@ -187,7 +147,7 @@ def calibrate_host(options: ProfileOptions, target: Architecture, new_tokens: Se
         dtype=options.resolved_dtype(), cpu=None if rt.cuda else cpu_identity(),
         stacks={name: _stack_calibration(extra_stacks[name], gs, rows) for name, gs in stack_groups.items()},
         quant_stacks={f: {a.name: _stack_calibration(a, quant_groups[(f, a.name)], rows)
-                          for a in quant_stacks} for f in formats},
+                          for a in plan.quant_stacks} for f in formats},
         quant_dtype=rtq.options.resolved_dtype() if formats else "")
 
 
@@ -381,10 +341,10 @@ def stored_or_calibrated(options: ProfileOptions, target: Architecture, request:
     if stored is not None:
         c = stored.calibration
         log.info("re-timing the target's decode and verify against the stored calibration %s", path)
-        retimed = calibrate_host(dataclasses.replace(options, dtype=c.dtype), target, (max(c.target_ms),),
-                                 prefix_layers=(), overheads=False, context_tokens=c.context_tokens,
-                                 progress=progress).target_ms
-        changes = drift(c, retimed)
+        plan = CalibrationPlan((max(c.target_ms),), prefix_layers=(), overheads=False,
+                               context_tokens=c.context_tokens)
+        retimed = calibrate_host(dataclasses.replace(options, dtype=c.dtype), target, plan, progress)
+        changes = drift(c, retimed.target_ms)
         said = ", ".join(f"{k} {v:+.1%}" for k, v in changes.items())
         if given is not None or not drifted(changes):
             return c, f"calibration reused from {path} (re-timed here: {said})"

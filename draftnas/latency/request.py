@@ -10,8 +10,8 @@ from draftnas.core.engines import LLAMA_CPP
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Progress, write_json_file
 from draftnas.core.registry import get_architecture, resolve_architecture
-from draftnas.latency.calibrate import host_cpu_profile
 from draftnas.latency.files import default_profile, load_profile, save_profile
+from draftnas.latency.host_profile import host_cpu_profile
 from draftnas.latency.records import ProfileOutcome, ProfileRequest
 
 

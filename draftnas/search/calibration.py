@@ -13,7 +13,7 @@ from draftnas.core.engines import engine_kind
 from draftnas.core.machine import cpu_has_native_bf16
 from draftnas.core.registry import Architecture
 from draftnas.latency.batched import stored_or_timed_batches, timed_batches
-from draftnas.latency.calibrate import calibrate_host, choose_dtype, stored_or_calibrated
+from draftnas.latency.calibrate import CalibrationPlan, calibrate_host, choose_dtype, stored_or_calibrated
 from draftnas.latency.corrected import CalibratedModel
 from draftnas.latency.model import LatencyModel
 from draftnas.latency.records import HostCalibration, LatencyProfile, ProfileOptions
@@ -60,6 +60,10 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
     w = space.workload
     formats = quant_formats(space, profile.device, engine)
     quant_stacks = quant_stacks if formats else ()
+    plan = CalibrationPlan(tuple(counts), context_tokens=w.context_tokens, prompt_tokens=w.prompt_tokens,
+                           head_rows=tuple(heads), stacks=tuple(stacks), quant_stacks=tuple(quant_stacks),
+                           quant_formats=tuple(formats),
+                           target_heads=not stacks or _shape(stacks[0]) == _shape(target))
 
     def calibrate() -> HostCalibration:
         chosen = options
@@ -75,11 +79,8 @@ def calibrated_predictor(profile: LatencyProfile, target: Architecture, space: S
             else:
                 chosen = replace(options, dtype=candidates[0])
         log.info("calibrating %s in %s on this machine", target.name, chosen.resolved_dtype())
-        calibration = calibrate_host(chosen, target, counts, context_tokens=w.context_tokens,
-                                     progress=progress, prompt_tokens=w.prompt_tokens, head_rows=heads,
-                                     stacks=stacks, quant_stacks=quant_stacks, quant_formats=formats,
-                                     target_heads=not stacks or _shape(stacks[0]) == _shape(target),
-                                     quant_dtype=int8_activations(chosen.resolved_dtype(), quant_stacks))
+        activations = int8_activations(chosen.resolved_dtype(), quant_stacks)
+        calibration = calibrate_host(chosen, target, replace(plan, quant_dtype=activations), progress)
         return replace(calibration, dtype_ms=dtype_ms)
 
     request = {"target": target.to_dict(), "format": 4, "dtype": dtype or "auto", "mode": mode,

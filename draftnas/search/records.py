@@ -13,7 +13,8 @@ from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import RequestTerms, ThroughputEstimate
 from draftnas.drafter.distill_records import CurveSet, TrainedPrice
-from draftnas.drafter.records import HealResult, PruningPlan
+from draftnas.drafter.heal_records import HealResult
+from draftnas.drafter.records import PruningPlan
 from draftnas.search.space import SearchSpace
 
 

@@ -9,7 +9,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,32 +19,23 @@ from transformers import AutoTokenizer
 from draftnas.acceptance.records import TraceOptions
 from draftnas.acceptance.traces import same_tokenizer_files, tokenizer_fingerprint
 from draftnas.acceptance.tracing import build_traces
-from draftnas.core.engines import LLAMA_CPP
 from draftnas.core.errors import InvalidInputError, SearchSpaceError
-from draftnas.core.machine import cpu_has_native_bf16, cpu_identity, require_device
+from draftnas.core.machine import require_device
 from draftnas.core.options import option_error
-from draftnas.core.placement import Placement, place
 from draftnas.core.prompts import Prompt, load_prompts, subsample
 from draftnas.core.registry import Architecture, resolve_architecture
 from draftnas.drafter.curve_fit import load_curves, shipped_curves
 from draftnas.drafter.distill_records import CurveSet
-from draftnas.latency.batched import check_batch_fits
-from draftnas.latency.calibrate import calibrates, host_cpu_profile, host_mismatch
-from draftnas.latency.corrected import CalibratedModel, TargetTimedModel
-from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
-from draftnas.latency.hardware import SPEC_SHEETS, spec_sheet_profile
 from draftnas.latency.llama_cpp import EngineModel
-from draftnas.latency.model import LatencyModel
-from draftnas.models.records import GGUF_WEIGHTS, weights_problem
 from draftnas.models.sources import ensure_local_folder, has_weights
 from draftnas.search.alpha import load_alpha_model
-from draftnas.search.calibration import calibrated_predictor
 from draftnas.search.candidate import reference_candidate
-from draftnas.search.engine import llama_cpp_model, verdict
+from draftnas.search.engine import verdict
 from draftnas.search.evaluate import Evaluator, ModelEvaluator, PriorEvaluator, WeightsEvaluator
 from draftnas.search.loop import SearchOptions, run_search
 from draftnas.search.predictions import FILE_NAME as PREDICTIONS_FILE
 from draftnas.search.predictions import search_predictions, write_predictions
+from draftnas.search.pricing import Pricing, pricing
 from draftnas.search.records import LatencyPredictor, SearchResult, default_study_name
 from draftnas.search.requests import SearchRequest
 from draftnas.search.space import SearchSpace
@@ -52,7 +43,7 @@ from draftnas.search.space_file import parse_search_space
 from draftnas.search.spaces import default_space_for, load_search_space, registry_space
 
 if TYPE_CHECKING:
-    from draftnas.latency.records import LatencyProfile
+    pass
 
 
 log = logging.getLogger(__name__)
@@ -61,32 +52,6 @@ log = logging.getLogger(__name__)
 def fingerprint_text(data: Any) -> str:
     """Short stable hash of JSON-able data (for cache file names)."""
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def resolve_profile(spec: str | None, space: SearchSpace, dtype: str | None = None,
-                    engine: str = "static", calibrating: bool = False,
-                    device: str = "cpu") -> tuple[str, LatencyProfile]:
-    """A label naming the profile (file, device, kind) and the profile. `dtype`: a shipped spec-sheet
-    profile is re-derived for it; a measured profile must have been measured in it. The name
-    "cpu" (the spaces' default) is the shipped CPU profile measured on this host, when one is, else
-    this CPU's roofline prior (`host_cpu_profile`, for the loop `engine` and `dtype`). `calibrating`: a
-    CPU profile, or a measured profile of `device` (the one the calibration times), in another dtype is
-    a prior the calibration corrects in `dtype`, not an error."""
-
-    name = spec or space.profile or "cpu"
-    if name == "cpu":
-        name = host_cpu_profile(engine, dtype)
-    path = Path(name).expanduser()
-    profile = (load_profile(path) if path.suffix == ".json" or path.is_file()
-               else default_profile(name, dtype=dtype or "fp32"))
-    corrected = calibrating and profile.device == device and calibrates(profile)
-    if dtype is not None and dtype != profile.dtype and not corrected:
-        if profile.kind == "spec-sheet" and name.lower() in SPEC_SHEETS and name.lower() in SHIPPED_PROFILES:
-            profile = spec_sheet_profile(name.lower(), dtype)
-        else:
-            raise option_error("dtype", f"{dtype}: the profile {name} was measured in {profile.dtype}; "
-                                        f"measure one in {dtype} (`draftnas profile --dtype {dtype}`)")
-    return f"{name} ({profile.device_name}, {profile.kind}, {profile.dtype})", profile
 
 
 def trace_prompts(space: SearchSpace) -> list[Prompt]:
@@ -138,14 +103,43 @@ def _curves(request: SearchRequest) -> CurveSet | None:
     return curves
 
 
+@dataclass(frozen=True)
+class _Shapes:
+    """The request's shapes: its space, target, base and references, checked to draft for the target."""
+
+    space: SearchSpace
+    built_note: str | None  # how a space built from the registry was built
+    target_arch: Architecture
+    base: str
+    base_arch: Architecture
+    references: tuple[str, ...]
+
+
 def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], None] | None = None,
                 calibration_progress: Callable[[int, int], None] | None = None
                 ) -> tuple[SearchOptions, LatencyPredictor, Evaluator]:
-    """Resolve the request: shapes, space, profile, and measured or assumed acceptance."""
-
+    """Resolve the request in named steps: its shapes, what prices drafters here (`search.pricing`), how
+    acceptance is read (an α(drafter) model, a stated rate, or measured on the target's traces), and the
+    search's options."""
     request.validate()
     curves = _curves(request)  # a bad curves file is said before anything is timed
     _set_threads(request.threads)
+    shapes = _shapes(request)
+    priced = pricing(request, shapes.space, shapes.target_arch, shapes.base_arch, shapes.references,
+                     calibration_progress)
+    model = _model_evaluator(request, shapes.space, shapes.base, shapes.base_arch) \
+        if request.acceptance_model is not None else None  # acceptance from an α(drafter) model
+    options = _options(request, shapes, priced, curves, model[1] if model else None)
+    if model is not None:
+        return options, priced.predictor, model[0]
+    if request.assumed_acceptance is not None:
+        return options, priced.predictor, PriorEvaluator(request.assumed_acceptance)
+    return options, priced.predictor, _measuring_evaluator(request, options, trace_progress)
+
+
+def _shapes(request: SearchRequest) -> _Shapes:
+    """The space, target, base and references; one line naming every base or reference that cannot draft
+    for the target."""
     space, built_note = _space(request)
     require_device(request.device)
     target_arch = resolve_architecture(request.target)
@@ -157,71 +151,23 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
         problems += _tokenizer_problems(role, spec, request.target, target_arch)
     if problems:
         raise InvalidInputError("; ".join(problems))
-    profile, latency_profile = resolve_profile(request.profile, space, request.dtype, request.engine,
-                                               calibrating=request.calibrate, device=request.device)
-    _check_dtype(request.dtype, latency_profile.device)
-    device, priced_dtype = latency_profile.device, request.dtype or latency_profile.dtype
-    unavailable = [p for w in space.weights if (p := weights_problem(w, device, priced_dtype))]
-    if unavailable:
-        raise InvalidInputError(f"search space {space.name!r}, priced on {latency_profile.device} (profile "
-                                f"{profile}): {unavailable[0]}")
-    predictor: LatencyPredictor = LatencyModel.from_profile(latency_profile)
-    profile_note = host_mismatch(latency_profile)
-    timed = [t for t in latency_profile.targets.values() if t.target == target_arch.name]
-    if timed:
-        predictor = TargetTimedModel(predictor, timed)
-        checks = [f"{t.check.mean_abs_error_pct:.1f}% mean error on {t.check.shape}"
-                  for t in timed if t.check]
-        layers = "/".join(map(str, timed[0].timed_layers))
-        note = (f"{target_arch.name} priced from its first {layers} layers "
-                f"timed on {timed[0].device_name} and extrapolated to full depth "
-                f"({', '.join(checks) or 'method not checked here'})")
-        profile_note = f"{profile_note}; {note}" if profile_note else note
-    placement = _placement(request, latency_profile, target_arch, space)
-    engine, dtype = None, request.dtype or latency_profile.dtype
-    if request.engine == LLAMA_CPP:
-        engine, dtype = LLAMA_CPP, request.dtype or "fp32"  # acceptance: fp32 over the GGUF-rounded weights
-        predictor, profile_note = llama_cpp_model(
-            request.target, target_arch, base_arch, space, references, request.llama_cpp, request.threads,
-            calibration_progress, request.target_gguf)
-        profile = f"llama.cpp ({predictor.calibration.version}, this host)"
-    elif [w for w in space.weights if w in GGUF_WEIGHTS]:
-        raise InvalidInputError(f"search space {space.name!r} offers GGUF weights "
-                                f"({', '.join(space.weights)}); "
-                                "those drafters run in llama.cpp: pass --engine llama.cpp")
-    elif request.calibrate and latency_profile.device == request.device and calibrates(latency_profile):
-        engine = request.engine
-        stacks = [base_arch, *(resolve_architecture(r) for r in references if has_weights(r))]
-        predictor, profile_note, dtype = calibrated_predictor(
-            latency_profile, target_arch, space, calibration_progress, engine=engine, dtype=request.dtype,
-            stacks=stacks, given=Path(request.calibration).expanduser() if request.calibration else None,
-            quant_stacks=[base_arch])
-        borrowed = host_mismatch(latency_profile)
-        profile_note += f"; started from the profile {profile}" + (f": {borrowed}" if borrowed else "")
-    quant_dtype = None
-    if isinstance(predictor, CalibratedModel) and predictor.calibration.quant_dtype not in ("", dtype):
-        quant_dtype = predictor.calibration.quant_dtype  # quantized drafters beside an fp32 target: bf16
-    evaluator: Evaluator
-    model_label = None
-    if request.acceptance_model is not None:
-        evaluator, model_label = _model_evaluator(request, space, base, base_arch)
+    return _Shapes(space, built_note, target_arch, base, base_arch, references)
+
+
+def _options(request: SearchRequest, shapes: _Shapes, priced: Pricing, curves: CurveSet | None,
+             model_label: str | None) -> SearchOptions:
     study = request.study
     if request.target_gguf and study.study_name is None:  # another file's timings: a study of its own
-        study = replace(study, study_name=f"{default_study_name(request.target, space, study.sampler)}-"
-                                          f"{Path(request.target_gguf).stem}")
-    if built_note:
-        profile_note = f"{built_note}; {profile_note}" if profile_note else built_note
-    options = SearchOptions(
-        target=request.target, target_arch=target_arch, base=base, base_arch=base_arch, space=space,
-        profile=profile, study=study, acceptance_prior=request.assumed_acceptance,
-        profile_note=profile_note, placement=placement, acceptance_model=model_label, engine=engine,
-        dtype=dtype, references=references, device=request.device, quant_dtype=quant_dtype, curves=curves,
-        train_tokens=request.train_tokens)
-    if request.acceptance_model is not None:
-        return options, predictor, evaluator
-    if request.assumed_acceptance is not None:
-        return options, predictor, PriorEvaluator(request.assumed_acceptance)
-    return options, predictor, _measuring_evaluator(request, options, trace_progress)
+        name = default_study_name(request.target, shapes.space, study.sampler)
+        study = replace(study, study_name=f"{name}-{Path(request.target_gguf).stem}")
+    note = "; ".join(n for n in (shapes.built_note, priced.note) if n)
+    return SearchOptions(
+        target=request.target, target_arch=shapes.target_arch, base=shapes.base, base_arch=shapes.base_arch,
+        space=shapes.space, profile=priced.profile, study=study, acceptance_prior=request.assumed_acceptance,
+        profile_note=note, placement=priced.placement,
+        acceptance_model=model_label,
+        engine=priced.engine, dtype=priced.dtype, references=shapes.references, device=request.device,
+        quant_dtype=priced.quant_dtype, curves=curves, train_tokens=request.train_tokens)
 
 
 def _space(request: SearchRequest) -> tuple[SearchSpace, str | None]:
@@ -265,14 +211,6 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
-def _check_dtype(dtype: str | None, device: str) -> None:
-    """Refuse in one line a dtype the device has no kernels for (bf16 on a CPU without native bf16)."""
-    if dtype == "bf16" and device == "cpu" and not cpu_has_native_bf16():
-        raise option_error("dtype", f"bf16: this CPU ({cpu_identity().label()}) has no native bf16 "
-                                    "instructions (avx512_bf16 or amx_bf16), so bf16 would run emulated and "
-                                    "slower than fp32; use fp32")
-
-
 def _tokenizer_problems(role: str, spec: str, target: str, target_arch: Architecture) -> list[str]:
     """Why a base or reference cannot draft for the target: another vocabulary, or (both with weights
     here) another tokenizer. One family's embeddings padded to different sizes (Qwen2.5's 151,936 and
@@ -293,39 +231,6 @@ def _tokenizer_problems(role: str, spec: str, target: str, target_arch: Architec
         return [f"{role} {spec} has another tokenizer than target {target} (fingerprints {prints[0]} and "
                 f"{prints[1]}); a drafter must share the target's tokenizer"]
     return []
-
-
-def _placement(request: SearchRequest, profile: LatencyProfile, target: Architecture,
-               space: SearchSpace) -> Placement | None:
-    """Where the target runs: GPU profiles that carry their hardware; None on a CPU profile."""
-
-    w = space.workload
-    if profile.hardware is None or profile.device != "cuda":
-        if request.gpus not in (None, 1):
-            raise option_error("gpus", f"applies to GPU profiles with hardware figures; the profile "
-                                       f"{profile.device_name} ({profile.device}) has none")
-        if request.batch is not None and profile.device == "cpu":
-            check_batch_fits(target, request.dtype or profile.dtype, request.batch,
-                             w.context_tokens + w.prompt_tokens + space.gamma.max + 1)
-        return None
-
-    hardware = profile.hardware
-
-    def at(batches: tuple[int, ...]) -> Placement:
-        return place(target, hardware, profile.dtype, batch_sizes=batches,
-                     context_tokens=w.context_tokens, max_gamma=space.gamma.max, gpus=request.gpus,
-                     draft_tp=request.draft_tp, margin=request.memory_margin)
-
-    if request.batch is None:
-        return at(w.batch_sizes)
-    single = at((1,))  # the target alone at batch 1 says its own line where even that does not fit
-    try:
-        placement: Placement | None = at(w.batch_sizes)
-    except InvalidInputError:  # the batch's activations alone overflow every degree
-        placement = None
-    if placement is None or request.batch > placement.max_batch:
-        raise option_error("batch", f"of {request.batch} sequences does not fit: {single.summary()}")
-    return placement
 
 
 def _model_evaluator(request: SearchRequest, space: SearchSpace, base: str,

@@ -8,7 +8,7 @@ import pytest
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.drafter.heal_data import HealData, HealSequence
-from draftnas.drafter.records import HealOptions
+from draftnas.drafter.heal_records import HealOptions
 
 
 def test_greedy_replay_healing_uses_is_hand_computed():

@@ -136,7 +136,7 @@ def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
     from draftnas.acceptance.records import TraceMetadata, TraceRecordInfo
     from draftnas.acceptance.traces import TraceRecord, Traces
     from draftnas.drafter.heal import heal
-    from draftnas.drafter.records import HealOptions
+    from draftnas.drafter.heal_records import HealOptions
     from draftnas.models.speculative import greedy_generate
 
     # untied heads: tied random models just repeat their input token, so a drafter would agree
@@ -523,8 +523,9 @@ def test_gemma3_reduced_head_heals_from_traces(tiny_gemma):
     from draftnas.acceptance.records import TraceMetadata, TraceRecordInfo
     from draftnas.acceptance.traces import TraceRecord, Traces
     from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal_records import HealOptions
     from draftnas.drafter.plan import plan_pruning
-    from draftnas.drafter.records import HealOptions, PlanOptions
+    from draftnas.drafter.records import PlanOptions
     from draftnas.drafter.surgery import apply_plan
     from draftnas.models.speculative import greedy_generate
 

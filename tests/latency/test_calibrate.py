@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from draftnas.core.registry import Architecture
-from draftnas.latency.calibrate import calibrate_host, choose_dtype
+from draftnas.latency.calibrate import CalibrationPlan, calibrate_host, choose_dtype
 from draftnas.latency.corrected import CalibratedModel
 from draftnas.latency.model import LatencyModel
 from draftnas.latency.records import ProfileOptions
@@ -74,7 +74,8 @@ def test_a_dtype_that_loses_badly_on_the_probe_is_not_timed_to_the_end(monkeypat
 
 
 def test_a_base_is_timed_beside_the_target_and_prices_the_drafters_of_its_width():
-    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, head_rows=[64], stacks=[BASE, TARGET])
+    calibration = calibrate_host(OPTIONS, TARGET, CalibrationPlan((2,), overheads=False, head_rows=[64],
+                                                                  stacks=[BASE, TARGET]))
     assert set(calibration.stacks) == {"base"}  # the target is not timed twice
     stack = calibration.stacks["base"]
     assert stack.full_ms > 0 and set(stack.prefix_ms) == {1, 2} and set(stack.head_saving_ms) == {64}
@@ -94,8 +95,8 @@ def test_a_base_is_timed_beside_the_target_and_prices_the_drafters_of_its_width(
 def test_a_base_is_timed_with_int8_weights_beside_its_dense_stack_and_only_in_the_static_cpu_engine():
     from draftnas.core.errors import DeviceError
 
-    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, head_rows=[64], stacks=[BASE],
-                                 quant_stacks=[BASE])
+    calibration = calibrate_host(OPTIONS, TARGET, CalibrationPlan((2,), overheads=False, head_rows=[64],
+                                                                  stacks=[BASE], quant_stacks=[BASE]))
     dense, int8 = calibration.stacks["base"], calibration.quant_stacks["int8"]["base"]
     assert int8.full_ms > 0 and set(int8.prefix_ms) == {1, 2} and set(int8.head_saving_ms) == {64}
     assert int8 != dense  # timed on its own models, not a copy of the dense figures
@@ -107,25 +108,25 @@ def test_a_base_is_timed_with_int8_weights_beside_its_dense_stack_and_only_in_th
     assert model.for_weights("int8").predict_ms(BASE, context_tokens=128) == pytest.approx(fast.full_ms)
     with pytest.raises(DeviceError, match="static"):
         eager = ProfileOptions(device="cpu", dtype="fp32", mode="eager", repeats=3, warmup=1, threads=1)
-        calibrate_host(eager, TARGET, [2], overheads=False, quant_stacks=[BASE])
+        calibrate_host(eager, TARGET, CalibrationPlan((2,), overheads=False, quant_stacks=[BASE]))
 
 
 def test_the_target_is_timed_at_the_start_and_again_at_the_end_of_a_calibration(monkeypatch):
     """The host's speed moves over minutes: the target's steps are read in two passes, pooled."""
     seen = _round_robin_passes(monkeypatch)
-    calibrate_host(OPTIONS, TARGET, [2], overheads=False, stacks=[BASE])
+    calibrate_host(OPTIONS, TARGET, CalibrationPlan((2,), overheads=False, stacks=[BASE]))
     groups = seen[0]
     assert len(groups) == 3 and groups[-1] is groups[0] and groups[1] is not groups[0]
     assert all(len(job.times_ms) == 2 * OPTIONS.repeats for job in groups[0].jobs)
     assert all(len(job.times_ms) == OPTIONS.repeats for job in groups[1].jobs)
     seen.clear()
-    calibrate_host(OPTIONS, TARGET, [2], overheads=False)  # the target alone: one pass is all there is
+    calibrate_host(OPTIONS, TARGET, CalibrationPlan((2,), overheads=False))  # the target alone: one pass
     assert len(seen[0]) == 1 and all(len(job.times_ms) == OPTIONS.repeats for job in seen[0][0].jobs)
 
 
 def test_a_stack_held_out_is_priced_from_its_prefixes_not_from_its_timed_full_depth():
     deep = BASE.with_shape(name="deep", num_hidden_layers=6)
-    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, stacks=[deep])
+    calibration = calibrate_host(OPTIONS, TARGET, CalibrationPlan((2,), overheads=False, stacks=[deep]))
     stack = calibration.stacks["deep"]
     assert set(stack.prefix_ms) == {1, 2, 3}  # its first layers and its middle depth: the line spans it
     model = CalibratedModel(_flat_model(), calibration, TARGET)
@@ -138,11 +139,12 @@ def test_a_stack_held_out_is_priced_from_its_prefixes_not_from_its_timed_full_de
 
 
 def test_int8_stacks_may_run_bf16_activations_beside_an_fp32_target(monkeypatch):
-    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, stacks=[BASE], quant_stacks=[BASE],
-                                 quant_dtype="bf16")
+    calibration = calibrate_host(OPTIONS, TARGET, CalibrationPlan((2,), overheads=False, stacks=[BASE],
+                                                                  quant_stacks=[BASE], quant_dtype="bf16"))
     assert calibration.dtype == "fp32" and calibration.quant_dtype == "bf16"
     assert calibration.quant_stacks["int8"]["base"].full_ms > 0
-    assert calibrate_host(OPTIONS, TARGET, [2], overheads=False, quant_stacks=[BASE]).quant_dtype == "fp32"
+    assert calibrate_host(OPTIONS, TARGET, CalibrationPlan((2,), overheads=False,
+                                                           quant_stacks=[BASE])).quant_dtype == "fp32"
     # the choice: beside an fp32 target, whichever activations the int8 product timed faster in
     import draftnas.search.calibration as search_calibration
     from draftnas.models.matmul import faster_int8_activations
@@ -207,8 +209,9 @@ def test_a_drafters_prefill_is_priced_from_its_stacks_prefill_timed_in_its_forma
     """A base is timed reading the workload's prompt too, dense and in each format: an int4 drafter's
     prefill is priced from the int4 stack's (the CPU's int4 kernel reads many rows slower than dense while
     it decodes one faster), a cut of it scaled by depth, not from the decode's ratio."""
-    calibration = calibrate_host(OPTIONS, TARGET, [2], overheads=False, prompt_tokens=24, stacks=[BASE],
-                                 quant_stacks=[BASE], quant_formats=("int4",))
+    plan = CalibrationPlan((2,), overheads=False, prompt_tokens=24, stacks=(BASE,), quant_stacks=(BASE,),
+                           quant_formats=("int4",))
+    calibration = calibrate_host(OPTIONS, TARGET, plan)
     dense, int4 = calibration.stacks["base"], calibration.quant_stacks["int4"]["base"]
     assert set(dense.prefill_ms) == set(int4.prefill_ms) == {24} and dense.prefill_ms != int4.prefill_ms
     assert set(dense.prefix_ms) == {1, 2}  # the prefill is not taken for a depth

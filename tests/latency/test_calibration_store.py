@@ -12,7 +12,7 @@ import draftnas.latency.calibrate as calibrate
 import draftnas.latency.calibration_store as store
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import CpuIdentity
-from draftnas.latency.calibrate import calibrate_host, stored_or_calibrated
+from draftnas.latency.calibrate import CalibrationPlan, calibrate_host, stored_or_calibrated
 from draftnas.latency.calibration_store import HostKey, read_calibration, store_path
 from tests.latency.test_calibrate import OPTIONS, TARGET
 
@@ -37,12 +37,12 @@ class Counting:
 
     def __call__(self):
         self.calls += 1
-        return calibrate_host(OPTIONS, TARGET, [3], overheads=False)
+        return calibrate_host(OPTIONS, TARGET, CalibrationPlan((3,), overheads=False))
 
 
 def _retimed(monkeypatch, factor: float) -> None:
     """The drift check's re-timing reads the stored figures times `factor`."""
-    def fake(options, target, counts, **kwargs):
+    def fake(options, target, plan, progress=None):
         stored = read_calibration(next((store_path(HERE, REQUEST).parent).glob("*.json")))
         ms = {n: v * factor for n, v in stored.calibration.target_ms.items()}
         return dataclasses.replace(stored.calibration, target_ms=ms)

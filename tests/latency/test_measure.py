@@ -317,8 +317,8 @@ def test_a_profile_from_another_cpu_or_a_spec_sheet_is_named_as_such():
 
     from draftnas.core.machine import cpu_count, cpu_identity
     from draftnas.core.records import CpuIdentity
-    from draftnas.latency.calibrate import host_mismatch
     from draftnas.latency.files import default_profile
+    from draftnas.latency.host_profile import host_mismatch
 
     shipped = default_profile("cpu-intel-xeon")
     here = dataclasses.replace(shipped, cpu=cpu_identity(), threads=cpu_count())
@@ -396,7 +396,7 @@ def test_profile_target_extrapolates_k_layers_checks_the_method_and_the_search_u
 def test_a_search_calibrated_from_a_borrowed_profile_names_it_and_whose_it_is(monkeypatch, tmp_path):
     """The calibration corrects the main terms, but the search's note says which profile it started from
     and, when that profile is another CPU's (or records no CPU), that it is."""
-    import draftnas.search.resolve as resolve
+    import draftnas.search.pricing as pricing
     from draftnas.latency.model import LatencyModel
     from draftnas.search.records import StudySettings
     from draftnas.search.resolve import SearchRequest, plan_search
@@ -404,7 +404,7 @@ def test_a_search_calibrated_from_a_borrowed_profile_names_it_and_whose_it_is(mo
     def fake_calibration(profile, *args, **kwargs):  # the timing itself is tested elsewhere
         return LatencyModel.from_profile(profile), "calibrated on this machine (stand-in)", "fp32"
 
-    monkeypatch.setattr(resolve, "calibrated_predictor", fake_calibration)
+    monkeypatch.setattr(pricing, "calibrated_predictor", fake_calibration)
     request = SearchRequest(target="smollm2-135m", profile="cpu-amd-static", acceptance_prior=0.5,
                             study=StudySettings(run_dir=str(tmp_path)))
     options, _, _ = plan_search(request)

@@ -340,15 +340,15 @@ def test_int8_drafters_are_priced_from_the_base_timed_with_int8_weights():
 
 def test_a_tiny_calibration_runs_here_and_feeds_the_model():
     from draftnas.core.registry import Architecture
-    from draftnas.latency.calibrate import calibrate_host
+    from draftnas.latency.calibrate import CalibrationPlan, calibrate_host
     from draftnas.latency.corrected import CalibratedModel
     from draftnas.latency.records import HostCalibration, ProfileOptions
 
     tiny = Architecture(name="tiny", family="llama", num_hidden_layers=4, hidden_size=64,
                         intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                         vocab_size=256, tie_word_embeddings=True)
-    cal = calibrate_host(ProfileOptions(device="cpu", repeats=3, warmup=1, threads=1), tiny, [2, 3],
-                         context_tokens=16)
+    cal = calibrate_host(ProfileOptions(device="cpu", repeats=3, warmup=1, threads=1), tiny,
+                         CalibrationPlan((2, 3), context_tokens=16))
     assert set(cal.target_ms) == {1, 2, 3, 4} and set(cal.prefix_ms) == {1, 2}  # 4: the gamma-3 runs
     assert min(cal.generate_overhead_ms, cal.draft_overhead_ms, cal.verify_overhead_ms) >= 0.0
     assert all(v > 0 for v in (*cal.target_ms.values(), *cal.prefix_ms.values()))
@@ -430,10 +430,10 @@ XEON = CpuIdentity(vendor="GenuineIntel", isa=("avx2", "avx512f"), name="Intel(R
     (CpuIdentity(vendor="Other", isa=(), name="Some Other CPU"), 2, "static", "cpu-roofline"),
 ])
 def test_the_default_cpu_profile_is_the_one_measured_on_this_host(monkeypatch, cpu, cores, engine, expected):
-    import draftnas.latency.calibrate as profile_module
     import draftnas.latency.hardware as hardware
-    from draftnas.latency.calibrate import host_cpu_profile, host_mismatch
-    from draftnas.search.resolve import resolve_profile
+    import draftnas.latency.host_profile as profile_module
+    from draftnas.latency.host_profile import host_cpu_profile, host_mismatch
+    from draftnas.search.pricing import resolve_profile
     from draftnas.search.spaces import default_space_for
 
     for module in (profile_module, hardware):

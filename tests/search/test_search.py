@@ -660,13 +660,13 @@ def test_a_base_or_reference_with_another_vocabulary_or_tokenizer_is_refused(tmp
 
 
 def test_bf16_is_refused_where_the_cpu_has_no_native_bf16(monkeypatch):
-    import draftnas.search.resolve as resolve
+    import draftnas.search.pricing as pricing
 
-    monkeypatch.setattr(resolve, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(pricing, "cpu_has_native_bf16", lambda: False)
     with pytest.raises(InvalidInputError, match="no native bf16 instructions"):
-        resolve._check_dtype("bf16", "cpu")
-    resolve._check_dtype("fp32", "cpu")
-    resolve._check_dtype("bf16", "cuda")  # judged on the GPU's own terms
+        pricing._check_dtype("bf16", "cpu")
+    pricing._check_dtype("fp32", "cpu")
+    pricing._check_dtype("bf16", "cuda")  # judged on the GPU's own terms
 
 
 @pytest.mark.real_model
