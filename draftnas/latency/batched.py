@@ -1,6 +1,7 @@
 """Timing the batched steps a calibration keeps beside its batch-1 ones (`batch_records.BatchTiming`): the
-target's decode and largest verify, and each drafter base's decode, at batch B for every B asked, on random
-weights of the real shapes, the way the loop runs them (draftnas's static decoder or transformers' forward).
+target's decode and verifies (`timed_counts`), and each drafter base's decode, at batch B for every B
+asked, on random weights of the real shapes, the way the loop runs them (draftnas's static decoder or
+transformers' forward).
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ from draftnas.latency.records import HostCalibration, ProfileOptions
 from draftnas.latency.runtime import Runtime, model_bytes
 from draftnas.latency.timing import Group, calls_per_job, model_job, run_round_robin, ticker
 from draftnas.models.kernel_choices import fresh_choices
+from draftnas.models.records import MAX_WEIGHT_ONCE_ROWS
 
 log = logging.getLogger(__name__)
+BATCHED_COUNTS = 2  # what `timed_counts` times (1 was a decode and the largest verify): stored steps of
+# another version are timed again
 
 
 def check_batches(batch_sizes: Sequence[int], flag: str = "--batch") -> tuple[int, ...]:
@@ -41,6 +45,16 @@ def check_batches(batch_sizes: Sequence[int], flag: str = "--batch") -> tuple[in
         raise option_error("batch", f"batch size {bad[0]} is not allowed: a batch holds at least 1 sequence",
                            flag=flag)
     return tuple(sorted({b for b in batch_sizes if b > 1}))
+
+
+def timed_counts(batch_size: int, verify_tokens: int) -> tuple[int, ...]:
+    """The new-token counts the target is timed at at `batch_size`: a decode, the largest verify, and either
+    side of the count whose rows (batch x tokens) pass `MAX_WEIGHT_ONCE_ROWS`, where a CPU product changes
+    kernel (`models.matmul`), so a verify priced between two timed counts lies within one kernel's line
+    (at B = 4 a verify of 5 tokens reads 20 rows, past the 16 of the few-row kernel)."""
+    most = max(1, verify_tokens)
+    below = MAX_WEIGHT_ONCE_ROWS // batch_size
+    return tuple(sorted({n for n in (1, below, below + 1, most) if 1 <= n <= most}))
 
 
 def time_batches(options: ProfileOptions, target: Architecture, batch_sizes: Sequence[int],
@@ -56,16 +70,15 @@ def time_batches(options: ProfileOptions, target: Architecture, batch_sizes: Seq
     rt = Runtime(options.validate())
     rtq = rt if quant_dtype in (None, options.resolved_dtype()) else \
         Runtime(dataclasses.replace(options, dtype=quant_dtype).validate())
-    counts = sorted({1, max(1, verify_tokens)})
-    shapes: list[tuple[Architecture, str, tuple[int, ...]]] = [(target, "dense", tuple(counts))]
+    shapes: list[tuple[Architecture, str, bool]] = [(target, "dense", True)]  # True: its verifies too
     for a, w in stacks:  # each layer shape and format once (a base and a reference may be one shape)
         if all((a.with_shape(name=""), w) != (s.with_shape(name=""), sw) for s, sw, _ in shapes):
-            shapes.append((a, w, (1,)))
+            shapes.append((a, w, False))
     groups = []
-    for arch, weights, ns in shapes:
+    for arch, weights, verifies in shapes:
         run = rt if weights == "dense" else rtq
         jobs = [model_job(run, arch, arch.num_hidden_layers, (b, n, context_tokens), "calibration")
-                for b in batches for n in ns]
+                for b in batches for n in (timed_counts(b, verify_tokens) if verifies else (1,))]
         name = arch.name + ("" if weights == "dense" else f" with {weights} weights") + " at batch"
         groups.append(Group(functools.partial(run.build, arch, weights=weights), model_bytes(run, arch), jobs,
                             name=name))
@@ -113,7 +126,8 @@ def stored_or_timed_batches(options: ProfileOptions, target: Architecture, calib
     batches when they were timed against this very calibration (the same batch-1 figures: a calibration
     re-timed after a drift re-times its batches too), else timed now and stored. -> (it, one line)."""
     host = host_key()
-    path = store_path(host, {**request, "batched": list(batches)})
+    request = {**request, "batched": list(batches), "batched_counts": BATCHED_COUNTS}
+    path = store_path(host, request)
     if path.is_file():
         stored = read_calibration(path, flag="the stored batched calibration")
         if stored.calibration.target_ms == calibration.target_ms and stored.calibration.batched:
@@ -123,8 +137,7 @@ def stored_or_timed_batches(options: ProfileOptions, target: Architecture, calib
     timings = time_batches(options, target, batches, verify_tokens, calibration.context_tokens, stacks,
                            quant_dtype, progress)
     out = dataclasses.replace(calibration, batched=timings)
-    write_calibration(path, StoredCalibration(host=host, request={**request, "batched": list(batches)},
-                                              calibration=out))
+    write_calibration(path, StoredCalibration(host=host, request=request, calibration=out))
     return out, (f"batched steps (B {', '.join(map(str, batches))}) timed here in "
                  f"{time.perf_counter() - started:.0f} s, stored in {path}")
 

@@ -124,3 +124,30 @@ def test_a_step_still_dearer_than_a_larger_one_prices_nothing():
     assert factor(slow, 8, 1, single) == pytest.approx(factor(slow, 8, GAMMA + 1, single))
     assert factor(slow, 8, 1, single) == pytest.approx(_truth(TARGET, 8, GAMMA + 1) / _truth(TARGET, 1, 1))
     assert factor(slow, 8, 1, single) < 9948.9 / _truth(TARGET, 1, 1) / 10  # not the slow reading's
+
+
+def test_verifies_are_timed_either_side_of_the_row_count_where_the_kernel_changes():
+    from draftnas.latency.batched import timed_counts
+    from draftnas.models.records import MAX_WEIGHT_ONCE_ROWS
+
+    assert MAX_WEIGHT_ONCE_ROWS == 16
+    assert timed_counts(4, 11) == (1, 4, 5, 11) and timed_counts(2, 11) == (1, 8, 9, 11)
+    assert timed_counts(16, 11) == (1, 2, 11) and timed_counts(32, 11) == (1, 11)
+    assert timed_counts(4, 3) == (1, 3)  # nothing past the largest verify
+
+    def kinked(batch, new_tokens):  # past the limit the products leave the few-row kernel: a jump
+        rows = batch * new_tokens
+        return (57.0 if rows <= MAX_WEIGHT_ONCE_ROWS else 150.0) + 2.0 * rows
+
+    def priced(counts):
+        timing = BatchTiming(arch=TARGET, weights="dense", context_tokens=128,
+                             ms={f"4x{n}": kinked(4, n) for n in counts})
+        calibration = HostCalibration(
+            target=TARGET.name, device_name="here", threads=2, context_tokens=128,
+            target_ms={n: kinked(1, n) for n in range(1, 12)}, prefix_ms={1: 5.0, 2: 7.0}, batched=(timing,))
+        return CalibratedModel(_BatchBlind(), calibration, TARGET).predict_ms(TARGET, batch_size=4,
+                                                                              new_tokens=GAMMA + 1)
+
+    truth = kinked(4, GAMMA + 1)
+    assert priced(timed_counts(4, 11)) == pytest.approx(truth)
+    assert priced((1, 11)) < 0.8 * truth  # interpolated over the jump, from 4 rows to 44
