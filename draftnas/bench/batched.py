@@ -64,6 +64,9 @@ def latency_model(spec: str | None, device: str, dtype: str,
         if sheet is None:
             return "", None
         return f"{sheet} (spec sheet, {dtype})", LatencyModel.from_profile(spec_sheet_profile(sheet, dtype))
+    if spec is not None and not spec.strip():
+        raise option_error("profile", "is empty: name a profile JSON, a shipped profile or a stored "
+                                      "calibration, or leave it out for this host's")
     name = spec or host_cpu_profile("static", dtype)
     path = Path(name).expanduser()
     if path.suffix == ".json" or path.is_file():

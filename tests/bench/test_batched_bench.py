@@ -83,6 +83,8 @@ def test_batch_sizes_refuse_sampling_the_hf_engine_and_bad_values_in_one_line():
         BenchOptions(batch_sizes=(0, 2)).validate()
     with pytest.raises(InvalidInputError, match="neither a JSON file nor a shipped profile"):
         latency_model("no-such-profile", "cpu", "fp32")
+    with pytest.raises(InvalidInputError, match="is empty"):  # not this host's profile, silently
+        latency_model(" ", "cpu", "fp32")
     assert BenchOptions(batch_sizes=(1, 2)).resolved_engine() == "static"
 
 
