@@ -12,7 +12,8 @@ from draftnas.acceptance.traces import TraceRecord, Traces
 from draftnas.core.registry import Architecture, get_architecture
 from draftnas.core.throughput import expected_tokens_per_step
 from draftnas.search.evaluate import Evaluation
-from draftnas.search.records import AcceptanceReading, Candidate, SearchOptions, StudySettings
+from draftnas.search.records import AcceptanceReading, Candidate, StudySettings
+from draftnas.search.run_options import SearchOptions
 from draftnas.search.spaces import load_search_space
 
 

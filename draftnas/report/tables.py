@@ -32,11 +32,15 @@ from draftnas.report.verdict import benches_of
 MARK = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 
 
-def _read(root: Path, name: str) -> dict[str, Any]:
+def _load(root: Path, name: str) -> Any:
     path = root / name
     if not path.is_file():
         raise FileNotFoundError(f"a table cites {name}, which is not in {root}")
-    return dict(json.loads(path.read_text("utf-8")))
+    return json.loads(path.read_text("utf-8"))
+
+
+def _read(root: Path, name: str) -> dict[str, Any]:
+    return dict(_load(root, name))
 
 
 def _ratio(value: float | None, interval: Sequence[float] | None) -> str:
@@ -333,10 +337,7 @@ def _plain(root: Path, name: str) -> str:
     `llama-bench` JSON's generation runs (median with its 95% interval)."""
     from draftnas.core.intervals import median_interval
 
-    path = root / name
-    if not path.is_file():
-        raise FileNotFoundError(f"a table cites {name}, which is not in {root}")
-    data = json.loads(path.read_text("utf-8"))
+    data = _load(root, name)
     if isinstance(data, list):  # llama-bench -o json: one entry per test
         gen = next(t for t in data if t.get("n_gen"))
         value, low, high = median_interval(gen["samples_ts"])

@@ -54,12 +54,12 @@ from draftnas.search.records import (
     LatencyPredictor,
     LatencyReading,
     RankedTrial,
-    SearchOptions,
     SearchResult,
     StudyInfo,
     TargetLatency,
 )
 from draftnas.search.results import collect_result
+from draftnas.search.run_options import SearchOptions
 from draftnas.search.scoring import (
     assumed_acceptance,
     batch_economics,

@@ -21,7 +21,8 @@ from draftnas.core.options import option_error
 from draftnas.core.records import Record, write_json_file
 from draftnas.core.throughput import RequestTerms
 from draftnas.latency.corrected import CalibratedModel
-from draftnas.search.records import RankedTrial, SearchOptions, SearchResult
+from draftnas.search.records import RankedTrial, SearchResult
+from draftnas.search.run_options import SearchOptions
 from draftnas.search.scoring import predict_workload, weights_predictor
 
 FILE_NAME = "predictions.json"

@@ -36,8 +36,9 @@ from draftnas.search.loop import SearchOptions, run_search
 from draftnas.search.predictions import FILE_NAME as PREDICTIONS_FILE
 from draftnas.search.predictions import search_predictions, write_predictions
 from draftnas.search.pricing import Pricing, pricing
-from draftnas.search.records import LatencyPredictor, SearchResult, default_study_name
+from draftnas.search.records import LatencyPredictor, SearchResult
 from draftnas.search.requests import SearchRequest
+from draftnas.search.run_options import default_study_name
 from draftnas.search.space import SearchSpace
 from draftnas.search.space_file import parse_search_space
 from draftnas.search.spaces import default_space_for, load_search_space, registry_space

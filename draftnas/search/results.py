@@ -11,7 +11,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from draftnas.search.records import RankedTrial, SearchOptions, SearchResult, StudyInfo, WorkloadPrediction
+from draftnas.search.records import RankedTrial, SearchResult, StudyInfo, WorkloadPrediction
+from draftnas.search.run_options import SearchOptions
 from draftnas.search.scoring import assumed_acceptance, pareto_front, predict_workload
 from draftnas.search.storage import load_study, normalize_storage, ranked_trials, redact, study_info
 

@@ -9,7 +9,8 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.search.records import SearchOptions, StudyInfo
+from draftnas.search.records import StudyInfo
+from draftnas.search.run_options import SearchOptions
 from draftnas.search.space import SearchSpace
 from draftnas.search.storage import open_storage, redact
 
