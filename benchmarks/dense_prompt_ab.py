@@ -18,7 +18,7 @@ import time
 import torch
 
 from draftnas.bench.arms import Bench
-from draftnas.bench.records import BenchOptions
+from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.run import load_for_bench
 from draftnas.bench.stats import per_prompt_median
 from draftnas.core.intervals import median_interval

@@ -63,7 +63,7 @@ def paths(target: str, drafter: str, prompt_ids: list[str]) -> list[dict[str, An
 
     from draftnas.acceptance.estimate import _hidden_states, head_logits
     from draftnas.bench.arms import Bench
-    from draftnas.bench.records import BenchOptions
+    from draftnas.bench.request_records import BenchOptions
     from draftnas.bench.run import load_for_bench
     from draftnas.core.prompts import load_prompts
     from draftnas.models.speculative import greedy_decode

@@ -30,8 +30,8 @@ def main() -> None:
 
     from draftnas.acceptance.accepts import SCHEMA, AcceptsFile, AcceptsPrompt, AcceptsTrace, write_accepts
     from draftnas.bench.arms import Bench, LoopArm, product_rows
-    from draftnas.bench.records import BenchOptions
     from draftnas.bench.replay import replay_engine, resolve_shape
+    from draftnas.bench.request_records import BenchOptions
     from draftnas.bench.run import load_for_bench
     from draftnas.bench.stats import per_prompt_median
     from draftnas.core.intervals import median_interval

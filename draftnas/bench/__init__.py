@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from draftnas.core.public import lazy_exports
 
 _EXPORTS = {
-    "BenchOptions": "records",
-    "BenchRequest": "records",
+    "BenchOptions": "request_records",
+    "BenchRequest": "request_records",
     "BenchResult": "records",
     "ArmResult": "records",
     "BatchedBenchResult": "batch_records",
@@ -37,8 +37,9 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.bench.batch_records import BatchedBenchResult
-    from draftnas.bench.records import ArmResult, BenchOptions, BenchRequest, BenchResult
+    from draftnas.bench.records import ArmResult, BenchResult
     from draftnas.bench.replay import run_replay
     from draftnas.bench.replay_records import ReplayResult
     from draftnas.bench.request import bench_from_request
+    from draftnas.bench.request_records import BenchOptions, BenchRequest
     from draftnas.bench.run import run_batch_sizes, run_bench

@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftnas.bench.arms import MAIN, reference_label
-from draftnas.bench.records import BenchRequest, BenchResult
+from draftnas.bench.records import BenchResult
+from draftnas.bench.request_records import BenchRequest
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.prompts import load_prompts
 from draftnas.core.records import Progress, Record

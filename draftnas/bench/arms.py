@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from draftnas.acceptance.traces import eos_token_ids
-from draftnas.bench.records import BenchOptions
+from draftnas.bench.request_records import BenchOptions
 from draftnas.drafter.lookup import parse_lookup
 from draftnas.drafter.records import VocabSubset
 from draftnas.drafter.vocab import maybe_apply_saved_subset, model_subset

@@ -24,7 +24,7 @@ import torch
 
 from draftnas.bench.arms import Drafter
 from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
-from draftnas.bench.records import BenchOptions
+from draftnas.bench.request_records import BenchOptions
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_identity, load_average
 from draftnas.core.options import option_error

@@ -29,7 +29,8 @@ from transformers import AutoTokenizer
 
 from draftnas.bench.arms import MAIN, REFERENCE, reference_label
 from draftnas.bench.predicted import check_predictions
-from draftnas.bench.records import ArmResult, ArmRun, BenchOptions, BenchPrompt, BenchResult
+from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, BenchResult
+from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.run import unseen_prompts
 from draftnas.bench.stats import compare_arms, first_divergence, interval_of, tokens_per_s
 from draftnas.core.engines import LLAMA_CPP

@@ -40,8 +40,8 @@ from draftnas.bench.batched import (
     paired_point,
     predicted_speedup,
 )
-from draftnas.bench.records import BenchRequest
 from draftnas.bench.replay_records import ReplayResult, ReplayRun
+from draftnas.bench.request_records import BenchRequest
 from draftnas.bench.stats import interval_of
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from draftnas.bench.batch_records import BatchedBenchResult
-from draftnas.bench.records import BenchRequest, BenchResult
+from draftnas.bench.records import BenchResult
 from draftnas.bench.replay_records import ReplayResult
+from draftnas.bench.request_records import BenchRequest
 from draftnas.core.engines import LLAMA_CPP, STATIC
 from draftnas.core.prompts import load_prompts
 from draftnas.core.records import Progress

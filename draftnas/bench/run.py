@@ -36,7 +36,8 @@ from draftnas.bench.batched import host_label, run_batched_bench
 from draftnas.bench.lookup_arms import LookupArm, lookup_arms, lookup_result
 from draftnas.bench.predicted import check_predictions, exported_prediction
 from draftnas.bench.recorded import write_bench_accepts
-from draftnas.bench.records import ArmResult, ArmRun, BenchOptions, BenchPrompt, BenchResult, Comparison
+from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, BenchResult, Comparison
+from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.stats import compare_arms, drafting_split, first_divergence, interval_of, tokens_per_s
 from draftnas.core.engines import STATIC, engine_kind
 from draftnas.core.errors import InvalidInputError

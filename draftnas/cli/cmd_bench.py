@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from draftnas.bench.batch_records import BatchedBenchResult
-from draftnas.bench.records import BenchRequest
 from draftnas.bench.replay_records import ReplayResult
+from draftnas.bench.request_records import BenchRequest
 from draftnas.cli.app import app, console
 from draftnas.cli.flags import Output, command_line, emit_json, options_command
 from draftnas.cli.progress import progress_bars

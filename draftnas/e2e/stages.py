@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from draftnas.acceptance.records import TraceOptions, held_out
 from draftnas.acceptance.traces import load_traces, split_traces
 from draftnas.acceptance.tracing import build_traces
-from draftnas.bench.records import BenchOptions, BenchResult
+from draftnas.bench.records import BenchResult
+from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.run import run_bench
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.options import option_error

@@ -8,7 +8,7 @@ import pytest
 
 from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.batched import first_below_one, latency_model, predicted_speedup
-from draftnas.bench.records import BenchOptions
+from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.run import run_batch_sizes
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.prompts import Prompt

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from draftnas.bench.records import BenchOptions, BenchResult
+from draftnas.bench.records import BenchResult
+from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.run import run_bench
 from draftnas.cli.cmd_bench import drafting_lines
 from draftnas.core.errors import InvalidInputError
@@ -299,7 +300,7 @@ def test_several_references_run_in_one_interleaved_run_each_at_its_own_gamma_and
 
 
 def test_several_references_are_refused_where_a_bench_takes_one():
-    from draftnas.bench.records import BenchRequest
+    from draftnas.bench.request_records import BenchRequest
 
     with pytest.raises(OptionError, match="takes one drafter with") as e:
         BenchRequest(target="t", draft="d", references=("a", "b"),
@@ -346,7 +347,7 @@ def test_the_ablation_card_quotes_the_command_that_made_it():
     from dataclasses import replace
 
     from draftnas.bench.ablation import ablation_command
-    from draftnas.bench.records import BenchRequest
+    from draftnas.bench.request_records import BenchRequest
 
     request = BenchRequest(target="t", draft="drafters/w", ablation=True, prompts="code,chat",
                            options=BenchOptions(gamma=4, dtype="bf16", per_domain=3, rounds=2))
@@ -391,8 +392,8 @@ def test_torch_arms_run_the_same_prompts_through_draftnas_loop_after_llama_cpp(m
     search's predictions; without the flag only the llama.cpp arms run."""
     import draftnas.bench.llama_cpp as llama_cpp
     import draftnas.bench.run as run
-    from draftnas.bench.records import BenchRequest
     from draftnas.bench.request import bench_from_request
+    from draftnas.bench.request_records import BenchRequest
 
     calls: list[tuple[str, object, object, tuple[str, ...], BenchOptions, tuple[str, ...]]] = []
 

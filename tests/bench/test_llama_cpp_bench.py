@@ -19,7 +19,7 @@ def _build():
 
 def test_server_arms_decode_and_draft(tmp_path):
     from draftnas.bench.llama_cpp import LlamaArm, _run, arm_server
-    from draftnas.bench.records import BenchOptions
+    from draftnas.bench.request_records import BenchOptions
     from draftnas.latency.llama_cpp import probe_flags
     from draftnas.models.gguf_file import gguf_of, write_gguf
     from draftnas.models.gguf_tensors import random_tensors
@@ -47,7 +47,7 @@ def test_llama_cpp_lookup_drafts_exactly_what_the_replay_says(tmp_path):
     """ngram-simple in llama-server drafts and accepts, step for step in total, what `replay_lookup` computes
     over the plain answer, and its answer is the plain one; a hybrid with a drafter file stays lossless."""
     from draftnas.bench.llama_cpp import LlamaArm, _run, arm_of, arm_server
-    from draftnas.bench.records import BenchOptions
+    from draftnas.bench.request_records import BenchOptions
     from draftnas.drafter.lookup import LookupSettings, replay_lookup
     from draftnas.latency.llama_cpp import probe_flags
     from draftnas.models.gguf_file import gguf_of, write_gguf

@@ -17,9 +17,9 @@ from draftnas.acceptance.accepts import (
     walk_accepts,
     write_accepts,
 )
-from draftnas.bench.records import BenchOptions, BenchRequest
 from draftnas.bench.replay import build_decoder, resolve_shape, run_replay
 from draftnas.bench.replay_records import ReplayResult
+from draftnas.bench.request_records import BenchOptions, BenchRequest
 from draftnas.bench.run import run_bench
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.options import OptionError

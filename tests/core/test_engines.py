@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from draftnas.bench.records import BenchOptions
+from draftnas.bench.request_records import BenchOptions
 from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP, STATIC, engine_kind, engine_names
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.options import OptionError, spec_of

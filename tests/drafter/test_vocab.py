@@ -499,7 +499,7 @@ def test_latency_reading_charges_the_reduced_head():
 
 
 def test_bench_runs_a_reduced_head_folder_in_its_own_loop(tmp_path, tiny_llama_config):
-    from draftnas.bench.records import BenchOptions
+    from draftnas.bench.request_records import BenchOptions
     from draftnas.bench.run import run_bench
     from draftnas.core.prompts import Prompt
     from tests.helpers import loaded, truncated

@@ -51,7 +51,7 @@ def test_a_damaged_file_is_not_called_a_broken_build(tmp_path):
 @pytest.mark.parametrize("weights", ["attn=int9,mlp=int8,head=int4",
                                      "attn=int8/int8/int8/int8/int4,mlp=int8,head=int4"])
 def test_a_misspelled_per_layer_format_is_one_line(weights):
-    from draftnas.bench.records import BenchOptions
+    from draftnas.bench.request_records import BenchOptions
 
     with pytest.raises(OptionError) as e:
         BenchOptions(draft_weights=weights).validate()
