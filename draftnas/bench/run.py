@@ -39,7 +39,7 @@ from draftnas.bench.recorded import write_bench_accepts
 from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, BenchResult, Comparison
 from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.stats import compare_arms, drafting_split, first_divergence, interval_of, tokens_per_s
-from draftnas.core.engines import STATIC, engine_kind
+from draftnas.core.engines import HF, STATIC, engine_kind
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
 from draftnas.core.options import option_error
@@ -122,6 +122,7 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
     d = bench.drafters[arm.drafter or ""]
     loop = arm.name == arm_names(d.label)[0]
     share, free, free_interval = drafting_split(rows, arm.name, arm.baseline) if loop else (None, None, ())
+    gamma, p_min = d.plain if arm.engine == HF and d.plain else (d.gamma, d.p_min)  # a plain load's own
     return replace(
         result, drafter=d.loaded.source.spec, speedup=speedup.ratio, speedup_interval=speedup.interval,
         tokens_per_step=tokens / steps,
@@ -130,8 +131,7 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
         draft_ms_per_token=1000 * sum(r.draft_s for r in runs) / drafted if loop else None,
         draft_share=share, free_draft_speedup=free, free_draft_speedup_interval=free_interval,
         draft_vocab_size=d.subset.size if d.subset is not None else None,
-        draft_weights=d.weights if arm.engine in (STATIC, "hf-routed") else "dense", gamma=d.gamma,
-        p_min=d.p_min,
+        draft_weights=d.weights if arm.engine in (STATIC, "hf-routed") else "dense", gamma=gamma, p_min=p_min,
         lossless=all(bool(r.lossless) for r in runs) if greedy else None,
         exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs) if greedy else None,
         divergence_margins=tuple(r.divergence_margin for r in runs if r.divergence_margin is not None))

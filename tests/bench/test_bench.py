@@ -265,6 +265,20 @@ def test_the_reference_runs_at_its_own_gamma_in_every_arm(tiny_pair):
         BenchOptions(gamma=2, reference_gamma=3, batch_sizes=(1, 2)).validate()
 
 
+def test_a_plain_transformers_load_runs_and_reports_the_exports_dense_settings(tiny_pair, tmp_path):
+    """A quantized export records the γ and stop priced for it run dense (`plain_gamma`): transformers'
+    plain arm loads it so and says so, while draftnas's loop runs the options' (its own kernels')."""
+    import json
+
+    target, _ = tiny_pair
+    (tmp_path / "draftnas.json").write_text(json.dumps({"plain_gamma": 1, "plain_p_min": 0.0}))
+    exported = _loaded(truncated(target.model, 2), "tiny-exported", folder=tmp_path)
+    options = BenchOptions(gamma=4, max_new_tokens=12, engine="static", hf_routed=False)
+    result = run_bench(target, exported, PROMPTS[:2], options)
+    assert result.arm("draftnas").gamma == 4 and result.arm("hf").gamma == 1
+    assert result.arm("hf").tokens_per_step <= 2.0  # one draft a step, as the plain load runs it
+
+
 def test_an_int8_drafter_folder_that_records_bf16_activations_runs_in_bf16_beside_the_benchs_dtype(tmp_path):
     import json
 
