@@ -36,7 +36,7 @@ FIGURE = re.compile(r"\d\.\d+ ?(x|×)|\[\d+\.\d+, \d+\.\d+\]|\d\.\d+ ?(ms|tok/s|
 def test_every_table_of_figures_is_rendered_from_results_not_typed():
     """A Markdown table quoting a measured figure (a speedup, an interval, tokens/s, ms, a percentage) lies
     between the markers `scripts/render_tables.py` fills; typed tables drift from their results."""
-    from draftnas.report.tables import MARK
+    from draftnas.report.pages import MARK
 
     typed = []
     for page in _pages():
@@ -109,7 +109,7 @@ def test_the_profiles_table_lists_every_shipped_profile():
 
 def test_every_marked_table_is_its_rendering_from_the_results_it_names():
     """Figures are rendered, not typed: `python scripts/render_tables.py` rewrites what differs."""
-    from draftnas.report.tables import cited_files, render_page
+    from draftnas.report.pages import cited_files, render_page
 
     results = ROOT / "benchmarks" / "results"
     stale = []
@@ -125,7 +125,7 @@ def test_every_marked_table_is_its_rendering_from_the_results_it_names():
 def test_a_table_renders_from_its_file_and_a_changed_figure_is_caught(tmp_path):
     import json
 
-    from draftnas.report.tables import render_page
+    from draftnas.report.pages import render_page
 
     bench = {"host": "h", "threads": 2, "load_average_before": "0.1", "n_prompts": 1, "rounds": 1,
              "max_new_tokens": 8, "engine": "static", "dtype": "bf16", "comparisons": [],

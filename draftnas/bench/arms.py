@@ -64,6 +64,8 @@ class Run:
     margins: list[float] | None = None
     accepted_steps: tuple[int, ...] = ()  # draftnas's loop: per step
     drafted_steps: tuple[int, ...] = ()  # greedy target runs in draftnas's engines: top-1 minus top-2
+    first_step_s: float = 0.0  # draftnas's engines: to the end of the first step (the prompt's prefill)
+    first_step_tokens: int = 0
 
 
 @dataclass
@@ -303,12 +305,14 @@ class TargetArm(Arm):
             return b.generate(ids, seed, max_new_tokens)
         if b.options.temperature <= 0:
             out = greedy_decode(b.engines["target"], ids, max_new_tokens=max_new_tokens, eos_token_ids=b.eos)
-            return Run(tokens=out.tokens, elapsed_s=out.elapsed_s, margins=out.margins)
+            return Run(tokens=out.tokens, elapsed_s=out.elapsed_s, margins=out.margins,
+                       first_step_s=out.first_step_s, first_step_tokens=min(1, len(out.tokens)))
         drafter = next(iter(b.engines.values()))  # gamma 0: plain sampling through the loop
         run = speculative_generate(b.engines["target"], drafter, ids, gamma=0, max_new_tokens=max_new_tokens,
                                    temperature=b.options.temperature, eos_token_ids=b.eos,
                                    generator=torch.Generator().manual_seed(seed))
-        return Run(tokens=run.tokens, elapsed_s=run.elapsed_s)
+        return Run(tokens=run.tokens, elapsed_s=run.elapsed_s, first_step_s=run.first_step_s,
+                   first_step_tokens=run.first_step_tokens)
 
 
 class LoopArm(Arm):
@@ -330,7 +334,8 @@ class LoopArm(Arm):
                                    p_min=d.p_min)
         return Run(tokens=out.tokens, elapsed_s=out.elapsed_s, steps=out.steps, accepted=sum(out.accepted),
                    drafted=sum(out.drafted), draft_s=out.draft_s, accepted_steps=tuple(out.accepted),
-                   drafted_steps=tuple(out.drafted))
+                   drafted_steps=tuple(out.drafted), first_step_s=out.first_step_s,
+                   first_step_tokens=out.first_step_tokens)
 
 
 class HfTargetArm(Arm):

@@ -32,7 +32,7 @@ from draftnas.bench.predicted import check_predictions
 from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, BenchResult
 from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.run import unseen_prompts
-from draftnas.bench.stats import compare_arms, first_divergence, interval_of, tokens_per_s
+from draftnas.bench.stats import compare_arms, first_divergence, interval_of, other_definition, tokens_per_s
 from draftnas.core.engines import LLAMA_CPP
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
@@ -144,13 +144,13 @@ def _arm_result(arm: LlamaArm, rows: Sequence[BenchPrompt]) -> ArmResult:
     runs = [p.run(arm.name) for p in rows]
     tps, (low, high) = interval_of(rows, lambda p: tokens_per_s(p.run(arm.name)))
     tokens = sum(r.new_tokens for r in runs)
-    result = ArmResult(
+    result = other_definition(ArmResult(
         name=arm.name,
         engine=ENGINE,
         tokens_per_s=tps,
         tokens_per_s_interval=(low, high),
         pooled_tokens_per_s=tokens / sum(r.seconds for r in runs),
-    )
+    ), rows)
     if not arm.speculates:
         return result
     speedup = compare_arms(rows, arm.name, TARGET)

@@ -50,7 +50,8 @@ class LookupArm(Arm):
                               **extra)  # type: ignore[arg-type]
         return Run(tokens=out.tokens, elapsed_s=out.elapsed_s, steps=out.steps, accepted=sum(out.accepted),
                    drafted=sum(out.drafted), draft_s=out.draft_s, accepted_steps=tuple(out.accepted),
-                   drafted_steps=tuple(out.drafted))
+                   drafted_steps=tuple(out.drafted), first_step_s=out.first_step_s,
+                   first_step_tokens=out.first_step_tokens)
 
 
 class HfLookupArm(LookupArm):

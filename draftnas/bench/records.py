@@ -26,6 +26,10 @@ class ArmRun(Record):
     drafted: int = 0
     draft_s: float = 0.0  # time inside the drafter (draftnas's loop)
     prompt_seconds: float = 0.0  # llama.cpp: the prompt's prefill, not in `seconds`
+    # draftnas's loop: to the end of its first step (the prompt's prefill in each model, the first drafts
+    # and their verify), within `seconds`, and the tokens it emitted: its decode-only figure leaves them out
+    first_step_seconds: float = 0.0
+    first_step_tokens: int = 0
     accepted_steps: tuple[int, ...] = ()  # draftnas's loop: drafts accepted at each step
     drafted_steps: tuple[int, ...] = ()  # and drafts proposed at each step
     lossless: bool | None = None
@@ -63,6 +67,10 @@ class ArmResult(Record):
     tokens_per_s: float
     tokens_per_s_interval: tuple[float, ...] = ()  # (low, high)
     pooled_tokens_per_s: float | None = None
+    # the other definition of tokens/s: draftnas's loop after its first step (the prompt's prefill left
+    # out, as llama.cpp's server times); llama.cpp with its prefill (`ArmRun.prompt_seconds` added back)
+    other_tokens_per_s: float | None = None
+    other_tokens_per_s_interval: tuple[float, ...] = ()
     speedup_interval: tuple[float, ...] = ()  # (low, high)
     drafter: str | None = None  # the drafter's spec; None for the target alone
     baseline: str | None = None  # the arm the speedup is against

@@ -38,7 +38,14 @@ from draftnas.bench.predicted import check_predictions, exported_prediction
 from draftnas.bench.recorded import write_bench_accepts
 from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, BenchResult, Comparison
 from draftnas.bench.request_records import BenchOptions
-from draftnas.bench.stats import compare_arms, drafting_split, first_divergence, interval_of, tokens_per_s
+from draftnas.bench.stats import (
+    compare_arms,
+    drafting_split,
+    first_divergence,
+    interval_of,
+    other_definition,
+    tokens_per_s,
+)
 from draftnas.core.engines import HF, STATIC, engine_kind
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
@@ -78,7 +85,8 @@ def _bench_prompt(bench: Bench, arms: Sequence[Arm], prompt: Prompt, ids: list[i
         run = runs[arm.name]
         row = ArmRun(arm=arm.name, seconds=run.elapsed_s, new_tokens=len(run.tokens), steps=run.steps,
                      accepted=run.accepted, drafted=run.drafted, draft_s=run.draft_s,
-                     accepted_steps=run.accepted_steps, drafted_steps=run.drafted_steps)
+                     accepted_steps=run.accepted_steps, drafted_steps=run.drafted_steps,
+                     first_step_seconds=run.first_step_s, first_step_tokens=run.first_step_tokens)
         base = runs[arm.baseline] if arm.baseline else None
         if base is not None and greedy:
             divergence = first_divergence(run.tokens, base.tokens)
@@ -109,8 +117,9 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
     runs = [p.run(arm.name) for p in rows]
     tokens = sum(r.new_tokens for r in runs)
     tps, tps_interval = interval_of(rows, lambda p: tokens_per_s(p.run(arm.name)))
-    result = ArmResult(name=arm.name, engine=arm.engine, tokens_per_s=tps, tokens_per_s_interval=tps_interval,
-                       pooled_tokens_per_s=tokens / sum(r.seconds for r in runs), baseline=arm.baseline)
+    result = other_definition(ArmResult(
+        name=arm.name, engine=arm.engine, tokens_per_s=tps, tokens_per_s_interval=tps_interval,
+        pooled_tokens_per_s=tokens / sum(r.seconds for r in runs), baseline=arm.baseline), rows)
     if arm.baseline is None:
         return result
     if isinstance(arm, LookupArm):

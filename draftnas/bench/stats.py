@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol, TypeVar
 
-from draftnas.bench.records import BenchPrompt, Comparison
+from draftnas.bench.records import ArmResult, BenchPrompt, Comparison
 from draftnas.core.intervals import median_interval
 
 
@@ -68,6 +69,26 @@ def tokens_per_s(run: _CountedRun) -> float:
     return run.new_tokens / run.seconds if run.seconds > 0 else 0.0
 
 
+class _SplitRun(_CountedRun, Protocol):
+    @property
+    def prompt_seconds(self) -> float: ...
+    @property
+    def first_step_seconds(self) -> float: ...
+    @property
+    def first_step_tokens(self) -> int: ...
+
+
+def other_tokens_per_s(run: _SplitRun) -> float | None:
+    """A run's tokens/s by the other definition than its engine reports: draftnas's loop (prefill in its
+    seconds) after its first step, llama.cpp (decode only) with the prompt's prefill added back; None
+    where the run timed no such split (transformers' `generate`)."""
+    if run.prompt_seconds > 0:
+        return run.new_tokens / (run.seconds + run.prompt_seconds)
+    if run.first_step_seconds > 0 and run.seconds > run.first_step_seconds:
+        return (run.new_tokens - run.first_step_tokens) / (run.seconds - run.first_step_seconds)
+    return None
+
+
 class _TimedRun(_CountedRun, Protocol):
     @property
     def draft_s(self) -> float: ...
@@ -112,3 +133,12 @@ def first_divergence(tokens: Sequence[int], reference: Sequence[int]) -> int | N
     """Index of the first position where `tokens` departs from `reference` (None: identical)."""
     i = next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b), None)
     return i if i is not None or len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def other_definition(result: ArmResult, rows: Sequence[BenchPrompt]) -> ArmResult:
+    """`result` with its tokens/s by the other definition (`stats.other_tokens_per_s`) where every run of
+    the arm timed it."""
+    if any(other_tokens_per_s(p.run(result.name)) is None for p in rows):
+        return result
+    value, interval = interval_of(rows, lambda p: other_tokens_per_s(p.run(result.name)) or 0.0)
+    return replace(result, other_tokens_per_s=value, other_tokens_per_s_interval=interval)

@@ -83,6 +83,8 @@ def lookup_generate(target: EngineLike, prompt_ids: Sequence[int], settings: Loo
             if model is not None:  # it read its own drafts but the last; else nothing past `base` holds
                 model.rollback(base + min(k, len(drafts) - 1) if by_model else base)
             emit_step(out, seq, drafts[:k] + [int(best[k])], len(drafts), k, eos, max_new_tokens)
+            if out.steps == 1:
+                out.first_step_s, out.first_step_tokens = time.perf_counter() - started, len(out.tokens)
             cached = base + k  # the target read seq + all drafts; keep the accepted ones
     out.elapsed_s = time.perf_counter() - started
     return out

@@ -61,6 +61,10 @@ class SpeculativeOutput:
     elapsed_s: float = 0.0
     draft_s: float = 0.0  # time spent in the drafter (all steps)
     host_reads: int = 0  # reads of device results by the host (greedy: one per step)
+    # to the end of the first step: both models' prefill of the prompt, its first drafts and their verify,
+    # and the tokens it emitted (what a decode-only figure leaves out, as a server's timings do)
+    first_step_s: float = 0.0
+    first_step_tokens: int = 0
 
     @property
     def steps(self) -> int:
@@ -278,6 +282,8 @@ def speculative_generate(
                 out.draft_s += draft_s
                 out.host_reads += 1 + (len(drafts) if p_min > 0 and replay is None else 0)
             stopped = emit_step(out, seq, drafts[:k] + [nxt], len(drafts), k, eos, max_new_tokens)
+            if out.steps == 1:
+                out.first_step_s, out.first_step_tokens = time.perf_counter() - started, len(out.tokens)
             cached = base + k  # the target read seq + all drafts; keep the accepted ones
             draft.rollback(base + min(k, max(len(drafts) - 1, 0)) if drafts else draft.cached)
             if stopped:
@@ -308,6 +314,7 @@ class GreedyOutput:
     tokens: list[int]
     margins: list[float]
     elapsed_s: float
+    first_step_s: float = 0.0  # the prompt's prefill and the first token
 
 
 def greedy_decode(model: EngineLike, prompt_ids: Sequence[int], *, max_new_tokens: int,
@@ -322,18 +329,20 @@ def greedy_decode(model: EngineLike, prompt_ids: Sequence[int], *, max_new_token
     engine.reset()
     eos, tokens, margins = set(eos_token_ids), [], []
     feed, start = list(prompt_ids), 0
-    started = time.perf_counter()
+    started, first = time.perf_counter(), 0.0
     with torch.inference_mode():
         for _ in range(max_new_tokens):
             logits = engine.forward(feed, start, 1)[-1]
             start += len(feed)
             tokens.append(int(logits.argmax()))  # argmax, as the speculative loop picks
+            first = first or time.perf_counter() - started
             top2 = logits.float().topk(2).values.tolist()
             margins.append(top2[0] - top2[1])
             if tokens[-1] in eos:
                 break
             feed = [tokens[-1]]
-    return GreedyOutput(tokens=tokens, margins=margins, elapsed_s=time.perf_counter() - started)
+    return GreedyOutput(tokens=tokens, margins=margins, elapsed_s=time.perf_counter() - started,
+                        first_step_s=first)
 
 
 def greedy_generate(model: EngineLike, prompt_ids: Sequence[int], *, max_new_tokens: int,

@@ -1,9 +1,6 @@
-"""Figure tables rendered from results files, never typed: a Markdown page marks a table with
-`<!-- table: NAME FILE... -->` ... `<!-- /table -->` (FILEs relative to `benchmarks/results/`), and
-`render_page` rewrites what lies between the markers from those files. `python scripts/render_tables.py`
-renders every page; the docs test fails where a page differs from its rendering.
+"""Figure tables rendered from results files, never typed (a page marks them; `report.pages` renders a
+page): each renderer takes the results folder and the files a marker names and returns the table's lines.
 
-Tables (`RENDERERS`):
 - `workloads FILE...`: per workload, llama.cpp's plain decode, the lookup search's pick and its predicted
   speedup, and the measured bench beside it (lookup search results `lookup.json`, benches `BenchResult`);
 - `bench FILE`: every arm of one bench (tokens/s and speedup, medians with 95% intervals, paired per
@@ -21,15 +18,12 @@ Every table ends with the host, threads, load and the files it came from.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP
 from draftnas.report.verdict import benches_of
-
-MARK = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 
 
 def _load(root: Path, name: str) -> Any:
@@ -104,6 +98,8 @@ def bench_table(root: Path, files: Sequence[str]) -> list[str]:
         lines.append(f"- {c['numerator']} / {c['denominator']}: {_ratio(c['ratio'], c['interval'])}, "
                      f"{c['verdict']} (paired per prompt and round)")
     timing = "decode only (the server's timings)" if decode_only else "prefill included"
+    other = any(a.get("other_tokens_per_s") is not None for a in data["arms"])
+    timing += (" (the other definition in the file's `other_tokens_per_s`)" if other else "")
     lines += [f"- tokens/s: {timing}; medians over prompts with 95% intervals",
               f"- {_bench_line(data, name)}"]
     if data.get("command"):
@@ -373,25 +369,3 @@ def hosts_table(root: Path, files: Sequence[str]) -> list[str]:
               "each request with its prefill, llama-bench 64 generated tokens after no prompt",
               f"- from {', '.join(f'`{n}`' for n in dict.fromkeys(f for s in files for f in s.split('+')))}"]
     return lines
-
-
-RENDERERS: dict[str, Callable[[Path, Sequence[str]], list[str]]] = {
-    "bench": bench_table, "workloads": workloads_table, "training": training_table,
-    "replay": replay_table, "batched": batched_table, "ablation": ablation_table, "curves": curves_table,
-    "hosts": hosts_table}
-
-
-def render_page(text: str, root: Path) -> str:
-    """`text` with every marked table rendered from the files under `root` it names."""
-    def one(match: re.Match[str]) -> str:
-        kind, *files = match["spec"].split()
-        if kind not in RENDERERS:
-            raise ValueError(f"unknown table {kind!r} (known: {', '.join(RENDERERS)})")
-        body = "\n".join(RENDERERS[kind](root, files))
-        return f"<!-- table: {match['spec']} -->\n{body}\n<!-- /table -->"
-    return MARK.sub(one, text)
-
-
-def cited_files(text: str) -> list[str]:
-    """The results files a page's tables are rendered from."""
-    return [f for m in MARK.finditer(text) for spec in m["spec"].split()[1:] for f in spec.split("+")]

@@ -133,6 +133,13 @@ def test_static_engine_bench_is_lossless_and_times_transformers_beside_it(tiny_p
     assert len(result.load_average_before.split()) == 3 or result.load_average_before == "unknown"
     assert result.arm("hf").lossless is True  # HF assisted judged against transformers' own target run
     assert own.predicted_tokens_per_step == pytest.approx(own.tokens_per_step, rel=1e-9)
+    # the other tokens/s kept in the JSON: after each run's first step (the prompt's prefill) for the loop
+    # and its target alone; none for transformers' generate, which times no such split
+    for name in ("target", "draftnas"):
+        runs = [p.run(name) for p in result.prompts]
+        assert all(0 < r.first_step_seconds < r.seconds and 1 <= r.first_step_tokens <= 4 for r in runs)
+        assert result.arm(name).other_tokens_per_s is not None
+    assert result.arm("hf").other_tokens_per_s is None and result.arm("hf_target").other_tokens_per_s is None
     hf_engine = run_bench(target, draft, PROMPTS, BenchOptions(gamma=3, max_new_tokens=16, hf_assisted=False))
     assert [p.run("draftnas").steps for p in hf_engine.prompts] == [
         p.run("draftnas").steps for p in result.prompts]  # the same loop

@@ -6,7 +6,14 @@ import pytest
 
 from benchmarks.drafting_split import pooled
 from draftnas.bench.records import ArmRun, BenchPrompt
-from draftnas.bench.stats import compare_arms, drafting_split, relative_error, tokens_per_s, verdict
+from draftnas.bench.stats import (
+    compare_arms,
+    drafting_split,
+    other_tokens_per_s,
+    relative_error,
+    tokens_per_s,
+    verdict,
+)
 from draftnas.core.intervals import median_interval
 
 
@@ -99,3 +106,11 @@ def test_the_drafting_split_gives_the_share_drafting_and_the_speedup_without_it(
     assert share == pytest.approx(3 / 8)
     assert free == pytest.approx((8 / 3 + 4) / 2) and low == pytest.approx(8 / 3) and high == pytest.approx(4)
     assert compare_arms(runs, "draftnas", "target").ratio == pytest.approx(2.0)
+
+
+def test_the_other_tokens_per_s_adds_llama_cpps_prefill_back_and_leaves_the_loops_first_step_out():
+    server = ArmRun(arm="target", seconds=2.0, new_tokens=64, prompt_seconds=0.5)  # decode only
+    assert tokens_per_s(server) == 32.0 and other_tokens_per_s(server) == pytest.approx(64 / 2.5)
+    loop = ArmRun(arm="draftnas", seconds=4.0, new_tokens=64, first_step_seconds=1.0, first_step_tokens=4)
+    assert tokens_per_s(loop) == 16.0 and other_tokens_per_s(loop) == pytest.approx(60 / 3.0)
+    assert other_tokens_per_s(ArmRun(arm="hf", seconds=4.0, new_tokens=64)) is None  # no split timed
