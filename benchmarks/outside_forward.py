@@ -19,7 +19,7 @@ from pathlib import Path
 
 from draftnas.core.machine import cpu_identity
 from draftnas.core.registry import get_architecture
-from draftnas.latency.calibrate import calibrate_host, decoding_overheads
+from draftnas.latency.calibrate import CalibrationPlan, calibrate_host, decoding_overheads
 from draftnas.latency.records import ProfileOptions
 from draftnas.latency.runtime import Runtime
 
@@ -40,8 +40,8 @@ def main() -> None:
     target = get_architecture(args.target)
     options = ProfileOptions(device="cpu", dtype=args.dtype, mode=args.mode).validate()
     started = time.perf_counter()
-    step_ms = calibrate_host(options, target.with_shape(num_hidden_layers=1), [1, 2, 3, 4], prefix_layers=(),
-                             overheads=False, context_tokens=args.context).target_ms
+    plan = CalibrationPlan((1, 2, 3, 4), prefix_layers=(), overheads=False, context_tokens=args.context)
+    step_ms = calibrate_host(options, target.with_shape(num_hidden_layers=1), plan).target_ms
     steps_s = time.perf_counter() - started
     print(f"first layer's steps (ms by new tokens): {step_ms}, timed in {steps_s:.1f} s")
     rt = Runtime(options)

@@ -36,9 +36,10 @@ def main() -> None:
 
     from draftnas.core.machine import host_fields, print_figures
     from draftnas.core.registry import get_architecture
-    from draftnas.models.decoder import StaticDecoder, StaticStep
+    from draftnas.models.decoder import StaticDecoder
     from draftnas.models.matmul import pack_int4, quantize_int8
     from draftnas.models.records import INT4_GROUP, TORCH_DTYPES
+    from draftnas.models.static_step import StaticStep
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="qwen2.5-coder-0.5b")
