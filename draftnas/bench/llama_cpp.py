@@ -39,7 +39,7 @@ from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt, check_context, encode_prompt
 from draftnas.core.records import Progress
-from draftnas.drafter.lookup import LookupSettings, is_lookup, parse_lookup
+from draftnas.drafter.lookup import LookupSettings, is_lookup, parse_lookup, server_flags
 from draftnas.models.gguf_file import check_drafter_gguf, engine_target, gguf_of
 from draftnas.models.llama_cpp import LlamaCpp, find_llama_cpp
 from draftnas.models.llama_server import Server
@@ -87,15 +87,7 @@ class LlamaArm:
     def spec_flags(self, threads: int) -> list[str]:
         """The speculative flags of this arm: a drafter file at its fixed gamma, lookup settings, or both
         (llama.cpp runs the lookup first and the drafter where it finds nothing)."""
-        if self.draft is None:
-            return self.lookup.llama_cpp_flags() if self.lookup is not None else []
-        types = "draft-simple" if self.lookup is None else f"{self.lookup.kind},draft-simple"
-        flags = ["-md", str(self.draft), "--spec-type", types, "--spec-draft-n-max",
-                 str(max(self.gamma, self.lookup.m if self.lookup else 0)), "--spec-draft-n-min", "0",
-                 "--spec-draft-p-min", "0", "-td", str(threads)]
-        if self.lookup is not None:
-            flags += self.lookup.llama_cpp_flags()[2:-2]  # its sizes (the type and length are set above)
-        return flags
+        return server_flags(None if self.draft is None else str(self.draft), self.gamma, self.lookup, threads)
 
 
 def arm_of(name: str, target_file: Path, spec: str, gamma: int) -> LlamaArm:

@@ -73,6 +73,21 @@ class LookupSettings(Record):
         return {"prompt_lookup_num_tokens": self.m, "max_matching_ngram_size": self.n}
 
 
+def server_flags(draft: str | None, gamma: int, lookup: LookupSettings | None, threads: int) -> list[str]:
+    """llama-server's speculative flags: a drafter file at its fixed gamma, lookup settings, or both
+    (llama.cpp runs the lookup first and the drafter where it finds nothing; one draft-length limit)."""
+    if draft is None:
+        return lookup.llama_cpp_flags() if lookup is not None else []
+    types = "draft-simple" if lookup is None else f"{lookup.kind},draft-simple"
+    longest = max(gamma, lookup.m if lookup else 0)
+    flags = ["-md", draft, "--spec-type", types, "--spec-draft-n-max", str(longest),
+             "--spec-draft-n-min", "0",
+             "--spec-draft-p-min", "0", "-td", str(threads)]
+    if lookup is not None:
+        flags += lookup.llama_cpp_flags()[2:-2]  # its sizes (the type and length are set above)
+    return flags
+
+
 def is_lookup(spec: str) -> bool:
     return spec.strip().lower() == PREFIX or spec.strip().lower().startswith(PREFIX + ":")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP
-from draftnas.report.verdict import benches_of
+from draftnas.report.verdict import arm_of, benches_of
 
 
 def _load(root: Path, name: str) -> Any:
@@ -107,17 +107,13 @@ def bench_table(root: Path, files: Sequence[str]) -> list[str]:
     return lines
 
 
-def _arm(data: dict[str, Any], name: str) -> dict[str, Any] | None:
-    return next((a for a in data["arms"] if a["name"] == name), None)
-
-
 def _loop_cell(bench: dict[str, Any] | None) -> str:
     """draftnas's loop on a workload: its fastest arm over the target alone, beside the model drafter's."""
     if bench is None:
         return "not benched"
     arms = [a for a in bench["arms"] if a.get("speedup") is not None and a.get("engine") != HF]
     best = max(arms, key=lambda a: a["speedup"])
-    model = _arm(bench, "draftnas")
+    model = arm_of(bench, "draftnas")
     cell = (f"{best['name']} at {best['tokens_per_s']:.2f} tokens/s, "
             f"{_ratio(best['speedup'], best.get('speedup_interval'))}")
     if model is not None and best["name"] != "draftnas":
@@ -163,7 +159,7 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
         llama, loop, other_prompts = benches_of(s, benches)
         plain, measured, model = f"{1000 / s['decode_ms']:.1f} (llama-bench)", "not benched", "not benched"
         if llama is not None:
-            target, arm = _arm(llama, "target"), _arm(llama, "draftnas")
+            target, arm = arm_of(llama, "target"), arm_of(llama, "draftnas")
             plain = _speed(target["tokens_per_s"], target.get("tokens_per_s_interval")) if target else plain
             if arm is not None:
                 measured = _ratio(arm.get("speedup"), arm.get("speedup_interval")) + _exact(arm)
@@ -338,7 +334,7 @@ def _plain(root: Path, name: str) -> str:
         gen = next(t for t in data if t.get("n_gen"))
         value, low, high = median_interval(gen["samples_ts"])
         return f"{_speed(value, (low, high))} (llama-bench, {gen['n_gen']} tokens)"
-    target = _arm(data, "target")
+    target = arm_of(data, "target")
     assert target is not None, f"{name} has no target arm"
     return f"{_speed(target['tokens_per_s'], target.get('tokens_per_s_interval'))} (llama-server)"
 
@@ -352,7 +348,7 @@ def hosts_table(root: Path, files: Sequence[str]) -> list[str]:
     for spec in files:
         bench_name, _, plain_name = spec.partition("+")
         data = _read(root, bench_name)
-        target, best, stock = (_arm(data, n) for n in ("target", "draftnas", "reference"))
+        target, best, stock = (arm_of(data, n) for n in ("target", "draftnas", "reference"))
         assert target is not None and best is not None, f"{bench_name} lacks the target or draftnas arm"
         engine = (LLAMA_CPP if data.get("engine") == LLAMA_CPP
                   else f"draftnas's loop ({data.get('dtype')})")

@@ -19,7 +19,7 @@ from typing import Any
 from draftnas.core.engines import HF, LLAMA_CPP
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Record
-from draftnas.drafter.lookup import is_lookup, parse_lookup
+from draftnas.drafter.lookup import is_lookup, parse_lookup, server_flags
 from draftnas.search.lookup_records import LookupResult
 
 LOOKUP_FILE = "lookup.json"
@@ -148,7 +148,7 @@ def _prompts_run(bench: dict[str, Any] | None, which: str) -> str:
     return f"{bench.get('n_prompts') or len(bench['prompts'])} {which} x {bench.get('rounds') or 1} round(s)"
 
 
-def _arm(bench: dict[str, Any], name: str) -> dict[str, Any] | None:
+def arm_of(bench: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((a for a in bench["arms"] if a["name"] == name), None)
 
 
@@ -183,19 +183,11 @@ def _llama_routes(search: LookupResult, bench: dict[str, Any] | None) -> list[Ro
         family = "hybrid" if lookup_part and model else "lookup" if lookup_part else "model drafter"
         settings = spec if family == "lookup" else f"{lookup_part + ' + ' if lookup_part else ''}" \
             f"{_name(model)}, γ {arm.get('gamma')}"
-        flags = _llama_flags(lookup_part, model, int(arm.get("gamma") or 0))
+        flags = " ".join(server_flags(model or None, int(arm.get("gamma") or 0),
+                                      parse_lookup(lookup_part) if lookup_part else None,
+                                      int((bench or {}).get("threads") or 1)))
         routes.append(Route(LLAMA_CPP, family, settings, flags, **_measured(arm, on)))
     return routes
-
-
-def _llama_flags(lookup_part: str, model: str, gamma: int) -> str:
-    if not model:
-        return " ".join(parse_lookup(lookup_part).llama_cpp_flags())
-    flags = f"-md {model} --spec-draft-n-max {gamma}"
-    if lookup_part:
-        settings = parse_lookup(lookup_part)
-        flags += f" --spec-type {settings.kind},draft-simple " + " ".join(settings.llama_cpp_flags()[2:-2])
-    return flags
 
 
 def _loop_routes(bench: dict[str, Any], other_prompts: bool) -> list[Route]:
@@ -241,7 +233,7 @@ def workload_verdicts(lookups: Sequence[dict[str, Any]], benches: Sequence[dict[
         llama, loop, other = benches_of(data, benches)
         routes = _llama_routes(search, llama) + (_loop_routes(loop, other) if loop else [])
         routes.append(_transformers_route(search))
-        target = _arm(llama, "target") if llama else None
+        target = arm_of(llama, "target") if llama else None
         plain, source = (float(target["tokens_per_s"]), "measured beside the routes, decode only") \
             if target else (1000 / search.decode_ms, "from the lookup search's decode step")
         out.append(WorkloadVerdict(workload=search.workload, target=search.target,
