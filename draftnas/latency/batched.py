@@ -34,8 +34,10 @@ from draftnas.models.kernel_choices import fresh_choices
 from draftnas.models.records import MAX_WEIGHT_ONCE_ROWS
 
 log = logging.getLogger(__name__)
-BATCHED_COUNTS = 2  # what `timed_counts` times (1 was a decode and the largest verify): stored steps of
-# another version are timed again
+# how batched steps are timed: 1 a decode and the largest verify; 2 also the verifies either side of 16 rows
+# (`timed_counts`); 3 one-token batches multiplied as one product (`models.matmul.linear_2d`: the 1.5B's
+# decode at batch 8 read 10 s before). Stored steps of another version are timed again.
+BATCHED_TIMING = 3
 
 
 def check_batches(batch_sizes: Sequence[int], flag: str = "--batch") -> tuple[int, ...]:
@@ -93,7 +95,8 @@ def time_batches(options: ProfileOptions, target: Architecture, batch_sizes: Seq
         again = suspect_points(ms)
         if not again:
             continue
-        # with this host's kept kernel choices the 1.5B's decode at batch 8 read 10.9 s, timed anew 0.32 s
+        # a guard: the 1.5B's decode at batch 8 read 10 s here until its products were taken as one 2-D
+        # product (`models.matmul.linear_2d`; new kernel choices did not help: the cause was elsewhere)
         log.warning("timing %s of %s again with its kernels chosen anew: each cost more than a larger step",
                     ", ".join(again), g.name)
         run = rt if weights == "dense" else rtq
@@ -126,7 +129,7 @@ def stored_or_timed_batches(options: ProfileOptions, target: Architecture, calib
     batches when they were timed against this very calibration (the same batch-1 figures: a calibration
     re-timed after a drift re-times its batches too), else timed now and stored. -> (it, one line)."""
     host = host_key()
-    request = {**request, "batched": list(batches), "batched_counts": BATCHED_COUNTS}
+    request = {**request, "batched": list(batches), "batched_timing": BATCHED_TIMING}
     path = store_path(host, request)
     if path.is_file():
         stored = read_calibration(path, flag="the stored batched calibration")

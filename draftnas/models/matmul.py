@@ -33,6 +33,11 @@ from draftnas.models.records import TORCH_DTYPES as TORCH_DTYPE_NAMES
 
 LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2  # F.linear(x, W), (W @ x.T).T, x @ W.T.contiguous()
 PROMPT_ROWS = 44  # rows a quantized weight's many-row products are timed at: the workloads' prompts
+# the weights of one shape a choice is timed over: the first of them that add up to this many bytes (all of
+# them where they add up to less), far past a CPU's last-level cache so each pass streams from memory as a
+# decode step does, without reading every layer's copy of the shape 20-40 times per choice (on an AVX2
+# host in fp32, choosing the 1.5B's forms over all 28 layers took minutes of the main job)
+STREAM_BYTES = 256 << 20
 
 
 @dataclass
@@ -46,8 +51,8 @@ class MatmulChooser:
 
     Enabled on CPU only (on CUDA F.linear is used as is, int4 weights through their kernel). The first
     product of a new key times the forms (a few passes each, interleaved) on random inputs, each pass over
-    every registered weight of that shape: a decode step streams all layers' weights
-    from memory, and a single small matrix timed alone stays in cache and misleads (a form
+    the registered weights of that shape, up to `STREAM_BYTES` of them: a decode step streams all layers'
+    weights from memory, and a single small matrix timed alone stays in cache and misleads (a form
     that wins in cache can lose streaming).
     The input is made contiguous first: a weight-once product returns a transposed view, and
     MKL multiplies by the transpose of such a view (a contiguous [in, rows]) several times slower
@@ -152,7 +157,7 @@ class MatmulChooser:
             form = self._choose(key, weight)
         computed = self.padded.get(key, rows)
         if form == LINEAR and computed == rows:
-            return F.linear(x, weight)
+            return linear_2d(x, weight)
         flat = x.reshape(rows, x.shape[-1]).contiguous()
         if computed > rows:
             flat = F.pad(flat, (0, 0, 0, computed - rows))
@@ -195,6 +200,7 @@ class MatmulChooser:
             return chosen and id(weight) in self.dequantized
         weights = [w for w in self.by_shape.get(key[1:], [weight])
                    if self.packed.get(id(w), ("",))[0] == kind and id(w) in self.dequantized] or [weight]
+        timed = streamed(weights)
         if id(weight) not in self.dequantized:
             chosen = False
         else:
@@ -206,7 +212,7 @@ class MatmulChooser:
                 chosen = bool(kept)
             else:
                 started = time.perf_counter()
-                chosen = self._time_many(weights)
+                chosen = self._time_many(timed)
                 self.timing_s += time.perf_counter() - started
                 if store:
                     store.put(store_key, chosen)
@@ -243,7 +249,7 @@ class MatmulChooser:
         """The fastest (form, rows computed) for `rows` rows over every weight of this shape
         (LINEAR unless another is faster by the margin; odd counts also padded by one row);
         drops transposed copies the choice does not use."""
-        weights = self.by_shape.get((int(weight.shape[0]), int(weight.shape[1])), [weight])
+        weights = streamed(self.by_shape.get((int(weight.shape[0]), int(weight.shape[1])), [weight]))
         had = {id(w) for w in weights if id(w) in self.transposed}
         copies = [self._transpose(w) for w in weights]
 
@@ -282,6 +288,28 @@ class MatmulChooser:
                 if id(w) not in had:
                     self.transposed.pop(id(w), None)
         return form, computed
+
+
+def streamed(weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The first of `weights` that add up to `STREAM_BYTES` (all of them where they add up to less)."""
+    out: list[torch.Tensor] = []
+    total = 0
+    for w in weights:
+        out.append(w)
+        total += w.numel() * w.element_size()
+        if total >= STREAM_BYTES:
+            break
+    return out
+
+
+def linear_2d(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) as one product of a [rows, in] view. F.linear on a [B, 1, in] input whose size-1
+    dimension has a stride other than `in` (the attention's output at one new token: stride B x in) does
+    not fold it to one product: it broadcasts to a batched one, copying the weight once per sequence
+    (the 1.5B's decode at batch 8 took 10 s instead of 0.3: `benchmarks/batched_steps.py`)."""
+    if x.dim() == 2:
+        return F.linear(x, weight)
+    return F.linear(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _quantized_product(x: torch.Tensor, packed: tuple[str, tuple[torch.Tensor, torch.Tensor]]

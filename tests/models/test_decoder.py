@@ -319,3 +319,22 @@ def test_an_int8_decoder_decodes_as_its_dense_twin_within_quantization_error() -
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 5 / 6
     quantized.matmul.prepare([1, 2, 3])
     assert not quantized.matmul.form  # quantized shapes are never timed
+
+
+def test_a_one_token_batch_with_an_odd_stride_is_multiplied_once_not_per_sequence():
+    from draftnas.models.matmul import linear_2d
+
+    weight = torch.randn(64, 32)
+    x = torch.randn(1, 8, 32).transpose(0, 1)  # [8, 1, 32], its size-1 dimension's stride 8 x 32
+    assert x.stride() == (32, 256, 1) and x.is_contiguous()
+    chooser = MatmulChooser(enabled=True)
+    chooser.register(weight)
+    with torch.profiler.profile() as prof:
+        out = chooser(x, weight)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::bmm" not in ops  # F.linear on this input copies the weight once per sequence
+    with torch.profiler.profile() as plain:
+        torch.nn.functional.linear(x, weight)
+    assert "aten::bmm" in {e.key for e in plain.key_averages()}  # what the chooser avoids
+    assert out.shape == (8, 1, 64) and torch.allclose(out, x @ weight.T, atol=1e-5)
+    assert torch.allclose(linear_2d(x, weight), out)
