@@ -12,7 +12,8 @@ class BatchPoint(Record):
     """One batch size B: B prompts decoded together by the target alone and by each drafter's batched
     loop (dicts keyed by drafter label). Tokens/s count every sequence's new tokens; `tokens_per_step`
     is per sequence; `exact_match_rate`: share of sequences equal to the target's batched greedy
-    output; `predicted_speedup`: the latency model at this B with this B's measured tokens per step.
+    output; `predicted_speedup`: the latency model at this B with this B's measured tokens per step, the
+    batch in lockstep and each prompt's prefill priced as the loop runs them (`predicted_speedup`).
     With several runs per B, tokens/s are medians over runs and a speedup the median of the runs' paired
     ones."""
 
@@ -33,6 +34,11 @@ class BatchPoint(Record):
     # the same paired median with the prompts' prefill left out of both runs (the decode steps alone, what a
     # latency model's step prices: the prefill reads one prompt at a time in both loops)
     decode_speedup: dict[str, float] | None = None
+    # milliseconds per step of the whole batch, median over runs (`BatchedOutput.step_ms`): the target
+    # alone's decode ("target": {"decode"}), per drafter its draft step and verify; and what the profile
+    # priced each at (`bench.batched.priced_step_ms`; None without one)
+    step_ms: dict[str, dict[str, float]] | None = None
+    priced_ms: dict[str, dict[str, float]] | None = None
 
 
 @dataclass(frozen=True)

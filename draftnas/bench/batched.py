@@ -32,7 +32,7 @@ from draftnas.core.prompts import Prompt
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
 from draftnas.core.registry import Architecture
-from draftnas.core.throughput import predict_throughput
+from draftnas.core.throughput import predict_throughput, with_prefill
 from draftnas.latency.calibration_store import check_here, read_calibration
 from draftnas.latency.corrected import CalibratedModel
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile, load_profile
@@ -111,25 +111,51 @@ def _same_shape(c: HostCalibration, target: Architecture) -> bool:
 
 def predicted_speedup(model: LatencyPredictor, target: Architecture, drafter: Architecture,
                       head_rows: int | None, batch_size: int, gamma: int, tokens_per_step: float,
-                      context_tokens: int) -> float:
-    """The profile's speedup of the batched loop over the target alone at `batch_size`."""
-    def ms(arch: Architecture, new_tokens: int, head: int | None = None) -> float:
-        return model.predict_ms(arch, batch_size=batch_size, new_tokens=new_tokens,
-                                context_tokens=context_tokens, head_vocab_size=head)
+                      context_tokens: int, new_tokens: int = 0, prompt_tokens: int = 0) -> float:
+    """The profile's speedup of the batched loop over the target alone at `batch_size`, run as the loop runs
+    it: in lockstep until each sequence has `new_tokens` (`core.lockstep`; 0: steady steps) and, with
+    `prompt_tokens`, after each sequence's prompt read one at a time (by the target alone, by the target
+    and the drafter when it speculates), as the bench's tokens/s count it."""
+    def ms(arch: Architecture, new: int, head: int | None = None, batch: int = batch_size,
+           context: int = context_tokens) -> float:
+        return model.predict_ms(arch, batch_size=batch, new_tokens=new, context_tokens=context,
+                                head_vocab_size=head)
 
-    return predict_throughput(
+    e = predict_throughput(
         gamma=gamma, draft_ms=ms(drafter, 1, head_rows), target_ms=ms(target, 1),
         verify_ms=ms(target, gamma + 1), tokens_per_step=min(max(tokens_per_step, 1.0), gamma + 1.0),
-        batch_size=batch_size).speedup
+        batch_size=batch_size, lockstep_tokens=new_tokens)
+    if not prompt_tokens or not new_tokens:
+        return e.speedup
+    plain_prefill = ms(target, prompt_tokens, batch=1, context=0)
+    spec_prefill = plain_prefill + ms(drafter, prompt_tokens, head_rows, batch=1, context=0)
+    tokens = batch_size * new_tokens
+    return (with_prefill(e.tokens_per_s, tokens, batch_size * spec_prefill)
+            / with_prefill(e.baseline_tokens_per_s, tokens, batch_size * plain_prefill))
+
+
+def priced_step_ms(model: LatencyPredictor, target: Architecture, drafters: dict[str, Architecture],
+                   rows: dict[str, int | None], batch_size: int, gamma: int,
+                   context_tokens: int) -> dict[str, dict[str, float]]:
+    """What the profile prices each step of the bench's runs at at `batch_size` (`BatchedOutput.step_ms`'s
+    keys): the target alone's decode, and per drafter its draft step and the verify of gamma + 1."""
+    def ms(arch: Architecture, new: int, head: int | None = None) -> float:
+        return round(model.predict_ms(arch, batch_size=batch_size, new_tokens=new,
+                                      context_tokens=context_tokens, head_vocab_size=head), 2)
+
+    verify = ms(target, gamma + 1)
+    return {"target": {"decode": ms(target, 1)}} | {
+        k: {"draft": ms(arch, 1, rows[k]), "verify": verify} for k, arch in drafters.items()}
 
 
 def _batch(encoded: Sequence[list[int]], batch_size: int) -> list[list[int]]:
     return [encoded[i % len(encoded)] for i in range(batch_size)]
 
 
-def paired_point(batch_size: int, runs: Sequence[dict[str, BatchedOutput]],
-           predicted: dict[str, float]) -> BatchPoint:
-    """One batch size from its interleaved runs (each: the target alone as "target", and every drafter)."""
+def paired_point(batch_size: int, runs: Sequence[dict[str, BatchedOutput]], predicted: dict[str, float],
+                 priced: dict[str, dict[str, float]] | None = None) -> BatchPoint:
+    """One batch size from its interleaved runs (each: the target alone as "target", and every drafter);
+    `priced`: what the profile prices each step at (`priced_step_ms`)."""
     labels = [k for k in runs[0] if k != "target"]
     ratios = {k: tuple(r[k].tokens_per_s / r["target"].tokens_per_s for r in runs) for k in labels}
     target, first = runs[0]["target"], runs[0]
@@ -145,7 +171,10 @@ def paired_point(batch_size: int, runs: Sequence[dict[str, BatchedOutput]],
         decode_speedup={k: statistics.median(r[k].decode_tokens_per_s / r["target"].decode_tokens_per_s
                                              for r in runs) for k in labels},
         idle_row_share={k: sum(r[k].idle_rows for r in runs) / max(sum(r[k].rows for r in runs), 1)
-                        for k in labels})
+                        for k in labels},
+        step_ms={k: {part: round(statistics.median(r[k].step_ms()[part] for r in runs), 2)
+                     for part in first[k].step_ms()} for k in runs[0]},
+        priced_ms=priced)
 
 
 def _shares(outs: Sequence[BatchedOutput]) -> dict[str, float]:
@@ -187,7 +216,8 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
     rows = {d.label: d.subset.size if d.subset is not None else None for d in drafters}
     dtype = next(target.model.parameters()).dtype
     label, model = latency_model(options.profile, options.device, dtype_name(dtype), target_arch)
-    context = round(sum(map(len, encoded)) / len(encoded) + n_new / 2)
+    prompt = round(sum(map(len, encoded)) / len(encoded))
+    context = round(prompt + n_new / 2)
     points = []
     sizes = sorted(options.batch_sizes)
     for index, size in enumerate(sizes):
@@ -204,8 +234,10 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
             runs.append({name: _decode(name, engines, batch, heads, gamma, n_new) for name in order})
         predicted = {} if model is None else {
             k: predicted_speedup(model, target_arch, shapes[k], rows[k], size, gamma, o.tokens_per_step,
-                                 context) for k, o in runs[0].items() if k != "target"}
-        points.append(paired_point(size, runs, predicted))
+                                 context, n_new, prompt) for k, o in runs[0].items() if k != "target"}
+        priced = (None if model is None
+                  else priced_step_ms(model, target_arch, shapes, rows, size, gamma, context))
+        points.append(paired_point(size, runs, predicted, priced))
         if progress:
             progress(index + 1, len(sizes))
     return BatchedBenchResult(
@@ -215,7 +247,8 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
         profile=label, points=tuple(points),
         measured_crossover={k: first_below_one([(p.batch_size, p.speedup[k]) for p in points])
                             for k in heads},
-        predicted_crossover=_predicted_crossover(model, target_arch, shapes, rows, points, gamma, context),
+        predicted_crossover=_predicted_crossover(model, target_arch, shapes, rows, points, gamma, context,
+                                                 n_new, prompt),
         prompts=tuple(p.id for p in prompts), host=host_label(options.device),
         load_average_before=load_before,
         versions=package_versions(), wall_s=round(time.perf_counter() - started, 2))
@@ -223,16 +256,18 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
 
 def _predicted_crossover(model: LatencyPredictor | None, target: Architecture,
                          shapes: dict[str, Architecture], rows: dict[str, int | None],
-                         points: Sequence[BatchPoint], gamma: int, context: int) -> dict[str, int | None]:
-    """Per drafter, the first of `PREDICTED_BATCHES` the profile prices below 1, at the drafter's
-    tokens per step averaged over the measured batch sizes (acceptance does not depend on B)."""
+                         points: Sequence[BatchPoint], gamma: int, context: int, new_tokens: int,
+                         prompt_tokens: int) -> dict[str, int | None]:
+    """Per drafter, the first of `PREDICTED_BATCHES` the profile prices below 1 (as `predicted_speedup`), at
+    the drafter's tokens per step averaged over the measured batch sizes (acceptance does not depend on B)."""
     if model is None:
         return {k: None for k in shapes}
     out: dict[str, int | None] = {}
     for k, arch in shapes.items():
         tokens = sum(p.tokens_per_step[k] for p in points) / len(points)
         out[k] = first_below_one([(b, predicted_speedup(model, target, arch, rows[k], b, gamma, tokens,
-                                                        context)) for b in PREDICTED_BATCHES])
+                                                        context, new_tokens, prompt_tokens))
+                                  for b in PREDICTED_BATCHES])
     return out
 
 

@@ -39,6 +39,7 @@ from draftnas.bench.batched import (
     latency_model,
     paired_point,
     predicted_speedup,
+    priced_step_ms,
 )
 from draftnas.bench.replay_records import ReplayResult, ReplayRun
 from draftnas.bench.request_records import BenchRequest
@@ -307,6 +308,9 @@ def _run_batched(request: BenchRequest, target: Shape, drafter: Shape, trace: Ac
                 for i, s in enumerate((target, drafter))]
     label, model = latency_model(options.profile, options.device, options.dtype, target.arch)
     context = _context(trace)
+    new_tokens = round(sum(p.new_tokens for p in prompts) / len(prompts))  # priced in lockstep, after prefill
+    prompt_tokens = round(sum(p.prompt_tokens for p in prompts) / len(prompts))
+    heads = {trace.label: drafter.head_rows or None}
     points, sizes = [], sorted(options.batch_sizes)
     for index, size in enumerate(sizes):
         chosen = [prompts[i % len(prompts)] for i in range(size)]
@@ -315,10 +319,14 @@ def _run_batched(request: BenchRequest, target: Shape, drafter: Shape, trace: Ac
                              options.rounds)
         out = runs[0]["loop"]
         same = sum(list(a) == list(p.accepted) for a, p in zip(out.accepted, chosen, strict=True))
-        predicted = {} if model is None or quantized(drafter.weights) else {
-            trace.label: predicted_speedup(model, target.arch, drafter.arch, drafter.head_rows or None, size,
-                                           gamma, out.tokens_per_step, context)}
-        point = paired_point(size, [{"target": r["target"], trace.label: r["loop"]} for r in runs], predicted)
+        priced = model if model is not None and not quantized(drafter.weights) else None
+        predicted = {} if priced is None else {
+            trace.label: predicted_speedup(priced, target.arch, drafter.arch, drafter.head_rows or None, size,
+                                           gamma, out.tokens_per_step, context, new_tokens, prompt_tokens)}
+        steps = None if priced is None else priced_step_ms(priced, target.arch, {trace.label: drafter.arch},
+                                                           heads, size, gamma, context)
+        point = paired_point(size, [{"target": r["target"], trace.label: r["loop"]} for r in runs], predicted,
+                             steps)
         points.append(replace(point, exact_match_rate={trace.label: same / size}))
         if progress:
             progress(index + 1, len(sizes))
@@ -327,7 +335,7 @@ def _run_batched(request: BenchRequest, target: Shape, drafter: Shape, trace: Ac
         mean_step = sum(p.tokens_per_step[trace.label] for p in points) / len(points)
         predicted_cross = first_below_one([
             (b, predicted_speedup(model, target.arch, drafter.arch, drafter.head_rows or None, b, gamma,
-                                  mean_step, context)) for b in PREDICTED_BATCHES])
+                                  mean_step, context, new_tokens, prompt_tokens)) for b in PREDICTED_BATCHES])
     return BatchedBenchResult(
         target=target.name, drafters={trace.label: drafter.name}, gamma=gamma,
         max_new_tokens=max(p.new_tokens for p in prompts), device=options.device, dtype=options.dtype,

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from draftnas.core.errors import InvalidInputError, check_range
+from draftnas.core.lockstep import lockstep_share
 from draftnas.core.options import option
 from draftnas.core.records import Record
 
@@ -133,6 +134,9 @@ class ThroughputEstimate(Record):
     # drafts `drafted_per_step` on average (None: gamma); `verify_ms` is then the verify at that mean
     p_min: float = 0.0
     drafted_per_step: float | None = None
+    # a static batch in lockstep (`core.lockstep`): the share of a sequence's tokens per step the batch
+    # keeps while it waits for its slowest sequence (1: sequences independent, or batch 1)
+    lockstep: float = 1.0
 
     @property
     def drafting(self) -> str:
@@ -152,6 +156,7 @@ def predict_throughput(
     baseline_batch_size: int | None = None,
     drafted_per_step: float | None = None,
     p_min: float = 0.0,
+    lockstep_tokens: int = 0,
 ) -> ThroughputEstimate:
     """Predicted tokens/s and speedup for one gamma.
 
@@ -165,6 +170,9 @@ def predict_throughput(
     (the drafter's weights and cache take room), the batch of plain decoding, whose step is
     `target_ms`; speculation runs `batch_size` sequences (gamma = 0 needs no drafter: it is plain
     decoding at the baseline batch).
+    `lockstep_tokens`: the batch runs in lockstep until each sequence has this many new tokens (draftnas's
+    batched loop), so its tokens per step are a sequence's times `lockstep.lockstep_share`; 0: the
+    sequences do not wait for each other.
     """
     if (acceptance_rate is None) == (tokens_per_step is None):
         raise InvalidInputError("give exactly one of acceptance rate or tokens per step")
@@ -184,10 +192,15 @@ def predict_throughput(
     drafted = float(gamma) if drafted_per_step is None or gamma == 0 else drafted_per_step
     if not 0.0 <= drafted <= gamma:
         raise InvalidInputError(f"drafts per step must be in [0, gamma={gamma}], got {drafted:g}")
-    tps = speculative_tokens_per_s(tokens, drafted, draft_ms, verify, batch_size)
+    share = 1.0
+    if lockstep_tokens and gamma and batch_size > 1:
+        alpha = (acceptance_rate if acceptance_rate is not None
+                 else acceptance_rate_from_tokens_per_step(tokens, gamma))
+        share = lockstep_share(alpha, gamma, lockstep_tokens, batch_size)
+    tps = speculative_tokens_per_s(tokens * share, drafted, draft_ms, verify, batch_size)
     base = baseline_tokens_per_s(target_ms, plain_batch)
-    speedup = (speculative_speedup(tokens, drafted, draft_ms, verify, target_ms) if plain_batch == batch_size
-               else tps / base)
+    speedup = (speculative_speedup(tokens * share, drafted, draft_ms, verify, target_ms)
+               if plain_batch == batch_size else tps / base)
     return ThroughputEstimate(
         batch_size=batch_size, gamma=gamma, acceptance_rate=acceptance_rate,
         tokens_per_step=tokens, draft_ms=draft_ms, verify_ms=verify, target_ms=target_ms,
@@ -195,7 +208,7 @@ def predict_throughput(
         baseline_tokens_per_s=base, speedup=speedup,
         baseline_batch_size=plain_batch if plain_batch != batch_size else None,
         p_min=p_min if gamma else 0.0, drafted_per_step=None if drafted_per_step is None or gamma == 0
-        else drafted_per_step,
+        else drafted_per_step, lockstep=share,
     )
 
 
@@ -207,8 +220,10 @@ def best_gamma(
     verify_ms: float | Callable[[int], float] | None = None,
     max_gamma: int = 8,
     batch_size: int = 1,
+    lockstep_tokens: int = 0,
 ) -> ThroughputEstimate:
-    """The gamma in 0..max_gamma with the highest predicted tokens/s.
+    """The gamma in 0..max_gamma with the highest predicted tokens/s (`lockstep_tokens`: as in
+    `predict_throughput`).
 
     `verify_ms` may be a function gamma -> T_target(b, gamma + 1) (from a latency
     profile), a constant, or None (= target_ms). gamma = 0 (no speculation) is a
@@ -220,7 +235,7 @@ def best_gamma(
         verify = verify_ms(gamma) if callable(verify_ms) else verify_ms
         est = predict_throughput(
             gamma=gamma, draft_ms=draft_ms, target_ms=target_ms, verify_ms=verify,
-            acceptance_rate=acceptance_rate, batch_size=batch_size,
+            acceptance_rate=acceptance_rate, batch_size=batch_size, lockstep_tokens=lockstep_tokens,
         )
         if best is None or est.tokens_per_s > best.tokens_per_s * (1 + 1e-12):
             best = est

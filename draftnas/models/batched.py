@@ -38,6 +38,7 @@ class BatchedOutput:
     tokens: list[list[int]]
     accepted: list[list[int]] = field(default_factory=list)
     steps: int = 0
+    drafts: int = 0  # tokens each sequence drafted, summed over steps (a step near the budget drafts fewer)
     host_reads: int = 0
     elapsed_s: float = 0.0
     # where the time went (speculative loop; seconds): "prefill", "draft" (the drafter's steps), "verify"
@@ -61,6 +62,16 @@ class BatchedOutput:
         """New tokens over the time after the prompts' prefill (the steps alone)."""
         decode = self.elapsed_s - self.split_s.get("prefill", 0.0)
         return self.new_tokens / decode if decode > 0 else 0.0
+
+    def step_ms(self) -> dict[str, float]:
+        """Milliseconds per step of the whole batch, after the prefill: "draft" (one drafter step), "verify"
+        (the target's verify of a step's drafts), or for plain decoding "decode" (the target's step)."""
+        if not self.steps:
+            return {}
+        if not self.accepted:
+            return {"decode": (self.elapsed_s - self.split_s.get("prefill", 0.0)) * 1e3 / self.steps}
+        return {"draft": self.split_s.get("draft", 0.0) * 1e3 / max(self.drafts, 1),
+                "verify": self.split_s.get("verify", 0.0) * 1e3 / self.steps}
 
     @property
     def tokens_per_step(self) -> float:
@@ -238,6 +249,7 @@ def batched_speculative_generate(target: BatchedStatic, drafter: BatchedStatic,
             out.idle_rows += sum(done) * (g + 1)
             out.host_reads += 1
             out.steps += 1
+            out.drafts += g
             n, finished = len(prompts), False
             for row in range(n):
                 if done[row]:

@@ -149,7 +149,8 @@ def _speedup_vs_gamma(ax: Any, result: SearchResult) -> None:
                   or r.acceptance.tokens_at(g) is not None]
         stop = r.primary.p_min  # the winner's confidence stop at every gamma
         points = [(g, e.speedup) for g in gammas
-                  if (e := estimate_at(r.latency, r.acceptance, i, g, stop if g else 0.0)) is not None]
+                  if (e := estimate_at(r.latency, r.acceptance, i, g, stop if g else 0.0,
+                                       result.info.space.workload.new_tokens)) is not None]
         ax.plot([g for g, _ in points], [v for _, v in points], marker="o",
                 label=f"#{r.number} {r.candidate.name}" + (f" (stop below p {stop:g})" if stop else ""))
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")

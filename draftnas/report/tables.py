@@ -299,7 +299,27 @@ def batched_table(root: Path, files: Sequence[str]) -> list[str]:
                  "paired with the target alone's run beside it")
               + f"; predicted by {d.get('profile', '')}; drafters "
               f"{', '.join(f'{k} = {v}' for k, v in d['drafters'].items())}; from `{name}`"]
-    return lines + _time_split_lines(d, labels)
+    return lines + _time_split_lines(d, labels) + _step_lines(d, labels)
+
+
+def _step_lines(d: dict[str, Any], labels: Sequence[str]) -> list[str]:
+    """Each step's milliseconds at each batch, measured in the runs / priced by the profile (where both were
+    recorded): the target alone's decode, each drafter's draft step and verify."""
+    def pair(pt: dict[str, Any], arm: str, part: str) -> str:
+        measured = ((pt.get("step_ms") or {}).get(arm) or {}).get(part)
+        priced = ((pt.get("priced_ms") or {}).get(arm) or {}).get(part)
+        if measured is None:
+            return ""
+        return f"{measured:.0f}" + ("" if priced is None else f"/{priced:.0f}")
+
+    rows = []
+    for pt in d["points"]:
+        cells = [f"target decode {pair(pt, 'target', 'decode')}"]
+        cells += [f"{label} draft {pair(pt, label, 'draft')}, verify {pair(pt, label, 'verify')}"
+                  for label in labels]
+        if (pt.get("step_ms") or {}).get("target"):
+            rows.append(f"B={pt['batch_size']}: " + "; ".join(cells))
+    return ["- ms per step of the whole batch, measured/priced: " + " · ".join(rows)] if rows else []
 
 
 def _time_split_lines(d: dict[str, Any], labels: Sequence[str]) -> list[str]:

@@ -4,6 +4,7 @@ storage, the best, why nothing pays, what was assumed) and the next commands to 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from draftnas.core.engines import LLAMA_CPP
@@ -12,7 +13,7 @@ from draftnas.search.healing import healing_lines
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.core.registry import Architecture
-    from draftnas.search.records import BatchEconomics, CandidateChoice, SearchResult
+    from draftnas.search.records import BatchEconomics, CandidateChoice, RankedTrial, SearchResult
     from draftnas.search.space import SearchSpace
 
 
@@ -77,7 +78,9 @@ def break_even_line(e: BatchEconomics, name: str) -> str:
         return f"break-even batch: {name} does not pay even at batch 1 ({how})"
     stop = (f"stops at batch {e.crossover_batch}" if e.crossover_batch is not None
             else f"pays at every batch swept, to {e.sweep_batches[-1]}")
-    return (f"break-even batch: {name} pays up to batch {paying[-1]} (predicted; {stop}; {how})")
+    loop = (f"; in draftnas's batched loop, where a batch steps until its slowest sequence has its "
+            f"{e.lockstep_tokens} tokens" if e.lockstep_tokens else "")
+    return f"break-even batch: {name} pays up to batch {paying[-1]} (predicted; {stop}; {how}{loop})"
 
 
 def space_edges(space: SearchSpace, choice: CandidateChoice, gamma: int, base: Architecture) -> list[str]:
@@ -208,3 +211,17 @@ def alpha_next_command(step: str, out: str) -> str:
     if step == "measure":
         return f"next: draftnas alpha fit {out} --out alpha-model.json"
     return f"next: draftnas search --target llama-65b --acceptance-prior {out}"
+
+
+def standing_lines(ranked: Sequence[RankedTrial], finished: int, total: int, first: bool,
+                   top: int = 3) -> list[str]:
+    """The ranking while the search runs (the best `top` so far by predicted tokens/s), which the final
+    table refines: `first` after the hand-made trials, else after `finished` of `total` trials."""
+    if not ranked:
+        return []
+    said = ("first ranking, from the hand-made trials (the search goes on and refines it)" if first
+            else f"ranking after {finished} of {total} trials")
+    rows = [f"  {i}. trial {r.number}{' (hand-made)' if r.hand_made else ''} {r.candidate.name}: "
+            f"{r.throughput.tokens_per_s:.1f} tokens/s, {r.throughput.speedup:.2f}x predicted"
+            for i, r in enumerate(ranked[:top], 1)]
+    return [f"{said}:", *rows]

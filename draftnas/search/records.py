@@ -234,6 +234,9 @@ class BatchEconomics(Record):
     # the batches above 1 whose steps were timed on this machine (`search --batch`); a swept batch past
     # the largest is priced from it, and with none every batch is priced from batch 1 by the profile
     timed_batches: tuple[int, ...] = ()
+    # a batch priced as draftnas's batched loop runs it: in lockstep until each sequence has this many new
+    # tokens (`core.lockstep`; 0: stored before it was priced)
+    lockstep_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -142,10 +142,12 @@ def read_latency(predictor: LatencyPredictor, profile: str, arch: Architecture, 
 
 
 def estimate_at(latency: LatencyReading, acceptance: AcceptanceReading, index: int,
-                gamma: int, p_min: float = 0.0) -> ThroughputEstimate | None:
+                gamma: int, p_min: float = 0.0, lockstep_tokens: int = 0) -> ThroughputEstimate | None:
     """Predicted throughput at batch `latency.batch_sizes[index]` and one drafting policy (gamma, p_min);
     None for a confidence stop the acceptance reading has no walk of. Where the reading has the
-    estimate's walk, each step drafts its mean drafts and the verify is priced at that mean."""
+    estimate's walk, each step drafts its mean drafts and the verify is priced at that mean.
+    `lockstep_tokens`: a batch runs in lockstep until each sequence has that many (draftnas's batched
+    loop, `core.lockstep`)."""
     policy = acceptance.policy_at(gamma, p_min)
     if p_min > 0 and policy is None:
         return None
@@ -158,24 +160,25 @@ def estimate_at(latency: LatencyReading, acceptance: AcceptanceReading, index: i
         batch_size=latency.spec_batch(index), baseline_batch_size=latency.plain_batch(index),
         acceptance_rate=acceptance.acceptance_rate if tokens is None else None,
         tokens_per_step=None if tokens is None else min(max(tokens, 1.0), gamma + 1.0),
-        drafted_per_step=drafted, p_min=p_min,
+        drafted_per_step=drafted, p_min=p_min, lockstep_tokens=lockstep_tokens,
     )
 
 
 def _best_at(latency: LatencyReading, acceptance: AcceptanceReading, index: int,
-             gamma: GammaRange) -> ThroughputEstimate:
+             gamma: GammaRange, lockstep_tokens: int = 0) -> ThroughputEstimate:
     same_batch = latency.spec_batch(index) == latency.plain_batch(index)
     if acceptance.tokens_per_step is None and gamma.min == 0 and same_batch:
         verify = latency.verify_ms[index]
         return best_gamma(acceptance_rate=acceptance.acceptance_rate, draft_ms=latency.draft_ms[index],
                           target_ms=latency.target_ms[index], verify_ms=lambda g: verify[g],
-                          max_gamma=gamma.max, batch_size=latency.batch_sizes[index])
+                          max_gamma=gamma.max, batch_size=latency.batch_sizes[index],
+                          lockstep_tokens=lockstep_tokens)
     gammas = [g for g in range(gamma.min, gamma.max + 1) if acceptance.tokens_at(g) is not None
               or acceptance.tokens_per_step is None]
     if not gammas:
         raise InvalidInputError(f"acceptance has no tokens per step for gamma {gamma.min}..{gamma.max}")
     estimates = [e for g in gammas for p in (gamma.p_min if g else (0.0,))
-                 if (e := estimate_at(latency, acceptance, index, g, p)) is not None]
+                 if (e := estimate_at(latency, acceptance, index, g, p, lockstep_tokens)) is not None]
     return max(estimates, key=lambda e: e.tokens_per_s * (1 - 1e-12 * e.gamma) * (1 - 1e-13 * e.p_min))
 
 
@@ -186,7 +189,8 @@ def predict_workload(latency: LatencyReading, acceptance: AcceptanceReading, wor
     With a prompt in the workload, each batch size's tokens/s is that of whole requests: the prefill
     (target, plus the drafter when it speculates) and `workload.new_tokens` generated
     (`throughput.with_prefill`); the per-batch estimates stay the steady-state steps."""
-    per_batch = tuple(_best_at(latency, acceptance, i, gamma) for i in range(len(latency.batch_sizes)))
+    per_batch = tuple(_best_at(latency, acceptance, i, gamma, workload.new_tokens)
+                      for i in range(len(latency.batch_sizes)))
     weights = workload.batch_weights
     spec_tps, plain_tps = [e.tokens_per_s for e in per_batch], [e.baseline_tokens_per_s for e in per_batch]
     if latency.target_prefill_ms:  # whole requests: each pays its prompt's prefill once
@@ -246,13 +250,14 @@ def _speculating(gamma: GammaRange) -> GammaRange:
     return GammaRange(min=max(1, gamma.min), max=max(1, gamma.max))
 
 
-def break_even_alpha(latency: LatencyReading, index: int, gamma: GammaRange) -> float | None:
+def break_even_alpha(latency: LatencyReading, index: int, gamma: GammaRange,
+                     lockstep_tokens: int = 0) -> float | None:
     """The acceptance at which the best gamma >= 1 at batch `latency.batch_sizes[index]` ties plain
     decoding (bisection: the speedup rises with acceptance); None if acceptance 1 does not pay."""
     spec = _speculating(gamma)
 
     def speedup(alpha: float) -> float:
-        return _best_at(latency, assumed_acceptance(alpha), index, spec).speedup
+        return _best_at(latency, assumed_acceptance(alpha), index, spec, lockstep_tokens).speedup
 
     if speedup(1.0) <= 1.0:
         return None
@@ -283,11 +288,13 @@ def batch_economics(predictor: LatencyPredictor, target_predictor: LatencyPredic
     target_ms = target_latency(target_predictor, target, sweep, spec)
     reading = read_latency(predictor, profile, arch, sweep, target_ms, head_vocab_size, placement=placement,
                            target_arch=target, target_predictor=target_predictor)
-    speedups = tuple(_best_at(reading, acceptance, i, spec).speedup for i in range(len(batches)))
+    n = workload.new_tokens  # draftnas's batched loop runs a batch in lockstep (`core.lockstep`)
+    speedups = tuple(_best_at(reading, acceptance, i, spec, n).speedup for i in range(len(batches)))
     crossover = next((b for b, s in zip(batches, speedups, strict=True) if s <= 1.0), None)
     at_largest = batches.index(largest) if largest in batches else len(batches) - 1
     return BatchEconomics(alpha=acceptance.acceptance_rate, largest_batch=batches[at_largest],
-                          break_even_alpha_batch1=break_even_alpha(reading, 0, spec),
-                          break_even_alpha_largest=break_even_alpha(reading, at_largest, spec),
+                          break_even_alpha_batch1=break_even_alpha(reading, 0, spec, n),
+                          break_even_alpha_largest=break_even_alpha(reading, at_largest, spec, n),
                           crossover_batch=crossover, sweep_batches=tuple(batches), sweep_speedup=speedups,
-                          timed_batches=tuple(getattr(predictor, "timed_batches", tuple)()))
+                          timed_batches=tuple(getattr(predictor, "timed_batches", tuple)()),
+                          lockstep_tokens=n)

@@ -119,3 +119,39 @@ def test_a_stored_calibration_prices_the_batches_and_one_from_another_host_is_re
         latency_model(str(elsewhere), "cpu", "bf16", target)
     with pytest.raises(InvalidInputError, match="calibrates qwen2.5-coder-1.5b, not this bench's target"):
         latency_model(str(path), "cpu", "bf16", drafter)
+
+
+def test_each_step_is_measured_beside_what_the_profile_prices_it_at(tiny_models):
+    target, draft, _ = tiny_models
+    options = BenchOptions(gamma=3, max_new_tokens=10, batch_sizes=(2,), rounds=1, profile="cpu-amd-static")
+    (point,) = run_batch_sizes(target, draft, PROMPTS, options).points
+    assert set(point.step_ms) == {"target", "draftnas"} and point.step_ms["target"]["decode"] > 0
+    assert point.step_ms["draftnas"]["draft"] > 0 and point.step_ms["draftnas"]["verify"] > 0
+    assert set(point.priced_ms["draftnas"]) == {"draft", "verify"} and point.priced_ms["target"]["decode"] > 0
+
+
+def test_the_prediction_waits_for_the_slowest_sequence_and_pays_the_prompts_prefill():
+    from draftnas.core.lockstep import lockstep_share
+    from draftnas.core.throughput import acceptance_rate_from_tokens_per_step
+    from draftnas.latency.files import default_profile
+    from draftnas.latency.model import LatencyModel
+
+    model = LatencyModel.from_profile(default_profile("cpu-amd-static", "fp32"))
+    target, drafter = get_architecture("qwen2.5-coder-1.5b"), get_architecture("qwen2.5-coder-0.5b")
+    steady = predicted_speedup(model, target, drafter, None, 8, 4, 3.0, 128)
+    lockstep = predicted_speedup(model, target, drafter, None, 8, 4, 3.0, 128, new_tokens=32)
+    assert lockstep < steady  # a batch steps until its slowest sequence is done
+    at_one = predicted_speedup(model, target, drafter, None, 1, 4, 3.0, 128, new_tokens=32)
+    assert at_one == pytest.approx(predicted_speedup(model, target, drafter, None, 1, 4, 3.0, 128))
+    # each prompt read one at a time: by the target alone, and by the target and the drafter in the loop
+    with_prompt = predicted_speedup(model, target, drafter, None, 8, 4, 3.0, 128, new_tokens=32,
+                                    prompt_tokens=200)
+    ms = {(a.name, n, b, c): model.predict_ms(a, batch_size=b, new_tokens=n, context_tokens=c)
+          for a in (target, drafter) for n, b, c in ((1, 8, 128), (5, 8, 128), (200, 1, 0))}
+    share = lockstep_share(acceptance_rate_from_tokens_per_step(3.0, 4), 4, 32, 8)
+    step_ms = 4 * ms[(drafter.name, 1, 8, 128)] + ms[(target.name, 5, 8, 128)]
+    steps_s = 8 * 32 / (8 * 3.0 * share) * step_ms / 1e3
+    plain_s = 32 * ms[(target.name, 1, 8, 128)] / 1e3
+    prefill = ms[(target.name, 200, 1, 0)] / 1e3
+    expected = (plain_s + 8 * prefill) / (steps_s + 8 * (prefill + ms[(drafter.name, 200, 1, 0)] / 1e3))
+    assert with_prompt == pytest.approx(expected, rel=1e-6)

@@ -112,3 +112,45 @@ def test_the_median_request_prices_each_prompts_walk_then_its_prefill():
         median_request(terms, 5, (2.0,), (5.0,))
     with pytest.raises(InvalidInputError, match="each prompt's tokens and drafts"):
         median_request(terms, 4, (), ())
+
+
+def test_a_batch_in_lockstep_keeps_the_share_a_simulation_of_it_measures():
+    import numpy as np
+
+    from draftnas.core.lockstep import lockstep_share
+
+    alpha, gamma, n = 0.8, 4, 32
+    rng = np.random.default_rng(0)
+
+    def steps() -> int:
+        have = s = 0
+        while have < n:
+            k = 0
+            while k < gamma and rng.random() < alpha:
+                k += 1
+            have, s = have + k + 1, s + 1
+        return s
+
+    draws = np.array([[steps() for _ in range(8)] for _ in range(3000)])
+    for batch in (2, 4, 8):
+        simulated = draws[:, 0].mean() / draws[:, :batch].max(axis=1).mean()
+        assert lockstep_share(alpha, gamma, n, batch) == pytest.approx(simulated, rel=0.02)
+    shares = [lockstep_share(alpha, gamma, n, b) for b in (1, 2, 4, 8, 64)]
+    assert shares[0] == 1.0 and all(a > b for a, b in zip(shares, shares[1:], strict=False))
+    assert lockstep_share(1.0, gamma, n, 8) == lockstep_share(0.0, gamma, n, 8) == 1.0  # every step alike
+    with pytest.raises(InvalidInputError, match="lockstep needs"):
+        lockstep_share(0.5, gamma, 0, 8)
+
+
+def test_lockstep_scales_the_speculative_tokens_not_plain_decoding():
+    from draftnas.core.lockstep import lockstep_share
+
+    step = {"gamma": 4, "draft_ms": 5, "target_ms": 50, "verify_ms": 60, "acceptance_rate": 0.8,
+            "batch_size": 4}
+    free = predict_throughput(**step)
+    held = predict_throughput(**step, lockstep_tokens=32)
+    share = lockstep_share(0.8, 4, 32, 4)
+    assert held.lockstep == pytest.approx(share) and held.tokens_per_step == free.tokens_per_step
+    assert held.tokens_per_s == pytest.approx(free.tokens_per_s * share)
+    assert held.speedup == pytest.approx(free.speedup * share)
+    assert held.baseline_tokens_per_s == free.baseline_tokens_per_s
