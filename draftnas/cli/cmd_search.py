@@ -57,7 +57,8 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
     with progress_bars(output.json) as on:
         result = run(request, progress=on("trials"), trace_progress=on("tracing target"),
-                     calibration_progress=on("timing the target on this machine"))
+                     calibration_progress=on("timing the target on this machine"),
+                     standings=None if output.json else _say)
     if not output.json:
         _render(result, rows.top, summary_lines(result))
     if result.interrupted:
@@ -100,6 +101,11 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
         console.print(f"the hand-made best is in {hand.folder}, at γ {hand.gamma}", highlight=False)
     for line in next_commands(result, done, request.target_gguf, hand.folder if hand else None):
         console.print(line, highlight=False, soft_wrap=True)
+
+
+def _say(lines: list[str]) -> None:
+    for line in lines:
+        err_console.print(line, highlight=False, soft_wrap=True)
 
 
 def _terminate(signum: int, frame: Any) -> None:

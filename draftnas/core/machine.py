@@ -58,10 +58,20 @@ def _cpuinfo_fields() -> dict[str, str]:
     return out
 
 
+#: ATEN_CPU_CAPABILITY caps the instruction sets torch's kernels use ("avx2": none of AVX-512's; "default":
+#: none of these); draftnas then reads the CPU as having only those (how a smaller host kind is simulated
+#: on a larger one, with oneDNN's ONEDNN_MAX_CPU_ISA capped alike)
+CAPABILITY_ISA: dict[str, tuple[str, ...]] = {"avx2": ("avx2",), "default": ()}
+
+
 def cpu_identity() -> CpuIdentity:
-    """This CPU's vendor, family, model and kernel-deciding instruction sets."""
+    """This CPU's vendor, family, model and kernel-deciding instruction sets (as ATEN_CPU_CAPABILITY caps
+    them, `CAPABILITY_ISA`)."""
     info = _cpuinfo_fields()
     flags = set(info.get("flags", "").split())
+    capped = CAPABILITY_ISA.get(os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower())
+    if capped is not None:
+        flags &= set(capped)
 
     def number(key: str) -> int | None:
         return int(info[key]) if info.get(key, "").isdigit() else None

@@ -36,6 +36,7 @@ from draftnas.drafter.distill_records import TrainedPrice
 from draftnas.models.sources import has_weights
 from draftnas.search.candidate import build_candidate, reference_candidate
 from draftnas.search.evaluate import Evaluation, Evaluator, WeightsEvaluator
+from draftnas.search.explain import standing_lines
 from draftnas.search.hand_made import ATTR as HAND_MADE
 from draftnas.search.hand_made import hand_made_best, hand_made_params, next_hand_made
 from draftnas.search.healing import heal_within_budget
@@ -96,11 +97,16 @@ class _Run:
     interrupted_trial: int | None = None
     hand_made: int = 0  # hand-made trials the study holds beside the search's own (`search.hand_made`)
     gate: InterruptGate = field(default_factory=InterruptGate)
+    standings: Callable[[list[str]], None] | None = None  # the ranking so far, while the search runs
+    said_at: int = -1  # the finished count the last standing was said at
 
 
 def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: Evaluator, *,
-               progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """Run (or resume, or join) the study until it holds `n_trials` finished trials.
+               progress: Callable[[int, int], None] | None = None,
+               standings: Callable[[list[str]], None] | None = None) -> SearchResult:
+    """Run (or resume, or join) the study until it holds `n_trials` finished trials; `standings` is
+    given the ranking so far after the hand-made trials and each quarter of the search's own
+    (`explain.standing_lines`).
 
     Finished = COMPLETE or PRUNED (FAIL trials are retried). Stops early at `timeout_s`
     or Ctrl-C (the trial in flight is told FAIL; the result says `interrupted`).
@@ -129,7 +135,7 @@ def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: E
                target_predictor=target_predictor, evaluator=evaluator,
                target_latency=target_latency(target_predictor, options.target_arch, options.space.workload,
                                              options.space.gamma),
-               dists=distributions(options.space))
+               dists=distributions(options.space), standings=standings)
     if evaluator.builds:  # the stock drafter under each global transform, first
         run.hand_made = len(hand_made_params(options.space, options.base_arch))
     interrupted = False
@@ -173,11 +179,24 @@ def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) 
             progress(min(finished, target), target)
         if finished + running >= target:
             return
+        _standing(run, finished, target)
         if timeout is not None and time.monotonic() - start >= timeout:
             log.info("timeout of %.0f s reached with %d/%d trials finished", timeout,
                      finished, target)
             return
         _one_trial(run, trials)
+
+
+def _standing(run: _Run, finished: int, target: int) -> None:
+    """Say the ranking so far once the hand-made trials are in, then after each quarter of the rest."""
+    if run.standings is None or finished == run.said_at or finished < max(run.hand_made, 1):
+        return
+    step = max(1, (target - run.hand_made) // 4)
+    first = finished == run.hand_made
+    if first or (finished - run.hand_made) % step == 0:
+        run.said_at = finished
+        run.standings(standing_lines(ranked_trials(run.study), finished, target,
+                                     first and run.hand_made > 0))
 
 
 def _one_trial(run: _Run, trials: Sequence[FrozenTrial]) -> None:

@@ -17,6 +17,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from draftnas.acceptance.records import TraceOptions
+from draftnas.acceptance.shipped import copy_shipped
 from draftnas.acceptance.traces import same_tokenizer_files, tokenizer_fingerprint
 from draftnas.acceptance.tracing import build_traces
 from draftnas.core.errors import InvalidInputError, SearchSpaceError
@@ -70,13 +71,17 @@ def trace_prompts(space: SearchSpace) -> list[Prompt]:
 def default_traces(request: SearchRequest, space: SearchSpace, study_name: str,
                    progress: Callable[[int, int], None] | None = None, dtype: str = "fp32") -> Path:
     """Traces of the target over the space's prompt set, in `dtype` (greedy tokens differ between
-    dtypes), built once on the request's device and cached in the run folder."""
+    dtypes), built once on the request's device and cached in the run folder; for an embedded target,
+    the ones shipped with draftnas where they fit (`acceptance.shipped`)."""
     w, t = space.workload, space.traces
     prompts = trace_prompts(space)
     key = fingerprint_text([request.target, w.prompt_set, w.domain, t.prompts, t.max_new_tokens,
                             w.temperature] + ([dtype] if dtype != "fp32" else []))
     out = Path(request.study.run_dir).expanduser() / study_name / f"traces-{key}.safetensors"
     if out.is_file():
+        return out
+    if copy_shipped(resolve_architecture(request.target).name, key, out) is not None:
+        log.info("traces of %s: shipped with draftnas for its embedded weights (%s)", request.target, out)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     options = TraceOptions(max_new_tokens=t.max_new_tokens, temperatures=(w.temperature,),
@@ -283,10 +288,12 @@ def _measuring_evaluator(request: SearchRequest, options: SearchOptions,
 
 def search(request: SearchRequest, *, progress: Callable[[int, int], None] | None = None,
            trace_progress: Callable[[int, int], None] | None = None,
-           calibration_progress: Callable[[int, int], None] | None = None) -> SearchResult:
-    """`draftnas search`: resolve the request, then run (or resume, or join) the study."""
+           calibration_progress: Callable[[int, int], None] | None = None,
+           standings: Callable[[list[str]], None] | None = None) -> SearchResult:
+    """`draftnas search`: resolve the request, then run (or resume, or join) the study (`standings`: the
+    ranking so far while it runs, `loop.run_search`)."""
     options, predictor, evaluator = plan_search(request, trace_progress, calibration_progress)
-    result = run_search(options, predictor, evaluator, progress=progress)
+    result = run_search(options, predictor, evaluator, progress=progress, standings=standings)
     if result.best is None or result.interrupted:
         return result
     if isinstance(predictor, EngineModel):  # llama.cpp: whether any drafter can pay there, from its steps

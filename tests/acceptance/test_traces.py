@@ -166,3 +166,28 @@ def test_same_tokenizer_files_are_byte_for_byte_and_need_a_tokenizer_json(tmp_pa
     for folder in (a, b):
         (folder / "tokenizer.json").unlink()
     assert not same_tokenizer_files(a, b)  # no tokenizer.json: not known to be the same
+
+
+def test_a_shipped_trace_is_used_only_for_the_weights_it_was_made_from(tmp_path, monkeypatch):
+    import dataclasses
+    import json
+
+    from draftnas.acceptance import shipped
+    from draftnas.models.records import EMBEDDED
+
+    made = tmp_path / "traces-abc123.safetensors"
+    made.write_bytes(b"a trace")
+    folder = tmp_path / "shipped"
+    path = shipped.ship(made, "qwen2.5-coder-1.5b", "abc123", "a test", folder)
+    assert path.read_bytes() == b"a trace"
+    entry = json.loads((folder / shipped.INDEX).read_text())["qwen2.5-coder-1.5b"]["abc123"]
+    assert entry["weights_sha256"] == EMBEDDED["qwen2.5-coder-1.5b"].sha256 and entry["made"] == "a test"
+    out = tmp_path / "run" / "traces-abc123.safetensors"
+    assert shipped.copy_shipped("qwen2.5-coder-1.5b", "abc123", out, folder) == out
+    assert out.read_bytes() == b"a trace"
+    assert shipped.shipped_traces("qwen2.5-coder-1.5b", "other-key", folder) is None
+    other = dataclasses.replace(EMBEDDED["qwen2.5-coder-1.5b"], sha256="0" * 64)  # new weights: trace anew
+    monkeypatch.setitem(shipped.EMBEDDED, "qwen2.5-coder-1.5b", other)
+    assert shipped.shipped_traces("qwen2.5-coder-1.5b", "abc123", folder) is None
+    with pytest.raises(InvalidInputError, match="not an embedded target"):
+        shipped.ship(made, "smollm2-135m", "abc123", "a test", folder)

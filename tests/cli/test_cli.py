@@ -64,6 +64,9 @@ def test_bad_input_one_line_exit_2(args, needle):
       "--draft-weights", "int4", "--reference", "x"], "--replay replays one drafter's greedy counts"),
     (["bench", "-t", "smollm2-135m", "-d", "smollm2-135m", "--replay-drafter", "reference"],
      "--replay-drafter names a trace of --replay's file"),
+    (["search", "--target", "smollm2-135m", "--batch", "0"], "--batch must be >= 1, got 0"),
+    (["search", "--target", "qwen2.5-coder-1.5b", "--batch", "1000000"],
+     "--batch of 1000000 sequences of"),
 ])
 def test_bad_calibration_threads_rounds_or_predictions_are_one_line_and_write_nothing(tmp_path, args, needle):
     (tmp_path / "corrupt.json").write_text('{"format": 1, "host"')

@@ -29,3 +29,17 @@ def test_without_meminfo_free_pages_stand_in_then_four_gib(tmp_path, monkeypatch
 
     monkeypatch.setattr(machine.os, "sysconf", no_sysconf)
     assert available_memory_bytes(tmp_path / "absent") == 4 << 30
+
+
+def test_torch_capability_setting_caps_the_instruction_sets_read(monkeypatch):
+    from draftnas.core.machine import cpu_has_native_bf16, cpu_identity
+
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    full = set(cpu_identity().isa or ())
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    capped = cpu_identity()
+    assert set(capped.isa or ()) == full & {"avx2"} and not cpu_has_native_bf16(capped)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert cpu_identity().isa == ()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")  # not a cap below this CPU's: read as it is
+    assert set(cpu_identity().isa or ()) == full

@@ -46,8 +46,10 @@ def test_workload_is_the_weighted_harmonic_mean_at_each_batch_best_gamma():
     pred = predict_workload(_latency(), assumed_acceptance(0.8), workload, gamma)
     b1 = best_gamma(acceptance_rate=0.8, draft_ms=2.0, target_ms=20.0, verify_ms=lambda g: 20.0 + g,
                     max_gamma=4, batch_size=1)
+    # a batch of 8 steps in lockstep until its slowest sequence has the workload's tokens (draftnas's loop)
     b8 = best_gamma(acceptance_rate=0.8, draft_ms=3.0, target_ms=25.0, verify_ms=lambda g: 25.0 + g,
-                    max_gamma=4, batch_size=8)
+                    max_gamma=4, batch_size=8, lockstep_tokens=workload.new_tokens)
+    assert b8.lockstep < 1.0 and b1.lockstep == 1.0
     assert pred.per_batch == (b1, b8)
     assert pred.tokens_per_s == pytest.approx(1 / (0.75 / b1.tokens_per_s + 0.25 / b8.tokens_per_s))
     baseline = 1 / (0.75 / (1000 / 20) + 0.25 / (8000 / 25))
@@ -398,6 +400,7 @@ def test_drafters_differing_only_in_their_head_share_one_pass_of_their_body_with
     from draftnas.acceptance.records import TraceOptions
     from draftnas.acceptance.tracing import build_traces
     from draftnas.core.prompts import load_prompts
+    from draftnas.models.kernel_choices import kept_choices
     from draftnas.search.candidate import build_candidate
     from draftnas.search.evaluate import WeightsEvaluator
     from draftnas.search.records import CandidateChoice
@@ -415,11 +418,14 @@ def test_drafters_differing_only_in_their_head_share_one_pass_of_their_body_with
     passes = []
     real = estimate_mod._hidden_states
     monkeypatch.setattr(estimate_mod, "_hidden_states", lambda *a: passes.append(1) or real(*a))
-    shared = WeightsEvaluator("smollm2-135m", SMOL, traces, space, quant_dtype="bf16")  # int8's fast kernel
-    together = [shared.evaluate(c).acceptance for c in cands]
-    assert len(passes) == 1  # one body, three heads (the last the first again)
-    alone = [WeightsEvaluator("smollm2-135m", SMOL, traces, space, quant_dtype="bf16").evaluate(c).acceptance
-             for c in cands[:2]]
+    # every evaluator multiplies in the forms the first timed (as a search keeps them per host): a form
+    # timed anew may differ, and with it the last bits of a product and a near-tie's token
+    with kept_choices(tmp_path / "kernels.json"):
+        shared = WeightsEvaluator("smollm2-135m", SMOL, traces, space, quant_dtype="bf16")  # int8's fast one
+        together = [shared.evaluate(c).acceptance for c in cands]
+        assert len(passes) == 1  # one body, three heads (the last the first again)
+        alone = [WeightsEvaluator("smollm2-135m", SMOL, traces, space, quant_dtype="bf16").evaluate(c)
+                 .acceptance for c in cands[:2]]
     assert len(passes) == 3
     for a, b in zip(together, alone, strict=False):
         assert a.tokens_per_step == b.tokens_per_step and a.acceptance_rate == b.acceptance_rate
@@ -740,8 +746,13 @@ def test_the_stock_drafter_under_each_global_format_and_head_is_priced_first_as_
     big = SMOL.with_shape(num_hidden_layers=120, name="smollm2-deep")  # a target the stock drafter can serve
     options = replace(smol_options(tmp_path, n_trials=3, sampler="random", seed=0), space=space,
                       target_arch=big)
-    result = run_search(options, _Formats(), _HandMade())
+    said: list[list[str]] = []
+    result = run_search(options, _Formats(), _HandMade(), standings=said.append)
     made = [r for r in result.ranked if r.hand_made]
+    # the ranking so far is said once the hand-made trials are in, then after each of the 3 the search adds
+    assert said[0][0].startswith("first ranking, from the hand-made trials") and len(said[0]) == 4
+    assert all("(hand-made)" in row for row in said[0][1:])
+    assert [lines[0] for lines in said[1:]] == [f"ranking after {n} of 7 trials:" for n in (5, 6)]
     # dense and int8 (the global formats) x full head and 8,192 rows; the per-layer format is the search's
     assert sorted(r.hand_made for r in made) == ["dense, full head", "dense, head 8192", "int8, full head",
                                                  "int8, head 8192"]
