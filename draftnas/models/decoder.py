@@ -261,8 +261,8 @@ class StaticDecoder(nn.Module):
                        torch.zeros(shape, dtype=self.dtype, device=self.device))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                layers: int | None = None, *, keep: int | None = None, slots: int | None = None
-                ) -> torch.Tensor:
+                layers: int | None = None, *, keep: int | None = None, slots: int | None = None,
+                hidden: dict[int, torch.Tensor | None] | None = None) -> torch.Tensor:
         """input_ids: [B, T]; positions: int64 [T] (slots to write, increasing), or [B, T] when each
         sequence reads at its own positions (a batch of sequences of different lengths)
         -> logits [B, keep, V].
@@ -271,7 +271,9 @@ class StaticDecoder(nn.Module):
         layer, within the window); slots past it — stale drafts, never written — are masked.
         `keep`: logits of the last `keep` tokens only (default all T). `slots`: attend over the
         cache's first `slots` slots only (eager callers that know the sequence length; a
-        captured step attends over the whole cache).
+        captured step attends over the whole cache). `hidden`: for each layer index i among its keys,
+        set to the residual stream entering layer i, [B, keep, h] (transformers' `hidden_states[i]`;
+        i = the layer count: after the last layer, before the final norm).
         """
         n = len(self.layers) if layers is None else layers
         if slots is not None:
@@ -291,9 +293,13 @@ class StaticDecoder(nn.Module):
         ropes = {False: (self.rope_global_cos[rows][:, None], self.rope_global_sin[rows][:, None]),
                  True: (self.rope_local_cos[rows][:, None], self.rope_local_sin[rows][:, None])}
         for i in range(n):
+            if hidden is not None and i in hidden:
+                hidden[i] = x[:, -keep:] if keep is not None else x
             layer = self.layers[i]
             assert isinstance(layer, DecoderLayer)
             x = layer(x, ropes[layer.sliding], cache.keys[i], cache.values[i], positions, masks)
+        if hidden is not None and n in hidden:
+            hidden[n] = x[:, -keep:] if keep is not None else x
         if keep is not None:
             x = x[:, -keep:]
         logits = self.matmul(self.norm(x), self.lm_head.weight)

@@ -68,6 +68,25 @@ class HFEngine:
         return self.model(input_ids=ids, **{CACHE_ARG: self.cache}, use_cache=True,
                           logits_to_keep=keep).logits[0]
 
+    def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, start: int, keep: int,
+                       layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s logits [keep, V] and the residual stream entering each of `layers` for the same
+        rows, [len(layers), keep, hidden] (`hidden_states[i]`: the embeddings at 0, the last layer's
+        output at the layer count)."""
+        crop_cache(self.cache, start)
+        out = self.model(input_ids=token_ids(tokens, self.device), **{CACHE_ARG: self.cache}, use_cache=True,
+                         logits_to_keep=keep, output_hidden_states=True)
+        check_layers(layers, len(out.hidden_states) - 1)
+        return out.logits[0], torch.stack([out.hidden_states[i][0, -keep:] for i in layers])
+
+
+def check_layers(layers: Sequence[int], count: int) -> None:
+    """One line naming the layer indices outside a model of `count` layers (0..count are readable)."""
+    wrong = [i for i in layers if not 0 <= i <= count]
+    if wrong:
+        raise InvalidInputError(f"hidden-state layer {', '.join(map(str, wrong))} is outside the target "
+                                f"(allowed: 0-{count}; {count} layers)")
+
 
 class StaticEngine:
     """A `StaticDecoder` over one KV cache of `max_tokens` slots; CUDA graphs per step size.
@@ -108,6 +127,21 @@ class StaticEngine:
             step.input_ids.copy_(ids)
             step.positions.copy_(positions)
         return step()[0, -keep:]
+
+    def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, start: int, keep: int,
+                       layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`HFEngine.forward_hidden`: logits [keep, V] and hidden states [len(layers), keep, hidden]. Runs
+        eagerly (a captured step returns logits only)."""
+        check_layers(layers, int(self.decoder.arch.num_hidden_layers))
+        t = len(tokens)
+        if start + t > self.cache.slots:
+            raise InvalidInputError(f"sequence of {start + t} tokens is longer than the engine's cache "
+                                    f"({self.cache.slots} slots)")
+        found: dict[int, torch.Tensor | None] = dict.fromkeys(layers)
+        positions = torch.arange(start, start + t, device=self.device)
+        logits = self.decoder(token_ids(tokens, self.device), positions, self.cache, keep=keep,
+                              slots=start + t, hidden=found)[0]
+        return logits, torch.stack([found[i][0] for i in layers])  # type: ignore[index]
 
 
 def token_ids(tokens: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -45,6 +45,7 @@ import torch
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.models.engines import Engine, EngineLike, as_engine, token_ids
+from draftnas.models.proposers import ModelProposer, Proposal, Proposer, sample_token, token_probs
 
 
 @dataclass
@@ -75,73 +76,6 @@ class SpeculativeOutput:
         return len(self.tokens) / max(self.steps, 1)
 
 
-def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return torch.softmax(logits.float() / temperature, dim=-1)
-
-
-class _Drafter:
-    """The drafter's engine and how many positions it holds; maps its head (maybe a vocabulary
-    subset) to full ids."""
-
-    def __init__(self, engine: Engine, vocab_size: int, vocab_subset: torch.Tensor | None) -> None:
-        self.engine, self.cached = engine, 0
-        self.vocab_size, self.subset = vocab_size, vocab_subset
-        self.table = None if vocab_subset is None else vocab_subset.to(engine.device)  # copied once
-
-    def next_logits(self, feed: list[int] | torch.Tensor) -> torch.Tensor:
-        """Logits over the head [V_head] after reading `feed` (after the cached positions)."""
-        logits = self.engine.forward(feed, self.cached, 1)[-1]
-        self.cached += len(feed)
-        if self.table is not None and logits.shape[-1] != self.table.numel():
-            logits = logits[self.table.to(logits.device)]
-        return logits
-
-    def next_token(self, feed: list[int] | torch.Tensor, p_min: float = 0.0) -> tuple[torch.Tensor, bool]:
-        """The greedy draft after reading `feed`, a full-vocabulary id [1] left on the device, and whether
-        drafting goes on: with `p_min` > 0 the host reads the drafter's probability of that draft (over
-        its head) and stops below it."""
-        logits = self.next_logits(feed)
-        index = logits.argmax().reshape(1)
-        go_on = p_min <= 0 or float(torch.softmax(logits.float(), dim=-1).amax()) >= p_min
-        return (index if self.table is None else self.table.to(index.device)[index]), go_on
-
-    def to_full(self, head_index: int) -> int:
-        return int(self.subset[head_index]) if self.subset is not None else head_index
-
-    def full_probs(self, head_probs: torch.Tensor) -> torch.Tensor:
-        """q over the full vocabulary [V] (zero outside the subset)."""
-
-        if self.subset is None:
-            return head_probs
-        full = torch.zeros(self.vocab_size, dtype=head_probs.dtype, device=head_probs.device)
-        full[self.subset.to(head_probs.device)] = head_probs
-        return full
-
-    def rollback(self, length: int) -> None:
-        self.cached = min(self.cached, length)
-
-
-def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
-
-
-def _draft(drafter: _Drafter, seq: list[int], g: int, temperature: float, eos: set[int],
-           generator: torch.Generator | None) -> tuple[list[int], list[torch.Tensor]]:
-    """Sampling: g drafted tokens (fewer after an EOS) and q over the full vocabulary for each."""
-    drafts: list[int] = []
-    qs: list[torch.Tensor] = []
-    feed = seq[drafter.cached:]
-    for _ in range(g):
-        q = _probs(drafter.next_logits(feed), temperature)
-        tok = drafter.to_full(_sample(q, generator))
-        qs.append(drafter.full_probs(q))
-        drafts.append(tok)
-        feed = [tok]
-        if tok in eos:
-            break
-    return drafts, qs
-
-
 class _Clock:
     """Elapsed time of a stretch of work that may still be running on a GPU: CUDA events there (read
     after the step's one synchronization), the host's clock elsewhere."""
@@ -163,36 +97,45 @@ class _Clock:
         return self.begin.elapsed_time(self.end) / 1e3 if self.cuda else self.stopped - self.started
 
 
-def _greedy_step(draft: _Drafter, target: Engine, seq: list[int], cached: int, g: int,
-                 forced: int | None = None, p_min: float = 0.0) -> tuple[list[int], int, int, float]:
-    """One greedy step on the device, read once: (drafts, accepted count k, the target's next token,
-    seconds spent drafting). The target reads seq[cached:] and the drafts: g of them, or with `p_min` up
-    to the first the drafter gives less than p_min (one more host read per draft). `forced`: a replay's
-    count, taken for k after the same work and read (the next token is the target's at that k)."""
-    clock = _Clock(draft.engine.device)
-    feed: list[int] | torch.Tensor = seq[draft.cached:]
-    drafts: list[torch.Tensor] = []
-    for _ in range(g):
-        token, go_on = draft.next_token(feed, p_min)
-        drafts.append(token)
-        feed = token
-        if not go_on:
-            break
-    g = len(drafts)
+def _verify(target: Engine, proposer: Proposer, ids: torch.Tensor, cached: int, keep: int) -> torch.Tensor:
+    """The target's logits [keep, V] over `ids` read at `cached`; a proposer that reads the target's hidden
+    states gets them for those rows."""
+    if not proposer.hidden_layers:
+        return target.forward(ids, cached, keep)
+    forward_hidden = getattr(target, "forward_hidden", None)
+    if forward_hidden is None:
+        raise InvalidInputError(f"the drafter reads the target's hidden states, which a "
+                                f"{type(target).__name__} does not return (HFEngine and StaticEngine do)")
+    logits, hidden = forward_hidden(ids, cached, keep, proposer.hidden_layers)
+    proposer.observe(hidden)
+    return logits
+
+
+def _greedy_step(target: Engine, proposer: Proposer, seq: list[int], cached: int, g: int,
+                 forced: int | None = None) -> tuple[list[int], int, int, Proposal]:
+    """One greedy step, read once by the host: (drafts, accepted count k, the target's next token, the
+    proposal). The target reads seq[cached:] and the drafts; `forced`: a replay's count, taken for k after
+    the same work and read (the next token is the target's at that k)."""
+    clock = _Clock(target.device)
+    proposal = proposer.propose(seq, g)
     clock.stop()
     device = target.device
-    drafted = torch.cat(drafts).to(device) if drafts else torch.empty(0, dtype=torch.long, device=device)
-    logits = target.forward(torch.cat((token_ids(seq[cached:], device)[0], drafted)), cached, g + 1)
+    drafted = proposal.tokens.to(device)
+    g = len(proposal)
+    ids = torch.cat((token_ids(seq[cached:], device)[0], drafted))
+    logits = _verify(target, proposer, ids, cached, g + 1)
     best = logits.argmax(-1)  # [g + 1]
     k = (drafted == best[:g]).long().cumprod(0).sum().reshape(1)
     read = torch.cat((k, best, drafted)).tolist()  # the step's one read by the host
     k_ = int(read[0]) if forced is None else min(forced, g)
-    return [int(t) for t in read[g + 2:]], k_, int(read[1 + k_]), clock.seconds()
+    proposal.seconds = clock.seconds()
+    return [int(t) for t in read[g + 2:]], k_, int(read[1 + k_]), proposal
 
 
-def _accept(target_logits: torch.Tensor, drafts: list[int], qs: list[torch.Tensor], temperature: float,
-            generator: torch.Generator | None) -> tuple[int, int]:
-    """(accepted count k, the target's next token). target_logits: [len(drafts) + 1, V]."""
+def _accept(target_logits: torch.Tensor, drafts: list[int], qs: Sequence[torch.Tensor | None],
+            temperature: float, generator: torch.Generator | None) -> tuple[int, int]:
+    """(accepted count k, the target's next token). target_logits: [len(drafts) + 1, V]; qs: the
+    distribution each draft was drawn from (`None`: a point mass on it, as a lookup draft)."""
 
     if temperature <= 0:
         best = target_logits.argmax(-1).tolist()
@@ -200,16 +143,104 @@ def _accept(target_logits: torch.Tensor, drafts: list[int], qs: list[torch.Tenso
         while k < len(drafts) and drafts[k] == best[k]:
             k += 1
         return k, int(best[k])
-    p = _probs(target_logits, temperature).cpu()  # [g+1, V]
-    qs = [q.cpu() for q in qs]
+    p = token_probs(target_logits, temperature).cpu()  # [g+1, V]
     for k, tok in enumerate(drafts):
-        ratio = float(p[k, tok]) / max(float(qs[k][tok]), 1e-30)
+        q = qs[k] if k < len(qs) else None
+        if q is None:  # a point mass: accept with p(x), else draw from p with x removed
+            q = torch.zeros_like(p[k])
+            q[tok] = 1.0
+        q = q.cpu()
+        ratio = float(p[k, tok]) / max(float(q[tok]), 1e-30)
         if float(torch.rand(1, generator=generator)) < min(1.0, ratio):
             continue
-        residual = (p[k] - qs[k]).clamp(min=0.0)
+        residual = (p[k] - q).clamp(min=0.0)
         mass = float(residual.sum())
-        return k, _sample(residual / mass if mass > 0 else p[k], generator)
-    return len(drafts), _sample(p[len(drafts)], generator)
+        return k, sample_token(residual / mass if mass > 0 else p[k], generator)
+    return len(drafts), sample_token(p[len(drafts)], generator)
+
+
+def speculate(
+    target: EngineLike,
+    proposer: Proposer,
+    prompt_ids: Sequence[int],
+    *,
+    gamma: int,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    eos_token_ids: Sequence[int] = (),
+    generator: torch.Generator | None = None,
+    replay: Sequence[tuple[int, int]] | None = None,
+) -> SpeculativeOutput:
+    """The speculative loop every drafter family runs through: each step asks `proposer` for up to
+    g = min(gamma, max_new_tokens - generated - 1) drafts (a proposer may return fewer, or none: the step
+    is then a plain decode), the target verifies them in one pass, and the step emits the accepted drafts
+    and the target's next token (Leviathan et al. 2023, alg. 1; lossless greedy and sampled).
+
+    A proposer that does not draft at the prefill (`Proposer.drafts_at_prefill`: lookup waits for the
+    target's first token) gets a first step that reads the prompt alone and emits that token; it is not
+    counted as a speculative step.
+    `replay`: (drafted, accepted) per step of a recorded run (greedy): each step proposes the recorded
+    count and verifies as usual, then accepts the recorded count; the run stops after the last recorded
+    step (`draftnas bench --replay` times a recorded run over random weights of its models' shapes).
+    """
+    if replay is not None and temperature > 0:
+        raise InvalidInputError("a replay of recorded accepted counts is greedy: temperature 0")
+    if gamma < 0 or max_new_tokens < 1 or temperature < 0:
+        raise InvalidInputError(f"need gamma >= 0, max_new_tokens >= 1, temperature >= 0; got "
+                                f"{gamma}, {max_new_tokens}, {temperature:g}")
+    started = time.perf_counter()
+    engine = as_engine(target)
+    engine.reset()
+    proposer.reset(prompt_ids)
+    cached, seq, eos = 0, list(prompt_ids), set(eos_token_ids)
+    out = SpeculativeOutput(tokens=[])
+    with torch.inference_mode():
+        if not proposer.drafts_at_prefill:  # the prompt's prefill alone emits the first token
+            first = int(_verify(engine, proposer, token_ids(seq, engine.device)[0], 0, 1)[-1].argmax())
+            seq.append(first)
+            out.tokens.append(first)
+            cached = len(prompt_ids)
+            proposer.rollback(cached)
+        while len(out.tokens) < max_new_tokens and (replay is None or out.steps < len(replay)) \
+                and not (out.tokens and out.tokens[-1] in eos):
+            base = len(seq)
+            g, forced = max(0, min(gamma, max_new_tokens - len(out.tokens) - 1)), None
+            if replay is not None:
+                g, forced = replay[out.steps]
+            if temperature > 0:
+                proposal = proposer.propose(seq, g, temperature=temperature, generator=generator)
+                drafts = proposal.tokens.tolist()
+                logits = _verify(engine, proposer, token_ids(seq[cached:] + drafts, engine.device)[0], cached,
+                                 len(drafts) + 1)  # [g+1, V]
+                k, nxt = _accept(logits, drafts, proposal.qs, temperature, generator)
+                out.host_reads += len(drafts) + 1
+            else:
+                drafts, k, nxt, proposal = _greedy_step(engine, proposer, seq, cached, g, forced)
+                out.host_reads += 1
+            out.draft_s += proposal.seconds
+            out.host_reads += proposal.host_reads
+            stopped = emit_step(out, seq, drafts[:k] + [nxt], len(drafts), k, eos, max_new_tokens)
+            if out.steps == 1:
+                out.first_step_s, out.first_step_tokens = time.perf_counter() - started, len(out.tokens)
+            cached = base + k  # the target read seq + all drafts; keep the accepted ones
+            proposer.rollback(base + k)
+            if stopped:
+                break
+    out.elapsed_s = time.perf_counter() - started
+    return out
+
+
+def drafter_proposer(drafter: EngineLike, vocab_size: int, vocab_subset: Any = None, *, p_min: float = 0.0,
+                     eos: Sequence[int] = ()) -> ModelProposer:
+    """The model-drafter family's proposer for a transformers model or an engine; `vocab_subset`: the
+    full-vocabulary ids of a reduced draft head's rows (default: the subset
+    `draftnas.drafter.vocab.apply_vocab_subset` attached to the drafter model, if any)."""
+    if vocab_subset is None:
+        vocab_subset = getattr(drafter, "draft_vocab_subset", None)
+    if vocab_subset is not None and hasattr(vocab_subset, "ids"):
+        vocab_subset = list(vocab_subset.ids)
+    subset = None if vocab_subset is None else torch.as_tensor(vocab_subset, dtype=torch.long)
+    return ModelProposer(as_engine(drafter), vocab_size, subset, p_min=p_min, eos=eos)
 
 
 def speculative_generate(
@@ -226,70 +257,24 @@ def speculative_generate(
     replay: Sequence[tuple[int, int]] | None = None,
     p_min: float = 0.0,
 ) -> SpeculativeOutput:
-    """Generate up to `max_new_tokens` new tokens after `prompt_ids` with speculative decoding.
+    """Generate up to `max_new_tokens` new tokens after `prompt_ids`, `drafter` proposing (`speculate`
+    with the model-drafter family's proposer).
 
     target, drafter: causal LMs sharing a tokenizer (drafter's input vocabulary = target's),
     as transformers models or engines (`HFEngine`, `StaticEngine`; an engine is reset and
     reused across calls). Stops after an end-of-sequence token (included in the output).
-    `vocab_subset`: the full-vocabulary ids of a reduced draft head's rows (default: the
-    subset `draftnas.drafter.vocab.apply_vocab_subset` attached to the drafter model, if any).
-    `replay`: (drafted, accepted) per step of a recorded run (greedy): each step drafts and verifies as
-    usual, then accepts the recorded count; the run stops after the last recorded step (a replay over
-    random weights of the recorded models' shapes times the recorded run, `draftnas bench --replay`).
+    `vocab_subset`: see `drafter_proposer`. `replay`: see `speculate`.
     `p_min` (greedy): a confidence stop; each step drafts up to gamma tokens and stops after the first
     whose drafter probability is below p_min (the rule of transformers' `assistant_confidence_threshold`).
     """
 
-    if replay is not None and temperature > 0:
-        raise InvalidInputError("a replay of recorded accepted counts is greedy: temperature 0")
     if p_min > 0 and temperature > 0 or not 0 <= p_min < 1:
         raise InvalidInputError(f"a confidence stop p_min must be in [0, 1) and runs greedy (temperature 0); "
                                 f"got p_min {p_min:g} at temperature {temperature:g}")
-    if gamma < 0 or max_new_tokens < 1 or temperature < 0:
-        raise InvalidInputError(f"need gamma >= 0, max_new_tokens >= 1, temperature >= 0; got "
-                                f"{gamma}, {max_new_tokens}, {temperature:g}")
-    started = time.perf_counter()
-    if vocab_subset is None:  # a drafter given a reduced head by draftnas.drafter.vocab.apply_vocab_subset
-        vocab_subset = getattr(drafter, "draft_vocab_subset", None)
-    if vocab_subset is not None and hasattr(vocab_subset, "ids"):
-        vocab_subset = list(vocab_subset.ids)
-    subset = None if vocab_subset is None else torch.as_tensor(vocab_subset, dtype=torch.long)
-    target_engine, draft_engine = as_engine(target), as_engine(drafter)
-    target_engine.reset()
-    draft_engine.reset()
-    vocab_size = target_engine.vocab_size
-    draft = _Drafter(draft_engine, vocab_size, subset)
-    cached = 0
-    seq, eos = list(prompt_ids), set(eos_token_ids)
-    out = SpeculativeOutput(tokens=[])
-    with torch.inference_mode():
-        while len(out.tokens) < max_new_tokens and (replay is None or out.steps < len(replay)):
-            base = len(seq)
-            g = max(0, min(gamma, max_new_tokens - len(out.tokens) - 1))
-            forced = None
-            if replay is not None:
-                g, forced = replay[out.steps]
-            if temperature > 0:
-                t0 = time.perf_counter()
-                drafts, qs = _draft(draft, seq, g, temperature, eos, generator)
-                out.draft_s += time.perf_counter() - t0
-                logits = target_engine.forward(seq[cached:] + drafts, cached, len(drafts) + 1)  # [g+1, V]
-                k, nxt = _accept(logits, drafts, qs, temperature, generator)
-                out.host_reads += len(drafts) + 1
-            else:
-                drafts, k, nxt, draft_s = _greedy_step(draft, target_engine, seq, cached, g, forced,
-                                                       p_min if replay is None else 0.0)
-                out.draft_s += draft_s
-                out.host_reads += 1 + (len(drafts) if p_min > 0 and replay is None else 0)
-            stopped = emit_step(out, seq, drafts[:k] + [nxt], len(drafts), k, eos, max_new_tokens)
-            if out.steps == 1:
-                out.first_step_s, out.first_step_tokens = time.perf_counter() - started, len(out.tokens)
-            cached = base + k  # the target read seq + all drafts; keep the accepted ones
-            draft.rollback(base + min(k, max(len(drafts) - 1, 0)) if drafts else draft.cached)
-            if stopped:
-                break
-    out.elapsed_s = time.perf_counter() - started
-    return out
+    proposer = drafter_proposer(drafter, as_engine(target).vocab_size, vocab_subset,
+                                p_min=p_min if replay is None else 0.0, eos=eos_token_ids)
+    return speculate(target, proposer, prompt_ids, gamma=gamma, max_new_tokens=max_new_tokens,
+                     temperature=temperature, eos_token_ids=eos_token_ids, generator=generator, replay=replay)
 
 
 def emit_step(out: SpeculativeOutput, seq: list[int], emitted: list[int], drafted: int, k: int, eos: set[int],

@@ -84,12 +84,12 @@ def test_save_load_and_head_slicing(tmp_path, tiny_llama_config):
 
 
 def test_sampled_q_over_a_subset_is_a_distribution():
-    from draftnas.models.speculative import _Drafter, _probs
+    from draftnas.models.proposers import ModelProposer, token_probs
 
     s = VocabSubset(ids=(1, 4, 9, 30), vocab_size=V)
-    drafter = _Drafter.__new__(_Drafter)
+    drafter = ModelProposer.__new__(ModelProposer)
     drafter.vocab_size, drafter.subset = V, kept_ids(s)
-    q = drafter.full_probs(_probs(torch.tensor([0.3, -1.0, 2.0, 0.0]), 0.7))
+    q = drafter.full_probs(token_probs(torch.tensor([0.3, -1.0, 2.0, 0.0]), 0.7))
     assert q.shape == (V,) and float(q.sum()) == pytest.approx(1.0)
     outside = torch.ones(V, dtype=torch.bool)
     outside[kept_ids(s)] = False
