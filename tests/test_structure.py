@@ -94,7 +94,7 @@ def stage_graph() -> str:
         s = _stage(m)
         if s is None:
             continue
-        members[s].append("__init__" if m == f"draftnas.{s}" else m.split(".")[-1])
+        members[s].append("__init__" if m == f"draftnas.{s}" else m.removeprefix(f"draftnas.{s}."))
         uses[s] |= {t for t in map(_stage, deps) if t and t != s}
     lines = []
     for s in STAGES:

@@ -39,7 +39,8 @@ from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt, check_context, encode_prompt
 from draftnas.core.records import Progress
-from draftnas.drafter.lookup import LookupSettings, is_lookup, parse_lookup, server_flags
+from draftnas.drafter.families import family, parse_drafter
+from draftnas.drafter.lookup import LookupSettings, server_flags
 from draftnas.models.gguf_file import check_drafter_gguf, engine_target, gguf_of
 from draftnas.models.llama_cpp import LlamaCpp, find_llama_cpp
 from draftnas.models.llama_server import Server
@@ -92,9 +93,11 @@ class LlamaArm:
 
 def arm_of(name: str, target_file: Path, spec: str, gamma: int) -> LlamaArm:
     """The arm that runs drafter `spec` (a GGUF drafter, lookup settings, or `lookup:...+FILE`)."""
-    lookup_part, _, file_part = spec.partition("+") if is_lookup(spec) else ("", "", spec)
-    lookup = parse_lookup(lookup_part) if lookup_part else None
-    draft = drafter_file(file_part)[0] if file_part else None
+    drafter = parse_drafter(spec)
+    if LLAMA_CPP not in family(drafter.family).engines:
+        raise InvalidInputError(f"{spec}: a {drafter.family} drafter does not run in llama.cpp")
+    draft = drafter_file(drafter.model)[0] if drafter.model else None
+    lookup = drafter.lookup
     return LlamaArm(name, target_file, draft, gamma if draft is not None else lookup.m if lookup else 0, spec,
                     lookup)
 
@@ -185,7 +188,7 @@ def run_llama_cpp_bench(
     for arm in arms:
         if arm.draft is not None:
             check_drafter_gguf(target_file, arm.draft)
-    folder = drafter_file(draft)[1] if not is_lookup(draft) else None
+    folder = drafter_file(draft)[1] if parse_drafter(draft).family == "model" else None
     predictions = read_predictions(options.predictions) if options.predictions else None
     llama = find_llama_cpp(options.llama_cpp)
     threads = cpu_count()

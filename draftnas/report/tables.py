@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP
+from draftnas.drafter.families import parse_drafter
 from draftnas.report.verdict import arm_of, benches_of
 
 
@@ -128,7 +129,7 @@ def _loop_cell(bench: dict[str, Any] | None) -> str:
 def _model_cell(bench: dict[str, Any]) -> str:
     """The model drafter a llama.cpp bench ran beside lookup (its reference without a lookup part)."""
     arm = next((a for a in bench["arms"] if a["name"].startswith("reference")
-                and "lookup:" not in str(a.get("drafter"))), None)
+                and parse_drafter(str(a.get("drafter"))).family == "model"), None)
     if arm is None:
         return "not benched"
     gamma = f", γ {arm['gamma']}" if arm.get("gamma") else ""

@@ -19,7 +19,7 @@ from typing import Any
 from draftnas.core.engines import HF, LLAMA_CPP
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Record
-from draftnas.drafter.lookup import is_lookup, parse_lookup, server_flags
+from draftnas.drafter.families import family, parse_drafter
 from draftnas.search.lookup_records import LookupResult
 
 LOOKUP_FILE = "lookup.json"
@@ -179,14 +179,11 @@ def _llama_routes(search: LookupResult, bench: dict[str, Any] | None) -> list[Ro
         if spec == best.label:
             routes[0] = replace(lookup, **_measured(arm, on))
             continue
-        lookup_part, _, model = spec.partition("+") if is_lookup(spec) else ("", "", spec)
-        family = "hybrid" if lookup_part and model else "lookup" if lookup_part else "model drafter"
-        settings = spec if family == "lookup" else f"{lookup_part + ' + ' if lookup_part else ''}" \
-            f"{_name(model)}, γ {arm.get('gamma')}"
-        flags = " ".join(server_flags(model or None, int(arm.get("gamma") or 0),
-                                      parse_lookup(lookup_part) if lookup_part else None,
-                                      int((bench or {}).get("threads") or 1)))
-        routes.append(Route(LLAMA_CPP, family, settings, flags, **_measured(arm, on)))
+        drafter = parse_drafter(spec)
+        gamma = int(arm.get("gamma") or 0)
+        settings = drafter.label if drafter.family == "lookup" else f"{drafter.label}, γ {gamma}"
+        flags = " ".join(drafter.settings(LLAMA_CPP, gamma, threads=int((bench or {}).get("threads") or 1)))
+        routes.append(Route(LLAMA_CPP, family(drafter.family).title, settings, flags, **_measured(arm, on)))
     return routes
 
 
@@ -198,25 +195,16 @@ def _loop_routes(bench: dict[str, Any], other_prompts: bool) -> list[Route]:
     for arm in bench["arms"]:
         if arm.get("speedup") is None or arm.get("engine") == HF:
             continue
-        spec, gamma = str(arm.get("drafter") or ""), arm.get("gamma")
-        family = {"lookup": "lookup", "hybrid": "hybrid"}.get(arm["name"], "model drafter")
+        drafter, gamma = parse_drafter(str(arm.get("drafter") or "")), arm.get("gamma")
         stop = f", stop {arm['p_min']:g}" if arm.get("p_min") else ""
-        lookup_part, _, model = spec.partition("+")
-        settings = lookup_part if family == "lookup" else f"{_name(spec)}, γ {gamma}{stop}" \
-            if family == "model drafter" else f"{lookup_part} + {_name(model)}"
-        policy = spec.rpartition(" (")[2].rstrip(")") if " (" in spec else "fallback"
-        run = {"lookup": f"draftnas bench -d DRAFTER --lookup {spec}",
-               "hybrid": f"draftnas bench -d {model.partition(' (')[0]} --lookup {lookup_part} "
-                         f"--hybrid-policy {policy}",
-               }.get(family, f"draftnas bench -d {spec} --gamma {gamma}")
-        out.append(Route(engine, family, settings, run, **_measured(arm, on)))
+        settings = drafter.label + (f", γ {gamma}{stop}" if drafter.family == "model" else "")
+        lookup = drafter.lookup.label if drafter.lookup is not None else ""
+        run = {"lookup": f"draftnas bench -d DRAFTER --lookup {lookup}",
+               "hybrid": f"draftnas bench -d {drafter.model} --lookup {lookup} "
+                         f"--hybrid-policy {drafter.policy}",
+               }.get(drafter.family, f"draftnas bench -d {drafter.model} --gamma {gamma}")
+        out.append(Route(engine, family(drafter.family).title, settings, run, **_measured(arm, on)))
     return out
-
-
-def _name(spec: str) -> str:
-    """A drafter's short name: a folder or file by its own name, a policy note kept."""
-    path, _, note = spec.partition(" (")
-    return Path(path.rstrip("/")).name + (f" ({note}" if note else "")
 
 
 def _transformers_route(search: LookupResult) -> Route:
