@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftnas.core.engines import HF, STATIC, EngineKind, engine_kind, engine_names
+from draftnas.core.engines import HF, STATIC, EngineKind, engine_kind, engines_for
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group, parse_ints
 from draftnas.core.records import Record
@@ -83,7 +83,7 @@ class BenchOptions(Record):
         None, help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's "
                    "decoder over a cache allocated once (CUDA graphs on a GPU). llama.cpp: the GGUFs in "
                    "llama.cpp's own server, greedy, draft length fixed at --gamma. Default: static on cuda, "
-                   "hf on cpu.", choices=engine_names())
+                   "hf on cpu.", choices=engines_for("bench"))
     llama_cpp: str | None = llama_cpp_option("run the llama.cpp arms")
     torch_arms: bool = option(
         False, flag="--torch-arms/--no-torch-arms",
@@ -128,7 +128,7 @@ class BenchOptions(Record):
         return engine_kind(self.engine or (STATIC if self.device == "cuda" else HF))
 
     def validate(self) -> BenchOptions:
-        if self.engine not in (None, *engine_names()):
+        if self.engine not in (None, *engines_for("bench")):
             return check_options(self)  # names the allowed engines
         extra = []
         if self.batch_sizes and self.temperature > 0:

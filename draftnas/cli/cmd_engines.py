@@ -1,4 +1,5 @@
-"""`draftnas engines`: the speculative-decoding engines draftnas can drive here, and llama.cpp's build."""
+"""`draftnas engines`: the speculative-decoding engines draftnas can drive here, llama.cpp's build and vLLM's
+install."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from draftnas.models.records import EnginesRequest
 @app.command()
 @options_command(request=EnginesRequest, output=Output)
 def engines(request: EnginesRequest, output: Output) -> None:
-    """List the engines draftnas can drive here (draftnas's loops, transformers, llama.cpp) with versions."""
+    """List the engines draftnas can drive here (draftnas's loops, transformers, llama.cpp, vLLM) with
+    versions and devices; --build builds llama.cpp, --install vllm installs vLLM in an environment of its
+    own."""
     from draftnas.models.llama_cpp import engines_here
 
     rows = engines_here(request, say=lambda line: err_console.print(line, highlight=False))

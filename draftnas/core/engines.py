@@ -5,7 +5,9 @@ are derived from here.
 - `static`: draftnas's decoder over a cache allocated once (CUDA graphs on a GPU), its own loop;
 - `hf`: transformers' models over a growing cache, draftnas's loop around them (and transformers'
   assisted generation beside it in the bench);
-- `llama.cpp`: the GGUF files in llama.cpp's own tools (llama-server, llama-bench), a separate program.
+- `llama.cpp`: the GGUF files in llama.cpp's own tools (llama-server, llama-bench), a separate program;
+- `vllm`: vLLM (its CPU build on a CPU host), in a virtualenv of its own (its pins differ from draftnas's),
+  driven as a separate process. `commands` says which draftnas commands run in it so far.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 from draftnas.core.errors import InvalidInputError
 
-STATIC, HF, LLAMA_CPP = "static", "hf", "llama.cpp"
+STATIC, HF, LLAMA_CPP, VLLM = "static", "hf", "llama.cpp", "vllm"
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class EngineKind:
     decode_only: bool  # its tokens/s leave the prompt's prefill out (a server's timings)
     timing_mode: str  # how the latency profile times its steps: "static", "eager" or "" (its own tools)
     external: bool  # a separate program draftnas starts, not torch in this process
+    commands: tuple[str, ...] = ("engines", "search", "bench")  # the draftnas commands that drive it
 
     def limits(self, device: str, temperature: float) -> str:
         """'' where it runs on `device` at `temperature`; else what it runs ("runs on cpu, greedy only")."""
@@ -52,6 +55,9 @@ ENGINE_KINDS: dict[str, EngineKind] = {k.name: k for k in (
     EngineKind(LLAMA_CPP, devices=("cpu",), batched=False, sampling=False, own_loop=False,
                quantized_kernels=False, drafter_file="gguf", decode_only=True, timing_mode="",
                external=True),
+    EngineKind(VLLM, devices=("cpu", "cuda"), batched=True, sampling=True, own_loop=False,
+               quantized_kernels=False, drafter_file="folder", decode_only=False, timing_mode="",
+               external=True, commands=("engines",)),
 )}
 
 
@@ -67,3 +73,8 @@ def engine_kind(name: str) -> EngineKind:
 def engine_names(where: Callable[[EngineKind], bool] = lambda kind: True) -> tuple[str, ...]:
     """The declared engines with a capability, in declaration order (a flag's allowed values)."""
     return tuple(k.name for k in ENGINE_KINDS.values() if where(k))
+
+
+def engines_for(command: str) -> tuple[str, ...]:
+    """The engines a command's --engine takes (`EngineKind.commands`)."""
+    return engine_names(lambda kind: command in kind.commands)

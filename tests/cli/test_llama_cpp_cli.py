@@ -126,5 +126,5 @@ def test_missing_or_broken_build_is_one_line(tmp_path):
     one_line(out, "is broken: llama-bench --version exited 1")
     out = run(tmp_path, "engines", "--json", env={"DRAFTNAS_LLAMA_CPP": str(tmp_path / "none")})
     rows = {r["engine"]: r for r in __import__("json").loads(out.stdout)}
-    assert out.returncode == 0 and set(rows) == {"static", "hf", "llama.cpp"}
+    assert out.returncode == 0 and set(rows) == {"static", "hf", "llama.cpp", "vllm"}
     assert not rows["llama.cpp"]["ready"] and "no llama-bench" in rows["llama.cpp"]["where"]

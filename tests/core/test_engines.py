@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from draftnas.bench.request_records import BenchOptions
-from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP, STATIC, engine_kind, engine_names
+from draftnas.core.engines import (
+    ENGINE_KINDS,
+    HF,
+    LLAMA_CPP,
+    STATIC,
+    VLLM,
+    engine_kind,
+    engine_names,
+    engines_for,
+)
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.options import OptionError, spec_of
 
@@ -29,8 +38,8 @@ def test_no_module_compares_an_engine_with_a_name_literal():
 
 
 def test_each_engine_declares_what_it_can_do():
-    assert engine_names() == (STATIC, HF, LLAMA_CPP)
-    assert engine_names(lambda k: k.batched) == (STATIC,)
+    assert engine_names() == (STATIC, HF, LLAMA_CPP, VLLM)
+    assert engine_names(lambda k: k.batched) == (STATIC, VLLM)
     assert engine_names(lambda k: k.own_loop) == (STATIC, HF)
     assert engine_kind(LLAMA_CPP).drafter_file == "gguf" and engine_kind(LLAMA_CPP).decode_only
     assert engine_kind(STATIC).graph_mode("cuda") == "cuda-graph"
@@ -38,16 +47,17 @@ def test_each_engine_declares_what_it_can_do():
     assert engine_kind(LLAMA_CPP).limits("cuda", 0.0) == "runs on cpu, greedy only"
     assert engine_kind(LLAMA_CPP).limits("cpu", 0.7) == "runs on cpu, greedy only"
     assert engine_kind(LLAMA_CPP).limits("cpu", 0.0) == ""
-    with pytest.raises(InvalidInputError, match="engine 'vllm' is not one draftnas drives"):
-        engine_kind("vllm")
+    assert engine_kind(VLLM).external and engine_kind(VLLM).devices == ("cpu", "cuda")
+    with pytest.raises(InvalidInputError, match="engine 'sglang' is not one draftnas drives"):
+        engine_kind("sglang")
 
 
 def test_the_bench_flag_allows_the_declared_engines_and_checks_their_capabilities():
     field = next(f for f in BenchOptions.__dataclass_fields__.values() if f.name == "engine")
-    assert spec_of(field).choices == tuple(ENGINE_KINDS)
+    assert spec_of(field).choices == engines_for("bench") == tuple(ENGINE_KINDS)[:3]
     cases = ((BenchOptions(engine=LLAMA_CPP, device="cuda"), "--engine llama.cpp runs on cpu, greedy only"),
              (BenchOptions(engine=HF, batch_sizes=(1, 2)), "runs in the static engine: drop --engine hf"),
-             (BenchOptions(engine="vllm"), "--engine must be one of static, hf, llama.cpp"))
+             (BenchOptions(engine="sglang"), "--engine must be one of static, hf, llama.cpp"))
     for options, said in cases:
         with pytest.raises(OptionError) as caught:
             options.validate()

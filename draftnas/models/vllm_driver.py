@@ -1,0 +1,66 @@
+"""Run inside vLLM's own virtualenv (it does not import draftnas): one engine, the prompts of a job, timed
+request by request, and vLLM's speculative-decoding counters. `python vllm_driver.py JOB.json OUT.json`.
+
+The job (JSON): model (a folder), dtype, prompts (lists of token ids), max_tokens, rounds, seed,
+speculative_config (or null), max_model_len, kv_cache_gb, enforce_eager, max_num_seqs. The output: vLLM's
+version, the load seconds, per round and prompt the new token ids and the seconds of the request, and the
+engine's counters (drafts, draft tokens, accepted tokens, accepted per draft position) after the measured
+requests. Greedy (temperature 0). One request at a time: what a single user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+TOTALS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+
+
+def _counters(llm) -> dict:
+    """vLLM's spec-decode counters: totals, and accepted tokens per draft position."""
+    out: dict = dict.fromkeys(TOTALS, 0) | {"accepted_per_pos": []}
+    for metric in llm.get_metrics():
+        name = metric.name.removeprefix("vllm:")
+        if name.removeprefix("spec_decode_") in TOTALS:
+            out[name.removeprefix("spec_decode_")] = int(metric.value)
+        elif name == "spec_decode_num_accepted_tokens_per_pos":
+            out["accepted_per_pos"] = [int(v) for v in metric.values]
+    return out
+
+
+def main(job_path: str, out_path: str) -> None:
+    job = json.loads(open(job_path).read())
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(job.get("kv_cache_gb", 2)))
+    from vllm import LLM, SamplingParams, TokensPrompt, __version__
+
+    started = time.perf_counter()
+    llm = LLM(model=job["model"], dtype=job.get("dtype", "float32"), seed=job.get("seed", 0),
+              max_model_len=job.get("max_model_len", 2048), enforce_eager=job.get("enforce_eager", True),
+              max_num_seqs=job.get("max_num_seqs", 1), speculative_config=job.get("speculative_config"),
+              disable_log_stats=False)
+    load_s = time.perf_counter() - started
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"],
+                            ignore_eos=job.get("ignore_eos", False))
+    llm.generate([TokensPrompt(prompt_token_ids=job["prompts"][0])], params, use_tqdm=False)  # warm-up
+    before = _counters(llm)
+    rounds = []
+    for _ in range(job.get("rounds", 1)):
+        runs = []
+        for ids in job["prompts"]:
+            t0 = time.perf_counter()
+            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+            runs.append({"seconds": time.perf_counter() - t0, "tokens": list(out.outputs[0].token_ids)})
+        rounds.append(runs)
+    after = _counters(llm)
+    counters = {k: after[k] - before[k] for k in TOTALS}
+    per_pos = after["accepted_per_pos"]
+    earlier = before["accepted_per_pos"] or [0] * len(per_pos)
+    counters["accepted_per_pos"] = [a - b for a, b in zip(per_pos, earlier, strict=True)]
+    with open(out_path, "w") as f:
+        json.dump({"vllm": __version__, "load_s": load_s, "rounds": rounds, "counters": counters}, f)
+
+
+if __name__ == "__main__":  # vLLM spawns its engine in a new process, which re-imports this file
+    main(sys.argv[1], sys.argv[2])
