@@ -90,6 +90,10 @@ class ArmResult(Record):
     lossless: bool | None = None  # greedy: equal to the baseline's output on every prompt
     exact_match_rate: float | None = None  # greedy: share of prompts whose output equals the baseline's
     divergence_margins: tuple[float, ...] = ()  # target's top-1 minus top-2 logit at each divergence
+    # vLLM: accepted drafts per position over the steps that drafted (its own counters), and draftnas's
+    # replay of the same requests over the target alone's outputs
+    accepted_per_position: tuple[float, ...] = ()
+    predicted_accepted_per_position: tuple[float, ...] = ()
     predicted_tokens_per_step: float | None = None
     predicted_ci_low: float | None = None
     predicted_ci_high: float | None = None

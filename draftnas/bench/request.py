@@ -9,7 +9,7 @@ from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.records import BenchResult
 from draftnas.bench.replay_records import ReplayResult
 from draftnas.bench.request_records import BenchRequest
-from draftnas.core.engines import LLAMA_CPP, STATIC
+from draftnas.core.engines import LLAMA_CPP, STATIC, VLLM
 from draftnas.core.prompts import load_prompts
 from draftnas.core.records import Progress
 
@@ -38,6 +38,11 @@ def bench_from_request(request: BenchRequest, *, progress: Progress | None = Non
 
         result: BenchResult | BatchedBenchResult | ReplayResult = run_llama_cpp_bench(
             request.target, request.draft, prompts, options, references=request.references, progress=progress)
+    elif options.engine == VLLM:
+        from draftnas.bench.vllm import run_vllm_bench
+
+        result = run_vllm_bench(request.target, request.draft, prompts, options,
+                                references=request.references, progress=progress)
     elif options.batch_sizes:
         result = run_batch_sizes(request.target, request.draft, prompts, options,
                                  reference=request.one_reference(), progress=progress)

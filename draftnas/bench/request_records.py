@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftnas.core.engines import HF, STATIC, EngineKind, engine_kind, engines_for
+from draftnas.core.engines import HF, STATIC, VLLM, EngineKind, engine_kind, engines_for
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group, parse_ints
 from draftnas.core.records import Record
@@ -22,10 +22,12 @@ def _lookup_problems(options: BenchOptions) -> list[tuple[str, str]]:
         parse_lookup(options.lookup or "")
     except InvalidInputError as e:
         return [("lookup", str(e).removeprefix("lookup "))]
+    if options.kind.name == VLLM and not options.batch_sizes and options.temperature <= 0:
+        return []  # vLLM's ngram arm beside its draft models
     if not options.kind.own_loop or options.batch_sizes or options.temperature > 0:
-        return [("lookup", "runs in draftnas's greedy one-sequence loop: drop {engine} llama.cpp (there, "
-                           "give lookup settings as --draft or --reference) and {batch_sizes}, set "
-                           "{temperature} 0")]
+        return [("lookup", "runs in draftnas's greedy one-sequence loop or in vLLM: drop {engine} "
+                           "llama.cpp (there, give lookup settings as --draft or --reference) and "
+                           "{batch_sizes}, set {temperature} 0")]
     return []
 
 
@@ -82,8 +84,11 @@ class BenchOptions(Record):
     engine: str | None = option(
         None, help="The loop's engine. hf: transformers models over a growing cache. static: draftnas's "
                    "decoder over a cache allocated once (CUDA graphs on a GPU). llama.cpp: the GGUFs in "
-                   "llama.cpp's own server, greedy, draft length fixed at --gamma. Default: static on cuda, "
-                   "hf on cpu.", choices=engines_for("bench"))
+                   "llama.cpp's own server, greedy, draft length fixed at --gamma. vllm: vLLM's own engine "
+                   "(`draftnas engines --install vllm`), fp32, greedy, one request at a time: its "
+                   "draft_model at --gamma and, with --lookup, its ngram. Default: static on cuda, hf on "
+                   "cpu.",
+        choices=engines_for("bench"))
     llama_cpp: str | None = llama_cpp_option("run the llama.cpp arms")
     torch_arms: bool = option(
         False, flag="--torch-arms/--no-torch-arms",
@@ -133,8 +138,11 @@ class BenchOptions(Record):
         extra = []
         if self.batch_sizes and self.temperature > 0:
             extra.append(("batch_sizes", "runs greedy decoding only: set {temperature} 0"))
-        if self.batch_sizes and self.engine is not None and not self.kind.batched:
+        if self.batch_sizes and self.engine is not None and (not self.kind.batched or self.kind.external):
             extra.append(("batch_sizes", f"runs in the static engine: drop {{engine}} {self.engine}"))
+        if self.kind.name == VLLM and self.temperature > 0:
+            extra.append(("temperature", "vLLM's arms run greedy here (outputs compared with the target "
+                                         "alone's): set {temperature} 0"))
         if self.batch_sizes and self.reference_gamma not in (None, self.gamma):
             extra.append(("reference_gamma", "applies to the arms bench; {batch_sizes} runs every "
                                              "drafter at {gamma}"))

@@ -13,6 +13,7 @@ from draftnas.bench.request_records import BenchRequest
 from draftnas.cli.app import app, console
 from draftnas.cli.flags import Output, command_line, emit_json, options_command
 from draftnas.cli.progress import progress_bars
+from draftnas.core.engines import VLLM
 
 if TYPE_CHECKING:
     from draftnas.bench.records import ArmResult, BenchResult
@@ -273,6 +274,11 @@ def bench(request: BenchRequest, output: Output) -> None:
     console.print(arms_table(result))
     for line in comparison_lines(result) + drafting_lines(result):
         console.print(line, highlight=False, soft_wrap=True)
+    if result.engine == VLLM:
+        from draftnas.bench.vllm import position_lines
+
+        for line in position_lines(result):
+            console.print(line, highlight=False, soft_wrap=True)
     if result.predictions:
         console.print(predictions_table(result))
     if result.ablation is not None:

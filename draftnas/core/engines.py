@@ -7,7 +7,7 @@ are derived from here.
   assisted generation beside it in the bench);
 - `llama.cpp`: the GGUF files in llama.cpp's own tools (llama-server, llama-bench), a separate program;
 - `vllm`: vLLM (its CPU build on a CPU host), in a virtualenv of its own (its pins differ from draftnas's),
-  driven as a separate process. `commands` says which draftnas commands run in it so far.
+  driven as a separate process. `commands` says which draftnas commands run in it so far (not yet `search`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {k.name: k for k in (
                external=True),
     EngineKind(VLLM, devices=("cpu", "cuda"), batched=True, sampling=True, own_loop=False,
                quantized_kernels=False, drafter_file="folder", decode_only=False, timing_mode="",
-               external=True, commands=("engines",)),
+               external=True, commands=("engines", "bench")),
 )}
 
 

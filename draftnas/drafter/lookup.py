@@ -125,6 +125,28 @@ def propose(history: Sequence[int], n: int, m: int) -> list[int]:
     return []
 
 
+def propose_earliest_longest(history: Sequence[int], n: int, m: int, n_min: int | None = None) -> list[int]:
+    """vLLM's n-gram rule (0.32, `ngram` with `prompt_lookup_min` n_min, default n, and `prompt_lookup_max`
+    n): the longest v in [n_min, n] whose last v tokens occur earlier, starting before the history's last
+    token, at the earliest such start; the draft is up to `m` tokens after the match (fewer where the
+    history ends first)."""
+    length, low = len(history), n if n_min is None else n_min
+    best, begin = 0, 0
+    for start in range(length - 2, -1, -1):  # latest to earliest: a tie keeps the earliest start
+        for v in range(min(n, length - 1 - start), max(best, low) - 1, -1):
+            if v and list(history[start:start + v]) == list(history[length - v:]):
+                best, begin = v, start
+                break
+    if best < low:
+        return []
+    after = begin + best
+    return list(history[after:after + min(m, length - after)])
+
+
+#: The lookup rules an engine drafts by: draftnas's loop and llama.cpp's ngram-simple, and vLLM's ngram.
+RULES = {"latest": propose, "earliest-longest": propose_earliest_longest}
+
+
 @dataclass(frozen=True)
 class LookupReplay(Record):
     """Steps of lookup drafting over a known greedy answer: per step the tokens drafted and accepted."""
@@ -138,14 +160,16 @@ class LookupReplay(Record):
         return len(self.drafted)
 
 
-def replay_lookup(prompt: Sequence[int], answer: Sequence[int], n: int, m: int) -> LookupReplay:
+def replay_lookup(prompt: Sequence[int], answer: Sequence[int], n: int, m: int, rule: str = "latest"
+                  ) -> LookupReplay:
     """Exactly what greedy speculative decoding with lookup drafts does over the target's own `answer`:
-    each step drafts from the history, accepts the drafts equal to the answer's next tokens, and emits
-    those plus the target's token (never past the answer's end)."""
+    each step drafts from the history by `rule` (`RULES`), accepts the drafts equal to the answer's next
+    tokens, and emits those plus the target's token (never past the answer's end)."""
+    draft_by = RULES[rule]
     history = list(prompt) + list(answer[:1])  # the prefill emits the answer's first token
     done, drafted, accepted = min(1, len(answer)), [], []
     while done < len(answer):
-        draft = propose(history, n, m)[: len(answer) - done - 1]
+        draft = draft_by(history, n, m)[: len(answer) - done - 1]
         k = 0
         while k < len(draft) and draft[k] == answer[done + k]:
             k += 1

@@ -294,8 +294,10 @@ def _vocab_section(subset: Any, info: ExportInfo, parameters: int = 0,
          "remote code)." + cost),
         "- **vLLM / SGLang**: vLLM's draft-model method needs the draft and target vocabulary sizes to be "
         "equal, and neither engine reads `draft_vocab.json` for a plain draft model (their reduced "
-        f"vocabularies are for EAGLE-family heads). Serve a full-head copy (`{FULL_HEAD_DIR}/`) there as "
-        "an ordinary draft model; draftnas has not tested it in either engine.",
+        f"vocabularies are for EAGLE-family heads). vLLM loads the full-head copy (`{FULL_HEAD_DIR}/`) as "
+        f"an ordinary draft model: `--speculative-config '{{\"method\": \"draft_model\", \"model\": "
+        f"\"<this folder>/{FULL_HEAD_DIR}\", \"num_speculative_tokens\": G}}'` (`draftnas bench --engine "
+        "vllm` runs it so); SGLang is not tested.",
         "",
     ]
 

@@ -100,8 +100,10 @@ class ExportRequest(Record):
              "when the study measured acceptance, else the searched best, else 4).")
     force: bool = option(False, help="Replace a non-empty output folder.")
     full_head: bool = option(
-        False, help="A reduced-head drafter also gets a plain full-vocabulary copy in full-head/ (loads with "
-                    "no remote code, e.g. as a serving engine's draft model; as large as the base).")
+        True, flag="--full-head/--no-full-head",
+        help="A reduced-head drafter also gets a plain full-vocabulary copy in full-head/: the folder vLLM "
+             "and plain transformers load with no remote code (vLLM refuses custom code; as large as the "
+             "base). On by default, so every export loads in every engine.")
     format: str = option(
         "hf", choices=EXPORT_FORMATS,
         help="hf: the Hugging Face folder alone. gguf: also <out>/<name>-<quant>.gguf, a file llama.cpp "

@@ -3,9 +3,9 @@ request by request, and vLLM's speculative-decoding counters. `python vllm_drive
 
 The job (JSON): model (a folder), dtype, prompts (lists of token ids), max_tokens, rounds, seed,
 speculative_config (or null), max_model_len, kv_cache_gb, enforce_eager, max_num_seqs. The output: vLLM's
-version, the load seconds, per round and prompt the new token ids and the seconds of the request, and the
-engine's counters (drafts, draft tokens, accepted tokens, accepted per draft position) after the measured
-requests. Greedy (temperature 0). One request at a time: what a single user sees.
+version, the load seconds, per round and prompt the new token ids, the seconds of the request and the
+engine's counters it added (drafts, draft tokens, accepted tokens, accepted per draft position), and the
+counters over all measured requests. Greedy (temperature 0). One request at a time: what a single user sees.
 """
 
 from __future__ import annotations
@@ -49,17 +49,25 @@ def main(job_path: str, out_path: str) -> None:
     for _ in range(job.get("rounds", 1)):
         runs = []
         for ids in job["prompts"]:
+            was = _counters(llm)
             t0 = time.perf_counter()
             out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
-            runs.append({"seconds": time.perf_counter() - t0, "tokens": list(out.outputs[0].token_ids)})
+            seconds = time.perf_counter() - t0
+            runs.append({"seconds": seconds, "tokens": list(out.outputs[0].token_ids),
+                         "counters": _delta(_counters(llm), was)})
         rounds.append(runs)
     after = _counters(llm)
-    counters = {k: after[k] - before[k] for k in TOTALS}
-    per_pos = after["accepted_per_pos"]
-    earlier = before["accepted_per_pos"] or [0] * len(per_pos)
-    counters["accepted_per_pos"] = [a - b for a, b in zip(per_pos, earlier, strict=True)]
     with open(out_path, "w") as f:
-        json.dump({"vllm": __version__, "load_s": load_s, "rounds": rounds, "counters": counters}, f)
+        totals = _delta(after, before)
+        json.dump({"vllm": __version__, "load_s": load_s, "rounds": rounds, "counters": totals}, f)
+
+
+def _delta(after: dict, before: dict) -> dict:
+    """The counters' growth from `before` to `after`."""
+    out = {k: after[k] - before[k] for k in TOTALS}
+    earlier = before["accepted_per_pos"] or [0] * len(after["accepted_per_pos"])
+    out["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], earlier, strict=True)]
+    return out
 
 
 if __name__ == "__main__":  # vLLM spawns its engine in a new process, which re-imports this file

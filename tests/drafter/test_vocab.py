@@ -218,7 +218,7 @@ def test_export_of_a_reduced_head_keeps_it_reduced_and_writes_a_plain_full_head_
     assert "trust_remote_code=True" in card and FULL_HEAD_DIR in card and "-row LM head" in card
 
 
-def test_the_full_head_copy_is_written_only_when_asked_for(tmp_path, tiny_llama_config):
+def test_no_full_head_leaves_the_plain_copy_out(tmp_path, tiny_llama_config):
     import json
 
     from draftnas.export.folder import FULL_HEAD_DIR

@@ -1,0 +1,263 @@
+"""`bench --engine vllm`: the target alone, the drafter benched, each reference and lookup (`--lookup`) in
+vLLM, every prompt no drafter was searched or healed on, greedy, one request at a time, in fp32.
+
+Each arm is one vLLM engine (a process in vLLM's own environment, `models.vllm_engine`), its
+`speculative_config` written by the arm's drafter family (`drafter.families`): `draft_model` for a model
+drafter at the bench's γ, `ngram` for lookup. vLLM holds one engine per process and this host cannot hold
+every arm's weights at once, so the rounds are interleaved by process: each round starts every arm's
+engine again, in an order that rotates, and runs every prompt through it (the engine's load is left out).
+A speculative arm's output is compared with the target alone's in the same round.
+
+Beside vLLM's accepted drafts per position (its own counters) stands draftnas's replay of the same
+requests over the target alone's outputs: lookup by vLLM's n-gram rule (`drafter.lookup`), a model drafter
+by one teacher-forced pass (exact for greedy), each step drafting γ after the prefill, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from draftnas.acceptance.accepts import walk_accepts
+from draftnas.bench.arms import MAIN, reference_label
+from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, BenchResult
+from draftnas.bench.request_records import BenchOptions
+from draftnas.bench.run import unseen_prompts
+from draftnas.bench.stats import compare_arms, first_divergence, interval_of, tokens_per_s
+from draftnas.core.engines import VLLM
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.machine import cpu_count, cpu_identity, load_average
+from draftnas.core.options import option_error
+from draftnas.core.prompts import Prompt, check_context
+from draftnas.core.records import Progress
+from draftnas.drafter.families import DrafterSpec, family, parse_drafter
+from draftnas.drafter.lookup import replay_lookup
+from draftnas.export.records import FULL_HEAD_DIR
+from draftnas.models.sources import auto_class_name, ensure_local_folder, load_model
+from draftnas.models.vllm_engine import Vllm, find_vllm, run_vllm
+
+log = logging.getLogger(__name__)
+TARGET, LOOKUP = "target", "lookup"
+
+
+@dataclass(frozen=True)
+class VllmArm:
+    """One arm: its name, the drafter it runs (None: the target alone), the folder vLLM loads that drafter
+    from, and the `speculative_config` its family writes."""
+
+    name: str
+    drafter: DrafterSpec | None = None
+    folder: str = ""
+    config: dict[str, Any] | None = None
+
+    @property
+    def gamma(self) -> int:
+        return int((self.config or {}).get("num_speculative_tokens", 0))
+
+
+def vllm_folder(spec: DrafterSpec, target_vocab: int) -> str:
+    """The folder vLLM loads a model drafter from: the drafter's own where it is an architecture vLLM knows,
+    its plain full-head copy where its reduced head is custom code (`export --full-head`); one line where
+    neither runs there, or where its vocabulary is not the target's."""
+    folder = ensure_local_folder(spec.model)[1]
+    if auto_class_name(folder):
+        plain = folder / FULL_HEAD_DIR
+        if not (plain / "config.json").is_file():
+            raise option_error("draft", f"{spec.model}: its reduced head is custom code, which vLLM refuses; "
+                                        f"export it with --full-head (a plain copy in {FULL_HEAD_DIR}/)")
+        folder = plain
+    vocab = int(json.loads((folder / "config.json").read_text()).get("vocab_size", 0))
+    if vocab != target_vocab:
+        raise option_error("draft", f"{spec.model}: its vocabulary ({vocab} rows) is not the target's "
+                                    f"({target_vocab}); vLLM's draft_model needs the target's tokenizer")
+    return str(folder)
+
+
+def vllm_arms(draft: str, references: Sequence[str], options: BenchOptions, target_vocab: int
+              ) -> list[VllmArm]:
+    """The target alone, the drafter benched, each reference and `--lookup`'s settings, each with its
+    family's vLLM config (model drafters at --gamma, a reference at --reference-gamma); one line for a
+    drafter whose family vLLM does not run."""
+    named = [(MAIN, draft, options.gamma)]
+    named += [(reference_label(i), ref, options.reference_gamma or options.gamma)
+              for i, ref in enumerate(references)]
+    named += [(LOOKUP, options.lookup, 0)] if options.lookup else []
+    arms = [VllmArm(TARGET)]
+    for name, text, gamma in named:
+        spec = parse_drafter(text)
+        if VLLM not in family(spec.family).engines:
+            raise InvalidInputError(f"{text}: a {spec.family} drafter does not run in vLLM (vLLM runs one "
+                                    "proposer per request)")
+        folder = vllm_folder(spec, target_vocab) if spec.model else ""
+        arms.append(VllmArm(name, spec, folder, spec.settings(VLLM, gamma, draft_folder=folder)))
+    return arms
+
+
+def _job(target_folder: str, encoded: Sequence[Sequence[int]], options: BenchOptions, context: int
+         ) -> dict[str, Any]:
+    return {"model": target_folder, "dtype": "float32", "prompts": [list(ids) for ids in encoded],
+            "max_tokens": options.max_new_tokens, "rounds": 1, "seed": options.seed, "max_model_len": context,
+            "kv_cache_gb": 2, "max_num_seqs": 1}
+
+
+def _runs(arm: VllmArm, out: dict[str, Any]) -> list[tuple[ArmRun, list[int], list[int]]]:
+    """Each request of one arm's process: its run, its tokens and vLLM's accepted drafts per position."""
+    found = []
+    for request in out["rounds"][0]:
+        c = request["counters"]
+        tokens = [int(t) for t in request["tokens"]]
+        run = ArmRun(arm=arm.name, seconds=float(request["seconds"]), new_tokens=len(tokens),
+                     steps=len(tokens) - int(c["num_accepted_tokens"]) if arm.config else len(tokens),
+                     accepted=int(c["num_accepted_tokens"]), drafted=int(c["num_draft_tokens"]))
+        found.append((run, tokens, [int(a) for a in c["accepted_per_pos"]] + [int(c["num_drafts"])]))
+    return found
+
+
+def run_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: BenchOptions, *,
+                   references: Sequence[str] = (), progress: Progress | None = None,
+                   vllm: Vllm | None = None) -> BenchResult:
+    """Bench `draft` (each of `references`, and `options.lookup`) against `target` alone in vLLM: every
+    prompt no drafter was healed or searched on, `options.rounds` rounds, each arm's engine started once a
+    round in a rotating order."""
+    started, load_before = time.perf_counter(), load_average()
+    vllm = vllm or find_vllm()
+    target_folder = ensure_local_folder(target)[1]
+    config = json.loads((target_folder / "config.json").read_text())
+    arms = vllm_arms(draft, references, options, int(config["vocab_size"]))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_folder))
+    models = [Path(a.drafter.model) for a in arms if a.drafter is not None and a.drafter.model]
+    folders: list[Path | None] = [m for m in models if m.is_dir()]
+    kept, encoded, left_out = unseen_prompts(prompts, tokenizer, folders, options.per_domain)
+    if not kept:
+        raise InvalidInputError("no prompts to bench")
+    limit = int(config["max_position_embeddings"])
+    check_context(kept, encoded, options.max_new_tokens + max(a.gamma for a in arms) + 1, limit, VLLM)
+    context = min(max(len(ids) for ids in encoded) + options.max_new_tokens + 64, limit)
+    job = _job(str(target_folder), encoded, options, context)
+    rows: list[BenchPrompt] = []
+    per_pos: dict[str, list[int]] = {a.name: [] for a in arms}
+    for r in range(options.rounds):
+        done = {}
+        for a in arms[r % len(arms):] + arms[:r % len(arms)]:
+            log.info("vLLM round %d: %s %s", r + 1, a.name, json.dumps(a.config))
+            done[a.name] = _runs(a, run_vllm(vllm, job | {"speculative_config": a.config}))
+            if progress:
+                progress(r * len(arms) + len(done), options.rounds * len(arms))
+        rows += _rows(arms, kept, encoded, done, r)
+        for a in arms:
+            per_pos[a.name] = _summed(per_pos[a.name], [pos for _, _, pos in done[a.name]])
+    plain = [tokens for _, tokens, _ in done[TARGET]]
+    results = tuple(_arm_result(a, rows, per_pos[a.name], _replayed(a, encoded, plain)) for a in arms)
+    return BenchResult(
+        target=target, drafters={a.name: a.drafter.text for a in arms if a.drafter is not None},
+        gamma=options.gamma, temperature=0.0, max_new_tokens=options.max_new_tokens, n_prompts=len(kept),
+        device="cpu" if vllm.device == "cpu" else vllm.device, dtype="float32", threads=cpu_count(),
+        engine=VLLM, arms=results, prompts=tuple(rows), versions={"vllm": vllm.version}, left_out=left_out,
+        host=cpu_identity().label(), load_average_before=load_before, rounds=options.rounds,
+        comparisons=tuple(compare_arms(rows, MAIN, a.name) for a in arms[2:]),
+        wall_s=round(time.perf_counter() - started, 2))
+
+
+def _rows(arms: Sequence[VllmArm], kept: Sequence[Prompt], encoded: Sequence[Sequence[int]],
+          done: dict[str, list[tuple[ArmRun, list[int], list[int]]]], round_: int) -> list[BenchPrompt]:
+    rows = []
+    for i, (prompt, ids) in enumerate(zip(kept, encoded, strict=True)):
+        plain = done[TARGET][i][1]
+        runs = tuple(replace(run, lossless=tokens == plain, first_divergence=first_divergence(tokens, plain))
+                     if a.config else run for a in arms for run, tokens, _ in [done[a.name][i]])
+        rows.append(BenchPrompt(prompt_id=prompt.id, domain=prompt.domain, prompt_tokens=len(ids), runs=runs,
+                                round=round_))
+    return rows
+
+
+def _summed(total: list[int], counts: Sequence[Sequence[int]]) -> list[int]:
+    """Accepted drafts per position and the drafts (last), summed over requests."""
+    for c in counts:
+        total = [a + b for a, b in zip(total or [0] * len(c), c, strict=True)]
+    return total
+
+
+def _rates(counts: Sequence[int]) -> tuple[float, ...]:
+    """Accepted per position over the steps that drafted (the last count)."""
+    return tuple(a / counts[-1] for a in counts[:-1]) if counts and counts[-1] else ()
+
+
+def _replayed(arm: VllmArm, encoded: Sequence[Sequence[int]], plain: Sequence[Sequence[int]]) -> list[int]:
+    """draftnas's replay of the arm's requests over the target alone's outputs: accepted per position and
+    the steps that drafted (last); empty for the target alone."""
+    if arm.drafter is None or arm.config is None:
+        return []
+    gamma, lookup = arm.gamma, arm.drafter.lookup
+    counts = [0] * (gamma + 1)
+    model = None if lookup is not None else load_model(arm.folder).model
+    for prompt, answer in zip(encoded, plain, strict=True):
+        if lookup is not None:
+            replay = replay_lookup(prompt, answer, lookup.n, lookup.m, rule="earliest-longest")
+            steps = list(zip(replay.accepted, replay.drafted, strict=True))
+        else:
+            steps = _model_steps(model, prompt, answer, gamma)
+        for accepted, drafted in steps:
+            if drafted:
+                counts[-1] += 1
+                for position in range(min(accepted, gamma)):
+                    counts[position] += 1
+    return counts
+
+
+def _model_steps(model: Any, prompt: Sequence[int], answer: Sequence[int], gamma: int
+                 ) -> list[tuple[int, int]]:
+    """(accepted, drafted) per step of a model drafter over the target's greedy `answer`: one teacher-forced
+    pass gives its argmax after each prefix; after the prefill each step drafts γ (exact for greedy)."""
+    import torch
+
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([list(prompt) + list(answer)])).logits[0]
+    guesses = logits[len(prompt):len(prompt) + len(answer) - 1].argmax(-1).tolist()  # after answer[:j+1]
+    agree = [float(g == t) for g, t in zip(guesses, answer[1:], strict=True)]
+    accepted, drafted = walk_accepts(agree, gamma, len(agree) + gamma + 1)
+    return list(zip(accepted, drafted, strict=True))
+
+
+def _arm_result(arm: VllmArm, rows: Sequence[BenchPrompt], counts: Sequence[int], replayed: Sequence[int]
+                ) -> ArmResult:
+    runs = [p.run(arm.name) for p in rows]
+    tps, (low, high) = interval_of(rows, lambda p: tokens_per_s(p.run(arm.name)))
+    tokens = sum(r.new_tokens for r in runs)
+    result = ArmResult(name=arm.name, engine=VLLM, tokens_per_s=tps, tokens_per_s_interval=(low, high),
+                       pooled_tokens_per_s=tokens / sum(r.seconds for r in runs))
+    if arm.config is None or arm.drafter is None:
+        return result
+    speedup = compare_arms(rows, arm.name, TARGET)
+    steps = max(sum(r.steps for r in runs), 1)
+    return replace(
+        result, drafter=arm.drafter.text, baseline=TARGET, speedup=speedup.ratio,
+        speedup_interval=speedup.interval, tokens_per_step=tokens / steps,
+        mean_accepted_per_step=sum(r.accepted for r in runs) / steps,
+        draft_acceptance_rate=sum(r.accepted for r in runs) / max(sum(r.drafted for r in runs), 1),
+        gamma=arm.gamma, lossless=all(bool(r.lossless) for r in runs),
+        exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs),
+        accepted_per_position=_rates(counts), predicted_accepted_per_position=_rates(replayed))
+
+
+def position_lines(result: BenchResult) -> list[str]:
+    """Per speculative arm: vLLM's accepted drafts per position beside draftnas's replay of the same
+    requests, and their largest difference (relative to the replay)."""
+    lines = []
+    for a in result.arms:
+        measured, replayed = a.accepted_per_position, a.predicted_accepted_per_position
+        if not measured:
+            continue
+        line = f"{a.name}: accepted per draft position in vLLM {' / '.join(f'{x:.3f}' for x in measured)}"
+        if len(replayed) == len(measured):
+            worst = max(abs(m - r) / r if r else abs(m - r) for m, r in zip(measured, replayed, strict=True))
+            line += (f"; draftnas's replay on the same requests {' / '.join(f'{x:.3f}' for x in replayed)} "
+                     f"(largest difference {worst:.1%})")
+        lines.append(line)
+    return lines

@@ -1,0 +1,127 @@
+"""`bench --engine vllm`: each arm's vLLM config comes from its drafter family, a drafter vLLM cannot load is
+one line, the options vLLM's arms do not take are refused, draftnas's replay of vLLM's lookup rule is exact,
+and where vLLM is installed (CI installs it) a real bench runs lossless with vLLM's acceptance per position
+beside draftnas's replay."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftnas.bench.request_records import BenchOptions
+from draftnas.bench.vllm import LOOKUP, TARGET, position_lines, vllm_arms, vllm_folder
+from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import OptionError
+from draftnas.drafter.families import parse_drafter
+from draftnas.drafter.lookup import propose_earliest_longest, replay_lookup
+from tests.helpers import tiny_llama
+
+
+@pytest.fixture
+def drafter_folder(tmp_path, tiny_llama_config):
+    folder = tmp_path / "drafter"
+    tiny_llama(tiny_llama_config).save_pretrained(folder)
+    return folder
+
+
+def test_each_arm_runs_its_familys_vllm_config(drafter_folder):
+    options = BenchOptions(engine="vllm", gamma=3, reference_gamma=5, lookup="lookup:n=2,m=4")
+    arms = vllm_arms(str(drafter_folder), [str(drafter_folder)], options, 128)
+    assert [a.name for a in arms] == [TARGET, "draftnas", "reference", LOOKUP]
+    assert arms[0].config is None
+    assert arms[1].config == {"method": "draft_model", "model": str(drafter_folder),
+                              "num_speculative_tokens": 3}
+    assert arms[2].gamma == 5
+    assert arms[3].config == {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 2,
+                              "num_speculative_tokens": 4}
+
+
+def test_a_drafter_vllm_cannot_load_is_one_line(drafter_folder):
+    with pytest.raises(OptionError, match=r"its vocabulary \(128 rows\) is not the target's \(256\)"):
+        vllm_folder(parse_drafter(str(drafter_folder)), 256)
+    config = json.loads((drafter_folder / "config.json").read_text())
+    (drafter_folder / "config.json").write_text(json.dumps(config | {"auto_map": {
+        "AutoModelForCausalLM": "modeling_draftnas_head.DraftnasReducedHead"}}))
+    with pytest.raises(OptionError, match="its reduced head is custom code, which vLLM refuses; export it "
+                                          "with --full-head"):
+        vllm_folder(parse_drafter(str(drafter_folder)), 128)
+    with pytest.raises(InvalidInputError, match="a hybrid drafter does not run in vLLM"):
+        vllm_arms(f"lookup:n=2,m=4+{drafter_folder}", [], BenchOptions(engine="vllm"), 128)
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    (BenchOptions(engine="vllm", temperature=0.7), "vLLM's arms run greedy here"),
+    (BenchOptions(engine="vllm", batch_sizes=(1, 2)), "runs in the static engine: drop --engine vllm"),
+])
+def test_what_vllms_arms_do_not_take_is_refused(options, said):
+    with pytest.raises(OptionError) as caught:
+        options.validate()
+    assert said in caught.value.for_flags()
+
+
+def test_lookup_runs_beside_vllms_draft_models():
+    assert BenchOptions(engine="vllm", lookup="lookup:n=3,m=4").validate().lookup == "lookup:n=3,m=4"
+
+
+def test_vllms_lookup_rule_is_the_longest_match_at_its_earliest_start():
+    """Checked against its definition by brute force: among the n-grams of length n_min..n equal to the
+    history's last ones and starting before its last token, the longest, then the earliest; up to m after."""
+    import random
+
+    rng = random.Random(1)
+    for _ in range(2000):
+        history = [rng.randint(0, 3) for _ in range(rng.randint(1, 30))]
+        n_min, m = rng.randint(1, 3), rng.randint(1, 5)
+        n = rng.randint(n_min, 5)
+        t = len(history)
+        found = [(v, s) for v in range(n_min, n + 1) for s in range(t - 1)
+                 if s + v <= t - 1 and history[s:s + v] == history[t - v:]]
+        want = []
+        if found:
+            v = max(f[0] for f in found)
+            s = min(f[1] for f in found if f[0] == v)
+            want = history[s + v:s + v + m]
+        assert propose_earliest_longest(history, n, m, n_min) == want
+
+
+def test_the_replay_by_vllms_rule_differs_from_draftnass_where_matches_repeat():
+    prompt = [1, 2, 7, 9, 9, 1, 2, 5, 6, 6, 1, 2]
+    answer = [5, 6, 6, 1, 2, 5, 6, 6]
+    latest = replay_lookup(prompt, answer, 2, 3)
+    earliest = replay_lookup(prompt, answer, 2, 3, rule="earliest-longest")
+    assert sum(earliest.accepted) < sum(latest.accepted)  # vLLM's first match drafts 7, 9, 9
+
+
+def _installed():
+    from draftnas.models.vllm_engine import VllmError, find_vllm
+
+    try:
+        return find_vllm()
+    except VllmError:
+        return None
+
+
+@pytest.mark.integration
+@pytest.mark.real_model
+@pytest.mark.skipif(_installed() is None, reason="vLLM is not installed for draftnas here "
+                                                 "(`draftnas engines --install vllm`)")
+def test_a_real_vllm_bench_is_lossless_and_its_acceptance_is_replayed():
+    """SmolLM2-135M in vLLM, its own weights as the draft model and lookup beside it, 2 prompts x 24 tokens:
+    every output equals the target alone's, the draft model's drafts are all accepted, and vLLM's accepted
+    drafts per position are draftnas's replay of the same requests."""
+    from draftnas.bench.vllm import run_vllm_bench
+    from draftnas.core.prompts import Prompt
+
+    prompts = [Prompt(id="p0", domain="edit", text="Repeat exactly, twice: alpha beta gamma delta alpha"),
+               Prompt(id="p1", domain="code", text="Write def add(a, b): return a + b three times.")]
+    options = BenchOptions(engine="vllm", gamma=3, max_new_tokens=24, rounds=1, lookup="lookup:n=2,m=3")
+    result = run_vllm_bench("smollm2-135m", "smollm2-135m", prompts, options.validate())
+    draft, lookup = result.arm("draftnas"), result.arm(LOOKUP)
+    assert draft.exact_match_rate == lookup.exact_match_rate == 1.0
+    assert draft.accepted_per_position == draft.predicted_accepted_per_position == (1.0, 1.0, 1.0)
+    assert lookup.accepted_per_position and lookup.predicted_accepted_per_position
+    for measured, replayed in zip(lookup.accepted_per_position, lookup.predicted_accepted_per_position,
+                                  strict=True):
+        assert measured == pytest.approx(replayed, abs=0.05)
+    assert any("largest difference" in line for line in position_lines(result))
