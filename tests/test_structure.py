@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,7 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "draftnas"
 #: stage and earlier ones, never a later one.
 STAGES = ("core", "models", "latency", "acceptance", "drafter", "search", "export", "bench", "report",
           "e2e", "cli")
-MAX_LINES = 400
+MAX_LINES = 400  # a warning: read the module for two concerns
+HARD_LINES = 600  # a failure
 #: Modules that must import without torch (and without optuna): every stage's records, and the pure
 #: arithmetic the search and the analysis run thousands of times a second.
 LIGHT = sorted({f"draftnas.{s}.records" for s in STAGES if (PACKAGE / s / "records.py").is_file()}
@@ -144,8 +146,14 @@ def test_every_stage_exports_its_api_with_all_and_every_name_resolves(stage):
 
 
 def test_no_module_is_longer_than_a_reader_holds_in_mind():
-    long = {m: n for m, p in _modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"over {MAX_LINES} lines: {long}"
+    """Past MAX_LINES a module is a smell to read (a warning: split it by concern when it holds two, never
+    squeeze lines to stay under a number); past HARD_LINES it fails."""
+    lengths = {m: len(p.read_text().splitlines()) for m, p in _modules().items()}
+    long = {m: n for m, n in lengths.items() if n > MAX_LINES}
+    if long:
+        warnings.warn(f"over {MAX_LINES} lines (read them for two concerns): {long}", stacklevel=1)
+    too_long = {m: n for m, n in long.items() if n > HARD_LINES}
+    assert not too_long, f"over {HARD_LINES} lines: {too_long}"
 
 
 @pytest.mark.parametrize("module", LIGHT)

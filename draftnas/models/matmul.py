@@ -1,23 +1,24 @@
 """Matrix products over a few rows on CPU: the form that times fastest on this machine.
 
-On CPU, a linear layer over a few rows can be done as F.linear(x, W) or as (W @ x.T).T; on some hosts the
-second reads a large W once and is several times faster for a large LM head, while for small matrices either
-may win. `MatmulChooser` times the forms once per (rows, out, in) on the machine it runs on and keeps the
-faster; the static decoder and `models.linears.route_linears` multiply through it.
+On CPU, a linear layer over a few rows can be done as F.linear(x, W) or as (W @ x.T).T;
+on some hosts the second reads a large W once and is several times faster for a large LM head,
+while for small matrices either may win. `MatmulChooser` times the forms
+once per (rows, out, in) on the machine it runs on and keeps the faster; the static decoder
+and `models.linears.route_linears` multiply through it.
 
 A weight may also be multiplied quantized (`MatmulChooser.quantize`), activations left in the run's
 dtype: in int8, one scale per output row (`torch._weight_int8pack_mm`; half the bytes of bf16), or in
 int4, a scale and zero point per group of 32 inputs (`torch._weight_int4pack_mm_for_cpu` on the CPU,
 `torch._weight_int4pack_mm` on CUDA, bf16 activations; a quarter). `weights_problem` says where a format
-runs. `benchmarks/weight_formats.py` times them; docs/hosts/ has the figures. On the CPU a quantized weight's
-products over a prompt (more than `MAX_WEIGHT_ONCE_ROWS` rows) run dense, from the weight its values stand
-for, where that timed faster: on the Intel Xeon host the int4 and int8 kernels read a 44-token prompt
-2.6-3.5× slower than dense while they decode 1.5-2.1× faster (a dense copy of those weights is then kept).
+runs. `benchmarks/weight_formats.py` times them; docs/hosts/ has the figures. On the CPU a quantized
+weight's products over a prompt (more than `MAX_WEIGHT_ONCE_ROWS` rows) run dense, from the weight its values
+stand for, where that timed faster: on the Intel Xeon host the int4 and int8 kernels read a 44-token
+prompt 2.6-3.5× slower than dense while they decode 1.5-2.1× faster (a dense copy of those weights is then
+kept).
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -32,9 +33,10 @@ from draftnas.models.records import TORCH_DTYPES as TORCH_DTYPE_NAMES
 
 LINEAR, WEIGHT_ONCE, TRANSPOSED = 0, 1, 2  # F.linear(x, W), (W @ x.T).T, x @ W.T.contiguous()
 PROMPT_ROWS = 44  # rows a quantized weight's many-row products are timed at: the workloads' prompts
-# a choice is timed over the first weights of its shape that add up to this (far past a last-level cache, so
-# each pass streams from memory as a decode step does), not every layer's: on an AVX2 host in fp32, timing
-# the 1.5B's forms over all 28 layers took minutes of the main job
+# the weights of one shape a choice is timed over: the first of them that add up to this many bytes (all of
+# them where they add up to less), far past a CPU's last-level cache so each pass streams from memory as a
+# decode step does, without reading every layer's copy of the shape 20-40 times per choice (on an AVX2
+# host in fp32, choosing the 1.5B's forms over all 28 layers took minutes of the main job)
 STREAM_BYTES = 256 << 20
 
 
@@ -290,14 +292,21 @@ class MatmulChooser:
 
 def streamed(weights: list[torch.Tensor]) -> list[torch.Tensor]:
     """The first of `weights` that add up to `STREAM_BYTES` (all of them where they add up to less)."""
-    sizes = itertools.accumulate(w.numel() * w.element_size() for w in weights)
-    return weights[:next((i + 1 for i, total in enumerate(sizes) if total >= STREAM_BYTES), len(weights))]
+    out: list[torch.Tensor] = []
+    total = 0
+    for w in weights:
+        out.append(w)
+        total += w.numel() * w.element_size()
+        if total >= STREAM_BYTES:
+            break
+    return out
 
 
 def linear_2d(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight) as one product of a [rows, in] view: on a [B, 1, in] input whose size-1 dimension
-    has another stride (the attention's output at one token) F.linear broadcasts to a batched product copying
-    the weight per sequence (the 1.5B's decode at batch 8: 10 s, not 0.3; `benchmarks/batched_steps.py`)."""
+    """F.linear(x, weight) as one product of a [rows, in] view. F.linear on a [B, 1, in] input whose size-1
+    dimension has a stride other than `in` (the attention's output at one new token: stride B x in) does
+    not fold it to one product: it broadcasts to a batched one, copying the weight once per sequence
+    (the 1.5B's decode at batch 8 took 10 s instead of 0.3: `benchmarks/batched_steps.py`)."""
     if x.dim() == 2:
         return F.linear(x, weight)
     return F.linear(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])

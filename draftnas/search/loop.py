@@ -1,15 +1,18 @@
 """The search: an Optuna study over drafter shapes, ranked by predicted speculative throughput.
 
-Ask/tell loop (Optuna): each trial proposes a `CandidateChoice`, builds the `Candidate`, reads its latency
-from a latency model, checks an upper bound (acceptance 1 at that latency) against the best trial so far, and
-only then runs the expensive evaluation (pruning plan on real weights, healing, acceptance on traces) — or
-takes an acceptance the user assumed. The objective is the workload's predicted tokens/s at each batch size's
-best gamma (Yan et al. 2025, eq. 1-3; `draftnas.core.throughput`). Every trial stores its records as JSON user
+Ask/tell loop (Optuna): each trial proposes a `CandidateChoice`, builds the
+`Candidate`, reads its latency from a latency model, checks an upper bound
+(acceptance 1 at that latency) against the best trial so far, and only then runs
+the expensive evaluation (pruning plan on real weights, healing, acceptance on
+traces) — or takes an acceptance the user assumed. The objective is the
+workload's predicted tokens/s at each batch size's best gamma (Yan et al. 2025,
+eq. 1-3; `draftnas.core.throughput`). Every trial stores its records as JSON user
 attributes, so ranking, reports and export rebuild everything from storage.
 
-Storage is Optuna's: a SQLite file beside the run's outputs by default, `postgresql://...` for several
-machines, or a journal file. Several processes can work on one study; a killed process loses at most its
-trial in flight, which the next run marks FAIL (same host: its process is gone; other hosts: heartbeat).
+Storage is Optuna's: a SQLite file beside the run's outputs by default,
+`postgresql://...` for several machines, or a journal file. Several processes
+can work on one study; a killed process loses at most its trial in flight, which
+the next run marks FAIL (same host: its process is gone; other hosts: heartbeat).
 """
 
 from __future__ import annotations
@@ -94,17 +97,19 @@ class _Run:
     interrupted_trial: int | None = None
     hand_made: int = 0  # hand-made trials the study holds beside the search's own (`search.hand_made`)
     gate: InterruptGate = field(default_factory=InterruptGate)
-    standings: Callable[[list[str]], None] | None = None  # the ranking so far (said at `said_at` trials)
-    said_at: int = -1
+    standings: Callable[[list[str]], None] | None = None  # the ranking so far, while the search runs
+    said_at: int = -1  # the finished count the last standing was said at
 
 
 def run_search(options: SearchOptions, predictor: LatencyPredictor, evaluator: Evaluator, *,
                progress: Callable[[int, int], None] | None = None,
                standings: Callable[[list[str]], None] | None = None) -> SearchResult:
-    """Run (or resume, or join) the study until it holds `n_trials` finished trials; `standings` is given the
-    ranking so far after the hand-made trials and each quarter of the search's own (`explain.standing_lines`).
-    Finished = COMPLETE or PRUNED (FAIL trials are retried). Stops early at `timeout_s` or Ctrl-C (the trial
-    in flight is told FAIL; the result says `interrupted`).
+    """Run (or resume, or join) the study until it holds `n_trials` finished trials; `standings` is
+    given the ranking so far after the hand-made trials and each quarter of the search's own
+    (`explain.standing_lines`).
+
+    Finished = COMPLETE or PRUNED (FAIL trials are retried). Stops early at `timeout_s`
+    or Ctrl-C (the trial in flight is told FAIL; the result says `interrupted`).
     """
     start = time.monotonic()
     settings = options.study
@@ -184,11 +189,14 @@ def _loop(run: _Run, start: float, progress: Callable[[int, int], None] | None) 
 
 def _standing(run: _Run, finished: int, target: int) -> None:
     """Say the ranking so far once the hand-made trials are in, then after each quarter of the rest."""
-    made, first = run.hand_made, finished == run.hand_made
-    if run.standings and finished not in (run.said_at, 0) and finished >= made and (first or (
-            finished - made) % max(1, (target - made) // 4) == 0):
+    if run.standings is None or finished == run.said_at or finished < max(run.hand_made, 1):
+        return
+    step = max(1, (target - run.hand_made) // 4)
+    first = finished == run.hand_made
+    if first or (finished - run.hand_made) % step == 0:
         run.said_at = finished
-        run.standings(standing_lines(ranked_trials(run.study), finished, target, first and made > 0))
+        run.standings(standing_lines(ranked_trials(run.study), finished, target,
+                                     first and run.hand_made > 0))
 
 
 def _one_trial(run: _Run, trials: Sequence[FrozenTrial]) -> None:
