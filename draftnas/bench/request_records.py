@@ -22,7 +22,7 @@ def _lookup_problems(options: BenchOptions) -> list[tuple[str, str]]:
         parse_lookup(options.lookup or "")
     except InvalidInputError as e:
         return [("lookup", str(e).removeprefix("lookup "))]
-    if options.kind.name == VLLM and not options.batch_sizes and options.temperature <= 0:
+    if options.kind.name == VLLM and options.temperature <= 0:
         return []  # vLLM's ngram arm beside its draft models
     if not options.kind.own_loop or options.batch_sizes or options.temperature > 0:
         return [("lookup", "runs in draftnas's greedy one-sequence loop or in vLLM: drop {engine} "
@@ -110,7 +110,8 @@ class BenchOptions(Record):
         help="Comma-separated batch sizes (e.g. 1,2,4,8): instead of the arms, decode B prompts together "
              "with the target alone and with each drafter's batched loop (static engine, greedy) at each B, "
              "and put the measured crossover (the first B where speculative decoding stops paying) beside "
-             "the latency profile's.", low=1, high=1024, distinct=True, cli_type=str, cli_default="",
+             "the latency profile's. With --engine vllm: B requests at once in vLLM's continuous batching "
+             "(no profile prices vLLM yet).", low=1, high=1024, distinct=True, cli_type=str, cli_default="",
         parse=parse_ints)
     predictions: str | None = option(
         None, help="A search's predictions.json (it prints the path): each arm's predicted tokens/s and "
@@ -126,7 +127,7 @@ class BenchOptions(Record):
                    "Default: on CPU the profile measured on this host; on CUDA the GPU's spec sheet.")
 
     def resolved_engine(self) -> str:
-        return STATIC if self.batch_sizes else self.kind.name
+        return STATIC if self.batch_sizes and not self.kind.external else self.kind.name
 
     @property
     def kind(self) -> EngineKind:  # the engine asked for, or the device's default
@@ -138,7 +139,7 @@ class BenchOptions(Record):
         extra = []
         if self.batch_sizes and self.temperature > 0:
             extra.append(("batch_sizes", "runs greedy decoding only: set {temperature} 0"))
-        if self.batch_sizes and self.engine is not None and (not self.kind.batched or self.kind.external):
+        if self.batch_sizes and self.engine is not None and not self.kind.batched:
             extra.append(("batch_sizes", f"runs in the static engine: drop {{engine}} {self.engine}"))
         if self.kind.name == VLLM and self.temperature > 0:
             extra.append(("temperature", "vLLM's arms run greedy here (outputs compared with the target "
@@ -218,8 +219,32 @@ class BenchRequest(Record):
         if self.options.batch_sizes and len(self.references) > 1:
             extra.append(("references",
                           f"takes one drafter with {{batch_sizes}}, not {len(self.references)}"))
+        extra += self._family_problems()
         self.options.validate()
         return check_options(self, extra)
+
+    def _family_problems(self) -> list[tuple[str, str]]:
+        """A drafter whose family the engine does not take as --draft or --reference: draftnas's loops take
+        model drafters there (lookup and the hybrid come in through --lookup)."""
+        from draftnas.core.errors import InvalidInputError
+        from draftnas.drafter.families import family, parse_drafter
+
+        engine = self.options.kind
+        out = []
+        for name, text in [("draft", self.draft)] + [("references", r) for r in self.references]:
+            try:
+                spec = parse_drafter(text)
+            except InvalidInputError as e:
+                out.append((name, str(e)))
+                continue
+            if spec.family != "model" and engine.own_loop:
+                out.append((name, f"{text} is a {spec.family} drafter: in draftnas's loop give lookup "
+                                  "settings as {lookup} and a model drafter as {draft}"))
+            elif engine.name not in family(spec.family).engines:
+                runs = ", ".join(family(spec.family).engines)
+                out.append((name, f"{text}: a {spec.family} drafter does not run in {engine.name} (it runs "
+                                  f"in {runs})"))
+        return out
 
     def one_reference(self) -> str | None:
         """The reference of a bench that takes one (llama.cpp, batch sizes), None without one."""

@@ -116,6 +116,8 @@ def _value_problem(spec: Spec, value: Any) -> str | None:
         return f"must be one of {', '.join(map(str, spec.choices))}, got {_fmt(value)}"
     if spec.low is None and spec.high is None:
         return None
+    if isinstance(value, float) and value != value:  # NaN compares false with every bound
+        return "must be a number, got nan"
     too_low = spec.low is not None and (value <= spec.low if spec.low_open else value < spec.low)
     too_high = spec.high is not None and (value >= spec.high if spec.high_open else value > spec.high)
     if not (too_low or too_high):

@@ -43,7 +43,7 @@ def export_trained(request: DistillExportRequest) -> tuple[Path, Path | None]:
 
     request.validate()
     if request.gguf is not None:
-        check_quant(request.gguf)  # a type llama.cpp lacks is said before anything loads
+        check_quant(request.gguf, "gguf")  # a type llama.cpp lacks is said before anything loads
     check_destination(request.out, request.force)
     result = read_train_result(request.run)
     base = load_model(result.base)
@@ -64,4 +64,5 @@ def export_trained(request: DistillExportRequest) -> tuple[Path, Path | None]:
 
     if plan.vocab is not None:
         zero_expanded_head(drafter, plan.vocab)
-    return folder, export_gguf(drafter, result.target, folder, plan.label(), check_quant(request.gguf))
+    quant = check_quant(request.gguf, "gguf")
+    return folder, export_gguf(drafter, result.target, folder, plan.label(), quant)

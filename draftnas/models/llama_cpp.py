@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftnas.core.engines import HF, LLAMA_CPP, STATIC, VLLM
-from draftnas.core.errors import DraftnasError, InvalidInputError
+from draftnas.core.errors import DraftnasError
 from draftnas.core.machine import cpu_identity
+from draftnas.core.options import option_error
 from draftnas.core.provenance import sha256_file
 from draftnas.models.records import EngineRow, EnginesRequest
 from draftnas.models.sources import cache_dir, state_dir
@@ -304,13 +305,13 @@ def _run(cmd: list[str], log_path: Path) -> None:
         )
 
 
-def check_quant(name: str) -> str:
-    """A llama.cpp quant type's canonical name; one line listing the allowed ones otherwise."""
+def check_quant(name: str, field: str = "quant") -> str:
+    """A llama.cpp quant type's canonical name; one line naming the option it came in (`field`) and the
+    allowed types otherwise."""
     upper = name.upper()
     if upper not in QUANT_TYPES:
-        raise InvalidInputError(
-            f"--quant {name!r} is not a llama.cpp quant type (allowed: {', '.join(QUANT_TYPES)})"
-        )
+        allowed = ", ".join(QUANT_TYPES)
+        raise option_error(field, f"{name!r} is not a llama.cpp quant type (allowed: {allowed})")
     return upper
 
 

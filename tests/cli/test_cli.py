@@ -67,6 +67,14 @@ def test_bad_input_one_line_exit_2(args, needle):
     (["search", "--target", "smollm2-135m", "--batch", "0"], "--batch must be >= 1, got 0"),
     (["search", "--target", "qwen2.5-coder-1.5b", "--batch", "1000000"],
      "--batch of 1000000 sequences of"),
+    (["distill", "train", "{dir}/data", "--out", "{dir}/run", "--lr", "nan"],
+     "--lr must be a number, got nan"),
+    (["distill", "export", "{dir}/run", "{dir}/out", "--gguf", "Q9_9"],
+     "--gguf 'Q9_9' is not a llama.cpp quant type"),
+    (["bench", "-t", "smollm2-135m", "-d", "lookup:n=4,m=4"],
+     "--draft lookup:n=4,m=4 is a lookup drafter: in draftnas's loop give lookup settings as --lookup"),
+    (["bench", "-t", "smollm2-135m", "-d", "lookup:n=2,m=4+smollm2-135m", "--engine", "vllm"],
+     "a hybrid drafter does not run in vllm (it runs in static, llama.cpp)"),
 ])
 def test_bad_calibration_threads_rounds_or_predictions_are_one_line_and_write_nothing(tmp_path, args, needle):
     (tmp_path / "corrupt.json").write_text('{"format": 1, "host"')
