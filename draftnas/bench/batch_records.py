@@ -64,3 +64,4 @@ class BatchedBenchResult(Record):
     versions: dict[str, str] | None = None
     wall_s: float = 0.0
     replay: str = ""  # `bench --replay`: the accepts replayed (file or alpha=RATE) and their source
+    engine: str = "static"  # draftnas's batched loop, or vLLM's continuous batching

@@ -38,6 +38,11 @@ def bench_from_request(request: BenchRequest, *, progress: Progress | None = Non
 
         result: BenchResult | BatchedBenchResult | ReplayResult = run_llama_cpp_bench(
             request.target, request.draft, prompts, options, references=request.references, progress=progress)
+    elif options.engine == VLLM and options.batch_sizes:
+        from draftnas.bench.vllm_batched import run_vllm_batch_sizes
+
+        result = run_vllm_batch_sizes(request.target, request.draft, prompts, options,
+                                      references=request.references, progress=progress)
     elif options.engine == VLLM:
         from draftnas.bench.vllm import run_vllm_bench
 

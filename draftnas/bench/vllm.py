@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -38,11 +39,12 @@ from draftnas.core.records import Progress
 from draftnas.drafter.families import DrafterSpec, family, parse_drafter
 from draftnas.drafter.lookup import replay_lookup
 from draftnas.export.records import FULL_HEAD_DIR
-from draftnas.models.sources import auto_class_name, ensure_local_folder, load_model
+from draftnas.models.sources import auto_class_name, ensure_local_folder, load_model, release_freed_memory
 from draftnas.models.vllm_engine import Vllm, find_vllm, run_vllm
 
 log = logging.getLogger(__name__)
 TARGET, LOOKUP = "target", "lookup"
+KV_CACHE_GB_MAX = 8  # of the host's memory for vLLM's KV cache, beside the target and drafter weights
 
 
 @dataclass(frozen=True)
@@ -98,11 +100,54 @@ def vllm_arms(draft: str, references: Sequence[str], options: BenchOptions, targ
     return arms
 
 
-def _job(target_folder: str, encoded: Sequence[Sequence[int]], options: BenchOptions, context: int
-         ) -> dict[str, Any]:
-    return {"model": target_folder, "dtype": "float32", "prompts": [list(ids) for ids in encoded],
-            "max_tokens": options.max_new_tokens, "rounds": 1, "seed": options.seed, "max_model_len": context,
-            "kv_cache_gb": 2, "max_num_seqs": 1}
+@dataclass(frozen=True)
+class VllmPlan:
+    """What a vLLM bench runs: its arms, the prompts no drafter was searched or healed on (and their ids),
+    those left out, and the driver's job without its speculative_config."""
+
+    arms: list[VllmArm]
+    prompts: list[Prompt]
+    encoded: list[list[int]]
+    left_out: tuple[str, ...]
+    job: dict[str, Any]
+
+
+def plan_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: BenchOptions,
+                    references: Sequence[str], batches: Sequence[int] = (1,)) -> VllmPlan:
+    """The arms and prompts of a vLLM bench, checked before any engine starts: the drafters vLLM can load,
+    the context the longest prompt needs, and (`batches`) the KV cache B sequences of it need."""
+    target_folder = ensure_local_folder(target)[1]
+    release_freed_memory()  # a conversion of the target: its pages go back before vLLM allocates
+    config = json.loads((target_folder / "config.json").read_text())
+    arms = vllm_arms(draft, references, options, int(config["vocab_size"]))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_folder))
+    models = [Path(a.drafter.model) for a in arms if a.drafter is not None and a.drafter.model]
+    folders: list[Path | None] = [m for m in models if m.is_dir()]
+    kept, encoded, left_out = unseen_prompts(prompts, tokenizer, folders, options.per_domain)
+    if not kept:
+        raise InvalidInputError("no prompts to bench")
+    limit = int(config["max_position_embeddings"])
+    check_context(kept, encoded, options.max_new_tokens + max(a.gamma for a in arms) + 1, limit, VLLM)
+    context = min(max(len(ids) for ids in encoded) + options.max_new_tokens + 64, limit)
+    kv_gb = _kv_gb(config, context, max(batches))
+    if kv_gb > KV_CACHE_GB_MAX:
+        raise option_error("batch_sizes", f"a batch of {max(batches)} sequences of {context} tokens needs "
+                                          f"{kv_gb:.1f} GB of vLLM's KV cache in fp32, above the "
+                                          f"{KV_CACHE_GB_MAX} GB draftnas gives it here: lower "
+                                          "{batch_sizes} or {max_new_tokens}", flag="--batch-size")
+    job = {"model": str(target_folder), "dtype": "float32", "prompts": [list(ids) for ids in encoded],
+           "max_tokens": options.max_new_tokens, "rounds": 1, "seed": options.seed, "max_model_len": context,
+           "kv_cache_gb": max(1, math.ceil(kv_gb * 1.25)), "batches": list(batches)}
+    return VllmPlan(arms, kept, encoded, left_out, job)
+
+
+def _kv_gb(config: dict[str, Any], context: int, batch: int) -> float:
+    """GB of fp32 keys and values `batch` sequences of `context` tokens hold (each drafter's are smaller)."""
+    heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    return 2 * int(config["num_hidden_layers"]) * heads * head_dim * 4 * context * batch / 1e9
 
 
 def _runs(arm: VllmArm, out: dict[str, Any]) -> list[tuple[ArmRun, list[int], list[int]]]:
@@ -110,7 +155,7 @@ def _runs(arm: VllmArm, out: dict[str, Any]) -> list[tuple[ArmRun, list[int], li
     found = []
     for request in out["rounds"][0]:
         c = request["counters"]
-        tokens = [int(t) for t in request["tokens"]]
+        tokens = [int(t) for t in request["tokens"][0]]
         run = ArmRun(arm=arm.name, seconds=float(request["seconds"]), new_tokens=len(tokens),
                      steps=len(tokens) - int(c["num_accepted_tokens"]) if arm.config else len(tokens),
                      accepted=int(c["num_accepted_tokens"]), drafted=int(c["num_draft_tokens"]))
@@ -125,22 +170,9 @@ def run_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: 
     prompt no drafter was healed or searched on, `options.rounds` rounds, each arm's engine started once a
     round in a rotating order."""
     started, load_before = time.perf_counter(), load_average()
+    plan = plan_vllm_bench(target, draft, prompts, options, references)
     vllm = vllm or find_vllm()
-    target_folder = ensure_local_folder(target)[1]
-    config = json.loads((target_folder / "config.json").read_text())
-    arms = vllm_arms(draft, references, options, int(config["vocab_size"]))
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(target_folder))
-    models = [Path(a.drafter.model) for a in arms if a.drafter is not None and a.drafter.model]
-    folders: list[Path | None] = [m for m in models if m.is_dir()]
-    kept, encoded, left_out = unseen_prompts(prompts, tokenizer, folders, options.per_domain)
-    if not kept:
-        raise InvalidInputError("no prompts to bench")
-    limit = int(config["max_position_embeddings"])
-    check_context(kept, encoded, options.max_new_tokens + max(a.gamma for a in arms) + 1, limit, VLLM)
-    context = min(max(len(ids) for ids in encoded) + options.max_new_tokens + 64, limit)
-    job = _job(str(target_folder), encoded, options, context)
+    arms, kept, encoded, job = plan.arms, plan.prompts, plan.encoded, plan.job
     rows: list[BenchPrompt] = []
     per_pos: dict[str, list[int]] = {a.name: [] for a in arms}
     for r in range(options.rounds):
@@ -158,8 +190,8 @@ def run_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: 
     return BenchResult(
         target=target, drafters={a.name: a.drafter.text for a in arms if a.drafter is not None},
         gamma=options.gamma, temperature=0.0, max_new_tokens=options.max_new_tokens, n_prompts=len(kept),
-        device="cpu" if vllm.device == "cpu" else vllm.device, dtype="float32", threads=cpu_count(),
-        engine=VLLM, arms=results, prompts=tuple(rows), versions={"vllm": vllm.version}, left_out=left_out,
+        device=vllm.device, dtype="float32", threads=cpu_count(), engine=VLLM, arms=results,
+        prompts=tuple(rows), versions={"vllm": vllm.version}, left_out=plan.left_out,
         host=cpu_identity().label(), load_average_before=load_before, rounds=options.rounds,
         comparisons=tuple(compare_arms(rows, MAIN, a.name) for a in arms[2:]),
         wall_s=round(time.perf_counter() - started, 2))

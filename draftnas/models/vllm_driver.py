@@ -2,10 +2,12 @@
 request by request, and vLLM's speculative-decoding counters. `python vllm_driver.py JOB.json OUT.json`.
 
 The job (JSON): model (a folder), dtype, prompts (lists of token ids), max_tokens, rounds, seed,
-speculative_config (or null), max_model_len, kv_cache_gb, enforce_eager, max_num_seqs. The output: vLLM's
-version, the load seconds, per round and prompt the new token ids, the seconds of the request and the
+speculative_config (or null), max_model_len, kv_cache_gb, enforce_eager, batches (default [1]: each prompt
+alone, one request at a time; B > 1: B prompts cycled from the list, submitted together). The output:
+vLLM's version, the load seconds, per round each group's batch, new token ids per sequence, seconds and the
 engine's counters it added (drafts, draft tokens, accepted tokens, accepted per draft position), and the
-counters over all measured requests. Greedy (temperature 0). One request at a time: what a single user sees.
+counters over all measured requests. Greedy (temperature 0); prefix caching off, so a repeated prompt is
+computed again.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def main(job_path: str, out_path: str) -> None:
     started = time.perf_counter()
     llm = LLM(model=job["model"], dtype=job.get("dtype", "float32"), seed=job.get("seed", 0),
               max_model_len=job.get("max_model_len", 2048), enforce_eager=job.get("enforce_eager", True),
-              max_num_seqs=job.get("max_num_seqs", 1), speculative_config=job.get("speculative_config"),
-              disable_log_stats=False)
+              max_num_seqs=max(job.get("batches", [1])), speculative_config=job.get("speculative_config"),
+              enable_prefix_caching=False, disable_log_stats=False)
     load_s = time.perf_counter() - started
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"],
                             ignore_eos=job.get("ignore_eos", False))
@@ -48,18 +50,27 @@ def main(job_path: str, out_path: str) -> None:
     rounds = []
     for _ in range(job.get("rounds", 1)):
         runs = []
-        for ids in job["prompts"]:
+        for group in _groups(job["prompts"], job.get("batches", [1])):
             was = _counters(llm)
             t0 = time.perf_counter()
-            out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+            outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in group], params, use_tqdm=False)
             seconds = time.perf_counter() - t0
-            runs.append({"seconds": seconds, "tokens": list(out.outputs[0].token_ids),
-                         "counters": _delta(_counters(llm), was)})
+            runs.append({"batch": len(group), "seconds": seconds, "counters": _delta(_counters(llm), was),
+                         "tokens": [list(o.outputs[0].token_ids) for o in outs]})
         rounds.append(runs)
     after = _counters(llm)
     with open(out_path, "w") as f:
         totals = _delta(after, before)
         json.dump({"vllm": __version__, "load_s": load_s, "rounds": rounds, "counters": totals}, f)
+
+
+def _groups(prompts: list, batches: list) -> list:
+    """The requests submitted together: at batch 1 each prompt alone; at batch B > 1 one group of B
+    prompts, cycled from the list (vLLM's continuous batching runs them at once)."""
+    out = []
+    for b in batches:
+        out += [[p] for p in prompts] if b == 1 else [[prompts[i % len(prompts)] for i in range(b)]]
+    return out
 
 
 def _delta(after: dict, before: dict) -> dict:

@@ -10,10 +10,12 @@ draftnas) in that environment on one job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -157,16 +159,34 @@ def run_vllm(vllm: Vllm, job: dict[str, Any], timeout_s: float = 3600, threads: 
             # folder holds modules vLLM's own imports must not find
             driver = Path(tmp) / DRIVER.name
             shutil.copyfile(DRIVER, driver)
-            done = subprocess.run([str(vllm.python), str(driver), str(job_path), str(out_path)], env=env,
-                                  stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
-        if done.returncode != 0 or not out_path.is_file():
+            try:
+                returncode = _run_group([str(vllm.python), str(driver), str(job_path), str(out_path)], env,
+                                        out, timeout_s)
+            except subprocess.TimeoutExpired:
+                raise VllmError(f"vLLM ran past {timeout_s:.0f} s on one job and was stopped") from None
+        if returncode != 0 or not out_path.is_file():
             kept = cache_dir() / "vllm" / "last-failed-run.log"
             kept.write_text(log_path.read_text())
-            raise VllmError(f"vLLM failed (exit {done.returncode}): {_error_line(log_path.read_text())}; "
+            raise VllmError(f"vLLM failed (exit {returncode}): {_error_line(log_path.read_text())}; "
                             f"its output: {kept}")
         result: dict[str, Any] = json.loads(out_path.read_text())
         result["process_s"] = time.perf_counter() - started
         return result
+
+
+def _run_group(cmd: list[str], env: dict[str, str], out: Any, timeout_s: float) -> int:
+    """Run `cmd` in a process group of its own and wait; on a timeout or an interrupt the whole group goes
+    (vLLM's engine core and worker outlive their parent otherwise, holding the model's memory)."""
+    process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return process.wait(timeout=timeout_s)
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # a worker left behind by a clean exit
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _error_line(text: str) -> str:

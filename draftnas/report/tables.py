@@ -98,6 +98,12 @@ def bench_table(root: Path, files: Sequence[str]) -> list[str]:
     for c in data.get("comparisons", []):
         lines.append(f"- {c['numerator']} / {c['denominator']}: {_ratio(c['ratio'], c['interval'])}, "
                      f"{c['verdict']} (paired per prompt and round)")
+    for arm in data["arms"]:
+        if arm.get("accepted_per_position"):
+            replayed = arm.get("predicted_accepted_per_position") or []
+            lines.append(f"- {arm['name']}: accepted drafts per position in {data.get('engine')} "
+                         f"{_positions(arm['accepted_per_position'])}, draftnas's replay of the same "
+                         f"requests {_positions(replayed) if replayed else '-'}")
     timing = "decode only (the server's timings)" if decode_only else "prefill included"
     other = any(a.get("other_tokens_per_s") is not None for a in data["arms"])
     timing += (" (the other definition in the file's `other_tokens_per_s`)" if other else "")
@@ -106,6 +112,10 @@ def bench_table(root: Path, files: Sequence[str]) -> list[str]:
     if data.get("command"):
         lines.append(f"- made by `{data['command']}`")
     return lines
+
+
+def _positions(rates: Sequence[float]) -> str:
+    return " / ".join(f"{r:.3f}" for r in rates)
 
 
 def _loop_cell(bench: dict[str, Any] | None) -> str:

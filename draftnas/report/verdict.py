@@ -1,7 +1,7 @@
 """What pays where (`draftnas verdict`): per workload and engine, the drafter family that pays, its settings
 in that engine, its predicted speedup and break-even, and what the bench measured, from the results the
 pipeline wrote: `draftnas lookup`'s `lookup.json` (lookup drafting priced per workload in llama.cpp) and
-`draftnas bench` results (llama.cpp's arms, or draftnas's loop's drafter, lookup and hybrid arms).
+`draftnas bench` results (llama.cpp's arms, vLLM's, or draftnas's loop's drafter, lookup and hybrid arms).
 
 A bench belongs to the lookup search whose held-out prompts it ran (a loop bench on other prompts of the
 same set is taken, and said so). Per workload it recommends the fastest measured route over llama.cpp's
@@ -16,13 +16,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from draftnas.core.engines import HF, LLAMA_CPP
+from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP, VLLM
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Record
 from draftnas.drafter.families import family, parse_drafter
 from draftnas.search.lookup_records import LookupResult
 
 LOOKUP_FILE = "lookup.json"
+EXTERNAL = {k.name for k in ENGINE_KINDS.values() if k.external}  # engines apart from draftnas's loop
 
 
 @dataclass(frozen=True)
@@ -134,12 +135,19 @@ def benches_of(search: dict[str, Any], benches: Sequence[dict[str, Any]]
     held = set(search["heldout_prompts"]) or set(search["searched_prompts"])
     mine = [b for b in benches if {p["prompt_id"] for p in b["prompts"]} <= held]
     llama = next((b for b in mine if b.get("engine") == LLAMA_CPP), None)
-    loop = next((b for b in mine if b.get("engine") != LLAMA_CPP), None)
+    loop = next((b for b in mine if b.get("engine") not in EXTERNAL), None)
     if loop is None and search["heldout_prompts"]:
-        loop = next((b for b in benches if b.get("engine") != LLAMA_CPP
+        loop = next((b for b in benches if b.get("engine") not in EXTERNAL
                      and {p["domain"] for p in b["prompts"]} == {search["workload"]}), None)
         return llama, loop, loop is not None
     return llama, loop, False
+
+
+def vllm_bench_of(search: dict[str, Any], benches: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The vLLM bench of a lookup search: one that ran only its held-out prompts (or its own)."""
+    held = set(search["heldout_prompts"]) or set(search["searched_prompts"])
+    return next((b for b in benches if b.get("engine") == VLLM
+                 and {p["prompt_id"] for p in b["prompts"]} <= held), None)
 
 
 def _prompts_run(bench: dict[str, Any] | None, which: str) -> str:
@@ -207,6 +215,22 @@ def _loop_routes(bench: dict[str, Any], other_prompts: bool) -> list[Route]:
     return out
 
 
+def _vllm_routes(bench: dict[str, Any]) -> list[Route]:
+    """vLLM: every speculative arm of its bench, measured over vLLM's own target alone, with the
+    `--speculative-config` its family writes."""
+    on = _prompts_run(bench, "held-out prompts")
+    out = []
+    for arm in bench["arms"]:
+        if arm.get("speedup") is None:
+            continue
+        drafter, gamma = parse_drafter(str(arm.get("drafter") or "")), int(arm.get("gamma") or 0)
+        config = drafter.settings(VLLM, gamma)
+        settings = drafter.label + (f", γ {gamma}" if drafter.family == "model" else "")
+        out.append(Route(VLLM, family(drafter.family).title, settings,
+                         f"--speculative-config '{json.dumps(config)}'", **_measured(arm, on)))
+    return out
+
+
 def _transformers_route(search: LookupResult) -> Route:
     kwargs = ", ".join(f"{k}={v}" for k, v in search.transformers.items())
     return Route("transformers", "lookup", search.best.label, f"generate(..., {kwargs})")
@@ -219,7 +243,9 @@ def workload_verdicts(lookups: Sequence[dict[str, Any]], benches: Sequence[dict[
     for data in lookups:
         search = LookupResult.from_dict(data)
         llama, loop, other = benches_of(data, benches)
-        routes = _llama_routes(search, llama) + (_loop_routes(loop, other) if loop else [])
+        served = vllm_bench_of(data, benches)
+        routes = _llama_routes(search, llama) + (_loop_routes(loop, other) if loop else []) \
+            + (_vllm_routes(served) if served else [])
         routes.append(_transformers_route(search))
         target = arm_of(llama, "target") if llama else None
         plain, source = (float(target["tokens_per_s"]), "measured beside the routes, decode only") \

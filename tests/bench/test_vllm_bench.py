@@ -50,14 +50,42 @@ def test_a_drafter_vllm_cannot_load_is_one_line(drafter_folder):
         vllm_arms(f"lookup:n=2,m=4+{drafter_folder}", [], BenchOptions(engine="vllm"), 128)
 
 
-@pytest.mark.parametrize(("options", "said"), [
-    (BenchOptions(engine="vllm", temperature=0.7), "vLLM's arms run greedy here"),
-    (BenchOptions(engine="vllm", batch_sizes=(1, 2)), "runs in the static engine: drop --engine vllm"),
-])
-def test_what_vllms_arms_do_not_take_is_refused(options, said):
+def test_what_vllms_arms_do_not_take_is_refused():
     with pytest.raises(OptionError) as caught:
-        options.validate()
-    assert said in caught.value.for_flags()
+        BenchOptions(engine="vllm", temperature=0.7).validate()
+    assert "vLLM's arms run greedy here" in caught.value.for_flags()
+    assert BenchOptions(engine="vllm", batch_sizes=(1, 2), lookup="lookup").validate().batch_sizes == (1, 2)
+
+
+def test_a_batch_whose_kv_cache_does_not_fit_is_one_line_before_any_engine_starts(monkeypatch):
+    from draftnas.bench import vllm as bench_vllm
+    from draftnas.core.prompts import Prompt
+
+    monkeypatch.setattr(bench_vllm, "find_vllm", lambda: pytest.fail("vLLM must not be looked for"))
+    prompts = [Prompt(id="p0", domain="code", text="Write a function that adds two numbers.")]
+    options = BenchOptions(engine="vllm", batch_sizes=(1, 1024), max_new_tokens=512).validate()
+    with pytest.raises(OptionError) as caught:
+        bench_vllm.plan_vllm_bench("smollm2-135m", "smollm2-135m", prompts, options, (), (1, 1024))
+    said = caught.value.for_flags()
+    assert "--batch-size a batch of 1024 sequences of" in said
+    assert "lower --batch-size or --max-new-tokens" in said
+
+
+def test_a_batch_point_pairs_each_round_with_the_target_alone():
+    from draftnas.bench.vllm import VllmArm
+    from draftnas.bench.vllm_batched import _point
+
+    def run(tokens, seconds, outputs, accepted=0):
+        return {2: {"tokens": tokens, "seconds": seconds, "outputs": outputs, "accepted": accepted}}
+
+    runs = {"target": [run(20, 10.0, [[1], [2]]), run(20, 5.0, [[1], [2]])],
+            "draftnas": [run(20, 5.0, [[1], [2]], 10), run(20, 4.0, [[1], [3]], 10)]}
+    point = _point(2, runs, [VllmArm("draftnas", config={"method": "draft_model"})])
+    assert point.speedup_runs == {"draftnas": (2.0, 1.25)}
+    assert point.speedup["draftnas"] == pytest.approx(1.625)
+    assert point.target_tokens_per_s == pytest.approx(3.0)
+    assert point.tokens_per_step["draftnas"] == pytest.approx(2.0)
+    assert point.exact_match_rate["draftnas"] == 0.75
 
 
 def test_lookup_runs_beside_vllms_draft_models():
@@ -125,3 +153,21 @@ def test_a_real_vllm_bench_is_lossless_and_its_acceptance_is_replayed():
                                   strict=True):
         assert measured == pytest.approx(replayed, abs=0.05)
     assert any("largest difference" in line for line in position_lines(result))
+
+
+@pytest.mark.integration
+@pytest.mark.real_model
+@pytest.mark.skipif(_installed() is None, reason="vLLM is not installed for draftnas here "
+                                                 "(`draftnas engines --install vllm`)")
+def test_a_real_vllm_batch_bench_runs_b_requests_at_once_losslessly():
+    from draftnas.bench.vllm_batched import run_vllm_batch_sizes
+    from draftnas.core.prompts import Prompt
+
+    prompts = [Prompt(id="p0", domain="code", text="Write def add(a, b): return a + b three times."),
+               Prompt(id="p1", domain="chat", text="Name three colours.")]
+    options = BenchOptions(engine="vllm", gamma=2, max_new_tokens=12, rounds=1, batch_sizes=(1, 3))
+    result = run_vllm_batch_sizes("smollm2-135m", "smollm2-135m", prompts, options.validate())
+    assert [p.batch_size for p in result.points] == [1, 3] and result.engine == "vllm"
+    for p in result.points:
+        assert p.exact_match_rate["draftnas"] == 1.0 and p.tokens_per_step["draftnas"] >= 2.0
+        assert p.target_tokens_per_s > 0 and len(p.speedup_runs["draftnas"]) == 1

@@ -85,9 +85,9 @@ def test_the_families_vllm_settings_run_lossless_in_vllm_with_counters():
     lookup = run_vllm(vllm, job | {"speculative_config": parse_drafter("lookup:n=2,m=4").settings("vllm", 0)})
     model = run_vllm(vllm, job | {"speculative_config": parse_drafter(folder).settings("vllm", 3,
                                                                                         draft_folder=folder)})
-    tokens = alone["rounds"][0][0]["tokens"]
+    tokens = alone["rounds"][0][0]["tokens"][0]
     assert len(tokens) == 24 and alone["vllm"] == vllm.version
-    assert lookup["rounds"][0][0]["tokens"] == tokens == model["rounds"][0][0]["tokens"]
+    assert lookup["rounds"][0][0]["tokens"][0] == tokens == model["rounds"][0][0]["tokens"][0]
     c = model["counters"]
     assert c["num_drafts"] > 0 and c["num_accepted_tokens"] == c["num_draft_tokens"] == 3 * c["num_drafts"]
     assert sum(c["accepted_per_pos"]) == c["num_accepted_tokens"] and len(c["accepted_per_pos"]) == 3

@@ -89,3 +89,26 @@ def test_no_lookup_result_and_a_missing_file_are_refused(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len([ln for ln in out.stderr.splitlines() if ln.strip()]) == 1
+
+
+def test_a_vllm_bench_on_the_held_out_prompts_adds_vllms_routes_with_their_config(tmp_path):
+    """A vLLM bench of the workload's held-out prompts gives its own routes: each speculative arm measured
+    over vLLM's target alone, run with the --speculative-config its family writes."""
+    search = json.loads((RESULTS / EDIT[0]).read_text())
+    prompts = [{"prompt_id": p, "domain": "edit", "prompt_tokens": 10, "runs": [], "round": 0}
+               for p in search["heldout_prompts"][:2]]
+    arms = [{"name": "target", "engine": "vllm", "tokens_per_s": 2.0},
+            {"name": "draftnas", "engine": "vllm", "tokens_per_s": 2.6, "drafter": "qwen2.5-coder-0.5b",
+             "gamma": 3, "speedup": 1.3, "speedup_interval": [1.1, 1.4], "exact_match_rate": 1.0},
+            {"name": "lookup", "engine": "vllm", "tokens_per_s": 1.9, "drafter": "lookup:n=3,m=4", "gamma": 4,
+             "speedup": 0.95, "speedup_interval": [0.9, 1.01], "exact_match_rate": 1.0}]
+    bench = tmp_path / "bench-vllm.json"
+    bench.write_text(json.dumps({"engine": "vllm", "arms": arms, "prompts": prompts, "rounds": 2,
+                                 "n_prompts": 2}))
+    (edit,) = workload_verdicts(*read_results([str(RESULTS / EDIT[0]), str(bench)]))
+    served = [r for r in edit.routes if r.engine == "vllm"]
+    assert [(r.family, r.verdict) for r in served] == [("model drafter", "pays"), ("lookup", "not separable")]
+    assert json.loads(served[1].run_with.removeprefix("--speculative-config '").removesuffix("'")) == {
+        "method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 3, "num_speculative_tokens": 4}
+    assert '"method": "draft_model"' in served[0].run_with and served[0].settings == "qwen2.5-coder-0.5b, γ 3"
+    assert edit.best("vllm") is served[0] and served[0].measured_on == "2 held-out prompts x 2 round(s)"
