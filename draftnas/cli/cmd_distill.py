@@ -101,11 +101,14 @@ def curve(request: DistillCurveRequest, output: Output) -> None:
     if emit_json(output, result.to_dict()):
         return
     table = Table(title=f"Training curves -> {request.out}", header_style="bold")
-    for col in ("drafter", "points", "fit: a + b ln T", "held-out budget", "predicted", "measured", "error"):
+    for col in ("drafter", "points", "fit: a + b ln T", "slope, 95%", "held-out budget", "predicted",
+                "measured", "error on the gain over 1"):
         table.add_column(col, justify="right")
     for c in result.curves:
-        check = c.check
-        table.add_row(c.label, str(len(c.points)), f"{c.intercept:.3f} + {c.slope:.4f} ln T",
+        check, interval = c.check, c.slope_interval()
+        slope = "-" if interval is None else f"[{interval[0]:+.4f}, {interval[1]:+.4f}]" + \
+            ("" if c.measurable_slope else " no measurable slope")
+        table.add_row(c.label, str(len(c.points)), f"{c.intercept:.3f} + {c.slope:.4f} ln T", slope,
                       f"{check.tokens:,}" if check else "-", f"{check.predicted:.3f}" if check else "-",
                       f"{check.measured:.3f}" if check else "-", f"{check.error:+.1%}" if check else "-")
     console.print(table)

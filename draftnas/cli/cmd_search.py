@@ -96,6 +96,11 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
         return
     if route is not None:
         console.print(route.line(), highlight=False, soft_wrap=True)
+    elif result.best is not None and not engine_kind(request.engine).external:
+        from draftnas.search.engine import no_build_line
+
+        if line := no_build_line(request.llama_cpp):
+            console.print(line, highlight=False, soft_wrap=True)
     done = (exported.folder, exported.gamma, exported.p_min) if exported else None
     if hand is not None and not output.json:
         console.print(f"the hand-made best is in {hand.folder}, at γ {hand.gamma}", highlight=False)

@@ -10,6 +10,7 @@ from rich.table import Table
 from draftnas.cli.app import fmt_params
 
 if TYPE_CHECKING:  # pragma: no cover
+    from draftnas.drafter.distill_records import TrainedPrice
     from draftnas.search.records import RankedTrial, SearchResult
 
 
@@ -87,12 +88,20 @@ def _row(rank: int, r: RankedTrial) -> list[str]:
             f"{r.throughput.speedup:.3f}x", even, stops]
 
 
-def _tokens(value: float | None) -> str:
+def _tokens(p: TrainedPrice) -> str:
+    """The budget a shape needs to beat the bar, as far as its curve says: nothing where the slope's
+    interval spans 0, marked where it lies past the last reading."""
+    from draftnas.search.trained import MAX_BUDGET
+
+    if not p.measurable_slope:
+        low, high = p.slope_interval or (float("nan"), float("nan"))
+        return f"no measurable slope ({low:+.4f} to {high:+.4f} per e-fold)"
+    value = p.tokens_to_beat_bar
     if value is None:
-        return "never (within 1e13)"
+        return f"not within {MAX_BUDGET:.0e} by the fit (extrapolated)"
     if value == 0:
         return "0 (already)"
-    return f"{value:.2g}"
+    return f"{value:.2g}" + (" (extrapolated)" if value > p.measured_to_tokens else "")
 
 
 def trained_table(result: SearchResult) -> Table:
@@ -108,8 +117,9 @@ def trained_table(result: SearchResult) -> Table:
                       f"{p.draft_ms:.3f}", f"{p.tokens_per_step:.2f} (γ {p.curve_gamma})",
                       f"{p.acceptance_rate:.3f}",
                       str(p.best_gamma), f"{p.tokens_per_s:,.1f}", f"{p.speedup:.3f}x",
-                      _tokens(p.tokens_to_beat_bar),
-                      f"{p.measured_to_tokens:,}", "-" if p.check_error is None else f"{p.check_error:+.1%}")
+                      _tokens(p),
+                      f"{p.measured_to_tokens:,}",
+                      "-" if p.check_error is None else f"{p.check_error:+.1%} of the gain over 1")
     bar = result.trained[0].bar_tokens_per_s if result.trained else None
     caption = [f"the bar: the hand-made best (else the search's best trial) at {bar:,.1f} tokens/s"
                if bar is not None else "no hand-made best or trial to beat"]

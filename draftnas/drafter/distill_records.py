@@ -252,7 +252,11 @@ class CurveCheck(Record):
 
     @property
     def error(self) -> float:
-        return self.predicted / self.measured - 1.0 if self.measured else float("inf")
+        """The error on the gain over one token per step, (predicted - 1) / (measured - 1) - 1: near 1.0
+        tokens per step an error on tokens per step itself is small whatever the fit does (predicting the
+        previous reading would pass)."""
+        gain = self.measured - 1.0
+        return (self.predicted - 1.0) / gain - 1.0 if gain > 0 else float("inf")
 
 
 @dataclass(frozen=True)
@@ -303,6 +307,32 @@ class TrainingCurve(Record):
     def measured_max(self) -> int:
         return max(p.tokens for p in self.points)
 
+    def slope_interval(self, level: float = 0.95) -> tuple[float, float] | None:
+        """The `level` interval of the slope (tokens per step per e-fold of tokens) from the least-squares
+        fit over the points it was fitted on (Student's t, n - 2 degrees of freedom); None with fewer than
+        three points."""
+        import math
+
+        from scipy.stats import t as student
+
+        fitted = [(math.log(p.tokens), p.tokens_per_step) for p in self.points
+                  if p.tokens >= self.fitted_from]
+        n = len(fitted)
+        if n < 3:
+            return None
+        mx, my = sum(x for x, _ in fitted) / n, sum(y for _, y in fitted) / n
+        sxx = sum((x - mx) ** 2 for x, _ in fitted)
+        slope = sum((x - mx) * (y - my) for x, y in fitted) / sxx
+        residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in fitted)
+        half = float(student.ppf(0.5 + level / 2, n - 2)) * math.sqrt(residual / (n - 2) / sxx)
+        return slope - half, slope + half
+
+    @property
+    def measurable_slope(self) -> bool:
+        """Whether the slope's 95% interval lies above 0 (else no budget can be read off the fit)."""
+        interval = self.slope_interval()
+        return interval is not None and interval[0] > 0
+
 
 @dataclass(frozen=True)
 class CurveSet(Record):
@@ -350,7 +380,7 @@ class DistillExportRequest(Record):
 class TrainedPrice(Record):
     """A trained shape as the search prices it at a budget (`search.trained`): latency, acceptance from its
     curve, predicted whole-request speed, and the budget at which it overtakes the hand-made best (None:
-    not within the search's largest budget)."""
+    not within the search's largest budget, or no measurable slope to read one off)."""
 
     label: str
     base: str
@@ -370,3 +400,5 @@ class TrainedPrice(Record):
     tokens_to_beat_bar: float | None
     bar_tokens_per_s: float | None
     curve_host: str = ""  # where the shape's curve was measured
+    slope_interval: tuple[float, ...] = ()  # the curve's slope, 95% (tokens per step per e-fold of tokens)
+    measurable_slope: bool = True  # the interval lies above 0; else no budget is read off the fit

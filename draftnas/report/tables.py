@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP
+from draftnas.drafter.distill_records import CurveCheck, TrainingCurve
 from draftnas.drafter.families import parse_drafter
 from draftnas.report.verdict import arm_of, benches_of
 
@@ -211,21 +212,24 @@ def _run_name(name: str) -> str:
 def curves_table(root: Path, files: Sequence[str]) -> list[str]:
     """`distill curve` results: per shape, the fitted log-linear curve and its check at the largest budget
     (a fit made without that budget, against the reading there)."""
-    lines = ["| shape | base, layers | fit: tokens/step | largest budget | predicted there | measured "
-             "| error |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| shape | base, layers | fit: tokens/step | slope, 95% | largest budget | predicted there "
+             "| measured | error on the gain over 1 |",
+             "|---|---|---|---|---|---|---|---|"]
     hosts = set()
     for f in files:
         for c in _read(root, f)["curves"]:
             hosts.add(str(c.get("host", "")))
+            curve = TrainingCurve.from_dict(c)
             check = c["check"]
-            error = check["predicted"] / check["measured"] - 1
+            interval = curve.slope_interval()
+            slope = "-" if interval is None else f"[{interval[0]:+.4f}, {interval[1]:+.4f}]" + \
+                ("" if curve.measurable_slope else ": no measurable slope")
             lines.append(f"| {c['label']} | {c['base']}, {','.join(map(str, c['layers']))} | "
                          f"{c['intercept']:.3f} + {c['slope']:.4f} ln T (from {c['fitted_from']:,}) | "
-                         f"{check['tokens']:,} | {check['predicted']:.3f} | {check['measured']:.3f} | "
-                         f"{error:+.1%} |")
-    lines += ["", f"- tokens per step at each run's γ on held-out prompts; {_hosts(sorted(hosts))}; "
-              f"from {', '.join(f'`{f}`' for f in files)}"]
+                         f"{slope} | {check['tokens']:,} | {check['predicted']:.3f} | "
+                         f"{check['measured']:.3f} | {CurveCheck.from_dict(check).error:+.1%} |")
+    lines += ["", f"- tokens per step at each run's γ on held-out prompts; the check's error is on the gain "
+              f"over one token per step; {_hosts(sorted(hosts))}; from {', '.join(f'`{f}`' for f in files)}"]
     return lines
 
 

@@ -225,7 +225,7 @@ def verdict(
 @dataclass(frozen=True)
 class PlainRoute(Record):
     """The target decoded alone in llama.cpp here (its GGUF file), beside the route a search picked: the
-    faster one is what a user should run (with lookup drafting on requests that copy their context)."""
+    faster one is what a user should run (lookup drafting priced per workload by `draftnas lookup`)."""
 
     engine: str
     file: str
@@ -246,9 +246,26 @@ class PlainRoute(Record):
                     f"{self.threads} threads)")
         return (f"but {self.engine} decodes {name} alone at {self.tokens_per_s:.1f} tokens/s here (measured, "
                 f"{self.threads} threads), {self.tokens_per_s / self.pick_tokens_per_s:.2f}x this pick's "
-                f"{self.pick_tokens_per_s:.1f}: run the target in {self.engine}, and on requests that copy "
-                "their "
-                f"context (edits, questions about a file) add lookup drafting there (`draftnas lookup`)")
+                f"{self.pick_tokens_per_s:.1f}: run the target in {self.engine}. Whether lookup drafting "
+                f"pays there depends on the requests: `draftnas lookup -p WORKLOAD` prices it for yours and "
+                f"`draftnas bench --engine llama.cpp` measures it (on the one host where workloads were "
+                f"benched, an AMD EPYC Zen 4, only edits paid)")
+
+
+def no_build_line(build: str | None = None) -> str:
+    """Where no llama.cpp build is found, what a user misses: how to get one, and what was measured with
+    one ('' where a build is here)."""
+    from draftnas.core.errors import DraftnasError
+
+    try:
+        find_llama_cpp(build)
+        return ""
+    except DraftnasError:
+        return ("no llama.cpp build here to set beside this pick: `draftnas engines --build` makes one "
+                "(6-8 minutes on 2 cores), and the search then prints llama.cpp's plain decode of the "
+                "target. With the embedded Qwen pair, llama.cpp alone decoded faster than draftnas's loop "
+                "ran its pick on the AMD EPYC Zen 3 and Zen 4 hosts measured, not on the Intel Xeon one "
+                "(README's per-host table)")
 
 
 def plain_route(target: str, pick: str, pick_tokens_per_s: float, target_gguf: str | None = None,

@@ -75,7 +75,8 @@ def price_trained(curves: CurveSet, budget_tokens: int | None, read: Callable[[A
             tokens_per_s=prediction.tokens_per_s, speedup=prediction.speedup,
             measured_to_tokens=curve.measured_max(), extrapolated=budget > curve.measured_max(),
             check_error=curve.check.error if curve.check else None,
-            tokens_to_beat_bar=None if bar_tps is None else tokens_to_beat(curve, bar_tps, latency,
-                                                                           workload, gamma),
-            bar_tokens_per_s=bar_tps, curve_host=curve.host))
+            tokens_to_beat_bar=None if bar_tps is None or not curve.measurable_slope
+            else tokens_to_beat(curve, bar_tps, latency, workload, gamma),
+            bar_tokens_per_s=bar_tps, curve_host=curve.host, slope_interval=curve.slope_interval() or (),
+            measurable_slope=curve.measurable_slope))
     return tuple(sorted(out, key=lambda p: -p.tokens_per_s))
