@@ -150,6 +150,13 @@ class PredictionCheck(Record):
     predicted_bench_median_tokens_per_s: float | None = None
     predicted_bench_median_speedup: float | None = None
 
+    @property
+    def compared_tokens_per_s(self) -> float:
+        """The prediction `tokens_per_s_error` is computed from: on the bench's own prompts where priced,
+        else the median request's, else the pooled one."""
+        return self.predicted_bench_median_tokens_per_s or self.predicted_median_tokens_per_s \
+            or self.predicted_tokens_per_s
+
 
 @dataclass(frozen=True)
 class BenchResult(Record):

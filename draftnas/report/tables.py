@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from draftnas.bench.records import PredictionCheck
 from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP
 from draftnas.drafter.distill_records import CurveCheck, TrainingCurve
 from draftnas.drafter.families import parse_drafter
@@ -63,7 +64,7 @@ def _bench_line(data: dict[str, Any], name: str) -> str:
 
 def _arm_rows(data: dict[str, Any]) -> list[str]:
     """One bench's arms as table rows (with the search's prediction and its error where it had one)."""
-    predicted = {p["arm"]: p for p in data.get("predictions") or []}
+    predicted = {p["arm"]: PredictionCheck.from_dict(p) for p in data.get("predictions") or []}
     head = "| arm | drafter | tokens/s | speedup over the target alone | tokens/step | lossless |"
     lines = [head + (" predicted tokens/s (error) |" if predicted else ""),
              "|---|---|---|---|---|---|" + ("---|" if predicted else "")]
@@ -78,7 +79,7 @@ def _arm_rows(data: dict[str, Any]) -> list[str]:
         if predicted:
             p = predicted.get(arm["name"])
             row += " - |" if p is None else \
-                f" {p['predicted_tokens_per_s']:.2f} ({p['tokens_per_s_error']:+.1%}) |"
+                f" {p.compared_tokens_per_s:.2f} ({p.tokens_per_s_error:+.1%}) |"
         lines.append(row)
     return lines
 
