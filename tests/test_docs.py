@@ -30,7 +30,18 @@ def test_the_docs_are_guides_no_page_over_250_lines_and_dated_headings_only_in_t
     assert long == [] and dated == []
 
 
-FIGURE = re.compile(r"\d\.\d+ ?(x|×)|\[\d+\.\d+, \d+\.\d+\]|\d\.\d+ ?(ms|tok/s|tokens/s)\b|\d\.\d+%")
+# a speedup, an interval, a speed, a percentage; or a cell of plain decimals (2+ places) or of seconds
+FIGURE = re.compile(r"\d\.\d+ ?(x|×)|\[\d+\.\d+, \d+\.\d+\]|\d\.\d+ ?(ms|tok/s|tokens/s)\b|\d\.\d+%"
+                    r"|\| ?\**-?\d+\.\d{2,}\** ?\||\| ?\**\d+ ?(s|min|ms)\** ?\|")
+
+
+def test_the_figure_pattern_catches_tables_of_plain_decimals_and_seconds():
+    """The typed healing table of docs/stages.md held no x, % or tokens/s: its cells were plain decimals and
+    integer seconds, which the pattern missed."""
+    typed = "| 0 | live target | 80 | 28 | 25 s | 91 s | 0.196 | 1.242 |\n"
+    assert FIGURE.search(typed)
+    assert FIGURE.search("| 128 | **0.252** |\n") and FIGURE.search("| run | 6 min |\n")
+    assert not FIGURE.search("| shape | layers | 24 | 0,29 |\n")  # counts and names are not figures
 
 
 def test_every_table_of_figures_is_rendered_from_results_not_typed():

@@ -15,19 +15,18 @@ from draftnas.report.tables import (
     ablation_table,
     batched_table,
     bench_table,
-    curves_table,
     hosts_table,
     replay_table,
-    training_table,
     workloads_table,
 )
+from draftnas.report.training_tables import curves_table, heal_recipes_table, training_table
 
 MARK = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 
 RENDERERS: dict[str, Callable[[Path, Sequence[str]], list[str]]] = {
     "bench": bench_table, "workloads": workloads_table, "training": training_table,
     "replay": replay_table, "batched": batched_table, "ablation": ablation_table, "curves": curves_table,
-    "hosts": hosts_table}
+    "hosts": hosts_table, "heal_recipes": heal_recipes_table}
 
 
 def render_page(text: str, root: Path) -> str:

@@ -24,7 +24,6 @@ from typing import Any
 
 from draftnas.bench.records import PredictionCheck
 from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP
-from draftnas.drafter.distill_records import CurveCheck, TrainingCurve
 from draftnas.drafter.families import parse_drafter
 from draftnas.report.verdict import arm_of, benches_of
 
@@ -36,7 +35,8 @@ def _load(root: Path, name: str) -> Any:
     return json.loads(path.read_text("utf-8"))
 
 
-def _read(root: Path, name: str) -> dict[str, Any]:
+def read_result(root: Path, name: str) -> dict[str, Any]:
+    """The results file `name` under `root`, as JSON (one line naming it where it is not there)."""
     return dict(_load(root, name))
 
 
@@ -88,7 +88,7 @@ def bench_table(root: Path, files: Sequence[str]) -> list[str]:
     """Every arm of one bench and its paired comparisons (draftnas's loop's arms too where the bench ran
     them beside llama.cpp's)."""
     (name,) = files
-    data = _read(root, name)
+    data = read_result(root, name)
     decode_only = ENGINE_KINDS[data.get("engine") or HF].decode_only
     lines = _arm_rows(data)
     torch_arms = data.get("torch_arms")
@@ -159,7 +159,7 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
     """Per workload: llama.cpp's plain tokens/s, the lookup search's pick (predicted) and its bench in
     llama.cpp (measured), and draftnas's loop's fastest arm where benched; a bench belongs to the search
     whose held-out prompts it ran."""
-    loaded = [_read(root, f) for f in files]
+    loaded = [read_result(root, f) for f in files]
     searches = [d for d in loaded if "prices" in d]
     benches = [d for d in loaded if "arms" in d]
     lines = ["| workload | llama.cpp alone, tokens/s | lookup in llama.cpp | predicted | measured | "
@@ -194,71 +194,13 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
     return lines
 
 
-def _hosts(labels: Sequence[str]) -> str:
-    """Host labels ("CPU, N threads, load A B C") said once per host, the loads of its runs after it."""
-    loads: dict[str, list[str]] = {}
-    for label in labels:
-        host, _, load = label.partition(", load ")
-        loads.setdefault(host, [])
-        if load:
-            loads[host].append(load)
-    return "; ".join(host + (f", load {' / '.join(v)}" if v else "") for host, v in loads.items())
-
-
-def _run_name(name: str) -> str:
-    """A results file's run name: its file name without `.train.json` or `.json`."""
-    return Path(name).name.removesuffix(".json").removesuffix(".train")
-
-
-def curves_table(root: Path, files: Sequence[str]) -> list[str]:
-    """`distill curve` results: per shape, the fitted log-linear curve and its check at the largest budget
-    (a fit made without that budget, against the reading there)."""
-    lines = ["| shape | base, layers | fit: tokens/step | slope, 95% | largest budget | predicted there "
-             "| measured | error on the gain over 1 |",
-             "|---|---|---|---|---|---|---|---|"]
-    hosts = set()
-    for f in files:
-        for c in _read(root, f)["curves"]:
-            hosts.add(str(c.get("host", "")))
-            curve = TrainingCurve.from_dict(c)
-            check = c["check"]
-            interval = curve.slope_interval()
-            slope = "-" if interval is None else f"[{interval[0]:+.4f}, {interval[1]:+.4f}]" + \
-                ("" if curve.measurable_slope else ": no measurable slope")
-            lines.append(f"| {c['label']} | {c['base']}, {','.join(map(str, c['layers']))} | "
-                         f"{c['intercept']:.3f} + {c['slope']:.4f} ln T (from {c['fitted_from']:,}) | "
-                         f"{slope} | {check['tokens']:,} | {check['predicted']:.3f} | "
-                         f"{check['measured']:.3f} | {CurveCheck.from_dict(check).error:+.1%} |")
-    lines += ["", f"- tokens per step at each run's γ on held-out prompts; the check's error is on the gain "
-              f"over one token per step; {_hosts(sorted(hosts))}; from {', '.join(f'`{f}`' for f in files)}"]
-    return lines
-
-
-def training_table(root: Path, files: Sequence[str]) -> list[str]:
-    """Training runs: base, layers, budget, speed and the held-out readings before and after."""
-    lines = ["| run | base, layers | head rows | trained tokens | tokens/s | held-out top-1 | tokens/step |",
-             "|---|---|---|---|---|---|---|"]
-    hosts = set()
-    for f in files:
-        d = _read(root, f)
-        first, last = d["readings"][0], d["readings"][-1]
-        hosts.add(str(d["host"]))
-        speed = d["trained_tokens"] / max(d["train_s"], 1e-9)  # train_s: the run's, over its resumes
-        lines.append(f"| {_run_name(f)} | {d['base']}, {','.join(map(str, d['layers']))} | "
-                     f"{d['head_rows']} | {d['trained_tokens']:,} | {speed:,.0f} | "
-                     f"{first['top1_agreement']:.3f} -> {last['top1_agreement']:.3f} | "
-                     f"{first['tokens_per_step']:.3f} -> {last['tokens_per_step']:.3f} |")
-    lines += ["", f"- {_hosts(sorted(hosts))}; from {', '.join(f'`{f}`' for f in files)}"]
-    return lines
-
-
 def _counts_source(root: Path, data: dict[str, Any]) -> str:
     """Whose acceptance a replay replayed: the accepts file's pair, marked a stand-in where its target is
     not the replay's; or the stated rate."""
     if data.get("source") != "bench":
         return f"stated rate ({data.get('note') or data.get('source')}), a stand-in"
     accepts = Path(str(data.get("accepts", ""))).name
-    pair = _read(root, accepts).get("target") if (root / accepts).is_file() else None
+    pair = read_result(root, accepts).get("target") if (root / accepts).is_file() else None
     if pair is None:
         return f"recorded counts ({accepts or 'file not kept'})"
     stand_in = ", a stand-in" if pair != data["target"] else ""
@@ -272,7 +214,7 @@ def replay_table(root: Path, files: Sequence[str]) -> list[str]:
              "speedup | tokens/step |", "|---|---|---|---|---|---|---|"]
     hosts = set()
     for f in files:
-        d = _read(root, f)
+        d = read_result(root, f)
         hosts.add(f"{d['host']}, {d['dtype']}, {d['n_prompts']} prompts x {d['rounds']} rounds, "
                   f"load before {d.get('load_average_before', '')}")
         lines.append(f"| {d['target']} | {d['drafter']} ({d.get('draft_weights', 'dense')}) | "
@@ -290,7 +232,7 @@ def batched_table(root: Path, files: Sequence[str]) -> list[str]:
     """`bench --batch-size`: per batch size, the target alone and each drafter's speedup, measured beside
     predicted, and the crossover (the first batch where speculation stops paying)."""
     (name,) = files
-    d = _read(root, name)
+    d = read_result(root, name)
     labels = list(d["drafters"])
     head = " | ".join(f"{label}: measured / predicted" for label in labels)
     lines = [f"| batch | target alone, tokens/s | {head} |", "|---|---|" + "---|" * len(labels)]
@@ -354,7 +296,7 @@ def ablation_table(root: Path, files: Sequence[str]) -> list[str]:
     from draftnas.bench.records import BenchResult
 
     (name,) = files
-    data = _read(root, name)
+    data = read_result(root, name)
     return [*table_lines(BenchResult.from_dict(data)), "",
             "- tokens/s: prefill included; medians over prompts "
             "with 95% intervals", f"- {_bench_line(data, name)}"]
@@ -383,7 +325,7 @@ def hosts_table(root: Path, files: Sequence[str]) -> list[str]:
              "| fastest plain decoding there, tokens/s |", "|---|---|---|---|---|---|---|"]
     for spec in files:
         bench_name, _, plain_name = spec.partition("+")
-        data = _read(root, bench_name)
+        data = read_result(root, bench_name)
         target, best, stock = (arm_of(data, n) for n in ("target", "draftnas", "reference"))
         assert target is not None and best is not None, f"{bench_name} lacks the target or draftnas arm"
         engine = (LLAMA_CPP if data.get("engine") == LLAMA_CPP

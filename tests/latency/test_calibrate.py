@@ -92,6 +92,12 @@ def test_a_base_is_timed_beside_the_target_and_prices_the_drafters_of_its_width(
     said, flat = model.predict_ms(cut, context_tokens=128), _flat_model().predict_ms(cut, context_tokens=128)
     if abs(base_ratio - model.ratio(2)) > 0.35 * base_ratio:
         assert abs(said - flat * base_ratio) <= abs(said - flat * model.ratio(2))
+    else:  # said where it is so, not passed over in silence
+        import warnings
+
+        warnings.warn(f"the nearer-line check cannot discriminate on this host: the base's line "
+                      f"({base_ratio:.3f}) and the target's ({model.ratio(2):.3f}) lie within 35%",
+                      stacklevel=1)
 
 
 def test_a_base_is_timed_with_int8_weights_beside_its_dense_stack_and_only_in_the_static_cpu_engine():
