@@ -294,3 +294,25 @@ def hf_family(family: str) -> torch.nn.Module:
     """A tiny transformers model of `family` (llama, qwen2 or gemma3) with non-trivial norms."""
     builders = {"llama": lambda: hf_llama(TINY_ARCH), "qwen2": lambda: hf_qwen2(False), "gemma3": hf_gemma}
     return builders[family]()
+
+
+def installed_vllm():
+    """The vLLM draftnas finds here (None where none is installed)."""
+    from draftnas.models.vllm_engine import VllmError, find_vllm
+
+    try:
+        return find_vllm()
+    except VllmError:
+        return None
+
+
+def needs_vllm(test):
+    """Marks a test that runs vLLM itself: an integration test, skipped where vLLM is not installed (CI
+    installs it), saying how to install it."""
+    import pytest
+
+    reason = "vLLM is not installed for draftnas here (`draftnas engines --install vllm`)"
+    for mark in (pytest.mark.integration, pytest.mark.real_model,
+                 pytest.mark.skipif(installed_vllm() is None, reason=reason)):
+        test = mark(test)
+    return test

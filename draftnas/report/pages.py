@@ -23,10 +23,20 @@ from draftnas.report.training_tables import curves_table, heal_recipes_table, tr
 
 MARK = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 
+
+def transcript(root: Path, files: Sequence[str]) -> list[str]:
+    """A command's kept output as it printed it (a text file under `root`), in a code block."""
+    (name,) = files
+    path = root / name
+    if not path.is_file():
+        raise FileNotFoundError(f"a page cites {name}, which is not in {root}")
+    return ["```", *path.read_text("utf-8").rstrip("\n").splitlines(), "```"]
+
+
 RENDERERS: dict[str, Callable[[Path, Sequence[str]], list[str]]] = {
     "bench": bench_table, "workloads": workloads_table, "training": training_table,
     "replay": replay_table, "batched": batched_table, "ablation": ablation_table, "curves": curves_table,
-    "hosts": hosts_table, "heal_recipes": heal_recipes_table}
+    "hosts": hosts_table, "heal_recipes": heal_recipes_table, "transcript": transcript}
 
 
 def render_page(text: str, root: Path) -> str:

@@ -15,7 +15,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.options import OptionError
 from draftnas.drafter.families import parse_drafter
 from draftnas.drafter.lookup import propose_earliest_longest, replay_lookup
-from tests.helpers import tiny_llama
+from tests.helpers import needs_vllm, tiny_llama
 
 
 @pytest.fixture
@@ -121,19 +121,7 @@ def test_the_replay_by_vllms_rule_differs_from_draftnass_where_matches_repeat():
     assert sum(earliest.accepted) < sum(latest.accepted)  # vLLM's first match drafts 7, 9, 9
 
 
-def _installed():
-    from draftnas.models.vllm_engine import VllmError, find_vllm
-
-    try:
-        return find_vllm()
-    except VllmError:
-        return None
-
-
-@pytest.mark.integration
-@pytest.mark.real_model
-@pytest.mark.skipif(_installed() is None, reason="vLLM is not installed for draftnas here "
-                                                 "(`draftnas engines --install vllm`)")
+@needs_vllm
 def test_a_real_vllm_bench_is_lossless_and_its_acceptance_is_replayed():
     """SmolLM2-135M in vLLM, its own weights as the draft model and lookup beside it, 2 prompts x 24 tokens:
     every output equals the target alone's, the draft model's drafts are all accepted, and vLLM's accepted
@@ -155,10 +143,7 @@ def test_a_real_vllm_bench_is_lossless_and_its_acceptance_is_replayed():
     assert any("largest difference" in line for line in position_lines(result))
 
 
-@pytest.mark.integration
-@pytest.mark.real_model
-@pytest.mark.skipif(_installed() is None, reason="vLLM is not installed for draftnas here "
-                                                 "(`draftnas engines --install vllm`)")
+@needs_vllm
 def test_a_real_vllm_batch_bench_runs_b_requests_at_once_losslessly():
     from draftnas.bench.vllm_batched import run_vllm_batch_sizes
     from draftnas.core.prompts import Prompt

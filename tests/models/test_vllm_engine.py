@@ -10,6 +10,7 @@ import stat
 import pytest
 
 from draftnas.models.vllm_engine import INSTALL_HINT, VllmError, check_version, find_vllm, vllm_root
+from tests.helpers import installed_vllm, needs_vllm
 
 
 def _fake_python(tmp_path, body: str):
@@ -53,16 +54,7 @@ def test_an_install_is_found_through_its_stamp(tmp_path, monkeypatch):
     assert (str(found.python), found.version, found.device) == ("/x/python", "0.32.0", "cpu")
 
 
-def _installed():
-    try:
-        return find_vllm()
-    except VllmError:
-        return None
-
-
-@pytest.mark.integration
-@pytest.mark.real_model
-@pytest.mark.skipif(_installed() is None, reason=f"vLLM is not installed for draftnas here ({INSTALL_HINT})")
+@needs_vllm
 def test_the_families_vllm_settings_run_lossless_in_vllm_with_counters():
     """SmolLM2-135M in vLLM (fp32, greedy): alone, with the lookup family's config and with the model
     family's (the target as its own drafter, so every draft is accepted): the same tokens each time, and
@@ -73,7 +65,7 @@ def test_the_families_vllm_settings_run_lossless_in_vllm_with_counters():
     from draftnas.models.sources import ensure_local_folder
     from draftnas.models.vllm_engine import run_vllm
 
-    vllm = _installed()
+    vllm = installed_vllm()
     assert vllm is not None
     folder = str(ensure_local_folder("smollm2-135m")[1])
     tokenizer = AutoTokenizer.from_pretrained(folder)
