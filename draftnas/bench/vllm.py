@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from draftnas.acceptance.accepts import walk_accepts
 from draftnas.bench.arms import MAIN, reference_label
 from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, BenchResult
 from draftnas.bench.request_records import BenchOptions
@@ -175,18 +174,25 @@ def run_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: 
     arms, kept, encoded, job = plan.arms, plan.prompts, plan.encoded, plan.job
     rows: list[BenchPrompt] = []
     per_pos: dict[str, list[int]] = {a.name: [] for a in arms}
+    # the target alone's first run also decodes each prompt past the budget, untimed: a step near the end
+    # drafts past it in vLLM, and the replay needs the tokens those drafts meet there
+    extended: list[list[int]] = []
     for r in range(options.rounds):
         done = {}
         for a in arms[r % len(arms):] + arms[:r % len(arms)]:
             log.info("vLLM round %d: %s %s", r + 1, a.name, json.dumps(a.config))
-            done[a.name] = _runs(a, run_vllm(vllm, job | {"speculative_config": a.config}))
+            extend = max(x.gamma for x in arms) + 1 if a.config is None and not extended else 0
+            out = run_vllm(vllm, job | {"speculative_config": a.config, "extend": extend})
+            extended = extended or out.get("extended") or []
+            done[a.name] = _runs(a, out)
             if progress:
                 progress(r * len(arms) + len(done), options.rounds * len(arms))
         rows += _rows(arms, kept, encoded, done, r)
         for a in arms:
             per_pos[a.name] = _summed(per_pos[a.name], [pos for _, _, pos in done[a.name]])
-    plain = [tokens for _, tokens, _ in done[TARGET]]
-    results = tuple(_arm_result(a, rows, per_pos[a.name], _replayed(a, encoded, plain)) for a in arms)
+    budget = options.max_new_tokens
+    results = tuple(_arm_result(a, rows, per_pos[a.name], _replayed(a, encoded, extended, budget))
+                    for a in arms)
     return BenchResult(
         target=target, drafters={a.name: a.drafter.text for a in arms if a.drafter is not None},
         gamma=options.gamma, temperature=0.0, max_new_tokens=options.max_new_tokens, n_prompts=len(kept),
@@ -221,20 +227,22 @@ def _rates(counts: Sequence[int]) -> tuple[float, ...]:
     return tuple(a / counts[-1] for a in counts[:-1]) if counts and counts[-1] else ()
 
 
-def _replayed(arm: VllmArm, encoded: Sequence[Sequence[int]], plain: Sequence[Sequence[int]]) -> list[int]:
-    """draftnas's replay of the arm's requests over the target alone's outputs: accepted per position and
-    the steps that drafted (last); empty for the target alone."""
+def _replayed(arm: VllmArm, encoded: Sequence[Sequence[int]], extended: Sequence[Sequence[int]],
+              budget: int) -> list[int]:
+    """draftnas's replay of the arm's requests over the target alone's outputs (`extended` past the
+    `budget` of new tokens: vLLM's last step drafts past it): accepted per position and the steps that
+    drafted (last); empty for the target alone."""
     if arm.drafter is None or arm.config is None:
         return []
     gamma, lookup = arm.gamma, arm.drafter.lookup
     counts = [0] * (gamma + 1)
     model = None if lookup is not None else load_model(arm.folder).model
-    for prompt, answer in zip(encoded, plain, strict=True):
+    for prompt, answer in zip(encoded, extended, strict=True):
         if lookup is not None:
-            replay = replay_lookup(prompt, answer, lookup.n, lookup.m, rule="earliest-longest")
+            replay = replay_lookup(prompt, answer, lookup.n, lookup.m, rule="earliest-longest", budget=budget)
             steps = list(zip(replay.accepted, replay.drafted, strict=True))
         else:
-            steps = _model_steps(model, prompt, answer, gamma)
+            steps = _model_steps(model, prompt, answer, gamma, budget)
         for accepted, drafted in steps:
             if drafted:
                 counts[-1] += 1
@@ -243,18 +251,25 @@ def _replayed(arm: VllmArm, encoded: Sequence[Sequence[int]], plain: Sequence[Se
     return counts
 
 
-def _model_steps(model: Any, prompt: Sequence[int], answer: Sequence[int], gamma: int
+def _model_steps(model: Any, prompt: Sequence[int], answer: Sequence[int], gamma: int, budget: int
                  ) -> list[tuple[int, int]]:
-    """(accepted, drafted) per step of a model drafter over the target's greedy `answer`: one teacher-forced
-    pass gives its argmax after each prefix; after the prefill each step drafts γ (exact for greedy)."""
+    """(accepted, drafted) per step of a model drafter over the target's greedy `answer` (which runs past
+    the `budget` of new tokens): one teacher-forced pass gives its argmax after each prefix; after the
+    prefill each step drafts γ, steps go on until the budget is reached (exact for greedy)."""
     import torch
 
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([list(prompt) + list(answer)])).logits[0]
     guesses = logits[len(prompt):len(prompt) + len(answer) - 1].argmax(-1).tolist()  # after answer[:j+1]
     agree = [float(g == t) for g, t in zip(guesses, answer[1:], strict=True)]
-    accepted, drafted = walk_accepts(agree, gamma, len(agree) + gamma + 1)
-    return list(zip(accepted, drafted, strict=True))
+    steps, t = [], 0
+    while t < budget - 1:  # the prefill emitted answer[0]; a step at t drafts γ and emits accepted + 1
+        k = 0
+        while k < gamma and t + k < len(agree) and agree[t + k] > 0.5:
+            k += 1
+        steps.append((k, gamma))
+        t += k + 1
+    return steps
 
 
 def _arm_result(arm: VllmArm, rows: Sequence[BenchPrompt], counts: Sequence[int], replayed: Sequence[int]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Record
@@ -160,12 +161,16 @@ class LookupReplay(Record):
         return len(self.drafted)
 
 
-def replay_lookup(prompt: Sequence[int], answer: Sequence[int], n: int, m: int, rule: str = "latest"
-                  ) -> LookupReplay:
+def replay_lookup(prompt: Sequence[int], answer: Sequence[int], n: int, m: int, rule: str = "latest",
+                  budget: int | None = None) -> LookupReplay:
     """Exactly what greedy speculative decoding with lookup drafts does over the target's own `answer`:
     each step drafts from the history by `rule` (`RULES`), accepts the drafts equal to the answer's next
-    tokens, and emits those plus the target's token (never past the answer's end)."""
+    tokens, and emits those plus the target's token (never past the answer's end). With a `budget` of new
+    tokens shorter than the answer, steps stop at the budget and drafts are not cut at it (vLLM drafts
+    past its `max_tokens`; the answer's tokens after the budget are what those drafts meet)."""
     draft_by = RULES[rule]
+    if budget is not None:
+        return _replay_to_budget(draft_by, prompt, answer, n, m, budget)
     history = list(prompt) + list(answer[:1])  # the prefill emits the answer's first token
     done, drafted, accepted = min(1, len(answer)), [], []
     while done < len(answer):
@@ -178,3 +183,19 @@ def replay_lookup(prompt: Sequence[int], answer: Sequence[int], n: int, m: int, 
         history += answer[done:done + k + 1]
         done += k + 1
     return LookupReplay(drafted=tuple(drafted), accepted=tuple(accepted), new_tokens=len(answer))
+
+
+def _replay_to_budget(draft_by: Any, prompt: Sequence[int], answer: Sequence[int], n: int, m: int,
+                      budget: int) -> LookupReplay:
+    history = list(prompt) + list(answer[:1])
+    done, drafted, accepted = min(1, len(answer)), [], []
+    while done < min(budget, len(answer)):
+        draft = draft_by(history, n, m)
+        k = 0
+        while k < len(draft) and done + k < len(answer) and draft[k] == answer[done + k]:
+            k += 1
+        drafted.append(len(draft))
+        accepted.append(k)
+        history += answer[done:done + k + 1]
+        done += k + 1
+    return LookupReplay(drafted=tuple(drafted), accepted=tuple(accepted), new_tokens=min(budget, len(answer)))

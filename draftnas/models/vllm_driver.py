@@ -3,11 +3,12 @@ request by request, and vLLM's speculative-decoding counters. `python vllm_drive
 
 The job (JSON): model (a folder), dtype, prompts (lists of token ids), max_tokens, rounds, seed,
 speculative_config (or null), max_model_len, kv_cache_gb, enforce_eager, batches (default [1]: each prompt
-alone, one request at a time; B > 1: B prompts cycled from the list, submitted together). The output:
+alone, one request at a time; B > 1: B prompts cycled from the list, submitted together), extend (after
+the timed requests, each prompt once more, untimed, with this many more tokens). The output:
 vLLM's version, the load seconds, per round each group's batch, new token ids per sequence, seconds and the
 engine's counters it added (drafts, draft tokens, accepted tokens, accepted per draft position), and the
-counters over all measured requests. Greedy (temperature 0); prefix caching off, so a repeated prompt is
-computed again.
+counters over all measured requests, and the extended outputs. Greedy (temperature 0); prefix caching
+off, so a repeated prompt is computed again.
 """
 
 from __future__ import annotations
@@ -58,10 +59,17 @@ def main(job_path: str, out_path: str) -> None:
             runs.append({"batch": len(group), "seconds": seconds, "counters": _delta(_counters(llm), was),
                          "tokens": [list(o.outputs[0].token_ids) for o in outs]})
         rounds.append(runs)
-    after = _counters(llm)
+    totals = _delta(_counters(llm), before)
+    extended = []
+    if job.get("extend"):  # untimed: each prompt with `extend` more tokens (what drafts past the end meet)
+        longer = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"] + job["extend"],
+                                ignore_eos=job.get("ignore_eos", False))
+        outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]], longer,
+                            use_tqdm=False)
+        extended = [list(o.outputs[0].token_ids) for o in outs]
     with open(out_path, "w") as f:
-        totals = _delta(after, before)
-        json.dump({"vllm": __version__, "load_s": load_s, "rounds": rounds, "counters": totals}, f)
+        json.dump({"vllm": __version__, "load_s": load_s, "rounds": rounds, "counters": totals,
+                   "extended": extended}, f)
 
 
 def _groups(prompts: list, batches: list) -> list:
