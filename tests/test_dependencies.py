@@ -21,10 +21,15 @@ tomllib = pytest.importorskip("tomllib")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: Scripts that run in another engine's own environment (vLLM's virtualenv, made by `draftnas engines
+#: --install vllm`), never in draftnas's: what they import is that environment's.
+OTHER_ENVIRONMENTS = {"vllm_driver.py"}
+
+
 def _imported_modules(folder: Path) -> dict[str, set[str]]:
     """Top-level module name -> files that import it (absolute imports only)."""
     found: dict[str, set[str]] = {}
-    for path in sorted(folder.rglob("*.py")):
+    for path in sorted(p for p in folder.rglob("*.py") if p.name not in OTHER_ENVIRONMENTS):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -72,6 +77,23 @@ def test_the_package_imports_only_declared_distributions() -> None:
 def test_tests_and_benchmarks_import_only_declared_or_dev_distributions() -> None:
     declared = _declared(("dev",))
     assert _undeclared(ROOT / "tests", declared) + _undeclared(ROOT / "benchmarks", declared) == []
+
+
+def test_a_script_for_another_environment_imports_only_the_stdlib_and_that_engine() -> None:
+    """vLLM's driver runs in vLLM's virtualenv, which has no draftnas: it imports the standard library and
+    vllm alone."""
+    (driver,) = [p for p in (ROOT / "draftnas").rglob("*.py") if p.name in OTHER_ENVIRONMENTS]
+    assert {m for m in _modules_of(driver) if m not in sys.stdlib_module_names} == {"vllm"}
+
+
+def _modules_of(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out
 
 
 def test_the_checker_catches_an_undeclared_import(tmp_path: Path) -> None:

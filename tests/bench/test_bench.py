@@ -155,7 +155,7 @@ def test_first_divergence_and_its_margin_are_reported():
 
 def test_bad_device_dtype_or_engine_is_one_message():
     with pytest.raises(InvalidInputError, match="device must be.*dtype must be.*engine must be"):
-        BenchOptions(device="tpu", dtype="int4", engine="vllm").validate()
+        BenchOptions(device="tpu", dtype="int4", engine="sglang").validate()
 
 
 def test_sampling_bench_runs_without_a_lossless_claim(tiny_pair):
