@@ -15,7 +15,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.options import OptionError
 from draftnas.drafter.families import parse_drafter
 from draftnas.drafter.lookup import propose_earliest_longest, replay_lookup
-from tests.helpers import needs_vllm, tiny_llama
+from tests.helpers import installed_vllm, needs_vllm, tiny_llama
 
 
 @pytest.fixture
@@ -143,6 +143,7 @@ def test_a_real_vllm_bench_is_lossless_and_its_acceptance_is_replayed():
                Prompt(id="p1", domain="code", text="Write def add(a, b): return a + b three times.")]
     options = BenchOptions(engine="vllm", gamma=3, max_new_tokens=24, rounds=1, lookup="lookup:n=2,m=3")
     result = run_vllm_bench("smollm2-135m", "smollm2-135m", prompts, options.validate())
+    assert result.versions == {"vllm": installed_vllm().version}
     draft, lookup = result.arm("draftnas"), result.arm(LOOKUP)
     assert draft.exact_match_rate == lookup.exact_match_rate == 1.0
     assert draft.accepted_per_position == draft.predicted_accepted_per_position == (1.0, 1.0, 1.0)
