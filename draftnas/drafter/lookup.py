@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Record
@@ -169,28 +168,13 @@ def replay_lookup(prompt: Sequence[int], answer: Sequence[int], n: int, m: int, 
     tokens shorter than the answer, steps stop at the budget and drafts are not cut at it (vLLM drafts
     past its `max_tokens`; the answer's tokens after the budget are what those drafts meet)."""
     draft_by = RULES[rule]
-    if budget is not None:
-        return _replay_to_budget(draft_by, prompt, answer, n, m, budget)
+    end = len(answer) if budget is None else min(budget, len(answer))
     history = list(prompt) + list(answer[:1])  # the prefill emits the answer's first token
     done, drafted, accepted = min(1, len(answer)), [], []
-    while done < len(answer):
-        draft = draft_by(history, n, m)[: len(answer) - done - 1]
-        k = 0
-        while k < len(draft) and draft[k] == answer[done + k]:
-            k += 1
-        drafted.append(len(draft))
-        accepted.append(k)
-        history += answer[done:done + k + 1]
-        done += k + 1
-    return LookupReplay(drafted=tuple(drafted), accepted=tuple(accepted), new_tokens=len(answer))
-
-
-def _replay_to_budget(draft_by: Any, prompt: Sequence[int], answer: Sequence[int], n: int, m: int,
-                      budget: int) -> LookupReplay:
-    history = list(prompt) + list(answer[:1])
-    done, drafted, accepted = min(1, len(answer)), [], []
-    while done < min(budget, len(answer)):
+    while done < end:
         draft = draft_by(history, n, m)
+        if budget is None:  # drafts cut at the answer's end, as draftnas's loop cuts them at its budget
+            draft = draft[: len(answer) - done - 1]
         k = 0
         while k < len(draft) and done + k < len(answer) and draft[k] == answer[done + k]:
             k += 1
@@ -198,4 +182,4 @@ def _replay_to_budget(draft_by: Any, prompt: Sequence[int], answer: Sequence[int
         accepted.append(k)
         history += answer[done:done + k + 1]
         done += k + 1
-    return LookupReplay(drafted=tuple(drafted), accepted=tuple(accepted), new_tokens=min(budget, len(answer)))
+    return LookupReplay(drafted=tuple(drafted), accepted=tuple(accepted), new_tokens=end)

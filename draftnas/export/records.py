@@ -103,7 +103,7 @@ class ExportRequest(Record):
         True, flag="--full-head/--no-full-head",
         help="A reduced-head drafter also gets a plain full-vocabulary copy in full-head/: the folder vLLM "
              "and plain transformers load with no remote code (vLLM refuses custom code; as large as the "
-             "base). On by default, so every export loads in every engine.")
+             "base). On by default, so an export loads in vLLM and plain transformers too.")
     format: str = option(
         "hf", choices=EXPORT_FORMATS,
         help="hf: the Hugging Face folder alone. gguf: also <out>/<name>-<quant>.gguf, a file llama.cpp "

