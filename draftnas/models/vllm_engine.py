@@ -89,9 +89,12 @@ def find_vllm(python: str | Path | None = None) -> Vllm:
             raise VllmError(f"vLLM is not installed for draftnas here: `{INSTALL_HINT}` installs it")
         info = json.loads(stamp.read_text())
         return Vllm(Path(info["python"]), check_version(info["version"]), info["device"])
-    probe = subprocess.run([str(given), "-c", "import vllm, torch; print(vllm.__version__); "
-                            "print('cuda' if torch.cuda.is_available() else 'cpu')"],
-                           capture_output=True, text=True, check=False)
+    try:
+        probe = subprocess.run([str(given), "-c", "import vllm, torch; print(vllm.__version__); "
+                                "print('cuda' if torch.cuda.is_available() else 'cpu')"],
+                               capture_output=True, text=True, check=False)
+    except OSError as e:
+        raise VllmError(f"{given} does not run ({e.strerror}); `{INSTALL_HINT}` installs vLLM") from None
     if probe.returncode != 0:
         raise VllmError(f"{given} cannot import vllm ({_last_line(probe.stderr)}); `{INSTALL_HINT}` "
                         "installs it")

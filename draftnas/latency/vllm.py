@@ -1,0 +1,365 @@
+"""vLLM as a latency source: the target's and the drafters' forward passes and vLLM's own work per step, timed
+inside vLLM's engine process, and the model the search prices vLLM drafters with.
+
+One speculative step of vLLM's `draft_model` proposer (0.32, read from its forwards as timed here): the
+target verifies γ + 1 tokens per sequence in one forward and its head scores all of them; the drafter reads
+the verified positions in one forward (γ + 2 tokens per sequence, `catch_up_tokens` = 2), which drafts the
+first token, then drafts the rest one forward each (γ forwards in all, each with its head over one row a
+sequence). So at batch B a step costs
+
+    overhead_spec(B) + T(B(γ + 1)) + H(B(γ + 1)) + D(B(γ + c)) + (γ - 1) D(B) + γ h(B)
+
+and a plain step overhead_plain(B) + T(B) + H(B), where T(n) and D(n) are the target's and the drafter's
+forward over n tokens (vLLM's forward stops at the last hidden states), H(r) and h(r) their heads
+(`compute_logits`) over r rows, and the overheads are the rest of a step's wall time (scheduling, sampling,
+rejection, bookkeeping), measured per batch size as (a request group's seconds - its forwards) / its steps.
+
+An `ngram` (lookup) step drafts at no model's cost: overhead_ngram(B) + T(B(k + 1)) + H(B(k + 1)) for the k
+tokens it found to draft (0 where it found no match).
+
+The calibration starts four engines (`models.vllm_driver` with `time_forwards`): the target alone at
+batch 1..B, the target with the base as its `draft_model` at γ, the target with `ngram` lookup at γ, and the
+base cut to two layers alone, so a drafter of the base's width at any depth is priced from the line through
+the depths timed. vLLM's CPU build
+has no synthetic acceptance (its CPU sampler asserts against `rejection_sample_method: synthetic`), so the
+drafts are real; the forwards are timed by the tokens they read, which acceptance does not change (a verify
+reads γ + 1 tokens per sequence whatever was accepted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from draftnas.core.engines import VLLM
+from draftnas.core.errors import InfeasibleCandidateError
+from draftnas.core.machine import cpu_identity
+from draftnas.core.records import CpuIdentity, Record, write_json_file
+from draftnas.core.registry import Architecture
+from draftnas.models.sources import state_dir
+from draftnas.models.vllm_engine import Vllm, run_vllm
+
+log = logging.getLogger(__name__)
+SHALLOW = 2  # the depth of the base cut timed beside its full depth
+WIDTHS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+
+
+@dataclass(frozen=True)
+class VllmCalibration(Record):
+    """vLLM timed on this host: ms per forward by the tokens it read (the target's; the base's per depth),
+    ms per head by the rows it scored (the target's; the base's, the same at every depth), vLLM's own ms per
+    step beyond them by batch size (plain and speculative steps), and how many tokens per sequence beyond γ
+    the drafter's first forward of a step reads."""
+
+    engine: str
+    version: str
+    device: str
+    cpu: CpuIdentity
+    threads: int
+    target: str
+    base: str
+    gamma: int
+    batches: tuple[int, ...]
+    prompt_tokens: int
+    target_ms: dict[int, float]
+    target_head_ms: dict[int, float]
+    drafter_ms: dict[int, dict[int, float]]
+    drafter_head_ms: dict[int, float]
+    plain_overhead_ms: dict[int, float]
+    spec_overhead_ms: dict[int, float]
+    catch_up_tokens: int
+    ngram_overhead_ms: dict[int, float] = field(default_factory=dict)
+    forwards: int = 0  # forwards timed in all
+    wall_s: float = 0.0
+    timed_at: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class TimedRun:
+    """One request group of a timing job: its batch, seconds, and forwards ([model, tokens, seconds])."""
+
+    batch: int
+    seconds: float
+    forwards: list[list]
+
+    @property
+    def steps(self) -> int:
+        return sum(1 for role, _, _ in self.forwards if role == "target")
+
+    def overhead_ms(self) -> float:
+        """vLLM's own ms per step: the group's wall time less its forwards, over its steps."""
+        return 1000 * (self.seconds - sum(s for _, _, s in self.forwards)) / max(1, self.steps)
+
+
+def timed_runs(result: dict) -> list[TimedRun]:
+    """The request groups of a driver result run with `time_forwards`."""
+    return [TimedRun(int(r["batch"]), float(r["seconds"]), r.get("forwards") or [])
+            for rnd in result["rounds"] for r in rnd]
+
+
+def forward_ms(runs: Sequence[TimedRun], role: str) -> dict[int, float]:
+    """Median ms of `role`'s forwards by the tokens they read."""
+    by: dict[int, list[float]] = {}
+    for run in runs:
+        for who, tokens, seconds in run.forwards:
+            if who == role and tokens > 0:
+                by.setdefault(int(tokens), []).append(1000 * float(seconds))
+    return {n: round(statistics.median(v), 3) for n, v in sorted(by.items())}
+
+
+def overhead_by_batch(runs: Sequence[TimedRun]) -> dict[int, float]:
+    """Median ms of vLLM's own work per step, by the batch the group was submitted at."""
+    by: dict[int, list[float]] = {}
+    for run in runs:
+        if run.steps:
+            by.setdefault(run.batch, []).append(run.overhead_ms())
+    return {b: round(max(0.0, statistics.median(v)), 3) for b, v in sorted(by.items())}
+
+
+def catch_up_tokens(runs: Sequence[TimedRun], gamma: int) -> int:
+    """Tokens per sequence beyond γ that the drafter's first forward after a verify reads (the most common
+    over the verify steps whose sequences can be counted)."""
+    seen: Counter[int] = Counter()
+    for run in runs:
+        f = [x for x in run.forwards if not x[0].endswith("-logits")]
+        for i, (role, tokens, _) in enumerate(f[:-1]):
+            if role == "target" and tokens % (gamma + 1) == 0 and f[i + 1][0] == "draft":
+                sequences = tokens // (gamma + 1)
+                if f[i + 1][1] % sequences == 0 and sequences <= run.batch:
+                    seen[f[i + 1][1] // sequences - gamma] += 1
+    if not seen:
+        raise InfeasibleCandidateError("vLLM's speculative run timed no verify step followed by a draft")
+    return seen.most_common(1)[0][0]
+
+
+def piecewise(points: dict[int, float], x: float) -> float:
+    """`points` joined by straight lines, extended past the last two (and held below the first)."""
+    xs = sorted(points)
+    if len(xs) == 1 or x <= xs[0]:
+        return points[xs[0]]
+    if x <= xs[-1]:
+        return float(np.interp(x, xs, [points[k] for k in xs]))
+    a, b = xs[-2], xs[-1]
+    return points[b] + (points[b] - points[a]) / (b - a) * (x - b)
+
+
+def calibrate_vllm(vllm: Vllm, target: Path, base: Path, base_arch: Architecture, prompts: list[list[int]],
+                   batches: Sequence[int], gamma: int, threads: int, new_tokens: int = 16, rounds: int = 2,
+                   progress: Callable[[int, int], None] | None = None) -> VllmCalibration:
+    """Time the target alone, the target drafting with `base` at `gamma`, and `base` cut to two layers
+    alone, each at every batch in `batches` over `prompts` (`new_tokens` a request, end-of-sequence
+    ignored), inside vLLM's engine process."""
+    started = time.perf_counter()
+    cut = _cut(base, base_arch, SHALLOW) if base_arch.num_hidden_layers > SHALLOW else None
+    job = {"dtype": "float32", "prompts": prompts, "max_tokens": new_tokens, "rounds": rounds, "seed": 0,
+           "ignore_eos": True, "time_forwards": True, "batches": list(batches),
+           "max_model_len": max(len(p) for p in prompts) + new_tokens + gamma + 64, "kv_cache_gb": 2}
+    spec = {"method": "draft_model", "model": str(base), "num_speculative_tokens": gamma}
+    ngram = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+             "num_speculative_tokens": gamma}
+    jobs = [("target", job | {"model": str(target), "speculative_config": None}),
+            ("speculative", job | {"model": str(target), "speculative_config": spec}),
+            ("ngram", job | {"model": str(target), "speculative_config": ngram})]
+    if cut is not None:
+        jobs.append(("cut", job | {"model": str(cut), "speculative_config": None}))
+    results: dict[str, dict] = {}
+    try:
+        for done, (name, one) in enumerate(jobs):
+            if progress:
+                progress(done, len(jobs))
+            log.info("timing in vLLM: %s", name)
+            results[name] = run_vllm(vllm, one, threads=threads)
+    finally:
+        if cut is not None:
+            _remove(cut)
+    if progress:
+        progress(len(jobs), len(jobs))
+    plain, speculative = timed_runs(results["target"]), timed_runs(results["speculative"])
+    drafters = {base_arch.num_hidden_layers: forward_ms(speculative, "draft")}
+    if cut is not None:
+        drafters[SHALLOW] = forward_ms(timed_runs(results["cut"]), "target")
+    lookup = timed_runs(results["ngram"])
+    target_ms = forward_ms([*plain, *speculative, *lookup], "target")
+    heads = forward_ms(speculative, "draft-logits")
+    return VllmCalibration(
+        engine=VLLM, version=results["target"]["vllm"], device=vllm.device, cpu=cpu_identity(),
+        threads=threads, target=str(target), base=base_arch.name, gamma=gamma, batches=tuple(batches),
+        prompt_tokens=round(statistics.mean(len(p) for p in prompts)), target_ms=target_ms,
+        target_head_ms=forward_ms([*plain, *speculative, *lookup], "target-logits"), drafter_ms=drafters,
+        drafter_head_ms=heads, plain_overhead_ms=overhead_by_batch(plain),
+        spec_overhead_ms=overhead_by_batch(speculative), catch_up_tokens=catch_up_tokens(speculative, gamma),
+        ngram_overhead_ms=overhead_by_batch(lookup),
+        forwards=sum(len(r.forwards) for res in results.values() for r in timed_runs(res)),
+        wall_s=round(time.perf_counter() - started, 1), timed_at=time.strftime("%Y-%m-%d %H:%M"))
+
+
+def _cut(base: Path, arch: Architecture, layers: int) -> Path:
+    """A folder vLLM loads: `base`'s first `layers` layers (its config and tokenizer files beside them),
+    under the state folder; removed once timed."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    out = state_dir() / "vllm-cuts" / f"{arch.name}-{layers}L"
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for path in sorted(base.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open has keys(), not iteration)
+                parts = key.split(".")
+                if "layers" in parts and int(parts[parts.index("layers") + 1]) >= layers:
+                    continue
+                tensors[key] = f.get_tensor(key)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((base / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    for key in ("layer_types", "max_window_layers"):
+        if isinstance(config.get(key), list):
+            config[key] = config[key][:layers]
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for extra in base.iterdir():
+        if extra.suffix in (".json", ".jinja", ".txt", ".model") and extra.name != "config.json" \
+                and not extra.name.endswith(".index.json"):
+            (out / extra.name).write_bytes(extra.read_bytes())
+    return out
+
+
+def _remove(folder: Path) -> None:
+    for f in folder.iterdir():
+        f.unlink()
+    folder.rmdir()
+
+
+def store_path(request: dict[str, object]) -> Path:
+    """Where the vLLM calibration for `request` (host, vLLM, files, batches, γ) is kept."""
+    text = json.dumps(request, sort_keys=True, default=str)
+    return state_dir() / "calibrations" / f"vllm-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+
+
+def stored_or_calibrated(path: Path, calibrate: Callable[[], VllmCalibration]) -> tuple[VllmCalibration, str]:
+    """The calibration stored at `path` (same host, vLLM, files and settings), else a new one stored there.
+    Returns it and where it came from."""
+    if path.is_file():
+        try:
+            stored = VllmCalibration.from_dict(json.loads(path.read_text()))
+            return stored, (f"stored vLLM calibration {path} reused (timed {stored.timed_at}; delete it to "
+                            "time again)")
+        except (ValueError, KeyError, TypeError):
+            log.info("stored vLLM calibration %s unreadable; timing again", path)
+    calibration = calibrate()
+    write_json_file(path, calibration.to_dict())
+    return calibration, f"vLLM calibration stored in {path}"
+
+
+class VllmModel:
+    """Prices shapes in vLLM from a `VllmCalibration`; `predict_ms` has `LatencyModel`'s signature. The
+    target's shape reads the target's forwards; any other is a drafter of the base's width, priced from the
+    line through the depths timed. A reduced draft head is priced at the full vocabulary: vLLM loads the
+    export's full-head copy (`export --full-head`), not its custom head."""
+
+    def __init__(self, calibration: VllmCalibration, target: Architecture, base: Architecture) -> None:
+        self.calibration, self.target, self.base = calibration, target, base
+
+    @property
+    def max_batch_size(self) -> int:
+        return max(self.calibration.batches)
+
+    def timed_batches(self) -> tuple[int, ...]:
+        return tuple(b for b in self.calibration.batches if b > 1)
+
+    def for_weights(self, weights: str) -> VllmModel:
+        if weights != "dense":
+            raise InfeasibleCandidateError(f"{weights} drafters: vLLM runs draft models dense (fp32 here)")
+        return self
+
+    def _drafter_ms(self, arch: Architecture, tokens: float) -> float:
+        if any(getattr(arch, w) != getattr(self.base, w) for w in WIDTHS):
+            raise InfeasibleCandidateError(f"vLLM was timed here with drafters of {self.base.name}'s full "
+                                           f"width and vocabulary only; {arch.name} differs")
+        at = {depth: piecewise(points, tokens) for depth, points in self.calibration.drafter_ms.items()}
+        if len(at) == 1:
+            return next(iter(at.values()))
+        (d0, m0), (d1, m1) = sorted(at.items())[0], sorted(at.items())[-1]
+        return m0 + (m1 - m0) / (d1 - d0) * (arch.num_hidden_layers - d0)
+
+    def predict_ms(self, arch: Architecture, *, batch_size: int = 1, new_tokens: int = 1,
+                   context_tokens: int = 128, head_vocab_size: int | None = None) -> float:
+        """The target: a step's forward, its head and vLLM's own work for that step (a verify of k > 1
+        tokens a sequence scores every one and carries the speculative step's work; a prefill,
+        `context_tokens` 0, scores one row a sequence and carries the plain step's). A drafter: its one-token
+        forward and head over the batch."""
+        c = self.calibration
+        tokens = batch_size * new_tokens
+        if arch.with_shape(name="") == self.target.with_shape(name=""):
+            spec = new_tokens > 1 and context_tokens > 0
+            overhead = piecewise(c.spec_overhead_ms if spec else c.plain_overhead_ms, batch_size)
+            head = piecewise(c.target_head_ms, tokens if spec else batch_size)
+            return piecewise(c.target_ms, tokens) + head + overhead
+        return self._drafter_ms(arch, tokens) + piecewise(c.drafter_head_ms, batch_size)
+
+    def drafter_batch_ms(self, arch: Architecture, tokens: int, batch_size: int = 1) -> float:
+        """What the drafter's first forward of a step costs beyond a one-token one: it reads the `tokens` the
+        target verified and `catch_up_tokens` - 1 more per sequence (its head still scores one row each)."""
+        c = self.calibration
+        first = self._drafter_ms(arch, batch_size * (tokens - 1 + c.catch_up_tokens))
+        return first - self._drafter_ms(arch, batch_size)
+
+    def _target_step_ms(self, tokens: int, overhead: dict[int, float], prefill: bool = False) -> float:
+        """One sequence's target forward over `tokens`, its head (one row for a prefill, each token
+        otherwise) and vLLM's own work (`overhead`)."""
+        c = self.calibration
+        return (piecewise(c.target_ms, tokens) + piecewise(c.target_head_ms, 1 if prefill else tokens)
+                + piecewise(overhead, 1))
+
+    def plain_request_ms(self, prompt_tokens: int, new_tokens: int) -> float:
+        """One request decoded by the target alone: its prefill (which gives the first token), then a step a
+        token."""
+        c = self.calibration
+        return (self._target_step_ms(prompt_tokens, c.plain_overhead_ms, prefill=True)
+                + (new_tokens - 1) * self._target_step_ms(1, c.plain_overhead_ms))
+
+    def model_request_ms(self, drafter: Architecture, prompt_tokens: int, gamma: int, steps: int) -> float:
+        """One request with a model drafter at `gamma` over `steps` verify steps: the prefill, where the
+        drafter reads the prompt and the first token and drafts γ, then each step's verify of γ + 1, the
+        drafter's catch-up and its γ drafts, with vLLM's speculative work per step."""
+        c = self.calibration
+        head = piecewise(c.drafter_head_ms, 1)
+        drafts_after = (gamma - 1) * self._drafter_ms(drafter, 1) + gamma * head
+        first = (self._target_step_ms(prompt_tokens, c.spec_overhead_ms, prefill=True)
+                 + self._drafter_ms(drafter, prompt_tokens + 1) + drafts_after)
+        step = (self._target_step_ms(gamma + 1, c.spec_overhead_ms)
+                + self._drafter_ms(drafter, gamma + c.catch_up_tokens) + drafts_after)
+        return first + steps * step
+
+    def lookup_request_ms(self, prompt_tokens: int, drafted: Sequence[int]) -> float:
+        """One request with n-gram lookup: the prefill, then a step per entry of `drafted` (the tokens each
+        step drafted, 0 where lookup found no match) verifying them and one more."""
+        c = self.calibration
+        overhead = c.ngram_overhead_ms or c.spec_overhead_ms
+        return (self._target_step_ms(prompt_tokens, overhead, prefill=True)
+                + sum(self._target_step_ms(k + 1, overhead) for k in drafted))
+
+    def summary(self) -> str:
+        c = self.calibration
+        decode = piecewise(c.target_ms, 1) + piecewise(c.target_head_ms, 1)
+        verify = piecewise(c.target_ms, c.gamma + 1) + piecewise(c.target_head_ms, c.gamma + 1)
+        head = piecewise(c.drafter_head_ms, 1)
+        drafts = ", ".join(f"{d}L {piecewise(p, 1) + head:.1f}" for d, p in sorted(c.drafter_ms.items()))
+        return (f"vLLM {c.version} ({c.device}) timed here, {c.threads} threads, batches "
+                f"{', '.join(map(str, c.batches))}: target forward and head {decode:.1f} ms, a verify of "
+                f"{c.gamma + 1} {verify:.1f} ms; vLLM's own work per step "
+                f"{piecewise(c.plain_overhead_ms, 1):.1f} ms plain, "
+                f"{piecewise(c.spec_overhead_ms, 1):.1f} ms drafting with a model"
+                + (f", {piecewise(c.ngram_overhead_ms, 1):.1f} ms with n-gram lookup"
+                   if c.ngram_overhead_ms else "")
+                + f"; {c.base} drafter forward and "
+                f"head {drafts} ms (its head {head:.1f}; batch 1)")
