@@ -57,7 +57,9 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
     signal.signal(signal.SIGTERM, _terminate)  # `kill` stops like Ctrl-C: trial in flight told FAIL
     with progress_bars(output.json) as on:
         result = run(request, progress=on("trials"), trace_progress=on("tracing target"),
-                     calibration_progress=on("timing the target on this machine"),
+                     calibration_progress=on(f"timing {request.engine}'s steps on this machine"
+                                             if engine_kind(request.engine).external
+                                             else "timing the target on this machine"),
                      standings=None if output.json else _say)
     if not output.json:
         _render(result, rows.top, summary_lines(result))

@@ -7,7 +7,7 @@ are derived from here.
   assisted generation beside it in the bench);
 - `llama.cpp`: the GGUF files in llama.cpp's own tools (llama-server, llama-bench), a separate program;
 - `vllm`: vLLM (its CPU build on a CPU host), in a virtualenv of its own (its pins differ from draftnas's),
-  driven as a separate process. `commands` says which draftnas commands run in it so far (not yet `search`).
+  driven as a separate process. `commands` says which draftnas commands run in it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class EngineKind:
     timing_mode: str  # how the latency profile times its steps: "static", "eager" or "" (its own tools)
     external: bool  # a separate program draftnas starts, not torch in this process
     commands: tuple[str, ...] = ("engines", "search", "bench")  # the draftnas commands that drive it
+    space_suffix: str = ""  # its shipped search spaces are named <target><suffix> ("": draftnas's loops')
 
     def limits(self, device: str, temperature: float) -> str:
         """'' where it runs on `device` at `temperature`; else what it runs ("runs on cpu, greedy only")."""
@@ -54,10 +55,10 @@ ENGINE_KINDS: dict[str, EngineKind] = {k.name: k for k in (
                external=False),
     EngineKind(LLAMA_CPP, devices=("cpu",), batched=False, sampling=False, own_loop=False,
                quantized_kernels=False, drafter_file="gguf", decode_only=True, timing_mode="",
-               external=True),
+               external=True, space_suffix="-llama-cpp"),
     EngineKind(VLLM, devices=("cpu", "cuda"), batched=True, sampling=True, own_loop=False,
                quantized_kernels=False, drafter_file="folder", decode_only=False, timing_mode="",
-               external=True, commands=("engines", "bench")),
+               external=True, space_suffix="-vllm"),
 )}
 
 

@@ -302,9 +302,10 @@ class EngineModel:
             return _batch(points, new_tokens)
         return _line({k: _batch(t, new_tokens) for k, t in points.items()})(arch.num_hidden_layers)
 
-    def drafter_batch_ms(self, arch: Architecture, tokens: int) -> float:
-        """The drafter reading the `tokens` the target verified (once per step)."""
-        return self.predict_ms(arch, new_tokens=tokens) if tokens > 1 else self.predict_ms(arch)
+    def drafter_batch_ms(self, arch: Architecture, tokens: int, batch_size: int = 1) -> float:
+        """The drafter reading the `tokens` the target verified (once per step; one sequence)."""
+        return (self.predict_ms(arch, batch_size=batch_size, new_tokens=tokens) if tokens > 1
+                else self.predict_ms(arch, batch_size=batch_size))
 
     def summary(self) -> str:
         c = self.calibration

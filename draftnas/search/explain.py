@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from draftnas.core.engines import LLAMA_CPP
+from draftnas.core.engines import LLAMA_CPP, VLLM
 from draftnas.search.hand_made import bar_line
 from draftnas.search.healing import healing_lines
 
@@ -163,6 +163,8 @@ def next_commands(result: SearchResult, exported: tuple[str, int, float] | None 
     ref_gamma = ref.primary.gamma if ref is not None else gamma  # the reference at its own best gamma
     if result.info.engine == LLAMA_CPP:
         use = _llama_cpp_use(result, folder, gamma, target_gguf)
+    elif result.info.engine == VLLM:
+        use = _vllm_use(result, folder, gamma)
     else:
         weights = b.candidate.choice.weights
         use = [f"  in transformers: target.generate(..., assistant_model={load})"
@@ -188,7 +190,8 @@ def next_commands(result: SearchResult, exported: tuple[str, int, float] | None 
         + (f" --reference-p-min {ref.primary.p_min:g}" if ref is not None and ref.primary.p_min else "")
         + (f" --reference {hand_made}" if hand_made else "")
         + (f" --prompts {w.prompt_set} --per-domain 3" if w.prompt_set != "all" else "")
-        + (f" --predictions {result.predictions_file}" if result.predictions_file else ""),
+        + (f" --predictions {result.predictions_file}"  # vLLM's bench prices from the stored calibration
+           if result.predictions_file and result.info.engine != VLLM else ""),
         *use,
     ]
 
@@ -203,6 +206,28 @@ def _llama_cpp_use(result: SearchResult, folder: str, gamma: int, target_gguf: s
     target = target_gguf or gguf_of(result.info.target)
     return [f"  in llama.cpp: llama-server -m {target} -md {drafter} --spec-type "
             f"draft-simple --spec-draft-n-max {gamma} --spec-draft-p-min 0"]
+
+
+def _vllm_use(result: SearchResult, folder: str, gamma: int) -> list[str]:
+    """How to serve the winner with vLLM: its `--speculative-config` (the export's full-head copy where its
+    head is reduced) and, where the search priced batches, γ per batch range up to the break-even."""
+    from draftnas.models.sources import ensure_local_folder
+    from draftnas.search.vllm import batch_schedule, config_line, speculative_config
+
+    b = result.best
+    assert b is not None
+    e = b.economics
+    batched = max(result.info.space.workload.batch_sizes) > 1
+    schedule = (batch_schedule(e.sweep_batches, e.sweep_gamma, e.sweep_speedup)
+                if e is not None and e.sweep_gamma and batched else [])
+    config = speculative_config(folder, gamma, schedule)
+    target = str(ensure_local_folder(result.info.target)[1])
+    out = [f"  in vLLM: vllm serve {target} --dtype float32 {config_line(config)}"]
+    if e is not None and e.sweep_gamma and not schedule:
+        out.append("  (no batch schedule: at the batch sizes priced no γ pays past batch 1)" if batched else
+                   "  (with --batch B the search also prints γ per batch size range, none past the "
+                   "break-even)")
+    return out
 
 
 def alpha_next_command(step: str, out: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftnas.core.engines import LLAMA_CPP
+from draftnas.core.engines import LLAMA_CPP, VLLM
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_has_native_bf16, cpu_identity
 from draftnas.core.options import option_error
@@ -70,6 +70,13 @@ def pricing(request: SearchRequest, space: SearchSpace, target_arch: Architectur
             request.target, target_arch, base_arch, space, references, request.llama_cpp, request.threads,
             progress, request.target_gguf)
         predictor, profile = engine_model, f"llama.cpp ({engine_model.calibration.version}, this host)"
+    elif request.engine == VLLM:
+        from draftnas.search.vllm import vllm_model
+
+        engine, dtype = VLLM, request.dtype or "fp32"  # vLLM's CPU build runs the drafters fp32 here
+        served, note = vllm_model(request.target, target_arch, request.base or space.base, base_arch, space,
+                                  request.threads, progress)
+        predictor, profile = served, f"vLLM ({served.calibration.version}, this host)"
     elif [w for w in space.weights if w in GGUF_WEIGHTS]:
         raise InvalidInputError(f"search space {space.name!r} offers GGUF weights "
                                 f"({', '.join(space.weights)}); "

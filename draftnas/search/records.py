@@ -237,6 +237,7 @@ class BatchEconomics(Record):
     # a batch priced as draftnas's batched loop runs it: in lockstep until each sequence has this many new
     # tokens (`core.lockstep`; 0: stored before it was priced)
     lockstep_tokens: int = 0
+    sweep_gamma: tuple[int, ...] = ()  # the best γ at each swept batch (empty: stored before it was kept)
 
 
 @dataclass(frozen=True)

@@ -84,10 +84,12 @@ class SearchRequest(Record):
     engine: str = option(
         "static", choices=engines_for("search"),
         help="The speculative loop the calibration times and the printed bench runs: static (draftnas's "
-             "decoder over caches allocated once), hf (transformers models over a growing cache) or "
+             "decoder over caches allocated once), hf (transformers models over a growing cache), "
              "llama.cpp (GGUF drafters timed, ranked and exported for llama.cpp's own tools; the target must "
              "be a GGUF, the default space is the target's -llama-cpp one, and the search says when no "
-             "drafter can pay there).")
+             "drafter can pay there) or vllm (steps timed inside vLLM, `draftnas engines --install vllm`; "
+             "dense full-width drafters ranked by vLLM's costs, the default space is the target's -vllm one, "
+             "and the search prints vLLM's --speculative-config, with --batch a γ per batch range).")
     llama_cpp: str | None = llama_cpp_option("time and rank with the llama.cpp engine")
     target_gguf: str | None = target_gguf_option("time and bench")
     calibration: str | None = option(

@@ -129,9 +129,10 @@ def read_latency(predictor: LatencyPredictor, profile: str, arch: Architecture, 
                                                             context_tokens=ctx) for g in range(n_verify))
                           for b in spec)
     catch_up = getattr(predictor, "drafter_batch_ms", None)
-    if catch_up is not None:  # llama.cpp: each step the drafter also reads the verified tokens in one batch
-        verify_ms = tuple(tuple(v + (catch_up(arch, g + 1) if g else 0.0) for g, v in enumerate(row))
-                          for row in verify_ms)
+    if catch_up is not None:  # llama.cpp, vLLM: each step the drafter also reads the verified tokens at once
+        verify_ms = tuple(tuple(v + (catch_up(arch, g + 1, batch_size=b) if g else 0.0)
+                                for g, v in enumerate(row))
+                          for b, row in zip(spec, verify_ms, strict=True))
     draft_prefill = _prefill(predictor, arch, workload, spec, head_vocab_size) if spec_target_prefill else ()
     return LatencyReading(profile=profile, batch_sizes=batches, context_tokens=workload.context_tokens,
                           draft_ms=draft, target_ms=target_ms, verify_ms=verify_ms,
@@ -289,7 +290,8 @@ def batch_economics(predictor: LatencyPredictor, target_predictor: LatencyPredic
     reading = read_latency(predictor, profile, arch, sweep, target_ms, head_vocab_size, placement=placement,
                            target_arch=target, target_predictor=target_predictor)
     n = workload.new_tokens  # draftnas's batched loop runs a batch in lockstep (`core.lockstep`)
-    speedups = tuple(_best_at(reading, acceptance, i, spec, n).speedup for i in range(len(batches)))
+    best = [_best_at(reading, acceptance, i, spec, n) for i in range(len(batches))]
+    speedups = tuple(e.speedup for e in best)
     crossover = next((b for b, s in zip(batches, speedups, strict=True) if s <= 1.0), None)
     at_largest = batches.index(largest) if largest in batches else len(batches) - 1
     return BatchEconomics(alpha=acceptance.acceptance_rate, largest_batch=batches[at_largest],
@@ -297,4 +299,4 @@ def batch_economics(predictor: LatencyPredictor, target_predictor: LatencyPredic
                           break_even_alpha_largest=break_even_alpha(reading, at_largest, spec, n),
                           crossover_batch=crossover, sweep_batches=tuple(batches), sweep_speedup=speedups,
                           timed_batches=tuple(getattr(predictor, "timed_batches", tuple)()),
-                          lockstep_tokens=n)
+                          lockstep_tokens=n, sweep_gamma=tuple(e.gamma for e in best))

@@ -49,14 +49,26 @@ def load_search_space(spec: str | Path) -> SearchSpace:
 
 def default_space_for(target: str, engine: str = "static") -> SearchSpace:
     """The shipped space whose `target` is `target` for `engine`: the one named after it when there is
-    one (gemma-3-270m beside gemma-3-270m-shallow), else the first by name; for llama.cpp only the
-    spaces of GGUF drafters (named ...-llama-cpp), for draftnas's loops only the others."""
-    gguf = engine_kind(engine).drafter_file == "gguf"
-    matches = [space for space in map(load_search_space, shipped_spaces().values())
-               if space.target.lower() == target.lower() and space.name.endswith("-llama-cpp") == gguf]
+    one (gemma-3-270m beside gemma-3-270m-shallow), else the first by name; for an engine whose spaces
+    carry a suffix (`EngineKind.space_suffix`: ...-llama-cpp, ...-vllm) only those, and for draftnas's
+    loops only the spaces no engine's suffix names. vLLM, which loads the folders draftnas's loops run,
+    falls back to the loops' space where the target has no -vllm one (the search then says what in it vLLM
+    cannot run)."""
+    from draftnas.core.engines import ENGINE_KINDS
+
+    suffix = engine_kind(engine).space_suffix
+    suffixes = tuple(k.space_suffix for k in ENGINE_KINDS.values() if k.space_suffix)
+    spaces = [space for space in map(load_search_space, shipped_spaces().values())
+              if space.target.lower() == target.lower()]
+
+    def mine(name: str, wanted: str) -> bool:
+        return name.endswith(wanted) if wanted else not name.endswith(suffixes)
+
+    matches = [sp for sp in spaces if mine(sp.name, suffix)]
+    if not matches and engine_kind(engine).drafter_file == "folder":
+        matches = [sp for sp in spaces if mine(sp.name, "")]
     if matches:
-        return min(matches, key=lambda sp: (sp.name.lower().removesuffix("-llama-cpp") != target.lower(),
-                                            sp.name))
+        return min(matches, key=lambda sp: (sp.name.lower().removesuffix(suffix) != target.lower(), sp.name))
     names = ", ".join(shipped_spaces()) or "none"
     raise SearchSpaceError(f"no shipped search space targets {target!r}; give a space file, or a base shape "
                            f"to build the default one from the registry (shipped: {names})")

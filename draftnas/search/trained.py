@@ -9,9 +9,11 @@ The curve gives greedy tokens per step at its own gamma; the acceptance rate tha
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
+from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import acceptance_rate_from_tokens_per_step
 from draftnas.drafter.distill_records import CurveSet, TrainedPrice, TrainingCurve
@@ -21,6 +23,8 @@ from draftnas.search.space import GammaRange, Workload
 
 #: the largest budget the search looks for a shape's break-even within (tokens)
 MAX_BUDGET = 1e13
+
+log = logging.getLogger(__name__)
 
 
 def curve_arch(curve: TrainingCurve, base_arch: Architecture) -> Architecture:
@@ -65,7 +69,11 @@ def price_trained(curves: CurveSet, budget_tokens: int | None, read: Callable[[A
     for curve in curves.curves:
         budget = budget_tokens if budget_tokens is not None else curve.measured_max()
         arch = curve_arch(curve, arch_of(curve.base))
-        latency = read(arch, curve.head_rows or None)
+        try:
+            latency = read(arch, curve.head_rows or None)
+        except InfeasibleCandidateError as e:  # a shape the engine does not run (llama.cpp, vLLM: base width)
+            log.warning("trained shape %s not priced: %s", curve.label, e)
+            continue
         prediction, tps, alpha = _prediction(curve, budget, latency, workload, gamma)
         primary = prediction.per_batch[0]
         out.append(TrainedPrice(
