@@ -190,6 +190,7 @@ class BenchResult(Record):
     rounds: int = 1  # interleaved rounds over the prompts (each prompt ran once per arm per round)
     comparisons: tuple[Comparison, ...] = ()  # the drafter's loop over the reference's, with its interval
     predictions: tuple[PredictionCheck, ...] = ()  # the search's predictions beside the measured figures
+    predicted_from: str = ""  # vLLM: the calibration the predictions were priced from, or why there are none
     verdict: dict[str, Any] | None = None  # llama.cpp: the search's verdict with this bench's figures
     ablation: dict[str, Any] | None = None  # --ablation: the chain's links measured (`bench.ablation`)
 

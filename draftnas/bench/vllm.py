@@ -142,6 +142,23 @@ def plan_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options:
     return VllmPlan(arms, kept, encoded, left_out, job)
 
 
+def check_settings(vllm: Vllm, plan: VllmPlan, batches: Sequence[int] = (1,)) -> None:
+    """vLLM's own reading of each arm's speculative_config and of the batch, before any engine starts (one
+    process, no weights loaded): one line naming the arm and vLLM's refusal, or the batch above the
+    max_num_seqs vLLM serves with."""
+    speculating = [a for a in plan.arms if a.config]
+    job = {key: plan.job[key] for key in ("model", "dtype", "max_model_len")}
+    said = run_vllm(vllm, job | {"check": [a.config for a in speculating]}, timeout_s=600)
+    for arm, refusal in zip(speculating, said["checks"], strict=True):
+        if refusal:
+            raise InvalidInputError(f"vLLM refuses the {arm.name} arm's speculative_config "
+                                    f"{json.dumps(arm.config)}: {refusal}")
+    most = said.get("max_num_seqs")
+    if most and max(batches) > int(most):
+        raise option_error("batch_sizes", f"{max(batches)} is above the {most} sequences vLLM {vllm.version} "
+                                          "serves at once here (its max_num_seqs)", flag="--batch-size")
+
+
 def _kv_gb(config: dict[str, Any], context: int, batch: int) -> float:
     """GB of fp32 keys and values `batch` sequences of `context` tokens hold (each drafter's are smaller)."""
     heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
@@ -171,6 +188,7 @@ def run_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: 
     started, load_before = time.perf_counter(), load_average()
     plan = plan_vllm_bench(target, draft, prompts, options, references)
     vllm = vllm or find_vllm()
+    check_settings(vllm, plan)
     arms, kept, encoded, job = plan.arms, plan.prompts, plan.encoded, plan.job
     rows: list[BenchPrompt] = []
     per_pos: dict[str, list[int]] = {a.name: [] for a in arms}
@@ -191,9 +209,9 @@ def run_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: 
         for a in arms:
             per_pos[a.name] = _summed(per_pos[a.name], [pos for _, _, pos in done[a.name]])
     budget = options.max_new_tokens
-    results = tuple(_arm_result(a, rows, per_pos[a.name], _replayed(a, encoded, extended, budget))
-                    for a in arms)
-    return BenchResult(
+    replays = {a.name: _replayed(a, encoded, extended, budget) for a in arms}
+    results = tuple(_arm_result(a, rows, per_pos[a.name], replays[a.name][0]) for a in arms)
+    result = BenchResult(
         target=target, drafters={a.name: a.drafter.text for a in arms if a.drafter is not None},
         gamma=options.gamma, temperature=0.0, max_new_tokens=options.max_new_tokens, n_prompts=len(kept),
         device=vllm.device, dtype="float32", threads=cpu_count(), engine=VLLM, arms=results,
@@ -201,6 +219,30 @@ def run_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: 
         host=cpu_identity().label(), load_average_before=load_before, rounds=options.rounds,
         comparisons=tuple(compare_arms(rows, MAIN, a.name) for a in arms[2:]),
         wall_s=round(time.perf_counter() - started, 2))
+    return _predicted(result, arms, {k: v[1] for k, v in replays.items()}, vllm, job["model"])
+
+
+def _predicted(result: BenchResult, arms: Sequence[VllmArm], steps: dict[str, list[list[tuple[int, int]]]],
+               vllm: Vllm, target_folder: str) -> BenchResult:
+    """`result` with each arm's prediction from this host's stored vLLM calibration of the target and
+    draftnas's replay (`bench.vllm_predicted`), and the line naming it; as it is where none is stored."""
+    from draftnas.bench.vllm_predicted import drafter_arch, predicted_checks, stored_calibration
+    from draftnas.core.registry import resolve_architecture
+    from draftnas.latency.vllm import VllmModel
+
+    found = stored_calibration(Path(target_folder), vllm.version, result.threads)
+    if found is None:
+        return replace(result, predicted_from="no vLLM calibration of this target here to predict from "
+                                              "(`draftnas search --engine vllm` times one)")
+    calibration, path = found
+    target, base = resolve_architecture(target_folder), resolve_architecture(calibration.base)
+    model = VllmModel(calibration, target, base)
+    kinds = {a.name: "target" if a.drafter is None else "lookup" if a.drafter.lookup is not None else "model"
+             for a in arms}
+    drafters = {a.name: drafter_arch(a.folder) for a in arms}
+    checks = predicted_checks(result, model, kinds, drafters, steps)
+    said = f"this host's vLLM calibration {path} (timed {calibration.timed_at}) and draftnas's replay"
+    return replace(result, predictions=checks, predicted_from=said)
 
 
 def _rows(arms: Sequence[VllmArm], kept: Sequence[Prompt], encoded: Sequence[Sequence[int]],
@@ -228,27 +270,29 @@ def _rates(counts: Sequence[int]) -> tuple[float, ...]:
 
 
 def _replayed(arm: VllmArm, encoded: Sequence[Sequence[int]], extended: Sequence[Sequence[int]],
-              budget: int) -> list[int]:
+              budget: int) -> tuple[list[int], list[list[tuple[int, int]]]]:
     """draftnas's replay of the arm's requests over the target alone's outputs (`extended` past the
     `budget` of new tokens: vLLM's last step drafts past it): accepted per position and the steps that
-    drafted (last); empty for the target alone."""
+    drafted (last), and each request's steps (accepted, drafted); empty for the target alone."""
     if arm.drafter is None or arm.config is None:
-        return []
+        return [], []
     gamma, lookup = arm.gamma, arm.drafter.lookup
     counts = [0] * (gamma + 1)
     model = None if lookup is not None else load_model(arm.folder).model
+    per_request = []
     for prompt, answer in zip(encoded, extended, strict=True):
         if lookup is not None:
             replay = replay_lookup(prompt, answer, lookup.n, lookup.m, rule="earliest-longest", budget=budget)
             steps = list(zip(replay.accepted, replay.drafted, strict=True))
         else:
             steps = _model_steps(model, prompt, answer, gamma, budget)
+        per_request.append(steps)
         for accepted, drafted in steps:
             if drafted:
                 counts[-1] += 1
                 for position in range(min(accepted, gamma)):
                     counts[position] += 1
-    return counts
+    return counts, per_request
 
 
 def _model_steps(model: Any, prompt: Sequence[int], answer: Sequence[int], gamma: int, budget: int

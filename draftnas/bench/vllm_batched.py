@@ -18,7 +18,7 @@ from typing import Any
 from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
 from draftnas.bench.batched import first_below_one
 from draftnas.bench.request_records import BenchOptions
-from draftnas.bench.vllm import TARGET, VllmArm, plan_vllm_bench
+from draftnas.bench.vllm import TARGET, VllmArm, check_settings, plan_vllm_bench
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.prompts import Prompt
 from draftnas.core.records import Progress
@@ -48,6 +48,7 @@ def run_vllm_batch_sizes(target: str, draft: str, prompts: Sequence[Prompt], opt
     batches = sorted(set(options.batch_sizes))
     plan = plan_vllm_bench(target, draft, prompts, options, references, batches)
     vllm = vllm or find_vllm()
+    check_settings(vllm, plan, batches)
     arms = plan.arms
     runs: dict[str, list[dict[int, dict[str, Any]]]] = {a.name: [] for a in arms}
     for r in range(options.rounds):

@@ -88,9 +88,9 @@ def _pct(value: float | None) -> str:
 def predictions_table(result: BenchResult) -> Table:
     """The search's predictions beside the bench's medians: tokens/s and speedup, each with its error;
     the held-out row (the latency model on a shape the calibration did not time) marked."""
-    table = Table(title="Predicted by the search against measured here: the median over prompts (the "
-                        "search's latencies priced on each of these prompts' walks where the bench estimated "
-                        "them, else on the search's prompts, else the pooled prediction) and the pooled "
+    table = Table(title="Predicted against measured here: the median over prompts (the predicted latencies "
+                        "priced on each of these prompts' walks where the bench estimated or replayed them, "
+                        "else on the search's prompts, else the pooled prediction) and the pooled "
                         "figure (all tokens over all seconds); error = predicted / measured - 1",
                   header_style="bold")
     for col in ("arm", "predicted", "tokens/s: median pred.", "median", "error", "pooled pred.", "pooled",
@@ -98,7 +98,7 @@ def predictions_table(result: BenchResult) -> Table:
         table.add_column(col, justify="left" if col in ("arm", "predicted") else "right")
     for c in result.predictions:
         what = f"{c.name}" + (" (held out: untimed shape)" if c.held_out else "") + (
-            " (as exported)" if c.source == "export" else "")
+            " (as exported)" if c.source == "export" else f" ({c.source})" if c.source != "search" else "")
         median_tps = c.predicted_bench_median_tokens_per_s or c.predicted_median_tokens_per_s
         median_speedup = c.predicted_bench_median_speedup or c.predicted_median_speedup
         table.add_row(c.arm, what, f"{median_tps or c.predicted_tokens_per_s:.2f}",
@@ -281,6 +281,8 @@ def bench(request: BenchRequest, output: Output) -> None:
             console.print(line, highlight=False, soft_wrap=True)
     if result.predictions:
         console.print(predictions_table(result))
+    if result.predicted_from:
+        console.print(f"predictions: {result.predicted_from}", highlight=False, soft_wrap=True)
     if result.ablation is not None:
         from draftnas.bench.ablation import HEADING, table_lines
 

@@ -6,12 +6,13 @@ beside draftnas's replay."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.vllm import LOOKUP, TARGET, position_lines, vllm_arms, vllm_folder
-from draftnas.core.errors import InvalidInputError
+from draftnas.core.errors import DraftnasError, InvalidInputError
 from draftnas.core.options import OptionError
 from draftnas.drafter.families import parse_drafter
 from draftnas.drafter.lookup import propose_earliest_longest, replay_lookup
@@ -167,3 +168,22 @@ def test_a_real_vllm_batch_bench_runs_b_requests_at_once_losslessly():
     for p in result.points:
         assert p.exact_match_rate["draftnas"] == 1.0 and p.tokens_per_step["draftnas"] >= 2.0
         assert p.target_tokens_per_s > 0 and len(p.speedup_runs["draftnas"]) == 1
+
+
+@needs_vllm
+def test_settings_vllm_refuses_and_a_batch_above_its_max_num_seqs_are_one_line_before_any_engine_starts():
+    from draftnas.bench.vllm import VllmArm, check_settings, plan_vllm_bench
+    from draftnas.bench.vllm_batched import run_vllm_batch_sizes
+    from draftnas.core.prompts import Prompt
+    from draftnas.models.vllm_engine import find_vllm
+
+    prompts = [Prompt(id="p0", domain="code", text="Write def add(a, b): return a + b three times.")]
+    options = BenchOptions(engine="vllm", gamma=2, max_new_tokens=8, rounds=1).validate()
+    plan = plan_vllm_bench("smollm2-135m", "smollm2-135m", prompts, options, ())
+    bad = VllmArm("lookup", plan.arms[1].drafter, "", {"method": "ngram", "prompt_lookup_min": 5,
+                                                       "prompt_lookup_max": 2, "num_speculative_tokens": 3})
+    with pytest.raises(InvalidInputError, match="refuses the lookup arm's speculative_config.*lookup_min=5"):
+        check_settings(find_vllm(), replace(plan, arms=[*plan.arms, bad]))
+    wide = replace(options, batch_sizes=(1, 200)).validate()
+    with pytest.raises(DraftnasError, match=r"200 is above the \d+ sequences vLLM"):
+        run_vllm_batch_sizes("smollm2-135m", "smollm2-135m", prompts, wide)

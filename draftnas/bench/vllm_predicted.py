@@ -1,0 +1,117 @@
+"""What a vLLM bench predicted beside what it measured: each arm's requests priced from this host's vLLM
+calibration (`latency.vllm`, stored by `search --engine vllm`) and draftnas's replay of the same requests
+(its steps: accepted and drafted, exact for greedy), prompt by prompt; the median over prompts and the
+pooled figure set beside the bench's, as for the other engines' predictions.
+
+The prediction is priced on the bench's own prompts (their lengths, the tokens each request generated, the
+replay's steps), so its error is the latency model's, with acceptance as replayed; the replay itself is
+checked against vLLM's counters per position (`bench.vllm.position_lines`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from draftnas.bench.arms import MAIN
+from draftnas.bench.records import BenchPrompt, BenchResult, PredictionCheck
+from draftnas.bench.stats import relative_error
+from draftnas.core.errors import InfeasibleCandidateError
+from draftnas.core.machine import cpu_identity
+from draftnas.core.registry import Architecture, resolve_architecture
+from draftnas.latency.vllm import VllmCalibration, VllmModel
+from draftnas.models.sources import state_dir
+
+log = logging.getLogger(__name__)
+SOURCE = "vllm calibration"
+
+
+def stored_calibration(target_folder: Path, version: str, threads: int
+                       ) -> tuple[VllmCalibration, Path] | None:
+    """The newest vLLM calibration stored on this host for the target in `target_folder`, this vLLM version
+    and thread count; None where `search --engine vllm` made none."""
+    here = cpu_identity()
+    found = []
+    for path in (state_dir() / "calibrations").glob("vllm-*.json"):
+        try:
+            c = VllmCalibration.from_dict(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            continue
+        if (c.target == str(target_folder) and c.version == version and c.threads == threads
+                and c.cpu.label() == here.label()):
+            found.append((c.timed_at, str(path), c))
+    if not found:
+        return None
+    _, newest, calibration = max(found, key=lambda f: (f[0], f[1]))
+    return calibration, Path(newest)
+
+
+def arm_request_ms(model: VllmModel, kind: str, drafter: Architecture | None, gamma: int, prompt_tokens: int,
+                   new_tokens: int, steps: Sequence[tuple[int, int]]) -> float:
+    """One request of an arm priced by `model`: the target alone, a model drafter over the replay's `steps`
+    or lookup drafting what each replayed step drafted."""
+    if kind == "target":
+        return model.plain_request_ms(prompt_tokens, new_tokens)
+    if kind == "lookup":
+        return model.lookup_request_ms(prompt_tokens, [d for _, d in steps])
+    assert drafter is not None
+    return model.model_request_ms(drafter, prompt_tokens, gamma, len(steps))
+
+
+def predicted_checks(result: BenchResult, model: VllmModel, kinds: Mapping[str, str],
+                     drafters: Mapping[str, Architecture | None], steps: Mapping[str, Sequence[Sequence]]
+                     ) -> tuple[PredictionCheck, ...]:
+    """Each arm's predicted median and pooled tokens/s and speedup over the first round's prompts, beside the
+    bench's (an arm whose drafter the calibration cannot price is left out, with a log line)."""
+    rows = [p for p in result.prompts if p.round == 0]
+    target = "target"
+    plain_pooled = result.arm(target).pooled_tokens_per_s
+    plain = [_ms(model, "target", None, 0, p, [], target) for p in rows]
+    out = []
+    for arm in result.arms:
+        kind = kinds[arm.name]
+        try:
+            walks = steps.get(arm.name) or [[]] * len(rows)
+            ms = [_ms(model, kind, drafters.get(arm.name), arm.gamma or 0, p, walks[i], target)
+                  for i, p in enumerate(rows)]
+        except InfeasibleCandidateError as e:
+            log.info("%s: not priced from the vLLM calibration (%s)", arm.name, e)
+            continue
+        tokens = [p.run(target).new_tokens for p in rows]
+        tps = [1000 * n / m for n, m in zip(tokens, ms, strict=True)]
+        speedups = [pm / m for pm, m in zip(plain, ms, strict=True)]
+        pooled_tps = 1000 * sum(tokens) / sum(ms)
+        pooled_speedup = sum(plain) / sum(ms)
+        median_tps, median_speedup = statistics.median(tps), statistics.median(speedups)
+        error = relative_error(median_tps, arm.tokens_per_s)
+        assert error is not None
+        measured_speedup = arm.speedup if arm.name != target else None
+        pooled = (arm.pooled_tokens_per_s / plain_pooled
+                  if measured_speedup and arm.pooled_tokens_per_s and plain_pooled else None)
+        out.append(PredictionCheck(
+            arm=arm.name, role="winner" if arm.name == MAIN else kind if kind != "model" else "reference",
+            name=arm.drafter or "target alone", predicted_tokens_per_s=round(pooled_tps, 3),
+            measured_tokens_per_s=arm.tokens_per_s, tokens_per_s_error=error,
+            predicted_speedup=round(pooled_speedup, 4) if measured_speedup else None,
+            measured_speedup=measured_speedup,
+            speedup_error=relative_error(median_speedup, measured_speedup) if measured_speedup else None,
+            source=SOURCE, pooled_tokens_per_s=arm.pooled_tokens_per_s,
+            pooled_tokens_per_s_error=relative_error(pooled_tps, arm.pooled_tokens_per_s),
+            pooled_speedup=pooled, pooled_speedup_error=relative_error(pooled_speedup, pooled),
+            predicted_bench_median_tokens_per_s=round(median_tps, 3),
+            predicted_bench_median_speedup=round(median_speedup, 4) if measured_speedup else None))
+    return tuple(out)
+
+
+def _ms(model: VllmModel, kind: str, drafter: Architecture | None, gamma: int, prompt: BenchPrompt,
+        steps: Sequence, target: str) -> float:
+    new_tokens = prompt.run(target).new_tokens
+    return arm_request_ms(model, kind, drafter, gamma, prompt.prompt_tokens, new_tokens, steps)
+
+
+def drafter_arch(folder: str) -> Architecture | None:
+    """The drafter's shape from its folder's config (None where it has none)."""
+    return resolve_architecture(folder) if folder and (Path(folder) / "config.json").is_file() else None
