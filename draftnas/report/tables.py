@@ -106,6 +106,14 @@ def bench_table(root: Path, files: Sequence[str]) -> list[str]:
             lines.append(f"- {arm['name']}: accepted drafts per position in {data.get('engine')} "
                          f"{_positions(arm['accepted_per_position'])}, draftnas's replay of the same "
                          f"requests {_positions(replayed) if replayed else '-'}")
+    for c in (PredictionCheck.from_dict(p) for p in data.get("predictions") or []):
+        if c.measured_speedup is not None and c.speedup_error is not None:
+            predicted = c.predicted_bench_median_speedup or c.predicted_median_speedup or c.predicted_speedup
+            untimed = " (priced as a shape the calibration did not time)" if c.held_out else ""
+            lines.append(f"- {c.arm}{untimed}: predicted {predicted:.3f}x the target alone, measured "
+                         f"{c.measured_speedup:.3f}x ({c.speedup_error:+.1%}; medians over prompts)")
+    if data.get("predicted_from"):
+        lines.append(f"- predictions: {data['predicted_from']}")
     timing = "decode only (the server's timings)" if decode_only else "prefill included"
     other = any(a.get("other_tokens_per_s") is not None for a in data["arms"])
     timing += (" (the other definition in the file's `other_tokens_per_s`)" if other else "")
