@@ -96,7 +96,8 @@ def _check(job: dict) -> dict:
     from vllm import __version__
     from vllm.engine.arg_utils import EngineArgs
 
-    said, most = [], None
+    said: list = []
+    most = None
     for config in job["check"]:
         try:
             engine = EngineArgs(model=job["model"], dtype=job.get("dtype", "float32"),
