@@ -37,7 +37,7 @@ from draftnas.core.prompts import Prompt, check_context
 from draftnas.core.records import Progress
 from draftnas.drafter.families import DrafterSpec, family, parse_drafter
 from draftnas.drafter.lookup import replay_lookup
-from draftnas.export.records import FULL_HEAD_DIR
+from draftnas.models.records import FULL_HEAD_DIR
 from draftnas.models.sources import auto_class_name, ensure_local_folder, load_model, release_freed_memory
 from draftnas.models.vllm_engine import Vllm, find_vllm, run_vllm
 

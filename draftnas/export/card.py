@@ -10,8 +10,8 @@ from typing import Any
 from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.drafter.heal_records import HealResult
 from draftnas.drafter.records import PruningPlan
-from draftnas.export.records import FULL_HEAD_DIR, ExportInfo, drafter_name
-from draftnas.models.records import HEAD_MODULE_FILE
+from draftnas.export.records import ExportInfo, drafter_name
+from draftnas.models.records import FULL_HEAD_DIR, HEAD_MODULE_FILE
 from draftnas.search.records import RankedTrial, WorkloadPrediction
 
 

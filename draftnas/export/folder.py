@@ -33,9 +33,9 @@ from draftnas.core.registry import Architecture
 from draftnas.drafter.loading import EARLIER_HEAD_COPIES, load_drafter, reduced_head_class_of  # noqa: F401
 from draftnas.drafter.vocab import expand_head, kept_ids, model_subset
 from draftnas.export.card import model_card
-from draftnas.export.records import FULL_HEAD_DIR, SCHEMA_VERSION, ExportInfo, drafter_name
+from draftnas.export.records import SCHEMA_VERSION, ExportInfo, drafter_name
 from draftnas.models import hf_head
-from draftnas.models.records import HEAD_MODULE, HEAD_MODULE_FILE
+from draftnas.models.records import FULL_HEAD_DIR, HEAD_MODULE, HEAD_MODULE_FILE
 
 log = logging.getLogger(__name__)
 

@@ -177,9 +177,6 @@ class HealRequest(Record):
         return check_options(self, extra)
 
 
-FULL_HEAD_DIR = "full-head"
-
-
 def drafter_name(info: ExportInfo) -> str:
     """The drafter's name: its base and `PruningPlan.label` (with the reduced head's rows), the
     name the search's table gives the same drafter."""

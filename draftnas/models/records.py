@@ -236,6 +236,7 @@ def weights_suffix(weights: str) -> str:
 #: config's auto_map names
 HEAD_MODULE = "modeling_draftnas_head"
 HEAD_MODULE_FILE = f"{HEAD_MODULE}.py"  # draftnas/models/hf_head.py, copied into reduced-head folders
+FULL_HEAD_DIR = "full-head"  # beside a reduced head: the same drafter with a plain full-vocabulary head
 
 
 def llama_cpp_option(use: str) -> Any:

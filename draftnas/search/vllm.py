@@ -101,7 +101,7 @@ def speculative_config(folder: str, gamma: int, schedule: Sequence[tuple[int, in
     """vLLM's `speculative_config` for a model drafter exported to `folder` (its full-head copy where its
     head is reduced) at `gamma`, with a batch-size schedule where one is given (γ at most `gamma`)."""
     from draftnas.drafter.families import parse_drafter
-    from draftnas.export.records import FULL_HEAD_DIR
+    from draftnas.models.records import FULL_HEAD_DIR
 
     plain = Path(folder) / FULL_HEAD_DIR
     model = str(plain) if (Path(folder) / "config.json").is_file() and plain.is_dir() else folder
