@@ -19,13 +19,13 @@ def test_the_calibration_times_forwards_heads_and_steps_inside_vllm():
     said = []
     c = calibrate_vllm(find_vllm(), folder, folder, arch, prompts, (1, 2), gamma=2, threads=2, new_tokens=6,
                        rounds=1, progress=lambda done, total: said.append((done, total)))
-    assert said[-1] == (3, 3)
+    assert said[-1] == (4, 4)  # the target alone, drafting with the base, with n-gram lookup, the cut
     assert c.version.startswith("0.32.") and c.batches == (1, 2) and c.gamma == 2
     assert {1, 2, 3}.issubset(c.target_ms)  # decodes at batch 1 and 2, verifies of γ + 1 at batch 1
-    assert 24 in c.target_ms and 48 in c.target_ms  # prefills, timed beside the steps
+    assert 24 in c.target_ms and 16 in c.target_ms  # each prompt's prefill at batch 1, timed too
     assert set(c.drafter_ms) == {2, arch.num_hidden_layers} and 1 in c.drafter_ms[2]
     assert c.catch_up_tokens == 2  # vLLM 0.32's draft_model reads γ + 2 tokens a sequence first
-    assert set(c.plain_overhead_ms) == {1, 2} and set(c.spec_overhead_ms) == {1, 2}
+    assert set(c.plain_overhead_ms) == set(c.spec_overhead_ms) == set(c.ngram_overhead_ms) == {1, 2}
     assert c.drafter_ms[2][1] < c.drafter_ms[arch.num_hidden_layers][1]  # two layers cost less than thirty
     model = VllmModel(c, arch, arch)
     verify = model.predict_ms(arch, new_tokens=3)
