@@ -93,16 +93,16 @@ def predicted_checks(result: BenchResult, model: VllmModel, kinds: Mapping[str, 
                   if measured_speedup and arm.pooled_tokens_per_s and plain_pooled else None)
         out.append(PredictionCheck(
             arm=arm.name, role="winner" if arm.name == MAIN else kind if kind != "model" else "reference",
-            name=arm.drafter or "target alone", predicted_tokens_per_s=round(pooled_tps, 3),
+            name=arm.drafter or "target alone", predicted_tokens_per_s=pooled_tps,
             measured_tokens_per_s=arm.tokens_per_s, tokens_per_s_error=error,
-            predicted_speedup=round(pooled_speedup, 4) if measured_speedup else None,
+            predicted_speedup=pooled_speedup if measured_speedup else None,
             measured_speedup=measured_speedup,
             speedup_error=relative_error(median_speedup, measured_speedup) if measured_speedup else None,
             source=SOURCE, pooled_tokens_per_s=arm.pooled_tokens_per_s,
             pooled_tokens_per_s_error=relative_error(pooled_tps, arm.pooled_tokens_per_s),
             pooled_speedup=pooled, pooled_speedup_error=relative_error(pooled_speedup, pooled),
-            predicted_bench_median_tokens_per_s=round(median_tps, 3),
-            predicted_bench_median_speedup=round(median_speedup, 4) if measured_speedup else None))
+            predicted_bench_median_tokens_per_s=median_tps,
+            predicted_bench_median_speedup=median_speedup if measured_speedup else None))
     return tuple(out)
 
 

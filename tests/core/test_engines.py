@@ -55,7 +55,7 @@ def test_each_engine_declares_what_it_can_do():
 def test_the_bench_flag_allows_the_declared_engines_and_checks_their_capabilities():
     field = next(f for f in BenchOptions.__dataclass_fields__.values() if f.name == "engine")
     assert spec_of(field).choices == engines_for("bench") == tuple(ENGINE_KINDS)
-    assert engines_for("search") == (STATIC, HF, LLAMA_CPP)  # vLLM: bench only, so far
+    assert engines_for("search") == (STATIC, HF, LLAMA_CPP, VLLM)
     cases = ((BenchOptions(engine=LLAMA_CPP, device="cuda"), "--engine llama.cpp runs on cpu, greedy only"),
              (BenchOptions(engine=HF, batch_sizes=(1, 2)), "runs in the static engine: drop --engine hf"),
              (BenchOptions(engine="sglang"), "--engine must be one of static, hf, llama.cpp, vllm"))
