@@ -193,10 +193,11 @@ def calibrate_llama_cpp(
     )
 
 
-def store_path(request: dict[str, object]) -> Path:
-    """Where the llama.cpp calibration for `request` (host, build, files, what was timed) is kept."""
+def store_path(request: dict[str, object], engine: str = "llama-cpp") -> Path:
+    """Where an external engine's calibration for `request` (host, build, files, what was timed) is kept:
+    `<state>/calibrations/<engine>-<hash of the request>.json`."""
     text = json.dumps(request, sort_keys=True, default=str)
-    return state_dir() / "calibrations" / f"llama-cpp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    return state_dir() / "calibrations" / f"{engine}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
 
 
 def stored_or_calibrated(

@@ -28,7 +28,6 @@ reads γ + 1 tokens per sequence whatever was accepted).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import statistics
@@ -45,6 +44,7 @@ from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.machine import cpu_identity
 from draftnas.core.records import CpuIdentity, Record, write_json_file
 from draftnas.core.registry import Architecture
+from draftnas.latency.llama_cpp import store_path as calibration_path
 from draftnas.models.sources import state_dir
 from draftnas.models.vllm_engine import Vllm, run_vllm
 
@@ -241,8 +241,7 @@ def _remove(folder: Path) -> None:
 
 def store_path(request: dict[str, object]) -> Path:
     """Where the vLLM calibration for `request` (host, vLLM, files, batches, γ) is kept."""
-    text = json.dumps(request, sort_keys=True, default=str)
-    return state_dir() / "calibrations" / f"vllm-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    return calibration_path(request, VLLM)
 
 
 def stored_or_calibrated(path: Path, calibrate: Callable[[], VllmCalibration]) -> tuple[VllmCalibration, str]:
