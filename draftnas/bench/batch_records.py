@@ -65,3 +65,6 @@ class BatchedBenchResult(Record):
     wall_s: float = 0.0
     replay: str = ""  # `bench --replay`: the accepts replayed (file or alpha=RATE) and their source
     engine: str = "static"  # draftnas's batched loop, or vLLM's continuous batching
+    # per drafter, the crossover in each interleaved run (the first B whose paired speedup in that run is
+    # below 1; None: none is); `measured_crossover` is the medians'
+    measured_crossover_runs: dict[str, tuple[int | None, ...]] | None = None

@@ -200,6 +200,16 @@ def first_below_one(speedups: Sequence[tuple[int, float]]) -> int | None:
     return next((b for b, s in sorted(speedups) if s < 1.0), None)
 
 
+def crossover_runs(points: Sequence[BatchPoint], label: str) -> tuple[int | None, ...]:
+    """`label`'s crossover in each run: the first batch whose paired speedup in that run is below 1 (None:
+    none is); empty where the points hold no per-run speedups."""
+    runs = [p.speedup_runs[label] for p in points if p.speedup_runs and label in p.speedup_runs]
+    if len(runs) != len(points):
+        return ()
+    return tuple(first_below_one([(p.batch_size, r[i]) for p, r in zip(points, runs, strict=True)])
+                 for i in range(min(map(len, runs))))
+
+
 def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts: Sequence[Prompt],
                       encoded: Sequence[list[int]], options: BenchOptions, *,
                       progress: Progress | None = None) -> BatchedBenchResult:
@@ -247,6 +257,7 @@ def run_batched_bench(target: LoadedModel, drafters: Sequence[Drafter], prompts:
         profile=label, points=tuple(points),
         measured_crossover={k: first_below_one([(p.batch_size, p.speedup[k]) for p in points])
                             for k in heads},
+        measured_crossover_runs={k: crossover_runs(points, k) for k in heads},
         predicted_crossover=_predicted_crossover(model, target_arch, shapes, rows, points, gamma, context,
                                                  n_new, prompt),
         prompts=tuple(p.id for p in prompts), host=host_label(options.device),

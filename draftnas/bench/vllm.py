@@ -209,7 +209,7 @@ def run_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: 
         for a in arms:
             per_pos[a.name] = _summed(per_pos[a.name], [pos for _, _, pos in done[a.name]])
     budget = options.max_new_tokens
-    replays = {a.name: _replayed(a, encoded, extended, budget) for a in arms}
+    replays = {a.name: replayed(a, encoded, extended, budget) for a in arms}
     results = tuple(_arm_result(a, rows, per_pos[a.name], replays[a.name][0]) for a in arms)
     result = BenchResult(
         target=target, drafters={a.name: a.drafter.text for a in arms if a.drafter is not None},
@@ -269,7 +269,7 @@ def _rates(counts: Sequence[int]) -> tuple[float, ...]:
     return tuple(a / counts[-1] for a in counts[:-1]) if counts and counts[-1] else ()
 
 
-def _replayed(arm: VllmArm, encoded: Sequence[Sequence[int]], extended: Sequence[Sequence[int]],
+def replayed(arm: VllmArm, encoded: Sequence[Sequence[int]], extended: Sequence[Sequence[int]],
               budget: int) -> tuple[list[int], list[list[tuple[int, int]]]]:
     """draftnas's replay of the arm's requests over the target alone's outputs (`extended` past the
     `budget` of new tokens: vLLM's last step drafts past it): accepted per position and the steps that

@@ -3,7 +3,13 @@ batching, B requests submitted together (B prompts cycled from the set; at B = 1
 fp32. Each round starts every arm's engine once (in a rotating order) and runs every batch size in it; a
 speedup at B is paired per round (the arm's tokens/s over the target alone's at that B in that round), and
 its figure is the median over rounds. An output counts as exact where it equals the target alone's for the
-same prompt at the same B and round. No latency model prices vLLM's steps yet: no predicted crossover.
+same prompt at the same B and round. The crossover is measured per round (the first B whose paired speedup
+is below 1 in that round) and over the medians.
+
+Where `search --engine vllm` stored a calibration of the target on this host, each point carries the
+speedup predicted from it (`bench.vllm_predicted.batch_speedups`): the same groups priced in lockstep,
+each request's tokens and steps from draftnas's replay of its prompt over the target alone's output (not
+vLLM's measured acceptance), and the predicted crossover is the first B predicted below 1.
 """
 
 from __future__ import annotations
@@ -13,12 +19,13 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
-from draftnas.bench.batched import first_below_one
+from draftnas.bench.batched import crossover_runs, first_below_one
 from draftnas.bench.request_records import BenchOptions
-from draftnas.bench.vllm import TARGET, VllmArm, check_settings, plan_vllm_bench
+from draftnas.bench.vllm import TARGET, VllmArm, VllmPlan, check_settings, plan_vllm_bench, replayed
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.prompts import Prompt
 from draftnas.core.records import Progress
@@ -51,27 +58,62 @@ def run_vllm_batch_sizes(target: str, draft: str, prompts: Sequence[Prompt], opt
     check_settings(vllm, plan, batches)
     arms = plan.arms
     runs: dict[str, list[dict[int, dict[str, Any]]]] = {a.name: [] for a in arms}
+    # the target alone's first run also decodes each prompt past the budget, untimed: the replay's last
+    # step drafts past it, as vLLM's does
+    extended: list[list[int]] = []
     for r in range(options.rounds):
         for i, a in enumerate(arms[r % len(arms):] + arms[:r % len(arms)]):
             log.info("vLLM round %d: %s %s at B = %s", r + 1, a.name, json.dumps(a.config), batches)
-            runs[a.name].append(_by_batch(run_vllm(vllm, plan.job | {"speculative_config": a.config})))
+            extend = max(x.gamma for x in arms) + 1 if a.config is None and not extended else 0
+            out = run_vllm(vllm, plan.job | {"speculative_config": a.config, "extend": extend})
+            extended = extended or out.get("extended") or []
+            runs[a.name].append(_by_batch(out))
             if progress:
                 progress(r * len(arms) + i + 1, options.rounds * len(arms))
     drafters = [a for a in arms if a.config is not None]
-    points = tuple(_point(b, runs, drafters) for b in batches)
+    predicted, source = _predicted(plan, extended, options.max_new_tokens, vllm, batches)
+    points = tuple(_point(b, runs, drafters, predicted.get(b, {})) for b in batches)
     return BatchedBenchResult(
         target=target, drafters={a.name: a.drafter.text for a in drafters if a.drafter is not None},
         gamma=options.gamma, max_new_tokens=options.max_new_tokens, device=vllm.device, dtype="float32",
-        threads=cpu_count(), profile="", points=points,
+        threads=cpu_count(), profile=source, points=points,
         measured_crossover={a.name: first_below_one([(p.batch_size, p.speedup[a.name]) for p in points])
                             for a in drafters},
-        predicted_crossover={a.name: None for a in drafters}, prompts=tuple(p.id for p in plan.prompts),
+        predicted_crossover={a.name: first_below_one([(p.batch_size, p.predicted_speedup[a.name])
+                                                      for p in points if a.name in p.predicted_speedup])
+                             for a in drafters},
+        measured_crossover_runs={a.name: crossover_runs(points, a.name) for a in drafters},
+        prompts=tuple(p.id for p in plan.prompts),
         host=cpu_identity().label(), load_average_before=load_before, versions={"vllm": vllm.version},
         wall_s=round(time.perf_counter() - started, 2), engine="vllm")
 
 
-def _point(batch: int, runs: dict[str, list[dict[int, dict[str, Any]]]], drafters: Sequence[VllmArm]
-           ) -> BatchPoint:
+def _predicted(plan: VllmPlan, extended: Sequence[Sequence[int]], budget: int, vllm: Vllm,
+               batches: Sequence[int]) -> tuple[dict[int, dict[str, float]], str]:
+    """Each drafter arm's predicted speedup per batch from this host's stored vLLM calibration of the target
+    and draftnas's replay of each prompt, and the line naming the calibration ("" where none is stored)."""
+    from draftnas.bench.vllm_predicted import PricedArm, batch_speedups, drafter_arch, stored_calibration
+    from draftnas.core.registry import resolve_architecture
+    from draftnas.latency.vllm import VllmModel
+
+    found = stored_calibration(Path(plan.job["model"]), vllm.version, cpu_count(), max(batches))
+    if found is None or not extended:
+        return {}, ""
+    calibration, path = found
+    model = VllmModel(calibration, resolve_architecture(plan.job["model"]),
+                      resolve_architecture(calibration.base))
+    arms = {a.name: PricedArm("target" if a.drafter is None else "lookup" if a.drafter.lookup is not None
+                              else "model", drafter_arch(a.folder), a.gamma) for a in plan.arms}
+    steps = {a.name: replayed(a, plan.encoded, extended, budget)[1] for a in plan.arms}
+    new_tokens = [min(len(e), budget) for e in extended]
+    predicted = batch_speedups(model, arms, [len(p) for p in plan.encoded], new_tokens, steps, batches)
+    said = (f"this host's vLLM calibration {path} (timed {calibration.timed_at} at batches "
+            f"{', '.join(map(str, calibration.batches))}) and draftnas's replay of each prompt")
+    return predicted, said
+
+
+def _point(batch: int, runs: dict[str, list[dict[int, dict[str, Any]]]], drafters: Sequence[VllmArm],
+           predicted: dict[str, float] | None = None) -> BatchPoint:
     """Batch size `batch`: medians over rounds, each speedup paired per round with the target alone."""
     def tps(b: dict[str, Any]) -> float:
         return float(b["tokens"] / b["seconds"])
@@ -90,5 +132,6 @@ def _point(batch: int, runs: dict[str, list[dict[int, dict[str, Any]]]], drafter
     return BatchPoint(batch_size=batch, target_tokens_per_s=statistics.median(tps(t) for t in alone),
                       tokens_per_s=tokens_per_s,
                       speedup={k: statistics.median(v) for k, v in speedups.items()},
-                      tokens_per_step=per_step, exact_match_rate=exact, predicted_speedup={},
+                      tokens_per_step=per_step, exact_match_rate=exact,
+                      predicted_speedup=dict(predicted or {}),
                       speedup_runs=speedups)

@@ -14,6 +14,7 @@ import json
 import logging
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftnas.bench.arms import MAIN
@@ -29,10 +30,11 @@ log = logging.getLogger(__name__)
 SOURCE = "vllm calibration"
 
 
-def stored_calibration(target_folder: Path, version: str, threads: int
+def stored_calibration(target_folder: Path, version: str, threads: int, batch: int = 1
                        ) -> tuple[VllmCalibration, Path] | None:
-    """The newest vLLM calibration stored on this host for the target in `target_folder`, this vLLM version
-    and thread count; None where `search --engine vllm` made none."""
+    """The vLLM calibration stored on this host for the target in `target_folder`, this vLLM version and
+    thread count: the newest of those timed up to `batch` where one is, else the newest; None where
+    `search --engine vllm` made none."""
     here = cpu_identity()
     found = []
     for path in (state_dir() / "calibrations").glob("vllm-*.json"):
@@ -42,23 +44,68 @@ def stored_calibration(target_folder: Path, version: str, threads: int
             continue
         if (c.target == str(target_folder) and c.version == version and c.threads == threads
                 and c.cpu.label() == here.label()):
-            found.append((c.timed_at, str(path), c))
+            found.append((max(c.batches) >= batch, c.timed_at, str(path), c))
     if not found:
         return None
-    _, newest, calibration = max(found, key=lambda f: (f[0], f[1]))
+    *_, newest, calibration = max(found, key=lambda f: f[:3])
     return calibration, Path(newest)
+
+
+def arm_group_ms(model: VllmModel, kind: str, drafter: Architecture | None, gamma: int,
+                 prompt_tokens: Sequence[int], new_tokens: Sequence[int],
+                 steps: Sequence[Sequence[tuple[int, int]]]) -> float:
+    """Requests of an arm submitted together, priced by `model` (`VllmModel.group_ms`): the target alone
+    decoding each request's `new_tokens`, a model drafter over each request's replayed `steps`, or lookup
+    drafting what each replayed step drafted."""
+    if kind == "target":
+        steps = [[(0, 0)] * (n - 1) for n in new_tokens]
+    return model.group_ms(kind, drafter, gamma, prompt_tokens, steps)
 
 
 def arm_request_ms(model: VllmModel, kind: str, drafter: Architecture | None, gamma: int, prompt_tokens: int,
                    new_tokens: int, steps: Sequence[tuple[int, int]]) -> float:
-    """One request of an arm priced by `model`: the target alone, a model drafter over the replay's `steps`
-    or lookup drafting what each replayed step drafted."""
-    if kind == "target":
-        return model.plain_request_ms(prompt_tokens, new_tokens)
-    if kind == "lookup":
-        return model.lookup_request_ms(prompt_tokens, [d for _, d in steps])
-    assert drafter is not None
-    return model.model_request_ms(drafter, prompt_tokens, gamma, len(steps))
+    """One request of an arm alone (a group of one, `arm_group_ms`)."""
+    return arm_group_ms(model, kind, drafter, gamma, [prompt_tokens], [new_tokens], [steps])
+
+
+@dataclass(frozen=True)
+class PricedArm:
+    """What prices one arm's requests: its kind ("target", "model" or "lookup"), its drafter's shape (a
+    model drafter's) and γ."""
+
+    kind: str
+    drafter: Architecture | None = None
+    gamma: int = 0
+
+
+def batch_speedups(model: VllmModel, arms: Mapping[str, PricedArm], prompt_tokens: Sequence[int],
+                   new_tokens: Sequence[int], steps: Mapping[str, Sequence[Sequence[tuple[int, int]]]],
+                   batches: Sequence[int]) -> dict[int, dict[str, float]]:
+    """Per batch B, each drafter arm's predicted speedup over the target alone as the batched bench runs
+    them (`bench.vllm_batched`): at B = 1 each prompt alone, one after another; at B > 1 one group of B
+    prompts cycled from the list, submitted together. Each request's tokens and steps are the replay's of
+    its prompt. An arm the calibration cannot price is left out, with a log line."""
+    def groups(b: int) -> list[list[int]]:
+        n = len(prompt_tokens)
+        return [[i] for i in range(n)] if b == 1 else [[i % n for i in range(b)]]
+
+    def ms(arm: PricedArm, walks: Sequence[Sequence[tuple[int, int]]], b: int) -> float:
+        return sum(arm_group_ms(model, arm.kind, arm.drafter, arm.gamma, [prompt_tokens[i] for i in g],
+                                [new_tokens[i] for i in g], [walks[i] for i in g] if walks else [])
+                   for g in groups(b))
+
+    out: dict[int, dict[str, float]] = {b: {} for b in batches}
+    for name, arm in arms.items():
+        if arm.kind == "target":
+            continue
+        try:
+            for b in batches:
+                out[b][name] = ms(PricedArm("target"), [], b) / ms(arm, steps[name], b)
+        except InfeasibleCandidateError as e:
+            log.info("%s: not priced from the vLLM calibration (%s)", name, e)
+            for b in batches:
+                out[b].pop(name, None)
+    return out
 
 
 def predicted_checks(result: BenchResult, model: VllmModel, kinds: Mapping[str, str],

@@ -208,6 +208,27 @@ def _print_replay(result: ReplayResult) -> None:
         console.print(line, highlight=False, soft_wrap=True)
 
 
+def _per_run(result: BatchedBenchResult, label: str) -> str:
+    """` (per run: B=2, B=2, B=4)` where the crossover was read in more than one run."""
+    runs = (result.measured_crossover_runs or {}).get(label) or ()
+    return (f" (per run: {', '.join('none' if b is None else f'B={b}' for b in runs)})" if len(runs) > 1
+            else "")
+
+
+def _predicted_crossover(result: BatchedBenchResult, label: str) -> str:
+    """The predicted crossover and what its acceptance came from, or why there is none."""
+    if result.engine == VLLM:
+        if not result.profile:
+            return ("none: no vLLM calibration of this target here (`draftnas search --engine vllm --batch "
+                    "B` times one)")
+        return (_crossover(result.predicted_crossover[label], max(p.batch_size for p in result.points))
+                + " (acceptance from draftnas's replay of each prompt, not from vLLM's counters)")
+    if not result.profile:
+        return "none: no profile for this device (--profile)"
+    return (_crossover(result.predicted_crossover[label], 1024) + " (at the tokens per step this run measured"
+            + (", accepts replayed)" if result.replay else ")"))
+
+
 def _print_batched(result: BatchedBenchResult) -> None:
     console.print(batch_table(result))
     if result.replay:
@@ -216,9 +237,7 @@ def _print_batched(result: BatchedBenchResult) -> None:
     largest = max(p.batch_size for p in result.points)
     runs = max((len(v) for p in result.points for v in (p.speedup_runs or {}).values()), default=1)
     for label, spec in result.drafters.items():
-        predicted = (_crossover(result.predicted_crossover[label], 1024) if result.profile
-                     else "no profile for this device (--profile)")
-        measured = _crossover(result.measured_crossover[label], largest)
+        measured = _crossover(result.measured_crossover[label], largest) + _per_run(result, label)
         paying = [p.batch_size for p in result.points if p.speedup[label] >= 1.0
                   and (result.measured_crossover[label] is None
                        or p.batch_size < result.measured_crossover[label])]  # type: ignore[operator]
@@ -226,7 +245,7 @@ def _print_batched(result: BatchedBenchResult) -> None:
         decode = ", ".join(f"B={p.batch_size} {p.decode_speedup[label]:.3f}x" for p in result.points
                            if p.decode_speedup and label in p.decode_speedup)
         console.print(f"{label} ({spec}): break-even batch: {pays} (measured, median of {runs} run(s) per "
-                      f"B); crossover measured {measured}, predicted {predicted}"
+                      f"B); crossover measured {measured}, predicted {_predicted_crossover(result, label)}"
                       + (f"; without the prompts' prefill: {decode}" if decode else ""), highlight=False,
                       soft_wrap=True)
         for p in result.points:

@@ -312,40 +312,42 @@ class VllmModel:
         first = self._drafter_ms(arch, batch_size * (tokens - 1 + c.catch_up_tokens))
         return first - self._drafter_ms(arch, batch_size)
 
-    def _target_step_ms(self, tokens: int, overhead: dict[int, float], prefill: bool = False) -> float:
-        """One sequence's target forward over `tokens`, its head (one row for a prefill, each token
-        otherwise) and vLLM's own work (`overhead`)."""
+    def group_ms(self, kind: str, drafter: Architecture | None, gamma: int, prompt_tokens: Sequence[int],
+                 walks: Sequence[Sequence[tuple[int, int]]]) -> float:
+        """Requests submitted together and run in lockstep, as vLLM's continuous batching runs requests that
+        arrive at once: one prefill of every prompt (which gives each its first token), then a step per
+        round over the sequences not yet finished, each step priced at the batch still running. `walks`
+        holds each request's steps after its prefill, (accepted, drafted) each: `kind` "target" (the
+        target alone, a token a step: drafted 0), "model" (a model drafter at `gamma`: each step verifies
+        γ + 1 a sequence, the drafter catches up and drafts γ) or "lookup" (each step verifies what it
+        drafted and one more). A single request is a group of one."""
         c = self.calibration
-        return (piecewise(c.target_ms, tokens) + piecewise(c.target_head_ms, 1 if prefill else tokens)
-                + piecewise(overhead, 1))
+        overhead = {"target": c.plain_overhead_ms, "model": c.spec_overhead_ms,
+                    "lookup": c.ngram_overhead_ms or c.spec_overhead_ms}[kind]
+        batch = len(prompt_tokens)
+        total = (piecewise(c.target_ms, sum(prompt_tokens)) + piecewise(c.target_head_ms, batch)
+                 + piecewise(overhead, batch))
+        if kind == "model":
+            assert drafter is not None
+            total += (self._drafter_ms(drafter, sum(p + 1 for p in prompt_tokens))
+                      + self._drafts(drafter, gamma, batch))
+        for step in range(max((len(w) for w in walks), default=0)):
+            running = [w[step] for w in walks if step < len(w)]
+            b = len(running)
+            verified = b * (gamma + 1) if kind == "model" else sum(1 + d for _, d in running)
+            total += (piecewise(c.target_ms, verified) + piecewise(c.target_head_ms, verified)
+                      + piecewise(overhead, b))
+            if kind == "model":
+                assert drafter is not None
+                total += (self._drafter_ms(drafter, b * (gamma + c.catch_up_tokens))
+                          + self._drafts(drafter, gamma, b))
+        return total
 
-    def plain_request_ms(self, prompt_tokens: int, new_tokens: int) -> float:
-        """One request decoded by the target alone: its prefill (which gives the first token), then a step a
-        token."""
-        c = self.calibration
-        return (self._target_step_ms(prompt_tokens, c.plain_overhead_ms, prefill=True)
-                + (new_tokens - 1) * self._target_step_ms(1, c.plain_overhead_ms))
-
-    def model_request_ms(self, drafter: Architecture, prompt_tokens: int, gamma: int, steps: int) -> float:
-        """One request with a model drafter at `gamma` over `steps` verify steps: the prefill, where the
-        drafter reads the prompt and the first token and drafts γ, then each step's verify of γ + 1, the
-        drafter's catch-up and its γ drafts, with vLLM's speculative work per step."""
-        c = self.calibration
-        head = piecewise(c.drafter_head_ms, 1)
-        drafts_after = (gamma - 1) * self._drafter_ms(drafter, 1) + gamma * head
-        first = (self._target_step_ms(prompt_tokens, c.spec_overhead_ms, prefill=True)
-                 + self._drafter_ms(drafter, prompt_tokens + 1) + drafts_after)
-        step = (self._target_step_ms(gamma + 1, c.spec_overhead_ms)
-                + self._drafter_ms(drafter, gamma + c.catch_up_tokens) + drafts_after)
-        return first + steps * step
-
-    def lookup_request_ms(self, prompt_tokens: int, drafted: Sequence[int]) -> float:
-        """One request with n-gram lookup: the prefill, then a step per entry of `drafted` (the tokens each
-        step drafted, 0 where lookup found no match) verifying them and one more."""
-        c = self.calibration
-        overhead = c.ngram_overhead_ms or c.spec_overhead_ms
-        return (self._target_step_ms(prompt_tokens, overhead, prefill=True)
-                + sum(self._target_step_ms(k + 1, overhead) for k in drafted))
+    def _drafts(self, drafter: Architecture, gamma: int, batch: int) -> float:
+        """The drafts after a drafter's first forward of a step: γ - 1 one-token forwards over the batch and
+        γ heads (the first forward drafts the first token)."""
+        return ((gamma - 1) * self._drafter_ms(drafter, batch)
+                + gamma * piecewise(self.calibration.drafter_head_ms, batch))
 
     def summary(self) -> str:
         c = self.calibration

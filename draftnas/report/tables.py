@@ -255,16 +255,25 @@ def batched_table(root: Path, files: Sequence[str]) -> list[str]:
             ranged = f" ({spread[0]:.3f}-{spread[-1]:.3f})" if len(spread) > 1 else ""
             cells.append(f"{pt['speedup'][label]:.3f}x{ranged} / {said}")
         lines.append(f"| {pt['batch_size']} | {pt['target_tokens_per_s']:.1f} | {' | '.join(cells)} |")
-    crossings = "; ".join(f"{label}: measured {d['measured_crossover'].get(label)}, predicted "
-                          f"{d['predicted_crossover'].get(label)}" for label in labels)
+
+    def per_run(label: str) -> str:
+        found = (d.get("measured_crossover_runs") or {}).get(label) or []
+        return f" (per run: {', '.join(str(b) for b in found)})" if len(found) > 1 else ""
+
+    crossings = "; ".join(f"{label}: measured {d['measured_crossover'].get(label)}{per_run(label)}, "
+                          f"predicted {d['predicted_crossover'].get(label)}" for label in labels)
+    acceptance = ("draftnas's replay of each prompt" if d.get("engine") == "vllm"
+                  else "the tokens per step this run measured" + (" (accepts replayed)" if d.get("replay")
+                                                                   else ""))
     lines += ["", "- the first batch where speculation stops paying (none: it pays at every batch run): "
               f"{crossings}", f"- {d['host']}, {d['threads']} threads, {d['dtype']}, load before "
               f"{d.get('load_average_before')}; "
               + ("one run per batch size" if runs == 1 else
                  f"the median of {runs} interleaved runs per batch size (their range in brackets), each "
                  "paired with the target alone's run beside it")
-              + f"; predicted by {d.get('profile', '')}; drafters "
-              f"{', '.join(f'{k} = {v}' for k, v in d['drafters'].items())}; from `{name}`"]
+              + f"; predicted by {d.get('profile') or 'nothing (none stored)'}, acceptance from "
+              f"{acceptance}; drafters {', '.join(f'{k} = {v}' for k, v in d['drafters'].items())}; "
+              f"from `{name}`"]
     return lines + _time_split_lines(d, labels) + _step_lines(d, labels)
 
 

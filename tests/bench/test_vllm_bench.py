@@ -89,6 +89,55 @@ def test_a_batch_point_pairs_each_round_with_the_target_alone():
     assert point.exact_match_rate["draftnas"] == 0.75
 
 
+def test_the_crossover_is_read_in_each_run_as_well_as_over_the_medians():
+    from draftnas.bench.batch_records import BatchPoint
+    from draftnas.bench.batched import crossover_runs
+
+    def point(b, runs):
+        return BatchPoint(batch_size=b, target_tokens_per_s=1.0, tokens_per_s={}, speedup={},
+                          tokens_per_step={}, exact_match_rate={}, predicted_speedup={},
+                          speedup_runs={"d": runs})
+
+    points = [point(1, (1.2, 1.1, 1.3)), point(2, (0.9, 1.05, 1.1)), point(4, (0.8, 0.95, 1.02))]
+    assert crossover_runs(points, "d") == (2, 4, None)
+    assert crossover_runs(points, "other") == ()
+
+
+def test_a_batch_point_carries_the_speedup_predicted_for_it():
+    from draftnas.bench.vllm import VllmArm
+    from draftnas.bench.vllm_batched import _point
+
+    runs = {"target": [{2: {"tokens": 20, "seconds": 10.0, "outputs": [[1]], "accepted": 0}}],
+            "d": [{2: {"tokens": 20, "seconds": 8.0, "outputs": [[1]], "accepted": 5}}]}
+    point = _point(2, runs, [VllmArm("d", config={"method": "ngram"})], {"d": 1.4})
+    assert point.predicted_speedup == {"d": 1.4} and point.speedup["d"] == pytest.approx(1.25)
+
+
+def test_batched_predictions_price_the_groups_the_bench_submits():
+    """At B = 1 each prompt alone, at B > 1 one group of B prompts cycled from the list, each request's
+    tokens and steps its prompt's."""
+    from draftnas.bench.vllm_predicted import PricedArm, arm_group_ms, batch_speedups
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.vllm import VllmModel
+    from tests.search.test_engine_vllm import calibration
+
+    target, base = get_architecture("qwen2.5-coder-1.5b"), get_architecture("qwen2.5-coder-0.5b")
+    model = VllmModel(calibration(), target, base)
+    arms = {"target": PricedArm("target"), "lookup": PricedArm("lookup", gamma=3),
+            "big": PricedArm("model", base.with_shape(intermediate_size=1), 3)}
+    walks = [[(3, 3), (0, 3)], [(0, 0), (1, 2), (0, 0)]]
+    out = batch_speedups(model, arms, [10, 20], [6, 5], {"lookup": walks, "big": [[], []]}, [1, 3])
+    assert set(out) == {1, 3} and "big" not in out[1]  # a drafter the calibration cannot price: left out
+    alone = arm_group_ms(model, "target", None, 0, [10], [6], []) + arm_group_ms(
+        model, "target", None, 0, [20], [5], [])
+    looked = arm_group_ms(model, "lookup", None, 3, [10], [6], [walks[0]]) + arm_group_ms(
+        model, "lookup", None, 3, [20], [5], [walks[1]])
+    assert out[1]["lookup"] == pytest.approx(alone / looked)
+    together = arm_group_ms(model, "target", None, 0, [10, 20, 10], [6, 5, 6], [])
+    looked3 = arm_group_ms(model, "lookup", None, 3, [10, 20, 10], [6, 5, 6], [walks[0], walks[1], walks[0]])
+    assert out[3]["lookup"] == pytest.approx(together / looked3)
+
+
 def test_lookup_runs_beside_vllms_draft_models():
     assert BenchOptions(engine="vllm", lookup="lookup:n=3,m=4").validate().lookup == "lookup:n=3,m=4"
 
@@ -187,3 +236,29 @@ def test_settings_vllm_refuses_and_a_batch_above_its_max_num_seqs_are_one_line_b
     wide = replace(options, batch_sizes=(1, 200)).validate()
     with pytest.raises(DraftnasError, match=r"200 is above the \d+ sequences vLLM"):
         run_vllm_batch_sizes("smollm2-135m", "smollm2-135m", prompts, wide)
+
+
+def test_the_printed_crossover_gives_each_run_and_what_the_prediction_read():
+    from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
+    from draftnas.cli import cmd_bench
+    from draftnas.cli.app import console
+
+    def point(b, runs, predicted):
+        return BatchPoint(batch_size=b, target_tokens_per_s=2.0, tokens_per_s={"d": 2.0},
+                          speedup={"d": runs[1]}, tokens_per_step={"d": 2.0}, exact_match_rate={"d": 1.0},
+                          predicted_speedup={"d": predicted}, speedup_runs={"d": runs})
+
+    result = BatchedBenchResult(
+        target="t", drafters={"d": "qwen2.5-coder-0.5b"}, gamma=3, max_new_tokens=8, device="cpu",
+        dtype="float32", threads=2, profile="this host's vLLM calibration c.json", engine="vllm",
+        points=(point(1, (1.1, 1.2, 1.1), 1.2), point(2, (0.9, 1.01, 0.97), 0.95)),
+        measured_crossover={"d": None}, predicted_crossover={"d": 2},
+        measured_crossover_runs={"d": (2, None, 2)})
+    with console.capture() as captured:
+        cmd_bench._print_batched(result)
+    said = " ".join(captured.get().split())
+    assert "crossover measured not reached up to B=2 (per run: B=2, none, B=2)" in said
+    assert "predicted B=2 (acceptance from draftnas's replay of each prompt" in said
+    with console.capture() as captured:
+        cmd_bench._print_batched(replace(result, profile=""))
+    assert "no vLLM calibration of this target here" in " ".join(captured.get().split())

@@ -390,7 +390,8 @@ def test_profile_target_extrapolates_k_layers_checks_the_method_and_the_search_u
     assert "priced from its first 1/2 layers" in (options.profile_note or "")
     assert options.engine is None  # not calibrated: priced as the profile was timed
     # vLLM prices drafters of the base's full width; this space prunes widths, so it is refused in one line
-    with pytest.raises(InvalidInputError, match="engine vllm with search space 'smollm2-135m': the space prunes widths"):
+    with pytest.raises(InvalidInputError,
+                       match="engine vllm with search space 'smollm2-135m': the space prunes widths"):
         plan_search(dataclasses.replace(request, engine="vllm"))
 
 

@@ -179,6 +179,27 @@ def test_a_vllm_bench_prices_each_request_from_the_calibration_and_the_replay():
     assert checks["draftnas"].source == "vllm calibration"
 
 
+def test_requests_submitted_together_run_in_lockstep_at_the_batch_still_running():
+    from draftnas.bench.vllm_predicted import arm_group_ms
+
+    model = VllmModel(calibration(), TARGET, BASE)
+    # two prompts of 20 tokens, 3 and 2 new tokens: one prefill of 40 tokens scoring 2 rows at batch 2's
+    # work, a step at batch 2, then one at batch 1 (the shorter request has finished)
+    plain = arm_group_ms(model, "target", None, 0, [20, 20], [3, 2], [])
+    assert plain == pytest.approx((300 + 22 + 6) + (104 + 22 + 6) + (100 + 20 + 5))
+    # lookup: the first step verifies 3 + 1 and 0 + 1 tokens, the second 1 + 1 for the request still running
+    looked = arm_group_ms(model, "lookup", None, 4, [20, 20], [3, 3], [[(2, 3)], [(0, 0), (1, 1)]])
+    assert looked == pytest.approx((300 + 22 + 40) + (120 + 28 + 40) + (104 + 22 + 30))
+    # a model drafter at γ 1 (its first forward of a step drafts it): batch 2, then 1
+    one = arm_group_ms(model, "model", BASE, 1, [20, 20], [3, 3], [[(1, 1)], [(0, 1), (1, 1)]])
+    drafter = {1: 48.0, 6: 60.0, 12: 72.0}
+    assert one == pytest.approx((300 + 22 + 40) + piecewise(drafter, 42) + 11
+                                + (112 + 26 + 40) + piecewise(drafter, 6) + 11
+                                + (104 + 22 + 30) + piecewise(drafter, 3) + 10)
+    assert arm_group_ms(model, "target", None, 0, [40], [8], []) == model.group_ms(
+        "target", None, 0, [40], [[(0, 0)] * 7])
+
+
 def test_the_default_space_for_vllm_is_the_targets_vllm_one_else_its_loops_one():
     from draftnas.search.spaces import default_space_for
 
