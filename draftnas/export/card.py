@@ -139,14 +139,15 @@ def rescored_lines(prediction: WorkloadPrediction, acceptance: AcceptanceEstimat
     tokens = stop.tokens_per_step if stop is not None else acceptance.tokens_per_step.get(str(p.gamma))
     verdict = ("faster than" if prediction.speedup >= 1.005 else "slower than" if prediction.speedup <= 0.995
                else "level with")
-    line = (f"Predicted for this drafter as exported: {prediction.tokens_per_s:.1f} tokens/s, "
-            f"{prediction.speedup:.3f}x the target alone ({prediction.baseline_tokens_per_s:.1f}), so "
-            f"{verdict} plain decoding in the same engine, at gamma {p.gamma}"
+    line = (f"Predicted, not measured, for this drafter as exported: {prediction.tokens_per_s:.1f} "
+            f"tokens/s, {prediction.speedup:.3f}x the target alone "
+            f"({prediction.baseline_tokens_per_s:.1f}) in the engine the search priced (predicted {verdict} "
+            f"the target alone there), at gamma {p.gamma}"
             + (f" stopping after a draft below p {p.p_min:g} ({stop.drafted_per_step:.2f} drafts a step)"
                if stop is not None else ""))
     if tokens is not None:
         line += (f" with {tokens:.3f} tokens per step, measured on {acceptance.n_positions} positions of "
-                 f"{acceptance.n_prompts} trace records its healing never trained on")
+                 f"{acceptance.n_prompts} trace records held out from its healing")
     if searched is not None:
         line += f" (the search scored {searched:.3f} after its own, shorter healing)"
     return [line + ". Latency as the search priced it on its machine."]

@@ -301,7 +301,8 @@ def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never
     meta = json.loads((tmp_path / "a" / "draftnas.json").read_text())
     assert meta["prediction"]["tokens_per_s"] == pytest.approx(p.tokens_per_s)
     assert meta["gamma"] == unhealed.gamma
-    assert "Predicted for this drafter as exported" in (tmp_path / "a" / "README.md").read_text()
+    card = (tmp_path / "a" / "README.md").read_text()
+    assert "Predicted, not measured, for this drafter as exported" in card
     heal = HealOptions(heldout_every=2, eval_every=0, batch_size=2)  # trains on records 1, 3, 5
     healed = export_from_request(ExportRequest(out_dir=str(tmp_path / "b"), study="s", storage=storage,
                                                traces=str(traces), heal_steps=2, heal=heal))
