@@ -14,6 +14,7 @@ from draftnas.cli.app import app, console
 from draftnas.cli.flags import Output, command_line, emit_json, options_command
 from draftnas.cli.progress import progress_bars
 from draftnas.core.engines import VLLM
+from draftnas.core.intervals import measured_word
 
 if TYPE_CHECKING:
     from draftnas.bench.records import ArmResult, BenchResult
@@ -147,7 +148,7 @@ def batch_table(result: BatchedBenchResult) -> Table:
     target's batched greedy output."""
     table = Table(title=f"Batched speculative decoding, gamma={result.gamma} ({result.max_new_tokens} "
                         f"tokens per sequence, {result.device}, {result.dtype}, {result.threads} threads, "
-                        "static engine)", header_style="bold")
+                        f"{'vLLM' if result.engine == VLLM else 'static engine'})", header_style="bold")
     labels = list(result.drafters)
     table.add_column("B", justify="right")
     table.add_column("target tok/s", justify="right")
@@ -208,6 +209,16 @@ def _print_replay(result: ReplayResult) -> None:
         console.print(line, highlight=False, soft_wrap=True)
 
 
+def _standing(result: BatchedBenchResult, label: str) -> str:
+    """Each batch size in words by its runs' paired speedups (`core.intervals.measured_word`): "pays at B=1,
+    2; not separable at B=4; does not pay at B=8, 16"."""
+    said: dict[str, list[str]] = {}
+    for p in result.points:
+        runs = (p.speedup_runs or {}).get(label) or (p.speedup[label],)
+        said.setdefault(measured_word(min(runs), max(runs)), []).append(str(p.batch_size))
+    return "; ".join(f"{word} at B={', '.join(batches)}" for word, batches in said.items())
+
+
 def _per_run(result: BatchedBenchResult, label: str) -> str:
     """` (per run: B=2, B=2, B=4)` where the crossover was read in more than one run."""
     runs = (result.measured_crossover_runs or {}).get(label) or ()
@@ -238,14 +249,11 @@ def _print_batched(result: BatchedBenchResult) -> None:
     runs = max((len(v) for p in result.points for v in (p.speedup_runs or {}).values()), default=1)
     for label, spec in result.drafters.items():
         measured = _crossover(result.measured_crossover[label], largest) + _per_run(result, label)
-        paying = [p.batch_size for p in result.points if p.speedup[label] >= 1.0
-                  and (result.measured_crossover[label] is None
-                       or p.batch_size < result.measured_crossover[label])]  # type: ignore[operator]
-        pays = f"pays up to B={paying[-1]}" if paying else "does not pay at any batch measured"
+        pays = _standing(result, label)
         decode = ", ".join(f"B={p.batch_size} {p.decode_speedup[label]:.3f}x" for p in result.points
                            if p.decode_speedup and label in p.decode_speedup)
-        console.print(f"{label} ({spec}): break-even batch: {pays} (measured, median of {runs} run(s) per "
-                      f"B); crossover measured {measured}, predicted {_predicted_crossover(result, label)}"
+        console.print(f"{label} ({spec}): measured over {runs} run(s) per B: {pays}; crossover measured "
+                      f"{measured}, predicted {_predicted_crossover(result, label)}"
                       + (f"; without the prompts' prefill: {decode}" if decode else ""), highlight=False,
                       soft_wrap=True)
         for p in result.points:

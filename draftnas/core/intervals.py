@@ -29,3 +29,17 @@ def median_interval(values: Sequence[float], level: float = LEVEL, resamples: in
     tail = (1.0 - level) / 2 * 100
     low, high = np.percentile(medians, [tail, 100 - tail])
     return mid, float(low), float(high)
+
+
+LEVEL_BAND = 0.02  # a predicted speedup within 2% of 1 is called level: the latency model's noise
+
+
+def predicted_word(speedup: float) -> str:
+    """A predicted speedup in words: "pays" above 1.02, "does not pay" below 0.98, else "level"."""
+    return "pays" if speedup > 1 + LEVEL_BAND else "level" if speedup >= 1 - LEVEL_BAND else "does not pay"
+
+
+def measured_word(low: float, high: float) -> str:
+    """A measured speedup's interval (or the range of its runs) in words: "pays" wholly above 1, "does not
+    pay" wholly below, else "not separable" (from the target alone)."""
+    return "pays" if low > 1 else "does not pay" if high < 1 else "not separable"

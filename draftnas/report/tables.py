@@ -24,6 +24,7 @@ from typing import Any
 
 from draftnas.bench.records import PredictionCheck
 from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP
+from draftnas.core.intervals import predicted_word
 from draftnas.drafter.families import parse_drafter
 from draftnas.report.verdict import arm_of, benches_of
 
@@ -186,7 +187,7 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
                 measured = _ratio(arm.get("speedup"), arm.get("speedup_interval")) + _exact(arm)
             model = _model_cell(llama)
         loop_cell = _loop_cell(loop) + (" (other prompts of the set)" if other_prompts else "")
-        verdict = "pays" if best["speedup"] > 1.02 else "level" if best["speedup"] >= 0.98 else "does not pay"
+        verdict = predicted_word(best["speedup"])
         priced = "llama-server's steps" if s.get("bench_best") else "llama-bench's costs"
         spread = (f" [{best['speedup_ci_low']:.3f}, {best['speedup_ci_high']:.3f}]"
                   if best.get("speedup_ci_low") is not None else "")

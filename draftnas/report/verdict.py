@@ -18,6 +18,7 @@ from typing import Any
 
 from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP, VLLM
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.intervals import measured_word, predicted_word
 from draftnas.core.records import Record
 from draftnas.drafter.families import family, parse_drafter
 from draftnas.search.lookup_records import LookupResult
@@ -47,10 +48,9 @@ class Route(Record):
     def verdict(self) -> str:
         if self.measured is not None:
             low, high = self.measured_interval or (self.measured, self.measured)
-            return "pays" if low > 1 else "does not pay" if high < 1 else "not separable"
+            return measured_word(low, high)
         if self.predicted is not None:
-            return "pays (predicted)" if self.predicted > 1.02 else \
-                "level (predicted)" if self.predicted >= 0.98 else "does not pay (predicted)"
+            return f"{predicted_word(self.predicted)} (predicted)"
         return "not priced: bench it"  # e.g. transformers' lookup: it also tries shorter matches
 
     @property

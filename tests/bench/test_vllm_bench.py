@@ -259,6 +259,8 @@ def test_the_printed_crossover_gives_each_run_and_what_the_prediction_read():
     said = " ".join(captured.get().split())
     assert "crossover measured not reached up to B=2 (per run: B=2, none, B=2)" in said
     assert "predicted B=2 (acceptance from draftnas's replay of each prompt" in said
+    assert "measured over 3 run(s) per B: pays at B=1; not separable at B=2;" in said
+    assert "vLLM)" in said  # the table's title names the engine
     with console.capture() as captured:
         cmd_bench._print_batched(replace(result, profile=""))
     assert "no vLLM calibration of this target here" in " ".join(captured.get().split())
