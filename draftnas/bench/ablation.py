@@ -15,6 +15,7 @@ from draftnas.bench.arms import MAIN, reference_label
 from draftnas.bench.records import BenchResult
 from draftnas.bench.request_records import BenchRequest
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.intervals import with_interval
 from draftnas.core.prompts import load_prompts
 from draftnas.core.records import Progress, Record
 
@@ -137,7 +138,7 @@ def table_lines(result: BenchResult) -> list[str]:
         over = "-"
         if before is not None:
             c = compare_arms(result.prompts, link.arm, before)
-            over = f"{c.ratio:.3f} [{c.interval[0]:.3f}, {c.interval[1]:.3f}], {c.verdict}"
+            over = f"{with_interval(c.ratio, c.interval)}, {c.verdict}"
         trial = f" (trial {link.trial})" if link.trial is not None else ""
         drafting = f"{link.gamma} <{link.p_min:g}" if link.p_min else f"{link.gamma}"
         lines.append(f"| {link.adds} | {Path(link.drafter).name}{trial} | {drafting} | {link.weights} | "

@@ -35,6 +35,7 @@ from draftnas.bench.run import unseen_prompts
 from draftnas.bench.stats import compare_arms, first_divergence, interval_of, other_definition, tokens_per_s
 from draftnas.core.engines import LLAMA_CPP
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.intervals import with_interval
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt, check_context, encode_prompt
@@ -268,8 +269,7 @@ def measured_verdict(result: BenchResult, said: dict[str, Any] | None) -> dict[s
     pays = any(len(a.speedup_interval) == 2 and a.speedup_interval[0] > 1.0 for a in drafters)
     text = ""
     if best is not None and best.speedup is not None and len(best.speedup_interval) == 2:
-        low, high = best.speedup_interval
-        text = f"{best.name} {best.speedup:.3f}x [{low:.3f}, {high:.3f}]"
+        text = f"{best.name} {with_interval(best.speedup, best.speedup_interval, unit='x')}"
     return Verdict.from_dict(said).to_dict() | {
         "pays": pays, "source": "measured", "best": text,
         "median_pays": not pays and best is not None and (best.speedup or 0.0) > 1.0,

@@ -14,7 +14,7 @@ from draftnas.cli.app import app, console
 from draftnas.cli.flags import Output, command_line, emit_json, options_command
 from draftnas.cli.progress import progress_bars
 from draftnas.core.engines import VLLM
-from draftnas.core.intervals import measured_word
+from draftnas.core.intervals import measured_word, with_interval
 
 if TYPE_CHECKING:
     from draftnas.bench.records import ArmResult, BenchResult
@@ -37,13 +37,6 @@ def _match(arm: ArmResult) -> str:
     return text
 
 
-def _with_interval(value: float | None, interval: tuple[float, ...], spec: str, unit: str = "") -> str:
-    if value is None:
-        return "-"
-    text = f"{value:{spec}}{unit}"
-    return text + (f" [{interval[0]:{spec}}, {interval[1]:{spec}}]" if len(interval) == 2 else "")
-
-
 def arms_table(result: BenchResult) -> Table:
     """Every arm: tokens/s and speedup over its baseline (medians over prompts, 95% intervals), its
     draft length and share of drafted tokens accepted, tokens per step (measured and estimated),
@@ -60,8 +53,8 @@ def arms_table(result: BenchResult) -> Table:
         table.add_column(col, justify="left" if col in ("arm", "engine", "over") else "right")
     for a in result.arms:
         engine = a.engine + (f" {a.draft_weights}" if a.draft_weights not in (None, "dense") else "")
-        table.add_row(a.name, engine, _with_interval(a.tokens_per_s, a.tokens_per_s_interval, ".2f"),
-                      _with_interval(a.speedup, a.speedup_interval, ".3f", "x"), a.baseline or "-",
+        table.add_row(a.name, engine, with_interval(a.tokens_per_s, a.tokens_per_s_interval, ".2f"),
+                      with_interval(a.speedup, a.speedup_interval, ".3f", "x"), a.baseline or "-",
                       _fmt(a.gamma, "d"), _fmt(a.draft_acceptance_rate, ".1%"),
                       _fmt(a.tokens_per_step, ".3f"), _fmt(a.predicted_tokens_per_step, ".3f"),
                       _flag(a.lossless), _match(a),
@@ -77,8 +70,8 @@ def engines_table(*results: BenchResult) -> Table:
         table.add_column(col, justify="left" if col in ("engine", "arm") else "right")
     for r in results:
         for a in r.arms:
-            table.add_row(a.engine, a.name, _with_interval(a.tokens_per_s, a.tokens_per_s_interval, ".2f"),
-                          _with_interval(a.speedup, a.speedup_interval, ".3f", "x"))
+            table.add_row(a.engine, a.name, with_interval(a.tokens_per_s, a.tokens_per_s_interval, ".2f"),
+                          with_interval(a.speedup, a.speedup_interval, ".3f", "x"))
     return table
 
 
@@ -115,7 +108,7 @@ def predictions_table(result: BenchResult) -> Table:
 
 def comparison_lines(result: BenchResult) -> list[str]:
     """One line per drafter-over-reference comparison: the ratio, its interval, the verdict."""
-    return [f"{c.numerator} / {c.denominator}: {_with_interval(c.ratio, c.interval, '.3f', 'x')} "
+    return [f"{c.numerator} / {c.denominator}: {with_interval(c.ratio, c.interval, '.3f', 'x')} "
             f"over {c.prompts} prompts: {c.verdict}" for c in result.comparisons]
 
 
@@ -124,7 +117,7 @@ def drafting_lines(result: BenchResult) -> list[str]:
     cost nothing at the same tokens per step would give (the verify passes and prefills alone)."""
     return [f"{a.name}: {a.draft_share:.0%} of its seconds drafting; with drafts that cost nothing, at its "
             f"{a.tokens_per_step:.3f} tokens/step: "
-            f"{_with_interval(a.free_draft_speedup, a.free_draft_speedup_interval, '.3f', 'x')} over "
+            f"{with_interval(a.free_draft_speedup, a.free_draft_speedup_interval, '.3f', 'x')} over "
             f"{a.baseline} (measured {a.speedup:.3f}x)" for a in result.arms
             if a.draft_share is not None and a.free_draft_speedup is not None and a.speedup is not None
             and a.tokens_per_step is not None]
@@ -187,9 +180,9 @@ def replay_table(result: ReplayResult) -> Table:
     weights = f" {result.draft_weights}" if result.draft_weights != "dense" else ""
     head = f" head {result.head_rows}" if result.head_rows else ""
     table.add_row(result.target, result.drafter + weights + head,
-                  _with_interval(result.target_tokens_per_s, result.target_tokens_per_s_interval, ".2f"),
-                  _with_interval(result.tokens_per_s, result.tokens_per_s_interval, ".2f"),
-                  _with_interval(result.speedup, result.speedup_interval, ".3f", "x"),
+                  with_interval(result.target_tokens_per_s, result.target_tokens_per_s_interval, ".2f"),
+                  with_interval(result.tokens_per_s, result.tokens_per_s_interval, ".2f"),
+                  with_interval(result.speedup, result.speedup_interval, ".3f", "x"),
                   _fmt(result.predicted_speedup, ".3f") + ("x" if result.predicted_speedup else ""),
                   f"{result.tokens_per_step:.3f}", f"{result.replayed_steps}/{result.recorded_steps}",
                   _flag(result.exact))

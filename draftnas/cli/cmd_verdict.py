@@ -6,6 +6,7 @@ from rich.table import Table
 
 from draftnas.cli.app import app, console
 from draftnas.cli.flags import Output, emit_json, options_command
+from draftnas.core.intervals import with_interval
 from draftnas.report.records import VerdictRequest
 from draftnas.report.verdict import Route, WorkloadVerdict, read_results, workload_verdicts
 
@@ -23,9 +24,7 @@ def verdict(request: VerdictRequest, output: Output) -> None:
 
 
 def _x(value: float | None, interval: tuple[float, float] | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.3f}x" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+    return with_interval(value, interval, unit="x")
 
 
 def _row(v: WorkloadVerdict, r: Route) -> list[str]:

@@ -43,3 +43,15 @@ def measured_word(low: float, high: float) -> str:
     """A measured speedup's interval (or the range of its runs) in words: "pays" wholly above 1, "does not
     pay" wholly below, else "not separable" (from the target alone)."""
     return "pays" if low > 1 else "does not pay" if high < 1 else "not separable"
+
+
+def with_interval(value: float | None, interval: Sequence[float] | None, spec: str = ".3f", unit: str = ""
+                  ) -> str:
+    """`value` and its interval as every table and line prints them: "1.126x [0.992, 1.263]" (`unit` after
+    the value only); the value alone where there is no interval, "-" where there is no value."""
+    if value is None:
+        return "-"
+    text = f"{value:{spec}}{unit}"
+    if interval and len(interval) == 2:
+        text += f" [{interval[0]:{spec}}, {interval[1]:{spec}}]"
+    return text

@@ -24,7 +24,7 @@ from typing import Any
 
 from draftnas.bench.records import PredictionCheck
 from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP
-from draftnas.core.intervals import predicted_word
+from draftnas.core.intervals import predicted_word, with_interval
 from draftnas.drafter.families import parse_drafter
 from draftnas.report.verdict import arm_of, benches_of
 
@@ -42,11 +42,7 @@ def read_result(root: Path, name: str) -> dict[str, Any]:
 
 
 def _ratio(value: float | None, interval: Sequence[float] | None) -> str:
-    if value is None:
-        return "-"
-    if interval and len(interval) == 2:
-        return f"{value:.3f}x [{interval[0]:.3f}, {interval[1]:.3f}]"
-    return f"{value:.3f}x"
+    return with_interval(value, interval, unit="x")
 
 
 def _speed(value: float, interval: Sequence[float] | None) -> str:
