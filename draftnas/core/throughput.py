@@ -19,6 +19,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from draftnas.core.bisection import turning_point
 from draftnas.core.errors import InvalidInputError, check_range
 from draftnas.core.lockstep import lockstep_share
 from draftnas.core.options import option
@@ -62,13 +63,7 @@ def acceptance_rate_from_tokens_per_step(tokens_per_step: float, gamma: int) -> 
     """Inverse of `expected_tokens_per_step` in alpha (bisection; monotone in alpha)."""
     _check_gamma(gamma)
     check_range("tokens per step", tokens_per_step, 1.0, float(gamma + 1))
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if expected_tokens_per_step(mid, gamma) < tokens_per_step:
-            lo = mid
-        else:
-            hi = mid
+    lo, hi = turning_point(lambda alpha: expected_tokens_per_step(alpha, gamma) >= tokens_per_step, 0.0, 1.0)
     return (lo + hi) / 2
 
 
@@ -244,18 +239,17 @@ def best_gamma(
 
 
 def break_even_acceptance(gamma: int, draft_ms: float, target_ms: float,
-                          verify_ms: float | None = None) -> float:
-    """The alpha at which speculation at this gamma exactly matches plain decoding.
-
-    Returns 1.0 if even alpha = 1 cannot break even.
-    """
+                          verify_ms: float | None = None) -> float | None:
+    """The alpha at which speculation at this gamma (`gamma` drafts of `draft_ms` and a verify of `verify_ms`,
+    the target's step where None) exactly matches plain decoding at `target_ms` a token; None where even
+    alpha = 1 does not."""
     _check_gamma(gamma)
     if gamma == 0:
         return 0.0
     verify = target_ms if verify_ms is None else verify_ms
     needed = step_latency_ms(gamma, draft_ms, verify) / target_ms  # tokens per step needed
     if needed > gamma + 1:
-        return 1.0
+        return None
     if needed <= 1:
         return 0.0
     return acceptance_rate_from_tokens_per_step(needed, gamma)

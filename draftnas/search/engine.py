@@ -19,7 +19,7 @@ from draftnas.core.machine import cpu_count, cpu_identity
 from draftnas.core.options import option_error
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
-from draftnas.core.throughput import expected_tokens_per_step
+from draftnas.core.throughput import break_even_acceptance
 from draftnas.latency.llama_cpp import (
     EngineModel,
     calibrate_llama_cpp,
@@ -162,26 +162,6 @@ class Verdict(Record):
         return out
 
 
-def break_even_acceptance(
-    decode_ms: float, draft_ms: float, step_ms: Callable[[int], float], gamma: int
-) -> float | None:
-    """The acceptance rate at which `gamma` drafts per step, each costing `draft_ms`, plus the step's
-    batches (`step_ms(gamma)`: verify and the drafter's catch-up), match plain decoding; None when even
-    acceptance 1 does not."""
-    cost = gamma * draft_ms + step_ms(gamma)
-
-    def speedup(alpha: float) -> float:
-        return expected_tokens_per_step(alpha, gamma) * decode_ms / cost
-
-    if speedup(1.0) < 1.0:
-        return None
-    lo, hi = 0.0, 1.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if speedup(mid) < 1.0 else (lo, mid)
-    return round(hi, 3)
-
-
 def verdict(
     model: EngineModel,
     space: SearchSpace,
@@ -198,15 +178,11 @@ def verdict(
     priced = model.for_weights(fastest_quant)
     draft = priced.predict_ms(arch)
     gammas = range(max(1, space.gamma.min), space.gamma.max + 1)
-    even = {
-        g: break_even_acceptance(
-            t.decode_ms,
-            draft,
-            lambda g: model.predict_ms(model.target, new_tokens=g + 1) + priced.drafter_batch_ms(arch, g + 1),
-            g,
-        )
-        for g in gammas
-    }
+
+    def step_ms(g: int) -> float:  # the verify of g + 1 and the drafter's catch-up over them
+        return model.predict_ms(model.target, new_tokens=g + 1) + priced.drafter_batch_ms(arch, g + 1)
+
+    even = {g: _rounded(break_even_acceptance(g, draft, t.decode_ms, step_ms(g))) for g in gammas}
     pays = max(best_speedup or 0.0, reference_speedup or 0.0) > 1.0
     return Verdict(
         engine=ENGINE,
@@ -284,3 +260,7 @@ def plain_route(target: str, pick: str, pick_tokens_per_s: float, target_gguf: s
         return None
     return PlainRoute(engine=ENGINE, file=str(target_file), tokens_per_s=round(1000 / timing.decode_ms, 2),
                       threads=n, pick=pick, pick_tokens_per_s=round(pick_tokens_per_s, 2))
+
+
+def _rounded(alpha: float | None) -> float | None:
+    return None if alpha is None else round(alpha, 3)

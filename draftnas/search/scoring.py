@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 
 from draftnas.acceptance.records import AcceptanceEstimate
+from draftnas.core.bisection import turning_point
 from draftnas.core.errors import InfeasibleCandidateError, InvalidInputError
 from draftnas.core.options import option_error
 from draftnas.core.placement import Placement
@@ -264,10 +265,7 @@ def break_even_alpha(latency: LatencyReading, index: int, gamma: GammaRange,
         return None
     if speedup(0.0) >= 1.0:
         return 0.0
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if speedup(mid) < 1.0 else (lo, mid)
+    lo, hi = turning_point(lambda alpha: speedup(alpha) >= 1.0, 0.0, 1.0, steps=40)
     return (lo + hi) / 2
 
 

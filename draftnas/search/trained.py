@@ -13,6 +13,7 @@ import logging
 import math
 from collections.abc import Callable
 
+from draftnas.core.bisection import turning_point
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import acceptance_rate_from_tokens_per_step
@@ -52,10 +53,7 @@ def tokens_to_beat(curve: TrainingCurve, bar_tps: float, latency: LatencyReading
         return 0.0
     if not beats(MAX_BUDGET):
         return None
-    lo, hi = 0.0, math.log(MAX_BUDGET)
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if beats(math.exp(mid)) else (mid, hi)
+    _, hi = turning_point(lambda log_tokens: beats(math.exp(log_tokens)), 0.0, math.log(MAX_BUDGET))
     return math.exp(hi)
 
 

@@ -7,10 +7,10 @@ import pytest
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.machine import cpu_identity
 from draftnas.core.registry import get_architecture
-from draftnas.core.throughput import expected_tokens_per_step
+from draftnas.core.throughput import break_even_acceptance, expected_tokens_per_step
 from draftnas.latency.llama_cpp import EngineModel
 from draftnas.latency.records import EngineCalibration, EngineTiming
-from draftnas.search.engine import break_even_acceptance, space_problems, verdict
+from draftnas.search.engine import space_problems, verdict
 from draftnas.search.spaces import default_space_for, load_search_space
 
 TARGET = get_architecture("qwen2.5-coder-1.5b")
@@ -63,12 +63,14 @@ def test_engine_model_prices_target_references_and_drafters_by_quant_and_depth()
 
 
 def test_break_even_acceptance_is_where_the_speedup_is_one():
-    alpha = break_even_acceptance(80.0, 10.0, lambda g: 80.0 + 25.0 * g + 12.0, 3)
+    """The engine's verify and catch-up priced as one step (the core's break-even, which llama.cpp's verdict
+    reads with the step it measured)."""
+    alpha = break_even_acceptance(3, 10.0, 80.0, 80.0 + 25.0 * 3 + 12.0)
     assert alpha is not None
     step = 3 * 10.0 + 80.0 + 75.0 + 12.0
-    assert expected_tokens_per_step(alpha, 3) * 80.0 / step == pytest.approx(1.0, abs=1e-3)
+    assert expected_tokens_per_step(alpha, 3) * 80.0 / step == pytest.approx(1.0, abs=1e-6)
     # a drafter as slow as the target never pays, whatever it accepts
-    assert break_even_acceptance(80.0, 80.0, lambda g: 155.0 + 50.0, 3) is None
+    assert break_even_acceptance(3, 80.0, 80.0, 155.0 + 50.0) is None
 
 
 def test_verdict_uses_the_fastest_drafter_the_space_holds():
