@@ -16,6 +16,7 @@ from draftnas.bench.records import BenchResult
 from draftnas.bench.request_records import BenchRequest
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.intervals import with_interval
+from draftnas.core.options import option_error
 from draftnas.core.prompts import load_prompts
 from draftnas.core.records import Progress, Record
 
@@ -48,8 +49,8 @@ def _study_of(folder: Path) -> tuple[str, int]:
     source = str((exported_record(folder) or {}).get("source", ""))
     found = re.fullmatch(r"study (\S+) trial (\d+)", source)
     if found is None:
-        raise InvalidInputError(f"--ablation needs a drafter a search exported (its draftnas.json names the "
-                                f"study and trial); {folder} does not")
+        raise option_error("ablation", "needs a drafter a search exported (its draftnas.json names the study "
+                                       f"and trial); {folder} does not")
     return found.group(1), int(found.group(2))
 
 

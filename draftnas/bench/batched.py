@@ -25,7 +25,6 @@ import torch
 from draftnas.bench.arms import Drafter
 from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
 from draftnas.bench.request_records import BenchOptions
-from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_identity, load_average
 from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt
@@ -95,8 +94,7 @@ def calibrated_model(path: Path, target: Architecture) -> tuple[str, LatencyPred
     check_here(stored, path, flag="--profile")
     c = stored.calibration
     if c.target != target.name and not _same_shape(c, target):
-        raise InvalidInputError(f"--profile {path} calibrates {c.target}, not this bench's target "
-                                f"{target.name}")
+        raise option_error("profile", f"{path} calibrates {c.target}, not this bench's target {target.name}")
     profile = default_profile(host_cpu_profile("static", c.dtype), c.dtype)
     batches = ", ".join(str(b) for b in sorted({b for t in c.batched for b in t.batches()}))
     label = (f"calibration {path} ({c.device_name}, {c.dtype}, "

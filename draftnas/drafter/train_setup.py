@@ -12,6 +12,7 @@ import torch
 from draftnas.acceptance.traces import eos_token_ids, tokenizer_fingerprint
 from draftnas.acceptance.tracing import decode_batch
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import OptionError, option_error, option_flags
 from draftnas.core.prompts import encode_prompt, load_prompts
 from draftnas.drafter.distill_records import HELDOUT_PROMPTS, DataManifest, DistillTrainRequest
 from draftnas.drafter.distill_store import iter_sequences, read_manifest
@@ -24,22 +25,22 @@ HELDOUT_NEW_TOKENS = 96
 
 def check_request(request: DistillTrainRequest, manifest: DataManifest, base: Any, tokenizer: Any) -> None:
     """Every mistake at once, before any training: data of another tokenizer, a shape the base lacks."""
-    problems = []
+    problems = []  # (the request's field, what is wrong with it): the CLI names each field's flag
     if tokenizer_fingerprint(tokenizer) != manifest.tokenizer_fingerprint:
-        problems.append(f"the data in {request.data} was made with {manifest.target}'s tokenizer, which "
-                        f"differs from {request.base or manifest.target}'s")
+        problems.append(("data", f"{request.data} was made with {manifest.target}'s tokenizer, which differs "
+                                 f"from {request.base or manifest.target}'s"))
     n = int(base.config.num_hidden_layers)
     wide = [i for i in request.layers if i >= n]
     if wide:
-        problems.append(f"--layers {','.join(map(str, wide))}: the base has layers 0..{n - 1}")
+        problems.append(("layers", f"{','.join(map(str, wide))}: the base has layers 0..{n - 1}"))
     vocab = int(base.get_input_embeddings().weight.shape[0])
     if request.head_rows > vocab:
-        problems.append(f"--head-rows {request.head_rows}: wider than the base's {vocab}-row head")
+        problems.append(("head_rows", f"{request.head_rows}: wider than the base's {vocab}-row head"))
     if request.finetune_domain and not manifest.positions(domain=request.finetune_domain):
         have = sorted({d for s in manifest.shards for d in s.domains})
-        problems.append(f"--finetune-domain {request.finetune_domain}: the data has {', '.join(have)}")
+        problems.append(("finetune_domain", f"{request.finetune_domain}: the data has {', '.join(have)}"))
     if problems:
-        raise InvalidInputError("; ".join(problems))
+        raise OptionError(problems, option_flags(request))
 
 
 def heldout_sequences(request: DistillTrainRequest, manifest: DataManifest, target: Any, tokenizer: Any,
@@ -117,7 +118,7 @@ def finetune_manifest(request: DistillTrainRequest, manifest: DataManifest) -> D
         return manifest
     other = read_manifest(request.finetune_data)
     if other is None:
-        raise InvalidInputError(f"{request.finetune_data}: no data set here (--finetune-data)")
+        raise option_error("finetune_data", f"{request.finetune_data}: no data set here")
     if other.tokenizer_fingerprint != manifest.tokenizer_fingerprint:
         raise InvalidInputError(f"{request.finetune_data} was made with {other.target}'s tokenizer, "
                                 f"{request.data} with {manifest.target}'s")

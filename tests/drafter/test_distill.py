@@ -267,3 +267,29 @@ def test_a_finetune_may_read_another_folder_but_a_resumed_one_reads_the_same(tmp
     trainer, _, done = train_drafter(_train_request(tmp_path), tiny_llama(tiny_llama_config, seed=3), held, 0,
                                      manifest, folder, "key", None, other)
     assert done and trainer.state.tokens == 800
+
+
+def test_a_training_request_the_data_or_base_cannot_serve_names_each_flag(monkeypatch):
+    """Every mistake at once, each under the name its caller gave it: the request's field for a Python
+    caller, the flag (or the positional DATA) on the command line."""
+    from types import SimpleNamespace
+
+    from draftnas.core.options import OptionError
+    from draftnas.drafter import train_setup
+    from draftnas.drafter.distill_records import DataManifest, DistillTrainRequest
+
+    monkeypatch.setattr(train_setup, "tokenizer_fingerprint", lambda tokenizer: "other")
+    manifest = DataManifest(format=1, target="smollm2-135m", vocab_size=49152, tokenizer_fingerprint="mine",
+                            top_k=8, dtype="fp32", heldout_every=3, heldout_prompts=())
+    embeddings = SimpleNamespace(weight=SimpleNamespace(shape=(100, 8)))
+    config = SimpleNamespace(num_hidden_layers=4)
+    base = SimpleNamespace(config=config, get_input_embeddings=lambda: embeddings)
+    request = DistillTrainRequest(data="d", out="o", layers=(0, 7), head_rows=200, finetune_domain="chat")
+    with pytest.raises(OptionError) as caught:
+        train_setup.check_request(request, manifest, base, tokenizer=None)
+    said = caught.value.for_flags()
+    assert said.startswith("DATA d was made with smollm2-135m's tokenizer")
+    assert "; --layers 7: the base has layers 0..3" in said
+    assert "; --head-rows 200: wider than the base's 100-row head" in said
+    assert "; --finetune-domain chat: the data has " in said
+    assert "layers 7: the base has" in str(caught.value) and "--" not in str(caught.value)
