@@ -33,7 +33,7 @@ from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, BenchResult
 from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.run import unseen_prompts
 from draftnas.bench.stats import compare_arms, first_divergence, interval_of, other_definition, tokens_per_s
-from draftnas.core.engines import LLAMA_CPP
+from draftnas.core.engine_kinds import LLAMA_CPP
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.intervals import with_interval
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
@@ -46,7 +46,7 @@ from draftnas.models.gguf_file import check_drafter_gguf, engine_target, gguf_of
 from draftnas.models.llama_cpp import LlamaCpp, find_llama_cpp
 from draftnas.models.llama_server import Server
 from draftnas.models.sources import ensure_local_folder
-from draftnas.search.engine import Verdict
+from draftnas.search.llama_cpp import Verdict
 from draftnas.search.predictions import read_predictions
 
 log = logging.getLogger(__name__)

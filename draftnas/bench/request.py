@@ -9,7 +9,7 @@ from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.records import BenchResult
 from draftnas.bench.replay_records import ReplayResult
 from draftnas.bench.request_records import BenchRequest
-from draftnas.core.engines import LLAMA_CPP, STATIC, VLLM
+from draftnas.core.engine_kinds import LLAMA_CPP, STATIC, VLLM
 from draftnas.core.prompts import load_prompts
 from draftnas.core.records import Progress
 

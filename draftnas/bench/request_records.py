@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftnas.core.engines import HF, STATIC, VLLM, EngineKind, engine_kind, engines_for
+from draftnas.core.engine_kinds import HF, STATIC, VLLM, EngineKind, engine_kind, engines_for
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group, parse_ints
 from draftnas.core.records import Record

@@ -46,7 +46,7 @@ from draftnas.bench.stats import (
     other_definition,
     tokens_per_s,
 )
-from draftnas.core.engines import HF, STATIC, engine_kind
+from draftnas.core.engine_kinds import HF, STATIC, engine_kind
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import load_average, require_device
 from draftnas.core.options import option_error

@@ -29,7 +29,7 @@ from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, BenchResult
 from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.run import unseen_prompts
 from draftnas.bench.stats import compare_arms, first_divergence, interval_of, tokens_per_s
-from draftnas.core.engines import VLLM
+from draftnas.core.engine_kinds import VLLM
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.options import option_error

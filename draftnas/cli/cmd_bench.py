@@ -13,7 +13,7 @@ from draftnas.bench.request_records import BenchRequest
 from draftnas.cli.app import app, console
 from draftnas.cli.flags import Output, command_line, emit_json, options_command
 from draftnas.cli.progress import progress_bars
-from draftnas.core.engines import VLLM
+from draftnas.core.engine_kinds import VLLM
 from draftnas.core.intervals import measured_word, with_interval
 
 if TYPE_CHECKING:
@@ -316,7 +316,7 @@ def bench(request: BenchRequest, output: Output) -> None:
             console.print(line, highlight=False, soft_wrap=True)
         console.print(engines_table(result, torch_result))
     if result.verdict is not None:
-        from draftnas.search.engine import Verdict
+        from draftnas.search.llama_cpp import Verdict
 
         for line in Verdict.from_dict(result.verdict).lines():
             console.print(line, highlight=False, soft_wrap=True)

@@ -13,7 +13,7 @@ from draftnas.cli.cmd_export import render_export
 from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
 from draftnas.cli.search_render import ranked_table, trained_table
-from draftnas.core.engines import engine_kind
+from draftnas.core.engine_kinds import engine_kind
 from draftnas.core.options import option
 from draftnas.search.hand_made import hand_made_best
 from draftnas.search.requests import SearchRequest
@@ -89,7 +89,7 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
                 render_export(exported.result)
     route = None
     if result.best is not None and not engine_kind(request.engine).external:  # the fastest plain decoding?
-        from draftnas.search.engine import plain_route
+        from draftnas.search.llama_cpp import plain_route
 
         route = plain_route(request.target, f"trial {result.best.number} in draftnas's loop",
                             result.best.throughput.tokens_per_s, build=request.llama_cpp)
@@ -99,7 +99,7 @@ def search(request: SearchRequest, output: Output, rows: Rows) -> None:
     if route is not None:
         console.print(route.line(), highlight=False, soft_wrap=True)
     elif result.best is not None and not engine_kind(request.engine).external:
-        from draftnas.search.engine import no_build_line
+        from draftnas.search.llama_cpp import no_build_line
 
         if line := no_build_line(request.llama_cpp):
             console.print(line, highlight=False, soft_wrap=True)
@@ -126,7 +126,7 @@ def _render(result: SearchResult, top: int, summary: list[str]) -> None:
     for line in summary:
         console.print(line, highlight=False, soft_wrap=True)
     if result.verdict is not None:
-        from draftnas.search.engine import Verdict
+        from draftnas.search.llama_cpp import Verdict
 
         for line in Verdict.from_dict(result.verdict).lines():
             console.print(line, highlight=False, soft_wrap=True)

@@ -6,7 +6,7 @@ correct a profile here (`calibrates`); and the line saying when a profile was me
 
 from __future__ import annotations
 
-from draftnas.core.engines import engine_kind
+from draftnas.core.engine_kinds import engine_kind
 from draftnas.core.machine import cpu_count, cpu_identity
 from draftnas.latency.files import SHIPPED_PROFILES, default_profile
 from draftnas.latency.hardware import CPU_ROOFLINE

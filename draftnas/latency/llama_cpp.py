@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from draftnas.core.engines import LLAMA_CPP
+from draftnas.core.engine_kinds import LLAMA_CPP
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.machine import cpu_identity
 from draftnas.core.records import write_json_file

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftnas.core.engines import LLAMA_CPP
+from draftnas.core.engine_kinds import LLAMA_CPP
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group, parse_ints
 from draftnas.core.placement import Hardware

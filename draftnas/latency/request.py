@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from draftnas.core.engines import LLAMA_CPP
+from draftnas.core.engine_kinds import LLAMA_CPP
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Progress, write_json_file
 from draftnas.core.registry import get_architecture, resolve_architecture

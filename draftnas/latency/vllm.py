@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from draftnas.core.engines import VLLM
+from draftnas.core.engine_kinds import VLLM
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.machine import cpu_identity
 from draftnas.core.records import CpuIdentity, Record, write_json_file

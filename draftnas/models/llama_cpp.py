@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftnas.core.engines import HF, LLAMA_CPP, STATIC, VLLM
+from draftnas.core.engine_kinds import HF, LLAMA_CPP, STATIC, VLLM
 from draftnas.core.errors import DraftnasError
 from draftnas.core.machine import cpu_identity
 from draftnas.core.options import option_error

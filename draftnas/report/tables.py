@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from draftnas.bench.records import PredictionCheck
-from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP
+from draftnas.core.engine_kinds import ENGINE_KINDS, HF, LLAMA_CPP
 from draftnas.core.intervals import predicted_word, with_interval
 from draftnas.drafter.families import parse_drafter
 from draftnas.report.verdict import arm_of, benches_of

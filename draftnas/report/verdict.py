@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP, VLLM
+from draftnas.core.engine_kinds import ENGINE_KINDS, HF, LLAMA_CPP, VLLM
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.intervals import measured_word, predicted_word
 from draftnas.core.records import Record

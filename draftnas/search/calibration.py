@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from draftnas.core.engines import engine_kind
+from draftnas.core.engine_kinds import engine_kind
 from draftnas.core.machine import cpu_has_native_bf16
 from draftnas.core.registry import Architecture
 from draftnas.latency.batched import stored_or_timed_batches, timed_batches

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from draftnas.core.engines import LLAMA_CPP, VLLM
+from draftnas.core.engine_kinds import LLAMA_CPP, VLLM
 from draftnas.search.hand_made import bar_line
 from draftnas.search.healing import healing_lines
 

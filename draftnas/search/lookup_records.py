@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftnas.core.engines import LLAMA_CPP
+from draftnas.core.engine_kinds import LLAMA_CPP
 from draftnas.core.options import check_options, option, parse_ints
 from draftnas.core.records import Record
 from draftnas.drafter.lookup import RANGES

@@ -59,7 +59,7 @@ class SearchPredictions(Record):
     engine: str | None
     calibration: str
     arms: tuple[ArmPrediction, ...]
-    verdict: dict[str, Any] | None = None  # llama.cpp: the search's verdict (`search.engine.Verdict`)
+    verdict: dict[str, Any] | None = None  # llama.cpp: the search's verdict (`search.llama_cpp.Verdict`)
 
     def get(self, role: str, held_out: bool = False, name: str | None = None) -> ArmPrediction | None:
         return next((a for a in self.arms if a.role == role and a.held_out == held_out

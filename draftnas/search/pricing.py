@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftnas.core.engines import LLAMA_CPP, VLLM
+from draftnas.core.engine_kinds import LLAMA_CPP, VLLM
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_has_native_bf16, cpu_identity
 from draftnas.core.options import option_error
@@ -27,7 +27,7 @@ from draftnas.latency.model import LatencyModel
 from draftnas.models.records import GGUF_WEIGHTS, weights_problem
 from draftnas.models.sources import has_weights
 from draftnas.search.calibration import calibrated_predictor
-from draftnas.search.engine import llama_cpp_model
+from draftnas.search.llama_cpp import llama_cpp_model
 from draftnas.search.records import LatencyPredictor
 from draftnas.search.requests import SearchRequest
 from draftnas.search.space import SearchSpace

@@ -363,7 +363,7 @@ class SearchResult(Record):
     profile_note: str | None = None  # calibration summary, or: the profile was not measured here
     references: tuple[RankedTrial, ...] = ()  # the space's published drafters, priced the same way
     predictions_file: str | None = None  # predictions.json beside the study (`draftnas bench --predictions`)
-    verdict: dict[str, Any] | None = None  # llama.cpp: can any drafter pay there (`search.engine.Verdict`)
+    verdict: dict[str, Any] | None = None  # llama.cpp: can any drafter pay there (`search.llama_cpp.Verdict`)
     trained: tuple[TrainedPrice, ...] = ()  # trained shapes at the budget (`search.trained`), with --curves
 
     @property

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftnas.core.engines import ENGINE_KINDS, LLAMA_CPP, engines_for
+from draftnas.core.engine_kinds import ENGINE_KINDS, LLAMA_CPP, engines_for
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group
 from draftnas.core.records import Record

@@ -31,8 +31,8 @@ from draftnas.latency.llama_cpp import EngineModel
 from draftnas.models.sources import ensure_local_folder, has_weights
 from draftnas.search.alpha import load_alpha_model
 from draftnas.search.candidate import reference_candidate
-from draftnas.search.engine import verdict
 from draftnas.search.evaluate import Evaluator, ModelEvaluator, PriorEvaluator, WeightsEvaluator
+from draftnas.search.llama_cpp import verdict
 from draftnas.search.loop import SearchOptions, run_search
 from draftnas.search.predictions import FILE_NAME as PREDICTIONS_FILE
 from draftnas.search.predictions import search_predictions, write_predictions

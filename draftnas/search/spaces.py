@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from draftnas.core.engines import engine_kind
+from draftnas.core.engine_kinds import engine_kind
 from draftnas.core.errors import SearchSpaceError
 from draftnas.search.space import SearchSpace
 from draftnas.search.space_file import parse_search_space
@@ -54,7 +54,7 @@ def default_space_for(target: str, engine: str = "static") -> SearchSpace:
     loops only the spaces no engine's suffix names. vLLM, which loads the folders draftnas's loops run,
     falls back to the loops' space where the target has no -vllm one (the search then says what in it vLLM
     cannot run)."""
-    from draftnas.core.engines import ENGINE_KINDS
+    from draftnas.core.engine_kinds import ENGINE_KINDS
 
     suffix = engine_kind(engine).space_suffix
     suffixes = tuple(k.space_suffix for k in ENGINE_KINDS.values() if k.space_suffix)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from draftnas.core.engines import VLLM
+from draftnas.core.engine_kinds import VLLM
 from draftnas.core.machine import cpu_count, cpu_identity
 from draftnas.core.options import option_error
 from draftnas.core.registry import Architecture

@@ -81,7 +81,7 @@ def test_llama_cpp_lookup_drafts_exactly_what_the_replay_says(tmp_path):
 
 def test_the_plain_route_says_which_is_faster_and_is_absent_without_a_build(tmp_path):
     """The embedded target's Q4_K_M file timed alone (a few seconds of llama-bench) beside a pick."""
-    from draftnas.search.engine import plain_route
+    from draftnas.search.llama_cpp import plain_route
 
     assert plain_route("qwen2.5-coder-1.5b", "pick", 5.0, build=str(tmp_path / "no-build")) is None
     _build()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from draftnas.bench.request_records import BenchOptions
-from draftnas.core.engines import (
+from draftnas.core.engine_kinds import (
     ENGINE_KINDS,
     HF,
     LLAMA_CPP,
@@ -34,7 +34,7 @@ def test_no_module_compares_an_engine_with_a_name_literal():
             code = line.split("#", 1)[0]
             if "engine" in code and LITERAL.search(code):
                 hits.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
-    assert not hits, "compare with draftnas.core.engines' constants or capabilities:\n" + "\n".join(hits)
+    assert not hits, "compare with draftnas.core.engine_kinds' constants or capabilities:\n" + "\n".join(hits)
 
 
 def test_each_engine_declares_what_it_can_do():

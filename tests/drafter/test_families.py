@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from draftnas.core.engines import ENGINE_KINDS, HF, LLAMA_CPP, STATIC, VLLM
+from draftnas.core.engine_kinds import ENGINE_KINDS, HF, LLAMA_CPP, STATIC, VLLM
 from draftnas.core.errors import InvalidInputError
 from draftnas.drafter.families import (
     FAMILIES,

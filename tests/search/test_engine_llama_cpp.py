@@ -10,7 +10,7 @@ from draftnas.core.registry import get_architecture
 from draftnas.core.throughput import break_even_acceptance, expected_tokens_per_step
 from draftnas.latency.llama_cpp import EngineModel
 from draftnas.latency.records import EngineCalibration, EngineTiming
-from draftnas.search.engine import space_problems, verdict
+from draftnas.search.llama_cpp import space_problems, verdict
 from draftnas.search.spaces import default_space_for, load_search_space
 
 TARGET = get_architecture("qwen2.5-coder-1.5b")

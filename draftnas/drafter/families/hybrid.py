@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftnas.core.engines import LLAMA_CPP, STATIC
+from draftnas.core.engine_kinds import LLAMA_CPP, STATIC
 from draftnas.core.errors import InvalidInputError
 from draftnas.drafter.families.table import DrafterFamily, DrafterSpec, register_family, short_name
 from draftnas.drafter.lookup import is_lookup, parse_lookup, server_flags

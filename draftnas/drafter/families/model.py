@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftnas.core.engines import HF, LLAMA_CPP, STATIC, VLLM
+from draftnas.core.engine_kinds import HF, LLAMA_CPP, STATIC, VLLM
 from draftnas.drafter.families.table import DrafterFamily, DrafterSpec, register_family, short_name
 from draftnas.drafter.lookup import server_flags
 

@@ -48,7 +48,7 @@ class DrafterFamily:
     name: ClassVar[str]
     title: ClassVar[str]  # what tables call it
     syntax: ClassVar[str]  # how a spec of this family is written (for help texts and errors)
-    engines: ClassVar[tuple[str, ...]]  # the engine kinds (`core.engines`) that run it
+    engines: ClassVar[tuple[str, ...]]  # the engine kinds (`core.engine_kinds`) that run it
     pricing: ClassVar[str]  # how draftnas prices its acceptance
     catch_all: ClassVar[bool] = False  # matched when no other family claims a spec (the model drafter)
 
@@ -80,7 +80,7 @@ class DrafterFamily:
     def settings(self, spec: DrafterSpec, engine: str, gamma: int, **where: Any) -> Any:
         """Its settings in `engine`: llama.cpp's flags, vLLM's config or transformers' keywords; for
         draftnas's own loop the spec itself; `NOT_RUN` where the engine does not run this family."""
-        from draftnas.core.engines import HF, LLAMA_CPP, STATIC, VLLM
+        from draftnas.core.engine_kinds import HF, LLAMA_CPP, STATIC, VLLM
 
         if engine not in self.engines:
             return NOT_RUN
