@@ -8,7 +8,7 @@ from draftnas.cli.app import app, console
 from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.core.intervals import with_interval
 from draftnas.report.records import VerdictRequest
-from draftnas.report.verdict import Route, WorkloadVerdict, read_results, workload_verdicts
+from draftnas.report.verdict import Route, WorkloadVerdict, verdicts_from_request
 
 
 @app.command()
@@ -17,7 +17,7 @@ def verdict(request: VerdictRequest, output: Output) -> None:
     """What pays where: per workload (one `draftnas lookup` result each) and engine, the drafter family
     that pays, its settings in that engine, its predicted speedup and break-even, what the bench
     measured on the held-out prompts, and the route to take beside llama.cpp's plain decode."""
-    verdicts = workload_verdicts(*read_results(request.results))
+    verdicts = verdicts_from_request(request)
     if emit_json(output, [v.to_dict() for v in verdicts]):
         return
     render(verdicts)

@@ -20,13 +20,23 @@ _EXPORTS = {
     "make_distill_data": "distill_data",
     "train_from_request": "train",
     "load_trained": "trained",
+    "DistillDataRequest": "distill_records",
+    "DistillTrainRequest": "distill_records",
+    "DistillCurveRequest": "distill_records",
+    "DistillExportRequest": "distill_records",
+    "curves_from_request": "curve_fit",
 }
 __all__ = [
     "BuiltDrafter",
+    "DistillCurveRequest",
+    "DistillDataRequest",
+    "DistillExportRequest",
+    "DistillTrainRequest",
     "HealOptions",
     "HealResult",
     "PruningPlan",
     "build_drafter",
+    "curves_from_request",
     "load_plan",
     "load_trained",
     "make_distill_data",
@@ -36,7 +46,14 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.drafter.build import build_drafter
+    from draftnas.drafter.curve_fit import curves_from_request
     from draftnas.drafter.distill_data import make_distill_data
+    from draftnas.drafter.distill_records import (
+        DistillCurveRequest,
+        DistillDataRequest,
+        DistillExportRequest,
+        DistillTrainRequest,
+    )
     from draftnas.drafter.heal_records import HealOptions, HealResult
     from draftnas.drafter.records import BuiltDrafter, PruningPlan, load_plan
     from draftnas.drafter.train import train_from_request

@@ -19,6 +19,7 @@ _EXPORTS = {
     "heal_from_request": "heal",
     "load_drafter": "folder",
     "exported_record": "folder",
+    "export_trained": "trained",
 }
 __all__ = [
     "BestExport",
@@ -27,6 +28,7 @@ __all__ = [
     "HealRequest",
     "export_best",
     "export_from_request",
+    "export_trained",
     "exported_record",
     "heal_from_request",
     "load_drafter",
@@ -38,3 +40,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from draftnas.export.heal import heal_from_request
     from draftnas.export.records import BestExport, ExportRequest, ExportResult, HealRequest
     from draftnas.export.request import export_best, export_from_request
+    from draftnas.export.trained import export_trained

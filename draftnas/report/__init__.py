@@ -1,4 +1,5 @@
-"""Reports: a study's Markdown and plots, and a profile's latency against depth and width.
+"""Reports: a study's Markdown and plots, a profile's latency against depth and width, and what pays where
+(the verdict joining lookup searches and benches).
 
 The public names below load their module on first use (see `draftnas.core.public`).
 """
@@ -14,15 +15,22 @@ _EXPORTS = {
     "ReportFiles": "records",
     "report_from_request": "study",
     "write_report": "study",
+    "VerdictRequest": "records",
+    "WorkloadVerdict": "verdict",
+    "verdicts_from_request": "verdict",
 }
 __all__ = [
     "ReportFiles",
     "ReportRequest",
+    "VerdictRequest",
+    "WorkloadVerdict",
     "report_from_request",
+    "verdicts_from_request",
     "write_report",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from draftnas.report.records import ReportFiles, ReportRequest
+    from draftnas.report.records import ReportFiles, ReportRequest, VerdictRequest
     from draftnas.report.study import report_from_request, write_report
+    from draftnas.report.verdict import WorkloadVerdict, verdicts_from_request

@@ -21,6 +21,7 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.intervals import measured_word, predicted_word
 from draftnas.core.records import Record
 from draftnas.drafter.families import family, parse_drafter
+from draftnas.report.records import VerdictRequest
 from draftnas.search.lookup_records import LookupResult
 
 LOOKUP_FILE = "lookup.json"
@@ -255,6 +256,12 @@ def workload_verdicts(lookups: Sequence[dict[str, Any]], benches: Sequence[dict[
                                    plain_source=source, routes=tuple(routes),
                                    recommended=_recommend(plain, routes)))
     return out
+
+
+def verdicts_from_request(request: VerdictRequest) -> list[WorkloadVerdict]:
+    """`draftnas verdict`: the results the request names, read and checked, joined into one verdict per
+    workload."""
+    return workload_verdicts(*read_results(request.validate().results))
 
 
 def _recommend(plain: float, routes: Sequence[Route]) -> str:

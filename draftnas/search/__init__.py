@@ -1,5 +1,5 @@
 """The search: an Optuna study over drafter shapes ranked by predicted throughput, what it says,
-and acceptance (alpha) models.
+acceptance (alpha) models, and lookup drafting priced per workload (`search_lookup`).
 
 The public names below load their module on first use (see `draftnas.core.public`).
 """
@@ -28,10 +28,15 @@ _EXPORTS = {
     "AlphaFitRequest": "requests",
     "pairs_from_request": "pairs",
     "fit_from_request": "alpha",
+    "LookupRequest": "lookup_records",
+    "LookupResult": "lookup_records",
+    "search_lookup": "lookup",
 }
 __all__ = [
     "AlphaFitRequest",
     "AlphaMeasureRequest",
+    "LookupRequest",
+    "LookupResult",
     "RankedTrial",
     "SearchRequest",
     "SearchResult",
@@ -46,6 +51,7 @@ __all__ = [
     "plan_search",
     "registry_space",
     "search",
+    "search_lookup",
     "summary_lines",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -53,6 +59,8 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.search.alpha import fit_from_request
     from draftnas.search.explain import next_commands, summary_lines
+    from draftnas.search.lookup import search_lookup
+    from draftnas.search.lookup_records import LookupRequest, LookupResult
     from draftnas.search.pairs import pairs_from_request
     from draftnas.search.records import RankedTrial, SearchResult, StudySettings
     from draftnas.search.requests import AlphaFitRequest, AlphaMeasureRequest, SearchRequest

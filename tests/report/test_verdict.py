@@ -22,6 +22,15 @@ def _verdicts(names):
     return workload_verdicts(*read_results([str(RESULTS / n) for n in names]))
 
 
+def test_a_python_caller_gets_the_verdict_through_the_reports_face():
+    from draftnas.report import VerdictRequest, verdicts_from_request
+
+    (edit,) = verdicts_from_request(VerdictRequest(results=tuple(str(RESULTS / n) for n in EDIT)))
+    assert edit.to_dict() == _verdicts(EDIT)[0].to_dict()
+    with pytest.raises(InvalidInputError, match="results"):
+        verdicts_from_request(VerdictRequest(results=()))
+
+
 def test_the_shipped_edit_run_recommends_llama_cpp_lookup_at_its_measured_speed():
     (edit,) = _verdicts(EDIT)
     llama = edit.best("llama.cpp")
