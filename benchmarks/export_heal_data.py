@@ -24,11 +24,11 @@ def main() -> None:
     import torch
 
     from draftnas.core.machine import cpu_model_name, load_average
-    from draftnas.drafter.heal import heal
-    from draftnas.drafter.heal_data import generate_heal_data
-    from draftnas.drafter.heal_records import HealOptions
+    from draftnas.drafter.heal.heal import heal
+    from draftnas.drafter.heal.heal_data import generate_heal_data
+    from draftnas.drafter.heal.heal_records import HealOptions
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import load_plan
-    from draftnas.drafter.surgery import apply_plan
     from draftnas.models.sources import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

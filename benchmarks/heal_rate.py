@@ -31,12 +31,12 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from draftnas.drafter.heal import heal
-    from draftnas.drafter.heal_data import HealData, generate_heal_data
-    from draftnas.drafter.heal_records import HealOptions
-    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.heal.heal import heal
+    from draftnas.drafter.heal.heal_data import HealData, generate_heal_data
+    from draftnas.drafter.heal.heal_records import HealOptions
+    from draftnas.drafter.prune.plan import plan_pruning
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PlanOptions
-    from draftnas.drafter.surgery import apply_plan
     from draftnas.export.folder import export_drafter
     from draftnas.export.records import ExportInfo
     from draftnas.models.sources import load_model

@@ -87,9 +87,9 @@ def step_times(model: Any, engine: Any, device: str, repeats: int,
 
 
 def _drafter(target: Any, layers: int, folder: str | None, load: dict[str, str]) -> Any:
-    from draftnas.drafter.plan import base_architecture
+    from draftnas.drafter.prune.plan import base_architecture
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PruningPlan
-    from draftnas.drafter.surgery import apply_plan
     from draftnas.drafter.vocab import maybe_apply_saved_subset
 
     if folder:

@@ -24,9 +24,9 @@ def main() -> None:
     import torch
 
     from draftnas.acceptance.traces import load_traces
-    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.prune.plan import plan_pruning
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PlanOptions
-    from draftnas.drafter.surgery import apply_plan
     from draftnas.drafter.vocab import apply_vocab_subset, subset_from_traces
     from draftnas.export.folder import export_drafter
     from draftnas.export.records import ExportInfo

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from draftnas.drafter.prune.surgery import apply_plan
 from draftnas.drafter.records import VOCAB_FILE, PruningPlan, load_vocab_subset
-from draftnas.drafter.surgery import apply_plan
 from draftnas.models.sources import load_model
 
 

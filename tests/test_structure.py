@@ -29,10 +29,10 @@ HARD_LINES = 600  # a failure
 LIGHT = sorted({f"draftnas.{s}.records" for s in STAGES if (PACKAGE / s / "records.py").is_file()}
                | {"draftnas.core.throughput", "draftnas.core.placement", "draftnas.core.registry",
                   "draftnas.core.prompts", "draftnas.latency.model", "draftnas.latency.corrected",
-                  "draftnas.drafter.importance", "draftnas.search.space_file", "draftnas.search.candidate",
-                  "draftnas.search.scoring", "draftnas.search.alpha", "draftnas.export.card",
-                  "draftnas.bench.fidelity", "draftnas.e2e.render", "draftnas.search.requests",
-                  "draftnas.core.public"}
+                  "draftnas.drafter.prune.importance", "draftnas.search.space_file",
+                  "draftnas.search.candidate", "draftnas.search.scoring", "draftnas.search.alpha",
+                  "draftnas.export.card", "draftnas.bench.fidelity", "draftnas.e2e.render",
+                  "draftnas.search.requests", "draftnas.core.public"}
                | {f"draftnas.{s}" for s in STAGES})  # a stage's public face loads its modules on first use
 
 
@@ -178,8 +178,8 @@ def test_a_plan_alone_replays_an_exported_drafter_bit_for_bit_head_included(tiny
     from safetensors.torch import load_file
     from transformers import LlamaForCausalLM
 
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PruningPlan, VocabSubset, load_plan
-    from draftnas.drafter.surgery import apply_plan
     from draftnas.export.folder import export_drafter
     from draftnas.export.records import ExportInfo
 

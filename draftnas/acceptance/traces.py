@@ -2,7 +2,7 @@
 
 The target runs once per prompt and temperature; every candidate drafter is then
 scored against the cached traces (`draftnas.acceptance.estimate`) and can be healed on them
-(`draftnas.drafter.heal`) without loading the target again.
+(`draftnas.drafter.heal.heal`) without loading the target again.
 
 File format: one safetensors file. Tensors (all records concatenated, in record order):
 

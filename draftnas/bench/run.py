@@ -53,7 +53,7 @@ from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt, check_context, encode_prompt, subsample
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
-from draftnas.drafter.heal_records import prompt_key
+from draftnas.drafter.heal.heal_records import prompt_key
 from draftnas.export.folder import exported_record, load_drafter
 from draftnas.models.kernel_choices import kept_choices
 from draftnas.models.records import TORCH_DTYPES, quantized, weights_problem

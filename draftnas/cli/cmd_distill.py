@@ -9,7 +9,7 @@ from rich.table import Table
 from draftnas.cli.app import app, console, fmt_params
 from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
-from draftnas.drafter.distill_records import (
+from draftnas.drafter.training.distill_records import (
     DistillCurveRequest,
     DistillDataRequest,
     DistillDataResult,
@@ -33,7 +33,7 @@ def data(request: DistillDataRequest, output: Output) -> None:
     """Make or extend OUT: the target's answers to the shipped prompts and to prompts it writes itself, at
     each temperature, and its top-k over text found on this machine. Resumes and appends; stops at
     --minutes or --tokens (trained positions)."""
-    from draftnas.drafter.distill_data import make_distill_data
+    from draftnas.drafter.training.distill_data import make_distill_data
 
     with progress_bars(output.json) as on:
         result = make_distill_data(request, progress=on("data"))
@@ -63,7 +63,7 @@ def train(request: DistillTrainRequest, output: Output) -> None:
     """Cut --layers of the base at full width (a reduced head of --head-rows), train it on DATA to --tokens
     (then --finetune-tokens of --finetune-domain), reading held-out agreement at log-spaced budgets.
     Checkpoints and resumes; keeps the trained delta over the base, checked by hash."""
-    from draftnas.drafter.train import train_from_request
+    from draftnas.drafter.training.train import train_from_request
 
     with progress_bars(output.json) as on:
         result = train_from_request(request, progress=on("training"))
@@ -95,7 +95,7 @@ def render_train(result: DistillTrainResult) -> None:
 def curve(request: DistillCurveRequest, output: Output) -> None:
     """Fit tokens per step against log training tokens for each training run given, check the fit at the
     largest budget it was not fitted on, and write the curves (JSON) and a plot."""
-    from draftnas.drafter.curve_fit import curves_from_request
+    from draftnas.drafter.training.curve_fit import curves_from_request
 
     result = curves_from_request(request)
     if emit_json(output, result.to_dict()):

@@ -7,7 +7,7 @@ from rich.table import Table
 from draftnas.cli.app import app, console, fmt_params
 from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
-from draftnas.drafter.heal_records import HealResult
+from draftnas.drafter.heal.heal_records import HealResult
 from draftnas.export.records import HealRequest
 
 

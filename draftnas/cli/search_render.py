@@ -10,7 +10,7 @@ from rich.table import Table
 from draftnas.cli.app import fmt_params
 
 if TYPE_CHECKING:  # pragma: no cover
-    from draftnas.drafter.distill_records import TrainedPrice
+    from draftnas.drafter.training.distill_records import TrainedPrice
     from draftnas.search.records import RankedTrial, SearchResult
 
 

@@ -13,18 +13,18 @@ from draftnas.core.public import lazy_exports
 _EXPORTS = {
     "PruningPlan": "records",
     "load_plan": "records",
-    "HealOptions": "heal_records",
-    "HealResult": "heal_records",
+    "HealOptions": "heal.heal_records",
+    "HealResult": "heal.heal_records",
     "BuiltDrafter": "records",
     "build_drafter": "build",
-    "make_distill_data": "distill_data",
-    "train_from_request": "train",
-    "load_trained": "trained",
-    "DistillDataRequest": "distill_records",
-    "DistillTrainRequest": "distill_records",
-    "DistillCurveRequest": "distill_records",
-    "DistillExportRequest": "distill_records",
-    "curves_from_request": "curve_fit",
+    "make_distill_data": "training.distill_data",
+    "train_from_request": "training.train",
+    "load_trained": "training.trained",
+    "DistillDataRequest": "training.distill_records",
+    "DistillTrainRequest": "training.distill_records",
+    "DistillCurveRequest": "training.distill_records",
+    "DistillExportRequest": "training.distill_records",
+    "curves_from_request": "training.curve_fit",
 }
 __all__ = [
     "BuiltDrafter",
@@ -46,15 +46,15 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
     from draftnas.drafter.build import build_drafter
-    from draftnas.drafter.curve_fit import curves_from_request
-    from draftnas.drafter.distill_data import make_distill_data
-    from draftnas.drafter.distill_records import (
+    from draftnas.drafter.heal.heal_records import HealOptions, HealResult
+    from draftnas.drafter.records import BuiltDrafter, PruningPlan, load_plan
+    from draftnas.drafter.training.curve_fit import curves_from_request
+    from draftnas.drafter.training.distill_data import make_distill_data
+    from draftnas.drafter.training.distill_records import (
         DistillCurveRequest,
         DistillDataRequest,
         DistillExportRequest,
         DistillTrainRequest,
     )
-    from draftnas.drafter.heal_records import HealOptions, HealResult
-    from draftnas.drafter.records import BuiltDrafter, PruningPlan, load_plan
-    from draftnas.drafter.train import train_from_request
-    from draftnas.drafter.trained import load_trained
+    from draftnas.drafter.training.train import train_from_request
+    from draftnas.drafter.training.trained import load_trained

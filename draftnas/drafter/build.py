@@ -26,12 +26,12 @@ from draftnas.acceptance.estimate import BodyMemo, estimate_acceptance
 from draftnas.acceptance.traces import Traces as TracesClass
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.records import Progress
-from draftnas.drafter.heal import heal as run_heal
-from draftnas.drafter.heal_data import HealData
-from draftnas.drafter.heal_records import HealOptions, HealReading, HealResult, prompt_key
-from draftnas.drafter.plan import plan_pruning
+from draftnas.drafter.heal.heal import heal as run_heal
+from draftnas.drafter.heal.heal_data import HealData
+from draftnas.drafter.heal.heal_records import HealOptions, HealReading, HealResult, prompt_key
+from draftnas.drafter.prune.plan import plan_pruning
+from draftnas.drafter.prune.surgery import apply_plan
 from draftnas.drafter.records import BuiltDrafter, PlanOptions, PruningPlan
-from draftnas.drafter.surgery import apply_plan
 from draftnas.drafter.vocab import subset_from_traces
 from draftnas.models.ggml_quants import round_model
 from draftnas.models.linears import route_linears

@@ -21,9 +21,9 @@ from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.core.errors import InvalidInputError, PlanError
 from draftnas.core.records import TRANSIENT, Record
 from draftnas.core.registry import Architecture
-from draftnas.drafter.checks import index_problems, layer_problems, width_problems
-from draftnas.drafter.heal_records import HealResult
-from draftnas.drafter.importance import LAYER_SELECTION
+from draftnas.drafter.heal.heal_records import HealResult
+from draftnas.drafter.prune.checks import index_problems, layer_problems, width_problems
+from draftnas.drafter.prune.importance import LAYER_SELECTION
 
 Indices = tuple[tuple[int, ...], ...]
 

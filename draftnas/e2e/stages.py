@@ -25,9 +25,9 @@ from draftnas.core.prompts import DOMAINS, load_prompts
 from draftnas.core.records import write_json_file
 from draftnas.core.registry import Architecture
 from draftnas.drafter.build import build_drafter, choose_head, heal_options
-from draftnas.drafter.heal_data import HealData, data_from_traces
-from draftnas.drafter.heal_records import HealOptions
-from draftnas.drafter.plan import plan_pruning
+from draftnas.drafter.heal.heal_data import HealData, data_from_traces
+from draftnas.drafter.heal.heal_records import HealOptions
+from draftnas.drafter.prune.plan import plan_pruning
 from draftnas.drafter.records import PlanOptions, PruningPlan
 from draftnas.e2e.records import ROLES, Budget, E2EOptions, RoleDrafter
 from draftnas.export.folder import export_drafter, load_drafter

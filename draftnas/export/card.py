@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from draftnas.acceptance.records import AcceptanceEstimate
-from draftnas.drafter.heal_records import HealResult
+from draftnas.drafter.heal.heal_records import HealResult
 from draftnas.drafter.records import PruningPlan
 from draftnas.export.records import ExportInfo, drafter_name
 from draftnas.models.records import FULL_HEAD_DIR, HEAD_MODULE_FILE

@@ -11,7 +11,7 @@ from pathlib import Path
 from draftnas.core.machine import require_device
 from draftnas.core.options import option_error
 from draftnas.core.records import Progress
-from draftnas.drafter.heal_records import HealReading, HealResult
+from draftnas.drafter.heal.heal_records import HealReading, HealResult
 from draftnas.drafter.records import PruningPlan, load_plan
 from draftnas.export.folder import check_destination, export_drafter, load_drafter
 from draftnas.export.records import ExportInfo, HealRequest
@@ -45,7 +45,7 @@ def heal_from_request(request: HealRequest, *, progress: Progress | None = None,
                               data_progress=data_progress, on_reading=on_reading)
         model, tokenizer, result = built.model, loaded.tokenizer, built.heal
     else:
-        from draftnas.drafter.heal import heal
+        from draftnas.drafter.heal.heal import heal
 
         drafter = str(request.drafter)
         folder = load_drafter(drafter)

@@ -11,7 +11,7 @@ from draftnas.acceptance.records import AcceptanceEstimate
 from draftnas.core.machine import DEVICES
 from draftnas.core.options import check_options, option, option_group
 from draftnas.core.records import Record
-from draftnas.drafter.heal_records import HealOptions, HealResult
+from draftnas.drafter.heal.heal_records import HealOptions, HealResult
 from draftnas.drafter.records import PruningPlan
 from draftnas.models.records import llama_cpp_option, weights_suffix
 from draftnas.search.records import RankedTrial, WorkloadPrediction

@@ -19,7 +19,7 @@ from draftnas.core.machine import require_device
 from draftnas.core.options import option_error
 from draftnas.core.records import Progress
 from draftnas.drafter.build import build_drafter
-from draftnas.drafter.heal_records import HealOptions, prompt_key
+from draftnas.drafter.heal.heal_records import HealOptions, prompt_key
 from draftnas.drafter.records import PruningPlan, load_plan
 from draftnas.export.card import searched_tokens
 from draftnas.export.folder import check_destination, export_drafter

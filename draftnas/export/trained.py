@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from draftnas.drafter.curve_fit import read_train_result
-from draftnas.drafter.distill_records import DistillExportRequest
+from draftnas.drafter.training.curve_fit import read_train_result
+from draftnas.drafter.training.distill_records import DistillExportRequest
 from draftnas.export.folder import check_destination, export_drafter
 from draftnas.export.records import ExportInfo
 from draftnas.models.llama_cpp import check_quant
@@ -38,7 +38,7 @@ def zero_expanded_head(model: Any, subset: Any) -> Any:
 def export_trained(request: DistillExportRequest) -> tuple[Path, Path | None]:
     """Write the trained drafter of `request.run` to `request.out` (and its GGUF when asked); returns
     (folder, gguf)."""
-    from draftnas.drafter.trained import load_trained
+    from draftnas.drafter.training.trained import load_trained
     from draftnas.models.sources import load_model
 
     request.validate()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from draftnas.drafter.distill_records import CurveCheck, TrainingCurve
+from draftnas.drafter.training.distill_records import CurveCheck, TrainingCurve
 from draftnas.report.tables import read_result
 
 

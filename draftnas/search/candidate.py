@@ -14,7 +14,7 @@ from pathlib import Path
 
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.registry import Architecture, resolve_architecture
-from draftnas.drafter.importance import layer_selection
+from draftnas.drafter.prune.importance import layer_selection
 from draftnas.drafter.records import VOCAB_FILE, PruningPlan, drafter_label, load_vocab_subset
 from draftnas.models.records import weights_suffix
 from draftnas.search.records import Candidate, CandidateChoice

@@ -19,7 +19,7 @@ from draftnas.acceptance.traces import load_traces, split_traces
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.registry import Architecture
 from draftnas.drafter.build import build_drafter, heal_options, plan_drafter
-from draftnas.drafter.heal_data import data_from_traces
+from draftnas.drafter.heal.heal_data import data_from_traces
 from draftnas.drafter.loading import load_drafter
 from draftnas.drafter.records import PlanOptions
 from draftnas.models.records import TORCH_DTYPES, quantized

@@ -32,7 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 from draftnas.core.errors import DraftnasError, InfeasibleCandidateError, InvalidInputError
 from draftnas.core.placement import deployed
 from draftnas.core.registry import Architecture, resolve_architecture
-from draftnas.drafter.distill_records import TrainedPrice
+from draftnas.drafter.training.distill_records import TrainedPrice
 from draftnas.models.sources import has_weights
 from draftnas.search.candidate import build_candidate, reference_candidate
 from draftnas.search.evaluate import Evaluation, Evaluator, WeightsEvaluator

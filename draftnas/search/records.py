@@ -12,9 +12,9 @@ from draftnas.core.placement import Placement
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import RequestTerms, ThroughputEstimate
-from draftnas.drafter.distill_records import TrainedPrice
-from draftnas.drafter.heal_records import HealResult
+from draftnas.drafter.heal.heal_records import HealResult
 from draftnas.drafter.records import PruningPlan
+from draftnas.drafter.training.distill_records import TrainedPrice
 from draftnas.search.space import SearchSpace
 
 

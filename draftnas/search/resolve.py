@@ -25,8 +25,8 @@ from draftnas.core.machine import require_device
 from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt, load_prompts, subsample
 from draftnas.core.registry import Architecture, resolve_architecture
-from draftnas.drafter.curve_fit import load_curves, shipped_curves
-from draftnas.drafter.distill_records import CurveSet
+from draftnas.drafter.training.curve_fit import load_curves, shipped_curves
+from draftnas.drafter.training.distill_records import CurveSet
 from draftnas.latency.llama_cpp import EngineModel
 from draftnas.models.sources import ensure_local_folder, has_weights
 from draftnas.search.alpha import load_alpha_model

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from draftnas.core.placement import Placement
 from draftnas.core.registry import Architecture
-from draftnas.drafter.distill_records import CurveSet
+from draftnas.drafter.training.distill_records import CurveSet
 from draftnas.search.records import StudySettings
 from draftnas.search.space import SearchSpace
 

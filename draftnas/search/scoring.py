@@ -25,7 +25,7 @@ from draftnas.core.throughput import (
     verify_at,
     with_prefill,
 )
-from draftnas.drafter.heal_records import HealResult
+from draftnas.drafter.heal.heal_records import HealResult
 from draftnas.search.records import (
     AcceptanceReading,
     BatchEconomics,

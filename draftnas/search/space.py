@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from draftnas.core.records import Record
 from draftnas.core.registry import Architecture
-from draftnas.drafter.importance import LAYER_SELECTIONS as ALL_LAYER_SELECTIONS
+from draftnas.drafter.prune.importance import LAYER_SELECTIONS as ALL_LAYER_SELECTIONS
 from draftnas.models.records import GGUF_WEIGHTS, INT4_GROUP, format_kinds
 
 SCHEMA_VERSION = 1

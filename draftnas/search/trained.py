@@ -17,7 +17,7 @@ from draftnas.core.bisection import turning_point
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import acceptance_rate_from_tokens_per_step
-from draftnas.drafter.distill_records import CurveSet, TrainedPrice, TrainingCurve
+from draftnas.drafter.training.distill_records import CurveSet, TrainedPrice, TrainingCurve
 from draftnas.search.records import AcceptanceReading, LatencyReading, WorkloadPrediction
 from draftnas.search.scoring import predict_workload
 from draftnas.search.space import GammaRange, Workload

@@ -199,7 +199,7 @@ def test_prompts_the_drafter_was_healed_on_are_left_out_before_the_per_domain_ch
 
     from draftnas.bench.run import unseen_prompts
     from draftnas.core.prompts import encode_prompt
-    from draftnas.drafter.heal_records import prompt_key
+    from draftnas.drafter.heal.heal_records import prompt_key
 
     tok = TinyTokenizer()
     prompts = PROMPTS + (Prompt(id="d", domain="x", text="accept"),)

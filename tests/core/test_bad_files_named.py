@@ -12,8 +12,8 @@ from draftnas.core.errors import DraftnasError
 
 def _readers():
     from draftnas.acceptance.accepts import read_accepts
-    from draftnas.drafter.curve_fit import load_curves
     from draftnas.drafter.records import load_plan
+    from draftnas.drafter.training.curve_fit import load_curves
     from draftnas.latency.calibration_store import read_calibration
     from draftnas.latency.files import load_profile
     from draftnas.report.verdict import read_results

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.drafter.distill_records import (
+from draftnas.core.options import OptionError
+from draftnas.drafter.training.distill_records import (
     DATA_FORMAT,
     DataManifest,
     DistillDataRequest,
@@ -22,7 +23,12 @@ from draftnas.drafter.distill_records import (
     DistillTrainResult,
     TrainReading,
 )
-from draftnas.drafter.distill_store import DistillSequence, append_shard, iter_sequences, read_manifest
+from draftnas.drafter.training.distill_store import (
+    DistillSequence,
+    append_shard,
+    iter_sequences,
+    read_manifest,
+)
 from tests.helpers import tiny_llama
 
 K = 4
@@ -74,7 +80,7 @@ def test_store_round_trips_and_checks_hashes(tmp_path):
 
 
 def test_packed_rows_teach_each_position_once_per_epoch(tmp_path):
-    from draftnas.drafter.packing import build_stream, epoch_rows, row_batch
+    from draftnas.drafter.training.packing import build_stream, epoch_rows, row_batch
 
     manifest = _data(tmp_path)
     stream = build_stream(list(iter_sequences(tmp_path, manifest)))
@@ -93,7 +99,7 @@ def test_packed_rows_teach_each_position_once_per_epoch(tmp_path):
 
 
 def test_reading_budgets_are_log_spaced_and_end_at_the_budget():
-    from draftnas.drafter.train import reading_budgets
+    from draftnas.drafter.training.train import reading_budgets
 
     b = reading_budgets(1_000_000, 4, first=1_000)
     assert b == [1_000, 10_000, 100_000, 1_000_000]
@@ -110,8 +116,8 @@ def _train_request(tmp_path: Path, **kw) -> DistillTrainRequest:
 
 
 def _run(request: DistillTrainRequest, manifest: DataManifest, config) -> tuple[dict, object]:
-    from draftnas.drafter.heal_data import HealSequence
-    from draftnas.drafter.train import train_drafter
+    from draftnas.drafter.heal.heal_data import HealSequence
+    from draftnas.drafter.training.train import train_drafter
 
     drafter = tiny_llama(config, seed=3)
     held = [HealSequence(list(range(10, 30)), 8, list(range(18, 30))),
@@ -144,8 +150,8 @@ def test_budget_is_honoured_and_resume_gives_the_same_weights(tmp_path, tiny_lla
 
 
 def test_resume_against_another_run_is_refused(tmp_path, tiny_llama_config):
-    from draftnas.drafter.heal_data import HealSequence
-    from draftnas.drafter.train import train_drafter
+    from draftnas.drafter.heal.heal_data import HealSequence
+    from draftnas.drafter.training.train import train_drafter
 
     manifest = _data(tmp_path / "data")
     request = _train_request(tmp_path, stop_after_tokens=100)
@@ -169,7 +175,7 @@ def _result(points: list[tuple[int, float]]) -> DistillTrainResult:
 
 
 def test_curve_fit_is_the_least_squares_log_line_and_checks_the_last_budget():
-    from draftnas.drafter.curve_fit import fit_curve, fit_log_line
+    from draftnas.drafter.training.curve_fit import fit_curve, fit_log_line
 
     a, b = fit_log_line([(math.e, 1.0), (math.e ** 3, 2.0)])
     assert a == pytest.approx(0.5) and b == pytest.approx(0.5)
@@ -213,7 +219,7 @@ def test_bad_budgets_are_one_line_exit_2_and_write_nothing(tmp_path, args, needl
 
 
 def test_data_request_needs_a_budget(tmp_path):
-    from draftnas.drafter.distill_data import make_distill_data
+    from draftnas.drafter.training.distill_data import make_distill_data
 
     with pytest.raises(InvalidInputError, match="budget"):
         make_distill_data(DistillDataRequest(out=str(tmp_path / "d")))
@@ -222,7 +228,7 @@ def test_data_request_needs_a_budget(tmp_path):
 
 def test_prompt_split_holds_out_every_third_of_each_domain():
     from draftnas.core.prompts import load_prompts
-    from draftnas.drafter.distill_data import split_prompts
+    from draftnas.drafter.training.distill_data import split_prompts
 
     prompts = load_prompts("chat,code")
     train, held = split_prompts(prompts, 3)
@@ -233,23 +239,24 @@ def test_prompt_split_holds_out_every_third_of_each_domain():
 
 @pytest.mark.real_model
 def test_train_refuses_another_tokenizer_and_a_wider_shape_before_training(tmp_path):
-    from draftnas.drafter.train import train_from_request
+    from draftnas.drafter.training.train import train_from_request
 
     data = tmp_path / "data"
     _data(data)
     manifest = read_manifest(data)
     (data / "manifest.json").write_text(json.dumps(replace(manifest, target="smollm2-135m").to_dict()))
     request = DistillTrainRequest(data=str(data), out=str(tmp_path / "out"), layers=(0, 30), head_rows=60_000)
-    with pytest.raises(InvalidInputError) as err:
+    with pytest.raises(OptionError) as err:
         train_from_request(request)
-    text = str(err.value)
+    text = err.value.for_flags()  # the command line's names; str() gives the request's (layers 30)
     assert "tokenizer" in text and "--layers 30" in text and "--head-rows 60000" in text
+    assert "layers 30" in str(err.value) and "--layers" not in str(err.value)
     assert not (tmp_path / "out").exists()
 
 
 def test_a_finetune_may_read_another_folder_but_a_resumed_one_reads_the_same(tmp_path, tiny_llama_config):
-    from draftnas.drafter.heal_data import HealSequence
-    from draftnas.drafter.train import train_drafter
+    from draftnas.drafter.heal.heal_data import HealSequence
+    from draftnas.drafter.training.train import train_drafter
 
     manifest = _data(tmp_path / "data")
     other = _data(tmp_path / "other", n_units=2)
@@ -274,9 +281,8 @@ def test_a_training_request_the_data_or_base_cannot_serve_names_each_flag(monkey
     caller, the flag (or the positional DATA) on the command line."""
     from types import SimpleNamespace
 
-    from draftnas.core.options import OptionError
-    from draftnas.drafter import train_setup
-    from draftnas.drafter.distill_records import DataManifest, DistillTrainRequest
+    from draftnas.drafter.training import train_setup
+    from draftnas.drafter.training.distill_records import DataManifest, DistillTrainRequest
 
     monkeypatch.setattr(train_setup, "tokenizer_fingerprint", lambda tokenizer: "other")
     manifest = DataManifest(format=1, target="smollm2-135m", vocab_size=49152, tokenizer_fingerprint="mine",

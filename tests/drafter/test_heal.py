@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.drafter.heal_data import HealData, HealSequence
-from draftnas.drafter.heal_records import HealOptions
+from draftnas.drafter.heal.heal_data import HealData, HealSequence
+from draftnas.drafter.heal.heal_records import HealOptions
 
 
 def test_greedy_replay_healing_uses_is_hand_computed():
@@ -31,7 +31,7 @@ def test_greedy_replay_healing_uses_is_hand_computed():
 def test_kl_losses_match_definitions():
     import torch
 
-    from draftnas.drafter.losses import kl_to_logits, kl_to_topk
+    from draftnas.drafter.heal.losses import kl_to_logits, kl_to_topk
 
     torch.manual_seed(0)
     d, t = torch.randn(5, 11), torch.randn(5, 11)
@@ -65,8 +65,8 @@ def _models(config):
     import torch
     from transformers import LlamaForCausalLM
 
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PruningPlan
-    from draftnas.drafter.surgery import apply_plan
 
     config = copy.deepcopy(config)
     config.initializer_range = 0.2  # a target whose layers matter (0.02 makes every layer ~identity)
@@ -98,7 +98,7 @@ def _data(target, n_train=12, n_held=4, prompt_len=4, seq_len=16, top_k=None, me
 
 
 def test_heal_live_teacher_raises_agreement(tiny_llama_config):
-    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal.heal import heal
 
     target, drafter = _models(tiny_llama_config)
     data = _data(target, memorize=True)
@@ -115,7 +115,7 @@ def test_heal_live_teacher_raises_agreement(tiny_llama_config):
 def test_heal_trains_only_layers_by_default(tiny_llama_config):
     import torch
 
-    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal.heal import heal
 
     target, drafter = _models(tiny_llama_config)
     embed = drafter.get_input_embeddings().weight.clone()
@@ -130,7 +130,7 @@ def test_heal_trains_only_layers_by_default(tiny_llama_config):
 def test_healing_within_a_budget_trains_only_the_layers_next_to_a_cut(tiny_llama_config):
     import torch
 
-    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal.heal import heal
     from draftnas.drafter.records import PruningPlan
 
     plan = PruningPlan(base="b", base_num_layers=8, layers=(0, 1, 2, 5, 6), layer_selection="block_influence",
@@ -139,7 +139,7 @@ def test_healing_within_a_budget_trains_only_the_layers_next_to_a_cut(tiny_llama
     assert replace(plan, layers=tuple(range(8))).cut_neighbours() == ()  # nothing cut
     assert replace(plan, kept_channels=((0,),) * 5).cut_neighbours() == (0, 1, 2, 3, 4)  # widths: every layer
 
-    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.prune.surgery import apply_plan
 
     target, _ = _models(tiny_llama_config)  # a 2-layer drafter (its layer 1 borders a cut): train it only
     drafter = apply_plan(target, replace(plan, base="tiny", base_num_layers=4, layers=(0, 2)))
@@ -154,7 +154,7 @@ def test_healing_within_a_budget_trains_only_the_layers_next_to_a_cut(tiny_llama
 
 
 def test_heal_topk_teacher(tiny_llama_config):
-    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal.heal import heal
 
     target, drafter = _models(tiny_llama_config)
     data = _data(target, top_k=8, memorize=True)
@@ -167,7 +167,7 @@ def test_heal_topk_teacher(tiny_llama_config):
 
 def test_a_live_target_with_teacher_topk_is_never_run_while_training(tiny_llama_config):
     """teacher_topk: the target's top-k kept with the data is the teacher; the target is not called."""
-    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal.heal import heal
 
     target, drafter = _models(tiny_llama_config)
     data, plain = _data(target, top_k=8, memorize=True), _data(target)
@@ -184,7 +184,7 @@ def test_a_live_target_with_teacher_topk_is_never_run_while_training(tiny_llama_
 def test_low_rank_healing_trains_adapters_over_the_stack_and_merges_them(tiny_llama_config):
     import torch
 
-    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal.heal import heal
 
     target, drafter = _models(tiny_llama_config)
     data = _data(target, memorize=True)
@@ -207,7 +207,7 @@ def test_low_rank_healing_trains_adapters_over_the_stack_and_merges_them(tiny_ll
 def test_interrupted_heal_resumes_to_the_same_weights(tiny_llama_config, tmp_path, train):
     import torch
 
-    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal.heal import heal
 
     target, _ = _models(tiny_llama_config)
     data = _data(target, 6, 2)
@@ -234,7 +234,7 @@ def test_interrupted_heal_resumes_to_the_same_weights(tiny_llama_config, tmp_pat
 
 
 def test_checkpoint_of_other_options_refused(tiny_llama_config, tmp_path):
-    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal.heal import heal
 
     target, drafter = _models(tiny_llama_config)
     data = _data(target, 4, 2)
@@ -248,7 +248,7 @@ def test_checkpoint_of_other_options_refused(tiny_llama_config, tmp_path):
 def test_data_from_traces_splits_and_keeps_topk():
     import torch
 
-    from draftnas.drafter.heal_data import data_from_traces
+    from draftnas.drafter.heal.heal_data import data_from_traces
 
     class Info:
         def __init__(self, n):
@@ -271,10 +271,10 @@ def test_data_from_traces_splits_and_keeps_topk():
 @pytest.mark.real_model
 def test_smollm2_first2_heals_on_live_target(smollm2):
     """Real weights, a few steps on two short self-distilled continuations: agreement rises."""
-    from draftnas.drafter.heal import heal
-    from draftnas.drafter.heal_data import generate_heal_data
+    from draftnas.drafter.heal.heal import heal
+    from draftnas.drafter.heal.heal_data import generate_heal_data
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PruningPlan
-    from draftnas.drafter.surgery import apply_plan
 
     plan = PruningPlan(base="smollm2-135m", base_num_layers=30, layers=(0, 1), layer_selection="first",
                        num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536)
@@ -298,7 +298,7 @@ def test_the_target_writes_training_prompts_that_open_like_the_set(smollm2):
     """Written prompts open with a training prompt's first words, are answered by the target and join
     the training sequences only: the held-out sequences are the same as without them."""
     from draftnas.core.prompts import load_prompts, user_turn_opening
-    from draftnas.drafter.heal_data import WRITTEN_OPENING_WORDS, generate_heal_data, written_prompts
+    from draftnas.drafter.heal.heal_data import WRITTEN_OPENING_WORDS, generate_heal_data, written_prompts
 
     tok = smollm2.tokenizer
     opening = user_turn_opening(tok, "Explain the")
@@ -321,7 +321,7 @@ def test_the_target_writes_training_prompts_that_open_like_the_set(smollm2):
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("teacher", ["live", "topk"])
 def test_heal_on_cuda_moves_the_drafter_and_teaches_it(tiny_llama_config, teacher):
-    from draftnas.drafter.heal import heal
+    from draftnas.drafter.heal.heal import heal
     from draftnas.drafter.records import VocabSubset
     from draftnas.drafter.vocab import apply_vocab_subset
 

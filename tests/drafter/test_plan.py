@@ -104,7 +104,7 @@ def _weights(model):
 def test_depth_pruning_reindexes_and_generates(tiny_model):
     import torch
 
-    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.prune.surgery import apply_plan
 
     plan = _plan(layers=(1, 3), num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
     before = _weights(tiny_model)
@@ -125,7 +125,7 @@ def test_width_pruning_gqa_matches_sliced_math(tiny_model):
     computation restricted to the kept heads/channels (checked on the MLP and on shapes)."""
     import torch
 
-    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.prune.surgery import apply_plan
 
     plan = _plan(layers=(0, 1, 2, 3), kept_heads=((2, 3),) * 4, kept_kv_heads=((1,),) * 4,
                  kept_channels=(tuple(range(1, 64, 2)),) * 4)
@@ -154,8 +154,8 @@ def test_plan_pruning_replays_bit_identical_and_reloads(tiny_model, tmp_path, im
     import torch
     from transformers import AutoModelForCausalLM
 
-    from draftnas.drafter.plan import plan_pruning
-    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.prune.plan import plan_pruning
+    from draftnas.drafter.prune.surgery import apply_plan
 
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     options = PlanOptions(num_layers=3, layer_selection="block_influence", num_attention_heads=2,
@@ -180,8 +180,8 @@ def test_layer_selections(tiny_model):
     static decoder computes the pruned drafter's logits."""
     import torch
 
-    from draftnas.drafter.plan import plan_pruning
-    from draftnas.drafter.stats import block_influence
+    from draftnas.drafter.prune.plan import plan_pruning
+    from draftnas.drafter.prune.stats import block_influence
 
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(2))
     assert plan_pruning(tiny_model, PlanOptions(num_layers=2)).layers == (0, 1)
@@ -202,7 +202,7 @@ def test_activation_importance_keeps_the_live_channels(tiny_model):
     static decoder computes the pruned drafter's logits."""
     import torch
 
-    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.prune.plan import plan_pruning
 
     with torch.no_grad():
         for layer in tiny_model.model.layers:
@@ -214,7 +214,7 @@ def test_activation_importance_keeps_the_live_channels(tiny_model):
 
 
 def test_calibration_needs_ids_or_tokenizer(tiny_model):
-    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.prune.plan import plan_pruning
 
     with pytest.raises(PlanError, match="calibration"):
         plan_pruning(tiny_model, PlanOptions(num_layers=2, layer_selection="block_influence"))
@@ -230,8 +230,8 @@ def test_smollm2_block_influence_and_gqa_width(smollm2):
     """Real weights: layer 0 is the most influential; 2 of 3 KV groups + half the MLP reloads."""
     import torch
 
-    from draftnas.drafter.plan import calibration_ids, plan_pruning
-    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.prune.plan import calibration_ids, plan_pruning
+    from draftnas.drafter.prune.surgery import apply_plan
 
     ids = calibration_ids(smollm2.tokenizer, sequences=2, seq_len=64)
     plan = plan_pruning(smollm2.model, PlanOptions(
@@ -251,9 +251,9 @@ def test_qwen2_width_pruning_slices_the_qkv_biases_with_their_heads_and_groups()
     static decoder computes the pruned drafter's logits."""
     import torch
 
-    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.prune.plan import plan_pruning
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PlanOptions
-    from draftnas.drafter.surgery import apply_plan
     from tests.helpers import tiny_qwen2
 
     base = tiny_qwen2()

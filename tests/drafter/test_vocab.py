@@ -135,8 +135,8 @@ def test_reduced_head_drafter_is_lossless_in_the_loop(tiny_llama_config):
 def test_healing_a_reduced_head_trains_the_head(tiny_llama_config):
     from draftnas.acceptance.records import TraceMetadata, TraceRecordInfo
     from draftnas.acceptance.traces import TraceRecord, Traces
-    from draftnas.drafter.heal import heal
-    from draftnas.drafter.heal_records import HealOptions
+    from draftnas.drafter.heal.heal import heal
+    from draftnas.drafter.heal.heal_records import HealOptions
     from draftnas.models.speculative import greedy_generate
 
     # untied heads: tied random models just repeat their input token, so a drafter would agree
@@ -353,9 +353,9 @@ def test_a_gemma3_reduced_head_answers_assisted_generation_as_generate_would(
 
     from transformers import AutoModelForCausalLM
 
-    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.prune.plan import plan_pruning
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PlanOptions
-    from draftnas.drafter.surgery import apply_plan
 
     drafter = apply_plan(tiny_gemma, plan_pruning(tiny_gemma, PlanOptions(layers=(0, 2))))
     _, _, out = _exported_reduced(tmp_path, None, model=drafter)
@@ -415,9 +415,9 @@ def tiny_gemma():
 def test_gemma3_depth_and_width_pruning_reloads(tmp_path, tiny_gemma):
     from transformers import AutoModelForCausalLM
 
-    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.prune.plan import plan_pruning
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PlanOptions
-    from draftnas.drafter.surgery import apply_plan
 
     calib = torch.randint(0, V, (2, 24))
     options = PlanOptions(layers=(0, 2, 4), num_attention_heads=2, intermediate_size=32)
@@ -438,9 +438,9 @@ def test_gemma3_depth_and_width_pruning_reloads(tmp_path, tiny_gemma):
 
 
 def test_gemma3_reduced_head_drafter_is_lossless(tiny_gemma):
-    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.prune.plan import plan_pruning
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PlanOptions
-    from draftnas.drafter.surgery import apply_plan
     from draftnas.models.speculative import greedy_generate, speculative_generate
 
     drafter = apply_plan(tiny_gemma, plan_pruning(tiny_gemma, PlanOptions(layers=(0, 1, 2, 3, 4, 5))))
@@ -522,11 +522,11 @@ def test_bench_runs_a_reduced_head_folder_in_its_own_loop(tmp_path, tiny_llama_c
 def test_gemma3_reduced_head_heals_from_traces(tiny_gemma):
     from draftnas.acceptance.records import TraceMetadata, TraceRecordInfo
     from draftnas.acceptance.traces import TraceRecord, Traces
-    from draftnas.drafter.heal import heal
-    from draftnas.drafter.heal_records import HealOptions
-    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.heal.heal import heal
+    from draftnas.drafter.heal.heal_records import HealOptions
+    from draftnas.drafter.prune.plan import plan_pruning
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PlanOptions
-    from draftnas.drafter.surgery import apply_plan
     from draftnas.models.speculative import greedy_generate
 
     records = []
@@ -553,9 +553,9 @@ def test_gemma3_reduced_head_heals_from_traces(tiny_gemma):
 def test_a_qwen2_drafter_exports_a_reduced_head_that_is_a_lossless_assistant(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.prune.plan import plan_pruning
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.drafter.records import PlanOptions
-    from draftnas.drafter.surgery import apply_plan
     from draftnas.export.folder import export_drafter, load_drafter
     from draftnas.export.records import ExportInfo
     from draftnas.models.hf_head import DraftnasQwen2ReducedHead

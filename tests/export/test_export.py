@@ -41,7 +41,7 @@ def tiny_base(tiny_llama_config, tmp_path):
 
 
 def _export(tiny_base, out, **info):
-    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.export.folder import export_drafter
 
     _, model, tokenizer = tiny_base
@@ -279,7 +279,7 @@ def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never
     from draftnas.acceptance.records import TraceOptions, held_out
     from draftnas.acceptance.tracing import build_traces
     from draftnas.core.prompts import load_prompts
-    from draftnas.drafter.heal_records import HealOptions
+    from draftnas.drafter.heal.heal_records import HealOptions
     from draftnas.export.records import ExportRequest
     from draftnas.export.request import export_from_request
     from draftnas.models.sources import load_model
@@ -311,7 +311,7 @@ def test_an_export_from_a_measuring_study_is_priced_on_records_its_healing_never
 
 
 def test_an_export_from_a_study_heals_on_its_workload_prompt_set():
-    from draftnas.drafter.heal_records import HealOptions
+    from draftnas.drafter.heal.heal_records import HealOptions
     from draftnas.export.records import EXPORT_TEACHER_TOPK, EXPORT_WRITTEN_PROMPTS
     from draftnas.export.request import workload_heal_options
 
@@ -332,7 +332,7 @@ def test_an_export_from_a_study_heals_on_its_workload_prompt_set():
 def test_export_from_plan_file_with_healing(tiny_base, tmp_path):
     """--plan + --base + --heal-steps: heals toward the (live) base on self-distilled text."""
     from draftnas.core.prompts import load_prompts
-    from draftnas.drafter.heal_records import HealOptions
+    from draftnas.drafter.heal.heal_records import HealOptions
     from draftnas.export.records import ExportRequest
     from draftnas.export.request import export_from_request
 
@@ -379,7 +379,7 @@ def test_exported_smollm2_drafter_is_a_lossless_assistant(smollm2, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.export.folder import export_drafter
 
     plan = PruningPlan(base="smollm2-135m", base_num_layers=30, layers=(0, 1), layer_selection="first",

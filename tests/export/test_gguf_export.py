@@ -105,7 +105,7 @@ def test_llama_gguf_decodes_as_transformers_does_in_llama_cpp(tmp_path):
     the continuation differs."""
     import torch
 
-    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.export.gguf import export_gguf
     from draftnas.models.llama_cpp import LlamaCppError, find_llama_cpp
     from draftnas.models.llama_server import Server

@@ -8,7 +8,7 @@ import pytest
 
 from draftnas.core.registry import resolve_architecture
 from draftnas.core.throughput import expected_tokens_per_step
-from draftnas.drafter.distill_records import CurvePoint, CurveSet, TrainingCurve
+from draftnas.drafter.training.distill_records import CurvePoint, CurveSet, TrainingCurve
 from draftnas.search.records import LatencyReading
 from draftnas.search.space import GammaRange, Workload
 from draftnas.search.trained import curve_arch, price_trained, tokens_to_beat
@@ -72,7 +72,7 @@ def test_the_budget_to_beat_a_bar_is_where_the_priced_speed_crosses_it():
 def test_the_shipped_curves_are_checked_on_their_gain_with_its_command(target, shapes, budget):
     """SmolLM2's curves rise measurably and predict the gain over 1 at their held-out budget within 20%;
     the Qwen cuts' slopes are statistically zero, so no budget is read off them."""
-    from draftnas.drafter.curve_fit import shipped_curves
+    from draftnas.drafter.training.curve_fit import shipped_curves
 
     curves = shipped_curves(target)
     assert curves is not None and curves.target == target and len(curves.curves) >= shapes
@@ -89,7 +89,7 @@ def test_the_shipped_curves_are_checked_on_their_gain_with_its_command(target, s
 
 
 def test_no_curves_ship_for_a_target_never_trained():
-    from draftnas.drafter.curve_fit import shipped_curves
+    from draftnas.drafter.training.curve_fit import shipped_curves
 
     assert shipped_curves("gemma-3-270m") is None
 

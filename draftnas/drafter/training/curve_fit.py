@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.drafter.distill_records import (
+from draftnas.drafter.training.distill_records import (
     CurveCheck,
     CurvePoint,
     CurveSet,

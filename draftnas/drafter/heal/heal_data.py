@@ -22,7 +22,7 @@ from draftnas.acceptance.tracing import decode_batch
 from draftnas.core.errors import InvalidInputError, TraceError
 from draftnas.core.prompts import encode_prompt, load_prompts, user_turn_opening, uses_chat_template
 from draftnas.core.records import Progress
-from draftnas.drafter.heal_records import HealOptions
+from draftnas.drafter.heal.heal_records import HealOptions
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ def load_trained(folder: str | Path, base_model: Any, sha256: str | None = None)
     with `sha256`, a delta whose hash differs is refused."""
     from safetensors.torch import load_file
 
-    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.prune.surgery import apply_plan
 
     root = Path(folder)
     delta_path, plan_path = root / DELTA_FILE, root / PLAN_FILE

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from draftnas.drafter.surgery import check_llama_layer, decoder_of
+from draftnas.drafter.prune.surgery import check_llama_layer, decoder_of
 
 
 @dataclass

@@ -14,11 +14,11 @@ from draftnas.acceptance.tracing import decode_batch
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.options import OptionError, option_error, option_flags
 from draftnas.core.prompts import encode_prompt, load_prompts
-from draftnas.drafter.distill_records import HELDOUT_PROMPTS, DataManifest, DistillTrainRequest
-from draftnas.drafter.distill_store import iter_sequences, read_manifest
-from draftnas.drafter.heal_data import HealSequence
+from draftnas.drafter.heal.heal_data import HealSequence
 from draftnas.drafter.records import PlanOptions, PruningPlan
-from draftnas.drafter.trained import PLAN_FILE
+from draftnas.drafter.training.distill_records import HELDOUT_PROMPTS, DataManifest, DistillTrainRequest
+from draftnas.drafter.training.distill_store import iter_sequences, read_manifest
+from draftnas.drafter.training.trained import PLAN_FILE
 
 HELDOUT_NEW_TOKENS = 96
 
@@ -87,7 +87,7 @@ def head_subset(request: DistillTrainRequest, manifest: DataManifest, tokenizer:
 def make_plan(request: DistillTrainRequest, manifest: DataManifest, loaded: Any) -> PruningPlan:
     from dataclasses import replace
 
-    from draftnas.drafter.plan import plan_pruning
+    from draftnas.drafter.prune.plan import plan_pruning
 
     plan = plan_pruning(loaded.model, PlanOptions(layers=tuple(sorted(request.layers)),
                                                   base=request.base or manifest.target))

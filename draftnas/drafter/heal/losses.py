@@ -13,7 +13,7 @@ import torch
 
 from draftnas.acceptance.estimate import head_logits
 from draftnas.acceptance.steps import greedy_steps
-from draftnas.drafter.heal_data import HealSequence
+from draftnas.drafter.heal.heal_data import HealSequence
 from draftnas.drafter.vocab import head_row_table, kept_ids
 
 

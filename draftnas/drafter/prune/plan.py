@@ -13,10 +13,10 @@ import torch
 from draftnas.core.errors import PlanError
 from draftnas.core.prompts import load_prompts
 from draftnas.core.registry import Architecture
-from draftnas.drafter.importance import importance, layer_selection, select_channels, select_heads
+from draftnas.drafter.prune.importance import importance, layer_selection, select_channels, select_heads
+from draftnas.drafter.prune.stats import Stats, collect_stats
+from draftnas.drafter.prune.surgery import base_architecture, check_llama_layer, decoder_of
 from draftnas.drafter.records import PlanOptions, PruningPlan
-from draftnas.drafter.stats import Stats, collect_stats
-from draftnas.drafter.surgery import base_architecture, check_llama_layer, decoder_of
 
 log = logging.getLogger(__name__)
 FALLBACK_TEXTS: tuple[str, ...] = (

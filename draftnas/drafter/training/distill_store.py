@@ -25,7 +25,7 @@ import torch
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.provenance import sha256_file
-from draftnas.drafter.distill_records import DATA_FORMAT, MANIFEST, DataManifest, ShardInfo
+from draftnas.drafter.training.distill_records import DATA_FORMAT, MANIFEST, DataManifest, ShardInfo
 
 
 @dataclass

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.drafter.distill_store import DistillSequence
-from draftnas.drafter.losses import Batch
+from draftnas.drafter.heal.losses import Batch
+from draftnas.drafter.training.distill_store import DistillSequence
 
 
 @dataclass

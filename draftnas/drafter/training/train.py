@@ -32,20 +32,25 @@ import torch
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_has_native_bf16, host_line
 from draftnas.core.records import Progress
-from draftnas.drafter.distill_records import (
+from draftnas.drafter.heal.heal import trainable_parameters
+from draftnas.drafter.heal.heal_data import HealSequence, pad_id
+from draftnas.drafter.heal.losses import kl_to_topk, measure_agreement, selected_logits, topk_to_head
+from draftnas.drafter.records import PruningPlan
+from draftnas.drafter.training.distill_records import (
     DataManifest,
     DistillTrainRequest,
     DistillTrainResult,
     TrainReading,
 )
-from draftnas.drafter.distill_store import iter_sequences, read_manifest
-from draftnas.drafter.heal import trainable_parameters
-from draftnas.drafter.heal_data import HealSequence, pad_id
-from draftnas.drafter.losses import kl_to_topk, measure_agreement, selected_logits, topk_to_head
-from draftnas.drafter.packing import Stream, build_stream, epoch_rows, row_batch
-from draftnas.drafter.records import PruningPlan
-from draftnas.drafter.train_setup import check_request, finetune_manifest, heldout_sequences, run_plan
-from draftnas.drafter.trained import DELTA_FILE, save_delta
+from draftnas.drafter.training.distill_store import iter_sequences, read_manifest
+from draftnas.drafter.training.packing import Stream, build_stream, epoch_rows, row_batch
+from draftnas.drafter.training.train_setup import (
+    check_request,
+    finetune_manifest,
+    heldout_sequences,
+    run_plan,
+)
+from draftnas.drafter.training.trained import DELTA_FILE, save_delta
 
 log = logging.getLogger(__name__)
 STATE_FILE = "train-state.pt"
@@ -254,7 +259,7 @@ def _command(request: DistillTrainRequest) -> str:
 def train_from_request(request: DistillTrainRequest, *,
                        progress: Progress | None = None) -> DistillTrainResult:
     """Cut, train to the budget (resuming a checkpoint of the same run), guard, keep the delta."""
-    from draftnas.drafter.surgery import apply_plan
+    from draftnas.drafter.prune.surgery import apply_plan
     from draftnas.models.sources import load_model
 
     request.validate()
@@ -275,7 +280,7 @@ def train_from_request(request: DistillTrainRequest, *,
         del target
     pad = pad_id(loaded.tokenizer)
     if request.train == "lowrank":
-        from draftnas.drafter.adapters import attach_low_rank
+        from draftnas.drafter.heal.adapters import attach_low_rank
 
         attach_low_rank(drafter, request.rank, (), request.seed)
     trainer, resumed, finished = train_drafter(request, drafter, heldout, pad, manifest, folder,
@@ -286,7 +291,7 @@ def train_from_request(request: DistillTrainRequest, *,
 
 def _finish(request: DistillTrainRequest, trainer: _Trainer, plan: PruningPlan, base_spec: str,
             manifest: DataManifest, folder: Path, resumed: int, finished: bool) -> DistillTrainResult:
-    from draftnas.drafter.adapters import merge_low_rank
+    from draftnas.drafter.heal.adapters import merge_low_rank
 
     merge_low_rank(trainer.drafter)
     readings = trainer.state.readings

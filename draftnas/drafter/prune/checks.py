@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from draftnas.core.registry import Architecture
-from draftnas.drafter.importance import IMPORTANCES, LAYER_SELECTIONS
+from draftnas.drafter.prune.importance import IMPORTANCES, LAYER_SELECTIONS
 
 
 def layer_problems(plan: Any) -> list[str]:

@@ -44,10 +44,10 @@ from draftnas.acceptance.traces import check_compatible
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import require_device
 from draftnas.core.records import Progress
-from draftnas.drafter.adapters import attach_low_rank, is_adapter, merge_low_rank
-from draftnas.drafter.heal_data import HealData, is_traces, load_or_make_data, pad_id
-from draftnas.drafter.heal_records import HealOptions, HealReading, HealResult, prompt_key
-from draftnas.drafter.losses import (
+from draftnas.drafter.heal.adapters import attach_low_rank, is_adapter, merge_low_rank
+from draftnas.drafter.heal.heal_data import HealData, is_traces, load_or_make_data, pad_id
+from draftnas.drafter.heal.heal_records import HealOptions, HealReading, HealResult, prompt_key
+from draftnas.drafter.heal.losses import (
     collate,
     head_subset,
     kl_to_logits,

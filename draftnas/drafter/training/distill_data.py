@@ -36,15 +36,15 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_has_native_bf16, host_line
 from draftnas.core.prompts import DOMAINS, Prompt, encode_prompt, load_prompts, uses_chat_template
 from draftnas.core.records import Progress
-from draftnas.drafter.distill_records import (
+from draftnas.drafter.heal.heal_data import written_prompts
+from draftnas.drafter.training.distill_records import (
     DATA_FORMAT,
     HELDOUT_PROMPTS,
     DataManifest,
     DistillDataRequest,
     DistillDataResult,
 )
-from draftnas.drafter.distill_store import DistillSequence, append_shard, read_manifest
-from draftnas.drafter.heal_data import written_prompts
+from draftnas.drafter.training.distill_store import DistillSequence, append_shard, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -328,7 +328,7 @@ def _run_units(request: DistillDataRequest, maker: _Maker, progress: Progress | 
                                       + time.perf_counter() - started - elapsed), unit, kind, seqs)
         added_seqs += len(seqs)
         _report(request, maker.manifest, before, time.perf_counter() - started, progress, unit)
-    from draftnas.drafter.distill_store import write_manifest
+    from draftnas.drafter.training.distill_store import write_manifest
 
     write_manifest(maker.folder, maker.manifest)
     m = maker.manifest
