@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 import struct
 from collections.abc import Iterable
@@ -204,6 +205,16 @@ def vocab_problems(target: GgufInfo, draft: GgufInfo) -> list[str]:
     if abs(rows - target.vocab_tokens) > VOCAB_SLACK:
         out.append(f"its head has {rows} rows against the target's {target.vocab_tokens} tokens")
     return out
+
+
+def tokenizer_digest(path: str | Path) -> str:
+    """sha256 (first 16 hex digits) of every `tokenizer.ggml.*` key a GGUF file holds: its token texts,
+    merges, token types, special ids and tokenizer model. Two files with one digest map text to the same
+    ids, read from their headers alone (no tokenizer built, no weights converted)."""
+    h = _header(path)
+    keys = sorted(k for k in h.kv if k.startswith("tokenizer.ggml."))
+    payload = json.dumps([(k, h.kv[k][2]) for k in keys], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
 def check_drafter_gguf(target: str | Path, draft: str | Path) -> None:

@@ -644,8 +644,14 @@ def test_a_base_or_reference_with_another_vocabulary_or_tokenizer_is_refused(tmp
     target = get_architecture("qwen2.5-coder-1.5b")
     vocab = resolve._tokenizer_problems("reference", "smollm2-135m", "qwen2.5-coder-1.5b", target)
     assert vocab and "reads 49152 token ids but target qwen2.5-coder-1.5b 151936" in vocab[0]
-    if resolve.has_weights("qwen2.5-coder-0.5b"):  # the embedded pair shares one tokenizer
-        assert resolve._tokenizer_problems("base", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", target) == []
+    if resolve.has_weights("qwen2.5-coder-0.5b"):  # the embedded pair shares one tokenizer, from the GGUFs
+        with monkeypatch.context() as m:
+            m.setattr(resolve, "ensure_local_folder", lambda spec: pytest.fail(f"converted {spec}"))
+            problems = resolve._tokenizer_problems("base", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", target)
+            assert problems == []
+        if resolve.has_weights("smollm2-135m"):  # another tokenizer: another digest
+            assert resolve._same_gguf_tokenizer("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+            assert not resolve._same_gguf_tokenizer("smollm2-135m", "qwen2.5-coder-1.5b")
     monkeypatch.setattr(resolve, "has_weights", lambda spec: True)
     monkeypatch.setattr(resolve, "ensure_local_folder", lambda spec: (None, tmp_path / spec, True))
     monkeypatch.setattr(resolve, "resolve_architecture", lambda spec: target)
