@@ -30,6 +30,7 @@ from draftnas.drafter.heal.heal import heal as run_heal
 from draftnas.drafter.heal.heal_data import HealData
 from draftnas.drafter.heal.heal_records import HealOptions, HealReading, HealResult, prompt_key
 from draftnas.drafter.prune.plan import plan_pruning
+from draftnas.drafter.prune.stats import StatsMemo
 from draftnas.drafter.prune.surgery import apply_plan
 from draftnas.drafter.records import BuiltDrafter, PlanOptions, PruningPlan
 from draftnas.drafter.vocab import subset_from_traces
@@ -59,11 +60,13 @@ def heal_options(*, steps: int, batch_size: int, lr: float, seq_len: int, seed: 
 
 
 def plan_drafter(base: LoadedModel, options: PlanOptions, *, head_rows: int = 0,
-                 vocab_traces: Traces | None = None, source: str = "") -> PruningPlan:
+                 vocab_traces: Traces | None = None, source: str = "", memo: StatsMemo | None = None
+                 ) -> PruningPlan:
     """The plan for `options` measured on `base`, with a reduced head of `head_rows` rows (the
-    target's most frequent tokens in `vocab_traces`, plus special tokens) when `head_rows` > 0."""
+    target's most frequent tokens in `vocab_traces`, plus special tokens) when `head_rows` > 0.
+    `memo`: the base's importance statistics kept across plans (`StatsMemo`)."""
 
-    plan = plan_pruning(base.model, options, tokenizer=base.tokenizer)
+    plan = plan_pruning(base.model, options, tokenizer=base.tokenizer, memo=memo)
     return choose_head(plan, head_rows, vocab_traces, base.tokenizer, source=source)
 
 

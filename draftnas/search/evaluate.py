@@ -21,6 +21,7 @@ from draftnas.core.registry import Architecture
 from draftnas.drafter.build import build_drafter, heal_options, plan_drafter
 from draftnas.drafter.heal.heal_data import data_from_traces
 from draftnas.drafter.loading import load_drafter
+from draftnas.drafter.prune.stats import StatsMemo
 from draftnas.drafter.records import PlanOptions
 from draftnas.models.records import TORCH_DTYPES, quantized
 from draftnas.models.sources import load_model
@@ -126,6 +127,7 @@ class WeightsEvaluator:
         self._eval_traces: Any = None
         self._heal_data: Any = None
         self._body = BodyMemo()  # the last unhealed body scored on the held-out records
+        self._stats = StatsMemo()  # the base's block influence (and activations), measured once
 
     def _setup(self) -> None:
         if self._loaded is not None:
@@ -151,7 +153,7 @@ class WeightsEvaluator:
             intermediate_size=a.intermediate_size, base=self.base,
             calibration_sequences=self.calibration_sequences, calibration_seq_len=self.calibration_seq_len),
             head_rows=candidate.head_vocab_size or 0, vocab_traces=self._heal_traces,
-            source=str(self.traces_path))
+            source=str(self.traces_path), memo=self._stats)
         options = heal_options(steps=h.steps, batch_size=h.batch_size, lr=h.learning_rate, seq_len=h.seq_len,
                                seed=self.seed, n_records=len(self._heal_traces.records),
                                max_seconds=h.max_seconds, device=self.device)

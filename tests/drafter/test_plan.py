@@ -280,3 +280,31 @@ def test_qwen2_width_pruning_slices_the_qkv_biases_with_their_heads_and_groups()
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert torch.equal(apply_plan(base, plan).model.layers[0].self_attn.q_proj.bias,
                        drafter.model.layers[0].self_attn.q_proj.bias)  # replays bit for bit
+
+
+def test_a_stats_memo_measures_the_base_once_for_every_plan(tiny_model, monkeypatch):
+    """A search plans every trial from one base: the memo's statistics stand for a new measurement (the
+    same plans), gathered again only when a plan needs the activations they lack."""
+    import torch
+
+    import draftnas.drafter.prune.plan as plan_module
+    from draftnas.drafter.prune.stats import StatsMemo
+
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))
+    monkeypatch.setattr(plan_module, "_calibration_tensor", lambda calibration, tokenizer, options: ids)
+    calls, real = [], plan_module.collect_stats
+
+    def counted(model, sample, *, width):
+        calls.append(width)
+        return real(model, sample, width=width)
+
+    monkeypatch.setattr(plan_module, "collect_stats", counted)
+    depth = [PlanOptions(num_layers=k, layer_selection="block_influence") for k in (2, 3)]
+    width = [PlanOptions(num_layers=k, layer_selection="block_influence", num_attention_heads=2,
+                         num_key_value_heads=1, intermediate_size=40, importance="activation")
+             for k in (2, 3)]
+    memo = StatsMemo()
+    kept = [plan_module.plan_pruning(tiny_model, o, memo=memo) for o in depth + width]
+    assert calls == [False, True]
+    fresh = [plan_module.plan_pruning(tiny_model, o, ids) for o in depth + width]
+    assert kept == fresh

@@ -14,7 +14,7 @@ from draftnas.core.errors import PlanError
 from draftnas.core.prompts import load_prompts
 from draftnas.core.registry import Architecture
 from draftnas.drafter.prune.importance import importance, layer_selection, select_channels, select_heads
-from draftnas.drafter.prune.stats import Stats, collect_stats
+from draftnas.drafter.prune.stats import Stats, StatsMemo, collect_stats
 from draftnas.drafter.prune.surgery import base_architecture, check_llama_layer, decoder_of
 from draftnas.drafter.records import PlanOptions, PruningPlan
 
@@ -68,12 +68,13 @@ def calibration_ids(tokenizer: Any, texts: Sequence[str] | None = None, *,
 
 
 def plan_pruning(model: Any, options: PlanOptions, calibration: Any = None, *,
-                 tokenizer: Any = None) -> PruningPlan:
+                 tokenizer: Any = None, memo: StatsMemo | None = None) -> PruningPlan:
     """Measure importance on `model` and return the plan `options` asks for.
 
     `calibration`: token ids `[B, T]`, or texts (with `tokenizer`), or None (the
     shipped prompts, with `tokenizer`). Needed only by strategies that read activations
-    (block influence, activation importance).
+    (block influence, activation importance). `memo`: statistics over the shipped prompts kept from an
+    earlier plan of the same model, reused (and filled) when `calibration` is None.
     """
     base = base_architecture(model, options.base)
     heads = options.num_attention_heads or base.num_attention_heads
@@ -86,9 +87,14 @@ def plan_pruning(model: Any, options: PlanOptions, calibration: Any = None, *,
     activations = prune_width and criterion.needs_activations
     stats = None
     if (options.layers is None and selection.needs_block_influence) or activations:
-        ids = _calibration_tensor(calibration, tokenizer, options)
-        stats = collect_stats(model, ids, width=activations)
-        log.info("block influence: %s", [round(b, 3) for b in stats.block_influence])
+        sample = (options.calibration_sequences, options.calibration_seq_len)
+        stats = memo.get(model, sample, activations) if memo is not None and calibration is None else None
+        if stats is None:
+            ids = _calibration_tensor(calibration, tokenizer, options)
+            stats = collect_stats(model, ids, width=activations)
+            log.info("block influence: %s", [round(b, 3) for b in stats.block_influence])
+            if memo is not None and calibration is None:
+                memo.put(model, sample, stats)
     plan = PruningPlan(
         base=options.base or str(getattr(model.config, "name_or_path", "") or ""),
         base_num_layers=base.num_hidden_layers, layers=_layers(options, base.num_hidden_layers, stats),

@@ -4,7 +4,7 @@ channel's contribution (`drafter.importance`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +28,22 @@ class Stats:
     block_influence: list[float]
     layers: list[LayerStats | None]
     tokens: int
+
+
+@dataclass
+class StatsMemo:
+    """Statistics gathered once per base model and calibration sample and handed to every later plan cut
+    from that base (a search plans each trial anew; its base and sample do not change). Statistics with
+    the activations serve a plan that needs only block influence too (one forward gathers both)."""
+
+    kept: dict[tuple[int, int, int], Stats] = field(default_factory=dict)
+
+    def get(self, model: Any, sample: tuple[int, int], width: bool) -> Stats | None:
+        stats = self.kept.get((id(model), *sample))
+        return stats if stats is not None and (stats.layers[0] is not None or not width) else None
+
+    def put(self, model: Any, sample: tuple[int, int], stats: Stats) -> None:
+        self.kept[(id(model), *sample)] = stats
 
 
 def collect_stats(model: Any, ids: torch.Tensor, *, width: bool) -> Stats:
