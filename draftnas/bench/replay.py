@@ -147,7 +147,7 @@ def build_decoder(shape: Shape, device: str, dtype: torch.dtype, slots: int, see
     """`shape` in draftnas's static decoder with random weights (quantized as it records, on the CPU)."""
     spec = DecoderSpec(arch=shape.arch, head_rows=shape.head_rows)
     decoder = StaticDecoder(spec, dtype=dtype, device=device, max_positions=slots,
-                            skip_init=True).init_random(seed, pool=RANDOM_POOL)
+                            skip_init=True).init_random(seed, pool=RANDOM_POOL, timing_only=True)
     if quantized(shape.weights):
         decoder.quantize_weights(shape.weights)
     return decoder.eval()

@@ -94,7 +94,8 @@ class Runtime:
             from draftnas.models.row_padding import choose_row_padding
 
             decoder = StaticDecoder(arch, dtype=self.dtype, device=self.device, skip_init=True,
-                                    matmul=self.kernels).init_random(self.options.seed, pool=RANDOM_POOL)
+                                    matmul=self.kernels).init_random(self.options.seed, pool=RANDOM_POOL,
+                                                                     timing_only=True)
             if weights != "dense":
                 decoder.quantize_weights(weights)
             choose_row_padding(decoder)  # as the bench's engines do (CPU only; nothing to choose quantized)

@@ -248,9 +248,13 @@ class StaticDecoder(nn.Module):
             self.matmul.quantize(linears[name].weight, kind)
         return self
 
-    def init_random(self, seed: int, std: float = 0.02, pool: int | None = None) -> StaticDecoder:
-        """Random weights (`models.random_weights.fill_random`; norms at their identity)."""
+    def init_random(self, seed: int, std: float = 0.02, pool: int | None = None,
+                    timing_only: bool = False) -> StaticDecoder:
+        """Random weights (`models.random_weights.fill_random`; norms at their identity). `timing_only`:
+        the model is built to be timed, its outputs read by no one, so its products may compute other
+        values at the same cost (`MatmulChooser.timing_only`)."""
         fill_random(self, seed, std, pool, norm_value=0.0 if self.arch.family == "gemma3" else 1.0)
+        self.matmul.timing_only = timing_only
         return self
 
     def new_cache(self, batch_size: int, slots: int, layers: int | None = None) -> KVCache:

@@ -38,6 +38,10 @@ PROMPT_ROWS = 44  # rows a quantized weight's many-row products are timed at: th
 # decode step does, without reading every layer's copy of the shape 20-40 times per choice (on an AVX2
 # host in fp32, choosing the 1.5B's forms over all 28 layers took minutes of the main job)
 STREAM_BYTES = 256 << 20
+# timed passes of each form after one warm-up; each form's fastest pass decides. With five after two warm-ups,
+# two main jobs on 2-core Zen 3 hosts (fp32) still chose differently for 14 of the 84 keys they shared: forms
+# that close are level, and the passes were a share of an empty cache's calibration there
+TIMING_ROUNDS = 3
 
 
 @dataclass
@@ -79,6 +83,11 @@ class MatmulChooser:
     # where not); many_rows_dense: (kind, out, in) -> that choice
     dequantized: dict[int, torch.Tensor] = field(default_factory=dict)
     many_rows_dense: dict[tuple[str, int, int], bool] = field(default_factory=dict)
+    # the weights stand for nothing (random values for timing): the transposed form reads each weight's own
+    # memory as an [in, out] matrix instead of copying its transpose (the same bytes in the same order, so
+    # the same cost; other products): copying them took 42 s of one calibration of the 1.5B and its
+    # drafters on a 2-core Zen 3 in fp32
+    timing_only: bool = False
 
     def quantize(self, weight: torch.Tensor, kind: str = "int8") -> None:
         """Multiply by `weight` in `kind` ("int8": `quantize_int8`; "int4": `quantize_int4`) from now
@@ -242,7 +251,10 @@ class MatmulChooser:
     def _transpose(self, weight: torch.Tensor) -> torch.Tensor:
         wt = self.transposed.get(id(weight))
         if wt is None or wt.dtype != weight.dtype or wt.device != weight.device:  # made before a `.to()`
-            wt = self.transposed[id(weight)] = weight.detach().T.contiguous()
+            w = weight.detach()
+            wt = (w.view(w.shape[1], w.shape[0]) if self.timing_only and w.is_contiguous()
+                  else w.T.contiguous())
+            self.transposed[id(weight)] = wt
         return wt
 
     def _time(self, rows: int, weight: torch.Tensor) -> tuple[int, int]:
@@ -272,11 +284,11 @@ class MatmulChooser:
         candidates = ([(LINEAR, n, linear) for n in counts]
                       + [(f, n, fn) for n in counts for f, fn in forms])
         times: list[list[float]] = [[] for _ in candidates]
-        for i in range(7):
+        for i in range(TIMING_ROUNDS + 1):
             for j, (_, n, fn) in enumerate(candidates):
                 started = time.perf_counter()
                 fn(inputs[n])
-                if i >= 2:  # two warm-up rounds
+                if i >= 1:  # one warm-up round
                     times[j].append(time.perf_counter() - started)
         # each form's fastest pass decides: the work is fixed, so a slower pass measured other
         # work on the machine, and the choice is made once and kept for the whole process

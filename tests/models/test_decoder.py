@@ -338,3 +338,22 @@ def test_a_one_token_batch_with_an_odd_stride_is_multiplied_once_not_per_sequenc
     assert "aten::bmm" in {e.key for e in plain.key_averages()}  # what the chooser avoids
     assert out.shape == (8, 1, 64) and torch.allclose(out, x @ weight.T, atol=1e-5)
     assert torch.allclose(linear_2d(x, weight), out)
+
+
+def test_a_model_built_for_timing_reads_its_weights_in_place_of_their_transposed_copies() -> None:
+    """The transposed form of a timing-only model multiplies by the weight's own memory read as [in, out]
+    (no copy: the same bytes in the same order); a model whose outputs are read copies the transpose."""
+    w = torch.randn(48, 32)
+    x = torch.randn(3, 32)
+    real, timed = MatmulChooser(enabled=True), MatmulChooser(enabled=True, timing_only=True)
+    for chooser in (real, timed):
+        chooser.register(w)
+        chooser.form[(3, 48, 32)] = 2  # the transposed form, as if it had timed fastest
+    torch.testing.assert_close(real(x, w), x @ w.T, rtol=1e-5, atol=1e-5)
+    assert real.transposed[id(w)].data_ptr() != w.data_ptr()
+    out = timed(x, w)
+    assert timed.transposed[id(w)].data_ptr() == w.data_ptr() and out.shape == (3, 48)
+    torch.testing.assert_close(out, x @ w.view(32, 48), rtol=1e-5, atol=1e-5)
+    decoder = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu", max_positions=16)
+    assert decoder.init_random(0, timing_only=True).matmul.timing_only
+    assert not decoder.init_random(0).matmul.timing_only
