@@ -15,6 +15,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from draftnas.core.errors import DeviceError
 from draftnas.core.machine import available_memory_bytes, cpu_count, cpu_model_name, require_device
+from draftnas.core.options import option_error
 from draftnas.core.registry import Architecture
 from draftnas.latency.records import STATIC_MODES, Condition, ProfileOptions
 from draftnas.models.hf_head import CACHE_ARG
@@ -101,7 +102,8 @@ class Runtime:
             choose_row_padding(decoder)  # as the bench's engines do (CPU only; nothing to choose quantized)
             return decoder.eval()
         if weights != "dense":
-            raise DeviceError(f"{weights} weights run in draftnas's static decoder only (--mode static)")
+            raise option_error("mode", f"is {self.options.mode}: {weights} weights run in draftnas's static "
+                                       "decoder only (static)")
 
         config = LlamaConfig(
             vocab_size=arch.vocab_size, hidden_size=arch.hidden_size,

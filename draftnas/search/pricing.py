@@ -78,9 +78,9 @@ def pricing(request: SearchRequest, space: SearchSpace, target_arch: Architectur
                                   request.threads, progress)
         predictor, profile = served, f"vLLM ({served.calibration.version}, this host)"
     elif [w for w in space.weights if w in GGUF_WEIGHTS]:
-        raise InvalidInputError(f"search space {space.name!r} offers GGUF weights "
-                                f"({', '.join(space.weights)}); "
-                                "those drafters run in llama.cpp: pass --engine llama.cpp")
+        raise option_error("engine", f"is {request.engine}, but search space {space.name!r} offers GGUF "
+                                     f"weights ({', '.join(space.weights)}), which run in llama.cpp only: "
+                                     "give llama.cpp")
     elif request.calibrate and latency_profile.device == request.device and calibrates(latency_profile):
         engine = request.engine
         stacks = [base_arch, *(resolve_architecture(r) for r in references if has_weights(r))]

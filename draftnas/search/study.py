@@ -8,7 +8,7 @@ import warnings
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
-from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import option_error
 from draftnas.search.records import StudyInfo
 from draftnas.search.run_options import SearchOptions
 from draftnas.search.space import SearchSpace
@@ -65,6 +65,7 @@ def open_study(options: SearchOptions, info: StudyInfo, storage_url: str) -> opt
     new = info.fingerprint()
     diff = [k for k in new if old.get(k) != new[k]]
     if diff:
-        raise InvalidInputError(f"study {name!r} in {redact(storage_url)} was made with a different "
-                                f"{', '.join(diff)}; pass another --study (or the same settings) to resume")
+        raise option_error("study_name", f"{name!r} in {redact(storage_url)} was made with a different "
+                                         f"{', '.join(diff)}; name another study, or give the same settings "
+                                         "to resume", flag="--study")
     return study

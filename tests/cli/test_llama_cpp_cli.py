@@ -60,7 +60,8 @@ def one_line(out: subprocess.CompletedProcess[str], needle: str) -> None:
         ),
         (
             ["search", "--target", "qwen2.5-coder-1.5b", "--space", "qwen2.5-coder-1.5b-llama-cpp"],
-            "offers GGUF weights (Q8_0, Q4_0); those drafters run in llama.cpp: pass --engine llama.cpp",
+            "--engine is static, but search space 'qwen2.5-coder-1.5b-llama-cpp' offers GGUF weights (Q8_0, "
+            "Q4_0), which run in llama.cpp only: give llama.cpp",
         ),
         (
             [

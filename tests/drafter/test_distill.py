@@ -299,3 +299,27 @@ def test_a_training_request_the_data_or_base_cannot_serve_names_each_flag(monkey
     assert "; --head-rows 200: wider than the base's 100-row head" in said
     assert "; --finetune-domain chat: the data has " in said
     assert "layers 7: the base has" in str(caught.value) and "--" not in str(caught.value)
+
+
+def test_library_errors_name_the_parameter_and_the_command_line_its_flag(tmp_path):
+    """A Python caller reads the request's names, the CLI its flags: the fine-tune's domain, the data
+    budget and a row longer than the data."""
+    from draftnas.drafter.training.distill_data import make_distill_data
+    from draftnas.drafter.training.distill_records import DistillDataRequest, DistillTrainRequest
+    from draftnas.drafter.training.packing import Stream, epoch_rows
+
+    with pytest.raises(OptionError) as caught:
+        DistillTrainRequest(data="d", out="o", finetune_tokens=100).validate()
+    assert str(caught.value) == "finetune_domain must name a domain when finetune_tokens is above 0"
+    said = caught.value.for_flags()
+    assert said == "--finetune-domain must name a domain when --finetune-tokens is above 0"
+    with pytest.raises(OptionError) as caught:
+        make_distill_data(DistillDataRequest(target="smollm2-135m", out=str(tmp_path / "d")))
+    assert caught.value.for_flags() == "--minutes and --tokens are both unset: give a budget (one or both)"
+    assert not (tmp_path / "d").exists()
+    stream = Stream(torch.arange(10), torch.arange(10), torch.zeros(10, 2), torch.zeros(10, 2), [(0, 10)])
+    assert epoch_rows(stream, 4, seed=0, epoch=0)[0].shape == (2, 4)
+    with pytest.raises(OptionError) as caught:
+        epoch_rows(stream, 16, seed=0, epoch=0)
+    assert str(caught.value) == ("seq_len is 16: the data's 10 tokens make no row that long; lower it or "
+                                 "make more data")

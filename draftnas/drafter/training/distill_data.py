@@ -34,6 +34,7 @@ from draftnas.acceptance.traces import eos_token_ids, tokenizer_fingerprint
 from draftnas.acceptance.tracing import decode_batch
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_has_native_bf16, host_line
+from draftnas.core.options import option_error
 from draftnas.core.prompts import DOMAINS, Prompt, encode_prompt, load_prompts, uses_chat_template
 from draftnas.core.records import Progress
 from draftnas.drafter.heal.heal_data import written_prompts
@@ -290,7 +291,7 @@ def make_distill_data(request: DistillDataRequest, *, progress: Progress | None 
 
     request.validate()
     if request.minutes is None and request.tokens is None:
-        raise InvalidInputError("give a budget: --minutes, --tokens or both")
+        raise option_error("minutes", "and {tokens} are both unset: give a budget (one or both)")
     folder = Path(request.out)
     read_manifest(folder)  # a damaged manifest is said before the target loads
     dtype = data_dtype(request.dtype)

@@ -196,7 +196,7 @@ class DistillTrainRequest(Record):
     def validate(self) -> DistillTrainRequest:
         check_options(self)
         if self.finetune_tokens and not self.finetune_domain:
-            raise option_error("finetune_domain", "must name a domain when --finetune-tokens is above 0")
+            raise option_error("finetune_domain", "must name a domain when {finetune_tokens} is above 0")
         return self
 
     def total_tokens(self) -> int:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from draftnas.core.errors import InvalidInputError
+from draftnas.core.options import option_error
 from draftnas.drafter.heal.losses import Batch
 from draftnas.drafter.training.distill_store import DistillSequence
 
@@ -53,8 +54,8 @@ def epoch_rows(stream: Stream, seq_len: int, seed: int, epoch: int) -> tuple[tor
     ids, teach = stream.ids[index], stream.teach[index]
     rows = (len(index) - 1) // seq_len
     if rows < 1:
-        raise InvalidInputError(f"the data holds {len(index)} tokens, fewer than one row of {seq_len}: "
-                                "lower --seq-len or make more data")
+        raise option_error("seq_len", f"is {seq_len}: the data's {len(index)} tokens make no row that long; "
+                                      "lower it or make more data")
     ids_rows = ids[:rows * seq_len].view(rows, seq_len)
     teach_rows = teach[1:rows * seq_len + 1].view(rows, seq_len)
     return ids_rows, teach_rows
