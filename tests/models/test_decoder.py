@@ -357,3 +357,23 @@ def test_a_model_built_for_timing_reads_its_weights_in_place_of_their_transposed
     decoder = StaticDecoder(TINY_ARCH, dtype=torch.float32, device="cpu", max_positions=16)
     assert decoder.init_random(0, timing_only=True).matmul.timing_only
     assert not decoder.init_random(0).matmul.timing_only
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_a_model_built_for_timing_quantizes_without_computing_its_values(kind: str) -> None:
+    """A timing-only chooser takes a quantized weight's values from its bytes, in the layout the real
+    quantization gives (the same kernels run on the same shapes), and multiplies a prompt by the weight
+    itself where the real one keeps a dense copy of what its values stand for."""
+    import draftnas.models.matmul as matmul
+
+    w = torch.randn(64, 96)
+    real, timed = MatmulChooser(enabled=True), MatmulChooser(enabled=True, timing_only=True)
+    real.quantize(w, kind)
+    with mock.patch.object(matmul, f"quantize_{kind}", side_effect=AssertionError("computed")):
+        timed.quantize(w, kind)
+    for a, b in zip(real.packed[id(w)][1], timed.packed[id(w)][1], strict=True):
+        assert (a.shape, a.dtype) == (b.shape, b.dtype)
+    assert timed.dequantized[id(w)] is not None and timed.dequantized[id(w)].data_ptr() == w.data_ptr()
+    x = torch.randn(1, 96)
+    out = timed(x, w)
+    assert out.shape == (1, 64) and bool(torch.isfinite(out).all())
