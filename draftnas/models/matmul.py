@@ -358,9 +358,8 @@ def arbitrary_quantized(weight: torch.Tensor, kind: str) -> tuple[torch.Tensor, 
     hold, at one pass over a fraction of its bytes (computing them took 50 s of one calibration of
     the 0.5B in three formats on a 2-core Zen 3). Scales keep the products near the weights' magnitude."""
     out_features, in_features = weight.shape
-    if kind == "int4" and in_features % INT4_GROUP:
-        raise InvalidInputError(f"int4 weights need input widths in multiples of {INT4_GROUP}, not "
-                                f"{in_features}")
+    if kind == "int4":
+        check_int4_width(in_features)
     raw = weight.detach().contiguous().view(torch.uint8)[:, :in_features]
     if kind == "int8":
         return raw.contiguous().view(torch.int8), torch.full((out_features,), 0.02 / 64, dtype=weight.dtype)
@@ -375,14 +374,19 @@ def dequantize_int8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return values.float() * scales.float()[:, None]
 
 
+def check_int4_width(in_features: int) -> None:
+    """One line where a weight's input width cannot be grouped for int4 (`INT4_GROUP` inputs a group)."""
+    if in_features % INT4_GROUP:
+        raise InvalidInputError(f"int4 weights need input widths in multiples of {INT4_GROUP}, not "
+                                f"{in_features}")
+
+
 def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`weight` [out, in] as 4-bit values 0..15 (int32, unpacked) and per group of `INT4_GROUP` inputs a
     scale and zero point [in / group, out, 2] (asymmetric, round to nearest: the group's min and max are
     the ends), in torch's int4 convention w = (q - 8) * scale + zero."""
     out_features, in_features = weight.shape
-    if in_features % INT4_GROUP:
-        raise InvalidInputError(f"int4 weights need input widths in multiples of {INT4_GROUP}, not "
-                                f"{in_features}")
+    check_int4_width(in_features)
     w = weight.detach().float().reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
     low, high = w.amin(-1), w.amax(-1)
     scales = ((high - low) / 15).clamp(min=1e-8)

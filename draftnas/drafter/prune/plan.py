@@ -88,13 +88,14 @@ def plan_pruning(model: Any, options: PlanOptions, calibration: Any = None, *,
     stats = None
     if (options.layers is None and selection.needs_block_influence) or activations:
         sample = (options.calibration_sequences, options.calibration_seq_len)
-        stats = memo.get(model, sample, activations) if memo is not None and calibration is None else None
+        kept = memo if calibration is None else None  # a memo holds the shipped prompts' statistics only
+        stats = kept.get(model, sample, activations) if kept is not None else None
         if stats is None:
             ids = _calibration_tensor(calibration, tokenizer, options)
             stats = collect_stats(model, ids, width=activations)
             log.info("block influence: %s", [round(b, 3) for b in stats.block_influence])
-            if memo is not None and calibration is None:
-                memo.put(model, sample, stats)
+            if kept is not None:
+                kept.put(model, sample, stats)
     plan = PruningPlan(
         base=options.base or str(getattr(model.config, "name_or_path", "") or ""),
         base_num_layers=base.num_hidden_layers, layers=_layers(options, base.num_hidden_layers, stats),
