@@ -53,6 +53,7 @@ from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt, check_context, encode_prompt, subsample
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
+from draftnas.drafter.head.folder import head_trained_prompts
 from draftnas.drafter.heal.heal_records import prompt_key
 from draftnas.export.folder import exported_record, load_drafter
 from draftnas.models.kernel_choices import kept_choices
@@ -351,6 +352,7 @@ def unseen_prompts(prompts: Sequence[Prompt], tokenizer: Any, folders: Sequence[
         heal = (record or {}).get("heal") or {}
         trained |= set(heal.get("trained_prompts") or ()) if heal.get("kept", True) else set()
         trained |= set((record or {}).get("searched_prompts") or ())
+        trained |= set(head_trained_prompts(folder)) if folder is not None else set()
     pairs = [(p, encode_prompt(tokenizer, p.text)) for p in prompts]
     seen = [prompt_key(ids) in trained for _, ids in pairs]
     kept = [pair for pair, was in zip(pairs, seen, strict=True) if not was]

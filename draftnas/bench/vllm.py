@@ -15,6 +15,7 @@ by one teacher-forced pass (exact for greedy), each step drafting γ after the p
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -36,6 +37,8 @@ from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt, check_context
 from draftnas.core.records import Progress
 from draftnas.drafter.families import DrafterSpec, family, parse_drafter
+from draftnas.drafter.head.folder import head_for_target
+from draftnas.drafter.head.shape import TargetKey, target_key
 from draftnas.drafter.lookup import replay_lookup
 from draftnas.models.records import FULL_HEAD_DIR
 from draftnas.models.sources import auto_class_name, ensure_local_folder, load_model, release_freed_memory
@@ -79,8 +82,15 @@ def vllm_folder(spec: DrafterSpec, target_vocab: int) -> str:
     return str(folder)
 
 
-def vllm_arms(draft: str, references: Sequence[str], options: BenchOptions, target_vocab: int
-              ) -> list[VllmArm]:
+def head_folder(spec: DrafterSpec, target: TargetKey) -> str:
+    """The folder vLLM serves a head from (`eagle3`): the spec's own, checked against the target (one line
+    where it was made for another or is no head)."""
+    head_for_target(spec.model, target)
+    return str(Path(spec.model).resolve())
+
+
+def vllm_arms(draft: str, references: Sequence[str], options: BenchOptions, target: dict[str, Any],
+              target_name: str = "the target") -> list[VllmArm]:
     """The target alone, the drafter benched, each reference and `--lookup`'s settings, each with its
     family's vLLM config (model drafters at --gamma, a reference at --reference-gamma); one line for a
     drafter whose family vLLM does not run."""
@@ -94,7 +104,8 @@ def vllm_arms(draft: str, references: Sequence[str], options: BenchOptions, targ
         if VLLM not in family(spec.family).engines:
             raise InvalidInputError(f"{text}: a {spec.family} drafter does not run in vLLM (vLLM runs one "
                                     "proposer per request)")
-        folder = vllm_folder(spec, target_vocab) if spec.model else ""
+        folder = (head_folder(spec, target_key(target, target_name)) if spec.family == "head"
+                  else vllm_folder(spec, int(target["vocab_size"])) if spec.model else "")
         arms.append(VllmArm(name, spec, folder, spec.settings(VLLM, gamma, draft_folder=folder)))
     return arms
 
@@ -118,7 +129,7 @@ def plan_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options:
     target_folder = ensure_local_folder(target)[1]
     release_freed_memory()  # a conversion of the target: its pages go back before vLLM allocates
     config = json.loads((target_folder / "config.json").read_text())
-    arms = vllm_arms(draft, references, options, int(config["vocab_size"]))
+    arms = vllm_arms(draft, references, options, config, target)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(target_folder))
@@ -209,7 +220,8 @@ def run_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: 
         for a in arms:
             per_pos[a.name] = _summed(per_pos[a.name], [pos for _, _, pos in done[a.name]])
     budget = options.max_new_tokens
-    replays = {a.name: replayed(a, encoded, extended, budget) for a in arms}
+    replays = {a.name: replayed(a, encoded, extended, budget, job["model"]) for a in arms}
+    _head_and_target.cache_clear()
     results = tuple(_arm_result(a, rows, per_pos[a.name], replays[a.name][0]) for a in arms)
     result = BenchResult(
         target=target, drafters={a.name: a.drafter.text for a in arms if a.drafter is not None},
@@ -237,9 +249,9 @@ def _predicted(result: BenchResult, arms: Sequence[VllmArm], steps: dict[str, li
     calibration, path = found
     target, base = resolve_architecture(target_folder), resolve_architecture(calibration.base)
     model = VllmModel(calibration, target, base)
-    kinds = {a.name: "target" if a.drafter is None else "lookup" if a.drafter.lookup is not None else "model"
-             for a in arms}
-    drafters = {a.name: drafter_arch(a.folder) for a in arms}
+    kinds = {a.name: "target" if a.drafter is None else "lookup" if a.drafter.lookup is not None
+             else "head" if a.drafter.family == "head" else "model" for a in arms}
+    drafters = {a.name: drafter_arch(a.folder) if kinds[a.name] == "model" else None for a in arms}
     checks = predicted_checks(result, model, kinds, drafters, steps)
     said = f"this host's vLLM calibration {path} (timed {calibration.timed_at}) and draftnas's replay"
     return replace(result, predictions=checks, predicted_from=said)
@@ -270,20 +282,24 @@ def _rates(counts: Sequence[int]) -> tuple[float, ...]:
 
 
 def replayed(arm: VllmArm, encoded: Sequence[Sequence[int]], extended: Sequence[Sequence[int]],
-              budget: int) -> tuple[list[int], list[list[tuple[int, int]]]]:
+             budget: int, target_folder: str = "") -> tuple[list[int], list[list[tuple[int, int]]]]:
     """draftnas's replay of the arm's requests over the target alone's outputs (`extended` past the
     `budget` of new tokens: vLLM's last step drafts past it): accepted per position and the steps that
-    drafted (last), and each request's steps (accepted, drafted); empty for the target alone."""
+    drafted (last), and each request's steps (accepted, drafted); empty for the target alone. A head reads
+    the target's hidden states (`target_folder`'s model, fp32)."""
     if arm.drafter is None or arm.config is None:
         return [], []
     gamma, lookup = arm.gamma, arm.drafter.lookup
     counts = [0] * (gamma + 1)
-    model = None if lookup is not None else load_model(arm.folder).model
+    head = arm.drafter.family == "head"
+    model = None if lookup is not None or head else load_model(arm.folder).model
     per_request = []
     for prompt, answer in zip(encoded, extended, strict=True):
         if lookup is not None:
             replay = replay_lookup(prompt, answer, lookup.n, lookup.m, rule="earliest-longest", budget=budget)
             steps = list(zip(replay.accepted, replay.drafted, strict=True))
+        elif head:
+            steps = _head_steps(arm.folder, target_folder, prompt, answer, gamma, budget)
         else:
             steps = _model_steps(model, prompt, answer, gamma, budget)
         per_request.append(steps)
@@ -293,6 +309,32 @@ def replayed(arm: VllmArm, encoded: Sequence[Sequence[int]], extended: Sequence[
                 for position in range(min(accepted, gamma)):
                     counts[position] += 1
     return counts, per_request
+
+
+@functools.cache
+def _head_and_target(head: str, target: str) -> tuple[Any, Any]:
+    """A head and the target (fp32, transformers) whose hidden states it reads, loaded once per bench."""
+    from draftnas.drafter.head.folder import load_head
+
+    model = load_model(target).model.float().eval()
+    return load_head(head, target_key(model.config.to_dict(), target)), model
+
+
+def _head_steps(head_folder: str, target_folder: str, prompt: Sequence[int], answer: Sequence[int],
+                gamma: int, budget: int) -> list[tuple[int, int]]:
+    """(accepted, drafted) per step of a head over the target's greedy `answer` (past the `budget`): the
+    target's hidden states from one pass over prompt and answer, the head's drafts from its unrolled steps
+    (`drafter.head.train`; exact for greedy), each step drafting γ after the prefill as vLLM's do."""
+    import torch
+
+    from draftnas.drafter.head.build import target_hidden
+    from draftnas.drafter.head.train import head_drafts, head_walk
+
+    head, target = _head_and_target(head_folder, target_folder)
+    ids = torch.tensor(list(prompt) + list(answer))
+    hidden = target_hidden(target, ids[None], head.shape.layers)[0]
+    drafts = head_drafts(head, target.get_input_embeddings().weight.detach(), ids, hidden, gamma)
+    return head_walk(drafts, ids, len(prompt), gamma, budget)
 
 
 def _model_steps(model: Any, prompt: Sequence[int], answer: Sequence[int], gamma: int, budget: int

@@ -104,7 +104,7 @@ def _predicted(plan: VllmPlan, extended: Sequence[Sequence[int]], budget: int, v
                       resolve_architecture(calibration.base))
     arms = {a.name: PricedArm("target" if a.drafter is None else "lookup" if a.drafter.lookup is not None
                               else "model", drafter_arch(a.folder), a.gamma) for a in plan.arms}
-    steps = {a.name: replayed(a, plan.encoded, extended, budget)[1] for a in plan.arms}
+    steps = {a.name: replayed(a, plan.encoded, extended, budget, plan.job["model"])[1] for a in plan.arms}
     new_tokens = [min(len(e), budget) for e in extended]
     predicted = batch_speedups(model, arms, [len(p) for p in plan.encoded], new_tokens, steps, batches)
     said = (f"this host's vLLM calibration {path} (timed {calibration.timed_at} at batches "

@@ -9,6 +9,7 @@ from rich.table import Table
 from draftnas.cli.app import app, console, fmt_params
 from draftnas.cli.flags import Output, emit_json, options_command
 from draftnas.cli.progress import progress_bars
+from draftnas.drafter.head.records import HeadTrainRequest, HeadTrainResult
 from draftnas.drafter.training.distill_records import (
     DistillCurveRequest,
     DistillDataRequest,
@@ -87,6 +88,40 @@ def render_train(result: DistillTrainResult) -> None:
                   f"{result.kept}; delta {result.delta_file} (sha256 {result.delta_sha256[:16]})"
                   + (f"; resumed at {result.resumed_from_tokens:,} tokens" if result.resumed_from_tokens
                      else ""))
+    console.print(f"reproduce: {result.command}")
+
+
+@distill_app.command("head")
+@options_command(request=HeadTrainRequest, output=Output)
+def head(request: HeadTrainRequest, output: Output) -> None:
+    """Train a head on the target's hidden states (EAGLE-3's layout: one layer reading --layers of the
+    target, a --draft-vocab-row head) on DATA to --tokens, reading exact greedy acceptance on held-out
+    continuations at log-spaced budgets. Checkpoints and resumes; writes OUT/head, the folder vLLM serves
+    (`--speculative-config '{"method": "eagle3", "model": "OUT/head", ...}'`) and `head:OUT/head` names."""
+    from draftnas.drafter.head.train import train_head
+
+    with progress_bars(output.json) as on:
+        result = train_head(request, progress=on("training"))
+    if emit_json(output, result.to_dict()):
+        return
+    render_head(result)
+
+
+def render_head(result: HeadTrainResult) -> None:
+    share = result.features_s / result.train_s if result.train_s else 0.0
+    table = Table(title=f"{result.label} on {result.target}: {result.trained_tokens:,} of "
+                        f"{result.budget_tokens:,} tokens in {result.train_s / 60:.1f} min "
+                        f"({result.tokens_per_s:,.0f} tokens/s, {share:.0%} of it the target's forwards; "
+                        f"{result.host})", header_style="bold")
+    for col in ("tokens", "minutes", "loss", "top-1", f"tokens/step (γ {result.gamma})"):
+        table.add_column(col, justify="right")
+    for r in result.readings:
+        table.add_row(f"{r.tokens:,}", f"{r.train_s / 60:.1f}", "-" if r.loss is None else f"{r.loss:.3f}",
+                      f"{r.top1_agreement:.3f}", f"{r.tokens_per_step:.3f}")
+    console.print(table)
+    console.print(f"{fmt_params(result.parameters)} parameters; kept: {result.kept}; head folder "
+                  f"{result.head}" + (f"; resumed at {result.resumed_from_tokens:,} tokens"
+                                      if result.resumed_from_tokens else ""))
     console.print(f"reproduce: {result.command}")
 
 

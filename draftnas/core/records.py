@@ -115,6 +115,31 @@ class MachineInfo(Record):
     cpu: CpuIdentity | None = None
 
 
+def write_folder_atomically(out: str | Path, write: Callable[[Path], None]) -> Path:
+    """`write` fills a temporary folder beside `out`, which is then renamed into place (an existing `out` is
+    moved aside first and removed after): a failure leaves nothing half-written. Returns `out`."""
+    import shutil
+    import tempfile
+    import time
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        write(tmp)
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{time.time_ns()}")
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def write_json_file(path: str | Path, data: Any, indent: int | None = 1) -> Path:
     """`data` as JSON at `path`, written whole to a temporary file beside it and renamed over it (a
     reader never sees half a file; a crash leaves the old one), readable by all like a plain write."""

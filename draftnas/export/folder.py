@@ -19,7 +19,6 @@ import copy
 import json
 import logging
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import torch
 from draftnas.core.errors import ExportError
 from draftnas.core.options import option_error
 from draftnas.core.provenance import package_versions
+from draftnas.core.records import write_folder_atomically
 from draftnas.core.registry import Architecture
 from draftnas.drafter.loading import EARLIER_HEAD_COPIES, load_drafter, reduced_head_class_of  # noqa: F401
 from draftnas.drafter.vocab import expand_head, kept_ids, model_subset
@@ -56,28 +56,10 @@ def export_drafter(model: Any, tokenizer: Any, out_dir: str | Path, info: Export
     """Write `model` + `tokenizer` as a loadable HF folder at `out_dir` (atomically). Returns it.
     `full_head`: a reduced-head drafter also gets a plain full-vocabulary copy in `full-head/` (for
     engines that run no remote code; it is as large as the base)."""
-    out = check_destination(out_dir, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        _write_folder(model, tokenizer, tmp, info, full_head)
-        _replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    out = write_folder_atomically(check_destination(out_dir, force),
+                                  lambda tmp: _write_folder(model, tokenizer, tmp, info, full_head))
     log.info("exported drafter to %s", out)
     return out
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`; an existing `out` is moved aside first and removed after."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{time.time_ns()}")
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_folder(model: Any, tokenizer: Any, folder: Path, info: ExportInfo,

@@ -322,8 +322,11 @@ class VllmModel:
         γ + 1 a sequence, the drafter catches up and drafts γ) or "lookup" (each step verifies what it
         drafted and one more). A single request is a group of one."""
         c = self.calibration
-        overhead = {"target": c.plain_overhead_ms, "model": c.spec_overhead_ms,
-                    "lookup": c.ngram_overhead_ms or c.spec_overhead_ms}[kind]
+        overheads = {"target": c.plain_overhead_ms, "model": c.spec_overhead_ms,
+                     "lookup": c.ngram_overhead_ms or c.spec_overhead_ms}
+        if kind not in overheads:
+            raise InfeasibleCandidateError(f"a {kind} drafter's steps are not in this vLLM calibration")
+        overhead = overheads[kind]
         batch = len(prompt_tokens)
         total = (piecewise(c.target_ms, sum(prompt_tokens)) + piecewise(c.target_head_ms, batch)
                  + piecewise(overhead, batch))

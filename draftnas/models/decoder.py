@@ -276,8 +276,8 @@ class StaticDecoder(nn.Module):
         `keep`: logits of the last `keep` tokens only (default all T). `slots`: attend over the
         cache's first `slots` slots only (eager callers that know the sequence length; a
         captured step attends over the whole cache). `hidden`: for each layer index i among its keys,
-        set to the residual stream entering layer i, [B, keep, h] (transformers' `hidden_states[i]`;
-        i = the layer count: after the last layer, before the final norm).
+        set to the residual stream entering layer i for every row read, [B, T, h] (transformers'
+        `hidden_states[i]`; i = the layer count: after the last layer, before the final norm).
         """
         n = len(self.layers) if layers is None else layers
         if slots is not None:
@@ -298,12 +298,12 @@ class StaticDecoder(nn.Module):
                  True: (self.rope_local_cos[rows][:, None], self.rope_local_sin[rows][:, None])}
         for i in range(n):
             if hidden is not None and i in hidden:
-                hidden[i] = x[:, -keep:] if keep is not None else x
+                hidden[i] = x
             layer = self.layers[i]
             assert isinstance(layer, DecoderLayer)
             x = layer(x, ropes[layer.sliding], cache.keys[i], cache.values[i], positions, masks)
         if hidden is not None and n in hidden:
-            hidden[n] = x[:, -keep:] if keep is not None else x
+            hidden[n] = x
         if keep is not None:
             x = x[:, -keep:]
         logits = self.matmul(self.norm(x), self.lm_head.weight)

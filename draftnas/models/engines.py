@@ -70,14 +70,14 @@ class HFEngine:
 
     def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, start: int, keep: int,
                        layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward`'s logits [keep, V] and the residual stream entering each of `layers` for the same
-        rows, [len(layers), keep, hidden] (`hidden_states[i]`: the embeddings at 0, the last layer's
-        output at the layer count)."""
+        """`forward`'s logits [keep, V] and the residual stream entering each of `layers` for every row
+        read, [len(layers), len(tokens), hidden] (`hidden_states[i]`: the embeddings at 0, the last layer's
+        output at the layer count): a head reads them all, the prompt's included."""
         crop_cache(self.cache, start)
         out = self.model(input_ids=token_ids(tokens, self.device), **{CACHE_ARG: self.cache}, use_cache=True,
                          logits_to_keep=keep, output_hidden_states=True)
         check_layers(layers, len(out.hidden_states) - 1)
-        return out.logits[0], torch.stack([out.hidden_states[i][0, -keep:] for i in layers])
+        return out.logits[0], torch.stack([out.hidden_states[i][0] for i in layers])
 
 
 def check_layers(layers: Sequence[int], count: int) -> None:
@@ -130,8 +130,8 @@ class StaticEngine:
 
     def forward_hidden(self, tokens: Sequence[int] | torch.Tensor, start: int, keep: int,
                        layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """`HFEngine.forward_hidden`: logits [keep, V] and hidden states [len(layers), keep, hidden]. Runs
-        eagerly (a captured step returns logits only)."""
+        """`HFEngine.forward_hidden`: logits [keep, V] and hidden states [len(layers), len(tokens), hidden].
+        Runs eagerly (a captured step returns logits only)."""
         check_layers(layers, int(self.decoder.arch.num_hidden_layers))
         t = len(tokens)
         if start + t > self.cache.slots:

@@ -28,7 +28,7 @@ def drafter_folder(tmp_path, tiny_llama_config):
 
 def test_each_arm_runs_its_familys_vllm_config(drafter_folder):
     options = BenchOptions(engine="vllm", gamma=3, reference_gamma=5, lookup="lookup:n=2,m=4")
-    arms = vllm_arms(str(drafter_folder), [str(drafter_folder)], options, 128)
+    arms = vllm_arms(str(drafter_folder), [str(drafter_folder)], options, {"vocab_size": 128})
     assert [a.name for a in arms] == [TARGET, "draftnas", "reference", LOOKUP]
     assert arms[0].config is None
     assert arms[1].config == {"method": "draft_model", "model": str(drafter_folder),
@@ -48,7 +48,7 @@ def test_a_drafter_vllm_cannot_load_is_one_line(drafter_folder):
                                           "with --full-head"):
         vllm_folder(parse_drafter(str(drafter_folder)), 128)
     with pytest.raises(InvalidInputError, match="a hybrid drafter does not run in vLLM"):
-        vllm_arms(f"lookup:n=2,m=4+{drafter_folder}", [], BenchOptions(engine="vllm"), 128)
+        vllm_arms(f"lookup:n=2,m=4+{drafter_folder}", [], BenchOptions(engine="vllm"), {"vocab_size": 128})
 
 
 def test_what_vllms_arms_do_not_take_is_refused():
@@ -264,3 +264,32 @@ def test_the_printed_crossover_gives_each_run_and_what_the_prediction_read():
     with console.capture() as captured:
         cmd_bench._print_batched(replace(result, profile=""))
     assert "no vLLM calibration of this target here" in " ".join(captured.get().split())
+
+
+@needs_vllm
+def test_a_head_runs_in_vllm_as_eagle3_losslessly_and_its_steps_are_replayed(tmp_path):
+    """A head for SmolLM2-135M (untrained: its output rows the target's, the rest random), served by vLLM as
+    `eagle3`, 2 prompts x 12 tokens: every output equals the target alone's, and vLLM's drafting steps and
+    accepted drafts per position are draftnas's replay of the same requests (the head read over the
+    target's hidden states)."""
+    import json as json_
+
+    from draftnas.bench.vllm import run_vllm_bench
+    from draftnas.core.prompts import Prompt
+    from draftnas.drafter.head.build import new_head
+    from draftnas.drafter.head.folder import write_head
+    from draftnas.drafter.head.shape import head_shape
+    from draftnas.models.sources import ensure_local_folder, load_model
+
+    target = load_model("smollm2-135m").model.float()
+    config = json_.loads((ensure_local_folder("smollm2-135m")[1] / "config.json").read_text())
+    shape = head_shape(config, "smollm2-135m", draft_vocab=4096, ffn=256)
+    folder = write_head(new_head(target, shape, list(range(4096)), seed=0), tmp_path / "head")
+    prompts = [Prompt(id="p0", domain="code", text="Write def add(a, b): return a + b three times."),
+               Prompt(id="p1", domain="chat", text="Name three colours.")]
+    options = BenchOptions(engine="vllm", gamma=2, max_new_tokens=12, rounds=1)
+    result = run_vllm_bench("smollm2-135m", f"head:{folder}", prompts, options.validate())
+    head = result.arm("draftnas")
+    assert head.exact_match_rate == 1.0 and head.gamma == 2
+    assert head.accepted_per_position == head.predicted_accepted_per_position
+    assert sum(r.drafted for p in result.prompts for r in p.runs if r.arm == "draftnas") > 0

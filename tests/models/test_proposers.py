@@ -72,15 +72,18 @@ def test_hidden_states_reach_the_proposer_for_the_verified_rows_from_either_engi
                       max_new_tokens=12)
     assert out.tokens == again.tokens == ref
     hidden = target.config.hidden_size
-    assert [h.shape for h in hf.seen] == [(len(layers), d + 1, hidden) for d in out.drafted]
+    # every row the target read: the first step reads the prompt and its drafts, later ones the last token
+    # and theirs
+    rows = [len(PROMPT) + out.drafted[0]] + [d + 1 for d in out.drafted[1:]]
+    assert [h.shape for h in hf.seen] == [(len(layers), r, hidden) for r in rows]
     for a, b in zip(hf.seen, static.seen, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-    # the first step's rows are the prompt's last token and the drafts: the model's own hidden states
+    # the first step's rows are the prompt and the drafts: the model's own hidden states
     first = hf.propose(list(PROMPT), out.drafted[0]).tokens.tolist()
     ids = torch.tensor([PROMPT + first])
     with torch.no_grad():
         states = target(input_ids=ids, output_hidden_states=True).hidden_states
-    want = torch.stack([states[i][0, -(out.drafted[0] + 1):] for i in layers])
+    want = torch.stack([states[i][0] for i in layers])
     torch.testing.assert_close(hf.seen[0], want, atol=1e-4, rtol=1e-4)
 
 

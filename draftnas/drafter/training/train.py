@@ -275,7 +275,8 @@ def train_from_request(request: DistillTrainRequest, *,
     plan = run_plan(request, manifest, loaded, folder)
     drafter = apply_plan(loaded.model, plan)
     target = loaded if base_spec == manifest.target else load_model(manifest.target)
-    heldout = heldout_sequences(request, manifest, target.model, loaded.tokenizer, folder)
+    heldout = heldout_sequences(request.data, request.finetune_domain, request.heldout_prompts, target.model,
+                                loaded.tokenizer, folder)
     if target is not loaded:
         del target
     pad = pad_id(loaded.tokenizer)

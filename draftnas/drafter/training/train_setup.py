@@ -43,16 +43,15 @@ def check_request(request: DistillTrainRequest, manifest: DataManifest, base: An
         raise OptionError(problems, option_flags(request))
 
 
-def heldout_sequences(request: DistillTrainRequest, manifest: DataManifest, target: Any, tokenizer: Any,
-                      folder: Path) -> list[HealSequence]:
-    """The target's greedy continuations of the data's held-out prompts (of the finetune domain when
-    given), cached in the training folder: top-1 agreement on them is greedy acceptance per token."""
+def heldout_sequences(data: str, domain: str, count: int, target: Any, tokenizer: Any, folder: Path
+                      ) -> list[HealSequence]:
+    """The target's greedy continuations of the first `count` of the data's held-out prompts (of `domain`
+    where given), cached in the training folder: top-1 agreement on them is greedy acceptance per token."""
     cached = folder / "heldout.pt"
     if cached.is_file():
         return [HealSequence(**s) for s in torch.load(cached, weights_only=False)]
-    prompts = [p for p in load_prompts(str(Path(request.data) / HELDOUT_PROMPTS))
-               if not request.finetune_domain or p.domain == request.finetune_domain]
-    prompts = prompts[:request.heldout_prompts]
+    prompts = [p for p in load_prompts(str(Path(data) / HELDOUT_PROMPTS)) if not domain or p.domain == domain]
+    prompts = prompts[:count]
     encoded = [encode_prompt(tokenizer, p.text) for p in prompts]
     out: list[HealSequence] = []
     eos = eos_token_ids(target, tokenizer)

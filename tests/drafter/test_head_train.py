@@ -1,0 +1,117 @@
+"""Training a head: the budget is honoured exactly, an interrupted run resumes to the same weights, the
+held-out reading is the acceptance the speculative loop gets on those continuations, and a shape the data's
+target cannot have is one line naming its flag, before anything is written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftnas.core.options import OptionError
+from draftnas.drafter.head.build import head_proposer, new_head, target_hidden
+from draftnas.drafter.head.records import HeadTrainRequest
+from draftnas.drafter.head.shape import head_shape
+from draftnas.drafter.head.train import HeadTrainer, Heldout, check_head_request, exact_acceptance
+from draftnas.drafter.training.distill_store import iter_sequences
+from draftnas.drafter.training.packing import build_stream
+from draftnas.models.speculative import greedy_generate, speculate
+from tests.drafter.test_distill import _data, _manifest
+from tests.helpers import tiny_llama
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama_config):
+    return tiny_llama(tiny_llama_config, initializer_range=0.2).requires_grad_(False)
+
+
+def _head(target, seed=1):
+    shape = head_shape(target.config.to_dict(), "tiny", layers=(1, 2, 3), draft_vocab=96, ffn=48)
+    return new_head(target, shape, list(range(16, 112)), seed=seed)
+
+
+def _held(target, head, prompts=((1, 5, 9, 3, 7, 2, 8), (4, 4, 6, 1)), new=20):
+    out = []
+    for p in prompts:
+        ids = torch.tensor(list(p) + greedy_generate(target, list(p), max_new_tokens=new))
+        out.append(Heldout(ids, len(p), target_hidden(target, ids[None], head.shape.layers)[0]))
+    return out
+
+
+def _train(tmp_path: Path, target, name: str, **kw):
+    manifest = _data(tmp_path / "data")
+    request = HeadTrainRequest(data=str(tmp_path / "data"), out=str(tmp_path / name), tokens=500, seq_len=16,
+                               batch_rows=2, readings=3, warmup_tokens=50, lr=5e-3, unroll=2,
+                               checkpoint_minutes=1000.0, **kw)
+    head = _head(target)
+    folder = Path(request.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    trainer = HeadTrainer(request, head, target, _held(target, head), folder, "key", None)
+    trainer.load()
+    stream = build_stream(list(iter_sequences(request.data, manifest)))
+    finished = trainer.train(stream)
+    trainer.save()
+    return trainer, finished
+
+
+def test_the_budget_is_honoured_and_a_resumed_run_ends_with_the_same_weights(tmp_path, target):
+    whole, finished = _train(tmp_path, target, "a")
+    assert finished and whole.state.tokens == 500
+    # a reading after the step that reaches each log-spaced budget (5, 50, 500), the last at the budget
+    read = [r.tokens for r in whole.state.readings]
+    assert len(read) == 3 and read == sorted(read) and read[0] >= 5 and read[1] >= 50 and read[-1] == 500
+    cut, done = _train(tmp_path, target, "b", stop_after_tokens=200)
+    assert not done and 200 <= cut.state.tokens < 500
+    resumed, finished = _train(tmp_path, target, "b")
+    assert finished and resumed.state.tokens == 500
+    a, b = whole.head.state_dict(), resumed.head.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    fresh = _head(target).state_dict()
+    assert any(not torch.equal(a[k], fresh[k]) for k in a)  # training moved the weights
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_the_reading_is_the_acceptance_the_loop_gets(target, gamma):
+    """Exact greedy acceptance: on the target's own greedy continuation the unrolled steps make the same
+    accept counts as the head drafting in the speculative loop."""
+    head = _head(target, seed=4)
+    held = _held(target, head)
+    embeddings = target.get_input_embeddings().weight
+    top1, per_step = exact_acceptance(head, embeddings, held, gamma)
+    emitted = steps = 0
+    for h in held:
+        prompt = h.ids[:h.prompt_len].tolist()
+        out = speculate(target, head_proposer(head, target, 64), prompt, gamma=gamma,
+                        max_new_tokens=len(h.ids) - h.prompt_len)
+        assert out.tokens == h.ids[h.prompt_len:].tolist()
+        emitted, steps = emitted + len(out.tokens) - 1, steps + out.steps  # the first token is the prefill's
+    assert per_step == pytest.approx(emitted / steps) and 0 <= top1 <= 1
+    assert sum(1 for _ in held) == 2
+
+
+@pytest.mark.parametrize(("field", "value", "flag"), [
+    ("layers", (1, 9), "--layers"), ("draft_vocab", 999, "--draft-vocab")])
+def test_a_shape_the_target_cannot_have_names_its_flag(target, field, value, flag):
+    request = HeadTrainRequest(data="d", out="o", **{field: value})
+    with pytest.raises(OptionError, match=f"^{field} ") as caught:
+        check_head_request(request, _manifest(), target.config.to_dict())
+    assert caught.value.for_flags().startswith(f"{flag} ")
+
+
+def test_the_cli_refuses_a_draft_vocabulary_larger_than_the_targets_before_writing(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    manifest = _manifest(target="smollm2-135m", vocab_size=49152)
+    (data / "manifest.json").write_text(json.dumps(manifest.to_dict()))
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "draftnas", "distill", "head", str(data), "--out", str(out),
+                           "--draft-vocab", "60000"], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--draft-vocab" in done.stderr and "49,152" in done.stderr
+    assert not out.exists()
