@@ -174,7 +174,8 @@ class BenchRequest(Record):
     """What `draftnas bench` was asked: the target, the drafter, the one it must beat, the prompts."""
 
     target: str = option(help="Target model: embedded name, folder or .gguf.", short="-t")
-    draft: str = option(help="Draft model folder (the target's tokenizer), or a .gguf with the llama.cpp "
+    draft: str = option(help="Draft model folder (the target's tokenizer), a .gguf with the llama.cpp "
+                             "engine, or head:FOLDER (a head `draftnas distill head` trained) with the vLLM "
                              "engine.", short="-d")
     references: tuple[str, ...] = option(
         (), flag="--reference", short="-r",
@@ -237,7 +238,10 @@ class BenchRequest(Record):
             except InvalidInputError as e:
                 out.append((name, str(e)))
                 continue
-            if spec.family != "model" and engine.own_loop:
+            if spec.family == "head" and engine.own_loop:
+                out.append((name, f"{text}: a head is benched in vLLM here (--engine vllm); draftnas's loop "
+                                  "reads its exact acceptance in `draftnas distill head`, not yet as a bench arm"))
+            elif spec.family != "model" and engine.own_loop:
                 out.append((name, f"{text} is a {spec.family} drafter: in draftnas's loop give lookup "
                                   "settings as {lookup} and a model drafter as {draft}"))
             elif engine.name not in family(spec.family).engines:

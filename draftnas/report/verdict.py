@@ -190,7 +190,7 @@ def _llama_routes(search: LookupResult, bench: dict[str, Any] | None) -> list[Ro
             continue
         drafter = parse_drafter(spec)
         gamma = int(arm.get("gamma") or 0)
-        settings = drafter.label if drafter.family == "lookup" else f"{drafter.label}, γ {gamma}"
+        settings = f"{drafter.label}, γ {gamma}" if family(drafter.family).drafts_gamma else drafter.label
         flags = " ".join(drafter.settings(LLAMA_CPP, gamma, threads=int((bench or {}).get("threads") or 1)))
         routes.append(Route(LLAMA_CPP, family(drafter.family).title, settings, flags, **_measured(arm, on)))
     return routes
@@ -206,7 +206,7 @@ def _loop_routes(bench: dict[str, Any], other_prompts: bool) -> list[Route]:
             continue
         drafter, gamma = parse_drafter(str(arm.get("drafter") or "")), arm.get("gamma")
         stop = f", stop {arm['p_min']:g}" if arm.get("p_min") else ""
-        settings = drafter.label + (f", γ {gamma}{stop}" if drafter.family == "model" else "")
+        settings = drafter.label + (f", γ {gamma}{stop}" if family(drafter.family).drafts_gamma else "")
         lookup = drafter.lookup.label if drafter.lookup is not None else ""
         run = {"lookup": f"draftnas bench -d DRAFTER --lookup {lookup}",
                "hybrid": f"draftnas bench -d {drafter.model} --lookup {lookup} "
@@ -226,7 +226,7 @@ def _vllm_routes(bench: dict[str, Any]) -> list[Route]:
             continue
         drafter, gamma = parse_drafter(str(arm.get("drafter") or "")), int(arm.get("gamma") or 0)
         config = drafter.settings(VLLM, gamma)
-        settings = drafter.label + (f", γ {gamma}" if drafter.family == "model" else "")
+        settings = drafter.label + (f", γ {gamma}" if family(drafter.family).drafts_gamma else "")
         out.append(Route(VLLM, family(drafter.family).title, settings,
                          f"--speculative-config '{json.dumps(config)}'", **_measured(arm, on)))
     return out

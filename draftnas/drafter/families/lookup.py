@@ -19,6 +19,7 @@ class LookupFamily(DrafterFamily):
     syntax = "lookup, lookup:n=N,m=M or lookup:KIND,n=N,m=M (KIND a llama.cpp ngram type)"
     engines = (STATIC, HF, LLAMA_CPP, VLLM)
     pricing = "exact replay on the target's greedy output (draftnas's loop, llama.cpp ngram-simple)"
+    drafts_gamma = False  # it drafts up to m tokens of what it matched
 
     def matches(self, text: str) -> bool:
         return is_lookup(text) and "+" not in text

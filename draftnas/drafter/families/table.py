@@ -51,6 +51,7 @@ class DrafterFamily:
     engines: ClassVar[tuple[str, ...]]  # the engine kinds (`core.engine_kinds`) that run it
     pricing: ClassVar[str]  # how draftnas prices its acceptance
     catch_all: ClassVar[bool] = False  # matched when no other family claims a spec (the model drafter)
+    drafts_gamma: ClassVar[bool] = True  # a step drafts the γ it is given (lookup drafts what it matched)
 
     def matches(self, text: str) -> bool:
         """Whether `text` names a drafter of this family."""
