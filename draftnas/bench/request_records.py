@@ -240,7 +240,8 @@ class BenchRequest(Record):
                 continue
             if spec.family == "head" and engine.own_loop:
                 out.append((name, f"{text}: a head is benched in vLLM here (--engine vllm); draftnas's loop "
-                                  "reads its exact acceptance in `draftnas distill head`, not yet as a bench arm"))
+                                  "reads its exact acceptance in `draftnas distill head`, not yet as a bench "
+                                  "arm"))
             elif spec.family != "model" and engine.own_loop:
                 out.append((name, f"{text} is a {spec.family} drafter: in draftnas's loop give lookup "
                                   "settings as {lookup} and a model drafter as {draft}"))

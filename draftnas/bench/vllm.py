@@ -341,7 +341,8 @@ def _model_steps(model: Any, prompt: Sequence[int], answer: Sequence[int], gamma
                  ) -> list[tuple[int, int]]:
     """(accepted, drafted) per step of a model drafter over the target's greedy `answer` (which runs past
     the `budget` of new tokens): one teacher-forced pass gives its argmax after each prefix; after the
-    prefill each step drafts γ, steps go on until the budget is reached (exact for greedy)."""
+    prefill each step drafts γ, steps go on until the budget is reached, or the answer's end where it
+    ended first (exact for greedy)."""
     import torch
 
     with torch.inference_mode():
@@ -349,7 +350,9 @@ def _model_steps(model: Any, prompt: Sequence[int], answer: Sequence[int], gamma
     guesses = logits[len(prompt):len(prompt) + len(answer) - 1].argmax(-1).tolist()  # after answer[:j+1]
     agree = [float(g == t) for g, t in zip(guesses, answer[1:], strict=True)]
     steps, t = [], 0
-    while t < budget - 1:  # the prefill emitted answer[0]; a step at t drafts γ and emits accepted + 1
+    # the prefill emitted answer[0]; a step at t drafts γ and emits accepted + 1; an answer that ended
+    # first (an end-of-sequence token) stops there
+    while t < min(budget, len(answer)) - 1:
         k = 0
         while k < gamma and t + k < len(agree) and agree[t + k] > 0.5:
             k += 1

@@ -293,3 +293,25 @@ def test_a_head_runs_in_vllm_as_eagle3_losslessly_and_its_steps_are_replayed(tmp
     assert head.exact_match_rate == 1.0 and head.gamma == 2
     assert head.accepted_per_position == head.predicted_accepted_per_position
     assert sum(r.drafted for p in result.prompts for r in p.runs if r.arm == "draftnas") > 0
+
+
+def test_a_model_drafters_replay_to_a_budget_stops_where_the_answer_ended_first():
+    """A request that ends at its end-of-sequence token before the budget takes no more steps in vLLM; the
+    replay counted steps up to the budget (drafts never made, the per-position rates diluted)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from draftnas.bench.vllm import _model_steps
+
+    prompt, answer = [1, 2, 3], [4, 5, 6, 7, 8, 9]
+
+    def perfect(input_ids):  # a drafter whose guess after each prefix is the sequence's next token
+        ids = input_ids[0].tolist()
+        logits = torch.zeros(len(ids), 16)
+        for i, nxt in enumerate(ids[1:] + [0]):
+            logits[i, nxt] = 1.0
+        return SimpleNamespace(logits=logits[None])
+
+    assert _model_steps(perfect, prompt, answer, 2, budget=64) == [(2, 2), (2, 2)]  # 1 + 3 + 3 tokens
+    assert _model_steps(perfect, prompt, answer, 2, budget=3) == [(2, 2)]

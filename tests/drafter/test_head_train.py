@@ -115,3 +115,23 @@ def test_the_cli_refuses_a_draft_vocabulary_larger_than_the_targets_before_writi
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--draft-vocab" in done.stderr and "49,152" in done.stderr
     assert not out.exists()
+
+
+def test_the_reproducing_command_names_only_the_options_given_a_value():
+    from draftnas.drafter.head.train import _command
+
+    said = _command(HeadTrainRequest(data="runs/data", out="runs/head", tokens=1000))
+    assert said.startswith("draftnas distill head runs/data --out runs/head") and "--layers" not in said
+    assert "--tokens 1000" in said
+
+
+def test_a_walk_to_a_budget_stops_where_the_answer_ended_first():
+    """vLLM stops a request at its end-of-sequence token: a replay to a budget past the answer's end takes
+    no steps there (they would count drafts vLLM never made)."""
+    from draftnas.drafter.head.train import head_walk
+
+    ids = torch.tensor([5, 6, 7, 1, 2, 3, 4])  # a 3-token prompt, a 4-token answer ending the request
+    drafts = [torch.tensor([0, 0, 2, 0, 4, 0]), torch.zeros(6, dtype=torch.long)]  # step j's draft at row p
+    assert head_walk(drafts, ids, 3, 2, budget=64) == [(1, 2), (1, 2)]
+    assert head_walk(drafts, ids, 3, 2, budget=2) == [(1, 2)]  # the budget first: its step drafts γ still
+    assert head_walk(drafts, ids, 3, 2) == [(1, 2), (0, 0)]  # draftnas's loop cuts drafts at the end

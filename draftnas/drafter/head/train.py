@@ -101,11 +101,13 @@ def head_walk(drafts: list[torch.Tensor], ids: torch.Tensor, prompt_len: int, ga
     """(accepted, drafted) per greedy step over the target's own continuation `ids[prompt_len:]`, `drafts`
     being `head_drafts`' (at least `gamma` steps). The prefill emits the first answer token; each step then
     drafts γ after the last token (fewer where the sequence ends first, without `budget`) and emits its
-    accepted drafts and one. With `budget` (new tokens), steps go on until it is reached and each drafts γ,
-    as vLLM's do (the sequence must run past the budget by γ + 1)."""
+    accepted drafts and one. With `budget` (new tokens), steps go on until it is reached, or the answer's
+    end where it ended first (at an end-of-sequence token), and each drafts γ, as vLLM's do (an answer
+    that reaches the budget must run past it by γ + 1)."""
     t, steps = len(ids), []
+    end = t - prompt_len if budget is None else min(budget, t - prompt_len)
     b, emitted = prompt_len - 1, 1  # base: the last row read with the target's features
-    while (emitted < budget) if budget is not None else (b + 2 < t):
+    while emitted < end:
         limit = gamma if budget is not None else min(gamma, t - b - 3)
         a = 0
         while a < limit and b + a + 2 < t and int(drafts[a][b + a]) == int(ids[b + a + 2]):
@@ -259,7 +261,7 @@ def _key(request: HeadTrainRequest, shape: HeadShape, manifest: DataManifest) ->
 def _command(request: HeadTrainRequest) -> str:
     flags = []
     for name, value in request.to_dict().items():
-        if name in ("data", "stop_after_tokens") or value in (None, "", ()):
+        if name in ("data", "stop_after_tokens") or value in (None, "", (), []):
             continue
         text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
         flags += [f"--{name.replace('_', '-')}", text]
