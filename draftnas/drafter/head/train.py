@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shlex
 import time
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from draftnas.drafter.heal.losses import kl_to_topk
 from draftnas.drafter.training.distill_records import DataManifest, TrainReading
 from draftnas.drafter.training.distill_store import iter_sequences, read_manifest
 from draftnas.drafter.training.packing import Stream, build_stream, epoch_rows
-from draftnas.drafter.training.train import reading_budgets
+from draftnas.drafter.training.train import load_checkpoint, reading_budgets, save_checkpoint
 from draftnas.drafter.training.train_setup import heldout_sequences
 
 log = logging.getLogger(__name__)
@@ -229,19 +228,13 @@ class HeadTrainer:
         payload = {"key": self.key, "tokens": s.tokens, "micro": s.micro, "train_s": s.train_s,
                    "features_s": s.features_s, "readings": [r.to_dict() for r in s.readings],
                    "head": self.head.state_dict(), "optimizer": self.optimizer.state_dict()}
-        tmp = self.folder / (STATE_FILE + ".tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, self.folder / STATE_FILE)
+        save_checkpoint(self.folder / STATE_FILE, payload)
         self._last_save = time.perf_counter()
 
     def load(self) -> bool:
-        path = self.folder / STATE_FILE
-        if not path.is_file():
+        saved = load_checkpoint(self.folder / STATE_FILE, self.key)
+        if saved is None:
             return False
-        saved = torch.load(path, weights_only=False)
-        if saved.get("key") != self.key:
-            raise InvalidInputError(f"{path} was trained with another shape, data or options; resume needs "
-                                    "the same ones (or a fresh --out folder)")
         self.head.load_state_dict(saved["head"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.state = _State(saved["tokens"], saved["micro"], saved["train_s"], saved["features_s"],

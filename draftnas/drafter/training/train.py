@@ -67,6 +67,24 @@ def reading_budgets(total: int, n: int, first: int | None = None) -> list[int]:
     return sorted({int(round(first * ratio ** i)) for i in range(n - 1)} | {total})
 
 
+def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
+    """A run's state (with its `key`) at `path`, written whole beside it and renamed over it."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, key: str) -> dict[str, Any] | None:
+    """The state saved at `path` (None where there is none); one line where another run saved it."""
+    if not path.is_file():
+        return None
+    saved: dict[str, Any] = torch.load(path, weights_only=False)
+    if saved.get("key") != key:
+        raise InvalidInputError(f"{path} was trained with another shape, data or options; resume needs "
+                                "the same ones (or a fresh --out folder)")
+    return saved
+
+
 @dataclass
 class _State:
     tokens: int = 0  # trained positions over both phases
@@ -180,19 +198,13 @@ class _Trainer:
                    "readings": [r.to_dict() for r in s.readings],
                    "params": {n: p.detach().clone() for n, p in self.params},
                    "optimizer": self.optimizer.state_dict()}
-        tmp = self.folder / (STATE_FILE + ".tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, self.folder / STATE_FILE)
+        save_checkpoint(self.folder / STATE_FILE, payload)
         self._last_save = time.perf_counter()
 
     def load(self) -> str | None:
-        path = self.folder / STATE_FILE
-        if not path.is_file():
+        saved = load_checkpoint(self.folder / STATE_FILE, self.key)
+        if saved is None:
             return None
-        saved = torch.load(path, weights_only=False)
-        if saved.get("key") != self.key:
-            raise InvalidInputError(f"{path} was trained with another shape, data or options; resume needs "
-                                    "the same ones (or a fresh --out folder)")
         with torch.no_grad():
             for name, param in self.params:
                 param.copy_(saved["params"][name])
