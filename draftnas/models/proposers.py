@@ -70,6 +70,14 @@ def token_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
+def spread_probs(head_probs: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """q over a head's rows [R] as q over the full vocabulary [V]: row r at full id `ids[r]`, zero
+    elsewhere."""
+    full = torch.zeros(vocab_size, dtype=head_probs.dtype, device=head_probs.device)
+    full[ids.to(head_probs.device)] = head_probs
+    return full
+
+
 def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One id drawn from `probs` [V] (on the host, so a seeded generator replays)."""
     return int(torch.multinomial(probs.cpu(), 1, generator=generator))
@@ -149,11 +157,7 @@ class ModelProposer:
 
     def full_probs(self, head_probs: torch.Tensor) -> torch.Tensor:
         """q over the full vocabulary [V] (zero outside the subset)."""
-        if self.subset is None:
-            return head_probs
-        full = torch.zeros(self.vocab_size, dtype=head_probs.dtype, device=head_probs.device)
-        full[self.subset.to(head_probs.device)] = head_probs
-        return full
+        return head_probs if self.subset is None else spread_probs(head_probs, self.subset, self.vocab_size)
 
     def rollback(self, length: int) -> None:
         self.cached = min(self.cached, length)

@@ -23,18 +23,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftnas.drafter.head.shape import HeadShape
+from draftnas.models.decoder import RMSNorm
 
 #: the head's weight names (vLLM's and the published EAGLE-3 checkpoints')
 MIDLAYER = "midlayer."
-
-
-class _Norm(nn.Module):
-    def __init__(self, width: int, eps: float, dtype: torch.dtype, device: torch.device | str) -> None:
-        super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(width, dtype=dtype, device=device)), eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
 
 
 @dataclass
@@ -60,9 +52,9 @@ class Eagle3Head(nn.Module):
         h, q, kv = shape.hidden_size, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
         f: dict[str, Any] = {"dtype": dtype, "device": device}
         self.fc = nn.Linear(len(shape.layers) * h, h, bias=False, **f)
-        self.input_layernorm = _Norm(h, shape.rms_norm_eps, **f)
-        self.hidden_norm = _Norm(h, shape.rms_norm_eps, **f)
-        self.post_attention_layernorm = _Norm(h, shape.rms_norm_eps, **f)
+        self.input_layernorm = RMSNorm(h, shape.rms_norm_eps, False, **f)
+        self.hidden_norm = RMSNorm(h, shape.rms_norm_eps, False, **f)
+        self.post_attention_layernorm = RMSNorm(h, shape.rms_norm_eps, False, **f)
         self.q_proj = nn.Linear(2 * h, q, bias=False, **f)
         self.k_proj = nn.Linear(2 * h, kv, bias=False, **f)
         self.v_proj = nn.Linear(2 * h, kv, bias=False, **f)
@@ -70,7 +62,7 @@ class Eagle3Head(nn.Module):
         self.gate_proj = nn.Linear(h, shape.ffn, bias=False, **f)
         self.up_proj = nn.Linear(h, shape.ffn, bias=False, **f)
         self.down_proj = nn.Linear(shape.ffn, h, bias=False, **f)
-        self.norm = _Norm(h, shape.rms_norm_eps, **f)
+        self.norm = RMSNorm(h, shape.rms_norm_eps, False, **f)
         self.lm_head = nn.Linear(h, shape.draft_vocab, bias=False, **f)
         self.register_buffer("d2t", torch.zeros(shape.draft_vocab, dtype=torch.long, device=device))
         half = torch.arange(0, shape.head_dim, 2, dtype=torch.float64, device=device) / shape.head_dim

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 
 import torch
 
+from draftnas.core.errors import InvalidInputError
 from draftnas.drafter.head.model import Eagle3Head, HeadCache
-from draftnas.models.proposers import Proposal, sample_token, token_probs
+from draftnas.models.proposers import Proposal, sample_token, spread_probs, token_probs
 
 
 class HeadProposer:
@@ -47,8 +48,8 @@ class HeadProposer:
         """The target's hidden states [A, rows, H] for the rows it read from `target_at` on."""
         rows = hidden.shape[1]
         if self.target_at + rows > self.features.shape[0]:
-            raise ValueError(f"a sequence of {self.target_at + rows} tokens is longer than the head's "
-                             f"{self.features.shape[0]} slots")
+            raise InvalidInputError(f"a sequence of {self.target_at + rows} tokens is longer than the head's "
+                                    f"{self.features.shape[0]} slots")
         self.features[self.target_at:self.target_at + rows] = self.head.fuse(hidden.to(self.features.device))
 
     def rollback(self, length: int) -> None:
@@ -84,14 +85,8 @@ class HeadProposer:
                 if temperature > 0:
                     q = token_probs(logits, temperature)
                     drafts.append(int(self.table[sample_token(q, generator)]))
-                    qs.append(self._full(q))
+                    qs.append(spread_probs(q, self.table, self.vocab_size))
                 else:
                     drafts.append(int(self.table[int(logits.argmax())]))
         return Proposal(torch.tensor(drafts, dtype=torch.long), qs, seconds=time.perf_counter() - started,
                         host_reads=len(drafts))
-
-    def _full(self, q: torch.Tensor) -> torch.Tensor:
-        """q over the target's vocabulary (zero outside the draft vocabulary)."""
-        full = torch.zeros(self.vocab_size, dtype=q.dtype)
-        full[self.table.cpu()] = q.cpu()
-        return full

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +38,16 @@ from draftnas.drafter.head.model import Eagle3Head
 from draftnas.drafter.head.records import HEAD_DIR, HeadTrainRequest, HeadTrainResult
 from draftnas.drafter.head.shape import HeadShape, head_shape
 from draftnas.drafter.heal.heal_data import HealSequence
-from draftnas.drafter.heal.losses import kl_to_topk
+from draftnas.drafter.heal.losses import kl_to_topk, topk_in_rows
 from draftnas.drafter.training.distill_records import DataManifest, TrainReading
 from draftnas.drafter.training.distill_store import iter_sequences, read_manifest
 from draftnas.drafter.training.packing import Stream, build_stream, epoch_rows
-from draftnas.drafter.training.train import load_checkpoint, reading_budgets, save_checkpoint
+from draftnas.drafter.training.train import (
+    load_checkpoint,
+    reading_budgets,
+    reproduce_command,
+    save_checkpoint,
+)
 from draftnas.drafter.training.train_setup import heldout_sequences
 
 log = logging.getLogger(__name__)
@@ -173,13 +177,11 @@ class HeadTrainer:
             if not len(at):
                 continue
             k = taught[at[:, 0], at[:, 1]]
-            ids_k, probs = stream.topk_ids[k].long(), stream.topk_probs[k].float()
-            rows = self.rows[ids_k]
-            inside = rows >= 0
-            leftover = (1.0 - probs.sum(-1)).clamp(min=0.0) + (probs * ~inside).sum(-1)
+            probs = stream.topk_probs[k].float()
+            teacher = topk_in_rows(self.rows, stream.topk_ids[k].long(), probs,
+                                   (1.0 - probs.sum(-1)).clamp(min=0.0))
             logits = self.head.logits(normed[at[:, 0], at[:, 1]]).float()
-            total = total + STEP_DECAY ** j * kl_to_topk(logits, rows.clamp(min=0), probs * inside, leftover,
-                                                          inside)
+            total = total + STEP_DECAY ** j * kl_to_topk(logits, *teacher)
             weights += STEP_DECAY ** j
         return total / max(weights, 1e-9), len(where)
 
@@ -252,13 +254,7 @@ def _key(request: HeadTrainRequest, shape: HeadShape, manifest: DataManifest) ->
 
 
 def _command(request: HeadTrainRequest) -> str:
-    flags = []
-    for name, value in request.to_dict().items():
-        if name in ("data", "stop_after_tokens") or value in (None, "", (), []):
-            continue
-        text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-        flags += [f"--{name.replace('_', '-')}", text]
-    return shlex.join(["draftnas", "distill", "head", request.data, *flags])
+    return reproduce_command("head", request)
 
 
 def trained_prompts(manifest: DataManifest, tokenizer: Any) -> list[str]:

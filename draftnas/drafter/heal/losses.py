@@ -78,11 +78,17 @@ def topk_to_head(model: Any, batch: Batch) -> tuple[Any, ...]:
     subset = getattr(model, "draft_vocab_subset", None)
     if subset is None:
         return batch.topk_ids, batch.topk_probs, batch.leftover, None
-    rows = head_row_table(subset).to(batch.topk_ids.device)[batch.topk_ids]  # [N, K], -1 outside
+    return topk_in_rows(head_row_table(subset), batch.topk_ids, batch.topk_probs, batch.leftover)
+
+
+def topk_in_rows(table: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor, leftover: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A top-k teacher [N, K] in a head's rows (`table`: full id -> row, -1 outside the head): (rows, the
+    probabilities of the ids the head has, the leftover with the others' moved in, which ids it has), as
+    `kl_to_topk` takes them."""
+    rows = table.to(topk_ids.device)[topk_ids]  # [N, K], -1 outside
     inside = rows >= 0
-    probs = batch.topk_probs * inside
-    leftover = batch.leftover + (batch.topk_probs * ~inside).sum(-1)
-    return rows.clamp(min=0), probs, leftover, inside
+    return rows.clamp(min=0), topk_probs * inside, leftover + (topk_probs * ~inside).sum(-1), inside
 
 
 def kl_to_logits(drafter_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:

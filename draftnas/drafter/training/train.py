@@ -257,15 +257,20 @@ def train_drafter(request: DistillTrainRequest, drafter: Any, heldout: list[Heal
     return trainer, resumed, finished
 
 
-def _command(request: DistillTrainRequest) -> str:
-    """The command that reproduces the run (its data made by the data folder's own calls)."""
+def reproduce_command(subcommand: str, request: Any) -> str:
+    """The `draftnas distill SUBCOMMAND` call that reproduces a run of `request` (its data made by the data
+    folder's own calls): every option given a value, DATA first."""
     flags = []
     for name, value in request.to_dict().items():
-        if name in ("data", "stop_after_tokens") or value in (None, ""):
+        if name in ("data", "stop_after_tokens") or value in (None, "", (), []):
             continue
         text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
         flags += [f"--{name.replace('_', '-')}", text]
-    return shlex.join(["draftnas", "distill", "train", request.data, *flags])
+    return shlex.join(["draftnas", "distill", subcommand, request.data, *flags])
+
+
+def _command(request: DistillTrainRequest) -> str:
+    return reproduce_command("train", request)
 
 
 def train_from_request(request: DistillTrainRequest, *,
