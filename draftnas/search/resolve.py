@@ -245,8 +245,8 @@ def _tokenizer_problems(role: str, spec: str, target: str, target_arch: Architec
 def _same_gguf_tokenizer(spec: str, target: str) -> bool:
     """Whether both specs run from GGUF files (embedded or given) whose tokenizer keys are one
     (`tokenizer_digest`): read from their headers, where the folder check would first convert the
-    target's weights (1.5 min for the 1.5B on a 2-core Zen 3), which a search on shipped traces (the
-    embedded pair's main job) never loads."""
+    target's weights (1.5 min for the 1.5B on a 2-core Zen 3), which a search on shipped traces need not
+    load (the embedded pair's main job, run on that host, loaded none)."""
     try:
         if not all(resolve_source(s).kind in ("embedded", "gguf") for s in (spec, target)):
             return False

@@ -3,7 +3,7 @@ width and attention heads. Torch-free (the family table and the CLI read it with
 
 Layer i is the residual stream entering target layer i (transformers' `hidden_states[i]`; vLLM's aux hidden
 state i), so 0..L are readable for a target of L layers. vLLM reads (2, L // 2, L - 3) where a head names
-none; draftnas always names them.
+none; the folders draftnas writes name them.
 """
 
 from __future__ import annotations
