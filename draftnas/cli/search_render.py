@@ -113,7 +113,8 @@ def trained_table(result: SearchResult) -> Table:
                 "speedup", "tokens to beat the bar", "curve measured to", "fit check"):
         table.add_column(col, justify="left" if col in ("shape", "base") else "right", overflow="fold")
     for p in result.trained:
-        table.add_row(p.label, p.base, f"{p.budget_tokens:,}" + (" (extrapolated)" if p.extrapolated else ""),
+        table.add_row(p.label, p.base if p.family != "head" else f"{p.base}'s hidden states",
+                      f"{p.budget_tokens:,}" + (" (extrapolated)" if p.extrapolated else ""),
                       f"{p.draft_ms:.3f}", f"{p.tokens_per_step:.2f} (γ {p.curve_gamma})",
                       f"{p.acceptance_rate:.3f}",
                       str(p.best_gamma), f"{p.tokens_per_s:,.1f}", f"{p.speedup:.3f}x",
@@ -128,5 +129,9 @@ def trained_table(result: SearchResult) -> Table:
              if hosts else "")
     caption.append("acceptance from training runs' held-out readings" + where + "; latency priced here; "
                    "`draftnas distill train` makes a shape's drafter (docs/training.md)")
+    if any(p.family == "head" for p in result.trained):
+        caption.append("a head is priced as one layer at the target's width of equal weights (its fc and "
+                       "wider qkv folded into the FFN), its draft vocabulary as its rows; `draftnas distill "
+                       "head` trains one (docs/heads.md)")
     table.caption = "\n".join(caption)
     return table

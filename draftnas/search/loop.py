@@ -29,9 +29,11 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from draftnas.core.engine_kinds import STATIC
 from draftnas.core.errors import DraftnasError, InfeasibleCandidateError, InvalidInputError
 from draftnas.core.placement import deployed
 from draftnas.core.registry import Architecture, resolve_architecture
+from draftnas.drafter.families import family
 from draftnas.drafter.training.distill_records import TrainedPrice
 from draftnas.models.sources import has_weights
 from draftnas.search.candidate import build_candidate, reference_candidate
@@ -361,9 +363,9 @@ def _trained(run: _Run, result: SearchResult) -> tuple[TrainedPrice, ...]:
     if bar is not None:  # priced again with this run's latency model, as the shapes are
         bar_tps = predict_workload(_read(run, bar.candidate), bar.acceptance, o.space.workload,
                                    o.space.gamma).tokens_per_s
+    heads_run = (o.engine or STATIC) in family("head").engines
     return price_trained(o.curves, o.train_tokens, read, resolve_architecture, o.space.workload,
-                         o.space.gamma,
-                         bar_tps)
+                         o.space.gamma, bar_tps, heads_run=heads_run)
 
 
 def _best_value(trials: Sequence[FrozenTrial]) -> float | None:

@@ -17,6 +17,7 @@ from draftnas.core.bisection import turning_point
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.registry import Architecture
 from draftnas.core.throughput import acceptance_rate_from_tokens_per_step
+from draftnas.drafter.head.shape import priced_arch
 from draftnas.drafter.training.distill_records import CurveSet, TrainedPrice, TrainingCurve
 from draftnas.search.records import AcceptanceReading, LatencyReading, WorkloadPrediction
 from draftnas.search.scoring import predict_workload
@@ -29,7 +30,10 @@ log = logging.getLogger(__name__)
 
 
 def curve_arch(curve: TrainingCurve, base_arch: Architecture) -> Architecture:
-    """The trained shape: `len(layers)` layers of `base_arch` at full width."""
+    """The trained shape: `len(layers)` layers of `base_arch` at full width; a head on `base_arch` (its
+    target) as one layer of equal weights (`head.shape.priced_arch`)."""
+    if curve.family == "head":
+        return priced_arch(base_arch, len(curve.layers), curve.ffn, curve.label)
     return base_arch.with_shape(name=f"{base_arch.name}:{curve.label}", num_hidden_layers=len(curve.layers))
 
 
@@ -60,11 +64,16 @@ def tokens_to_beat(curve: TrainingCurve, bar_tps: float, latency: LatencyReading
 def price_trained(curves: CurveSet, budget_tokens: int | None, read: Callable[[Architecture, int | None],
                                                                               LatencyReading],
                   arch_of: Callable[[str], Architecture], workload: Workload, gamma: GammaRange,
-                  bar_tps: float | None) -> tuple[TrainedPrice, ...]:
+                  bar_tps: float | None, *, heads_run: bool = True) -> tuple[TrainedPrice, ...]:
     """Each curve's shape priced at `budget_tokens` (None: the largest budget its curve measured;
-    `read(arch, head_rows)` is the search's latency), best first."""
+    `read(arch, head_rows)` is the search's latency), best first; heads' curves only where the engine
+    priced runs heads (`heads_run`), each left out in a line otherwise."""
     out = []
     for curve in curves.curves:
+        if curve.family == "head" and not heads_run:
+            log.warning("head %s not priced: this search's engine does not run heads (they run in "
+                        "draftnas's loop and vLLM)", curve.label)
+            continue
         budget = budget_tokens if budget_tokens is not None else curve.measured_max()
         arch = curve_arch(curve, arch_of(curve.base))
         try:
@@ -84,5 +93,5 @@ def price_trained(curves: CurveSet, budget_tokens: int | None, read: Callable[[A
             tokens_to_beat_bar=None if bar_tps is None or not curve.measurable_slope
             else tokens_to_beat(curve, bar_tps, latency, workload, gamma),
             bar_tokens_per_s=bar_tps, curve_host=curve.host, slope_interval=curve.slope_interval() or (),
-            measurable_slope=curve.measurable_slope))
+            measurable_slope=curve.measurable_slope, family=curve.family))
     return tuple(sorted(out, key=lambda p: -p.tokens_per_s))

@@ -323,3 +323,32 @@ def test_library_errors_name_the_parameter_and_the_command_line_its_flag(tmp_pat
         epoch_rows(stream, 16, seed=0, epoch=0)
     assert str(caught.value) == ("seq_len is 16: the data's 10 tokens make no row that long; lower it or "
                                  "make more data")
+
+
+def test_a_heads_run_gives_a_head_curve_with_its_shape_and_check(tmp_path):
+    """`distill curve` reads a `distill head` folder (head.json): every reading of the run is on the curve,
+    and the curve carries the head's shape (the layers it reads, its draft vocabulary, its FFN width)."""
+    from draftnas.drafter.head.records import RESULT_FILE, HeadTrainResult
+    from draftnas.drafter.head.shape import HeadShape, TargetKey
+    from draftnas.drafter.training.curve_fit import fit_curve, read_curve_run
+
+    shape = HeadShape(target=TargetKey("t", 30, 576, 49152), layers=(2, 15, 27), draft_vocab=4096, ffn=768,
+                      heads=9, kv_heads=3, head_dim=64, rope_theta=1e5, rms_norm_eps=1e-5, max_positions=2048)
+    points = [(0, 1.0)] + [(t, 0.5 + 0.06 * math.log(t) + (0.004 if i % 2 else -0.004))
+                           for i, t in enumerate((10_000, 30_000, 90_000, 270_000))]
+    readings = tuple(TrainReading(tokens=t, phase="train" if t else "untrained", train_s=0.0, loss=None,
+                                  top1_agreement=0.1, tokens_per_step=y) for t, y in points)
+    result = HeadTrainResult(out=str(tmp_path), head=str(tmp_path / "head"), target="t", label=shape.label(),
+                             parameters=shape.parameters(), trained_tokens=270_000, budget_tokens=270_000,
+                             train_s=1.0, features_s=0.5, readings=readings, kept="trained", command="c",
+                             shape=shape)
+    (tmp_path / RESULT_FILE).write_text(json.dumps(result.to_dict()))
+    curve = fit_curve(read_curve_run(tmp_path), min_tokens=10_000)
+    assert (curve.family, curve.layers, curve.head_rows, curve.ffn, curve.base) == ("head", (2, 15, 27), 4096,
+                                                                                    768, "t")
+    assert len(curve.points) == 4 and curve.check.tokens == 270_000
+    assert curve.slope == pytest.approx(0.06, abs=0.01) and curve.measurable_slope
+    assert curve.delta_sha256 == ""  # no head folder here to hash
+    (tmp_path / RESULT_FILE).unlink()
+    with pytest.raises(InvalidInputError, match="no train.json or head.json"):
+        read_curve_run(tmp_path)

@@ -129,3 +129,36 @@ def test_a_curve_whose_slope_interval_spans_zero_gives_no_budget_and_says_so():
     (rising,) = price_trained(CurveSet(target="t", curves=(_curve(),)), 1_000, _latency, resolve_architecture,
                               WORKLOAD, GAMMA, bar_tps=sum(speeds) / 2)  # reached past the last reading
     assert rising.measurable_slope and _tokens(rising).endswith("(extrapolated)")
+
+
+def _head_curve() -> TrainingCurve:
+    pts = tuple(CurvePoint(t, 0.5 + 0.06 * math.log(t), 0.2) for t in (10_000, 30_000, 90_000))
+    return TrainingCurve(label="head L2/15/27 V4096 F768", base="smollm2-135m", layers=(2, 15, 27),
+                         head_rows=4096, gamma=4, points=pts, intercept=0.5, slope=0.06, fitted_from=10_000,
+                         untrained=1.0, family="head", ffn=768)
+
+
+def test_a_head_is_priced_as_one_target_layer_of_its_weights_with_its_draft_vocabulary():
+    from draftnas.drafter.head.shape import HeadShape, TargetKey
+
+    target = resolve_architecture("smollm2-135m")
+    arch = curve_arch(_head_curve(), target)
+    assert arch.num_hidden_layers == 1 and arch.hidden_size == target.hidden_size
+    shape = HeadShape(target=TargetKey("smollm2-135m", 30, 576, 49152), layers=(2, 15, 27), draft_vocab=4096,
+                      ffn=768, heads=9, kv_heads=3, head_dim=64, rope_theta=1e5, rms_norm_eps=1e-5,
+                      max_positions=2048)
+    h, qkv = 576, (9 + 2 * 3) * 64
+    layer = h * qkv + (9 * 64) * h + 3 * h * arch.intermediate_size  # the priced layer's weights
+    head = shape.parameters() - shape.draft_vocab * h - 4 * h  # the head's, its output rows and norms aside
+    assert head <= layer < head + 3 * h * 64  # equal weights, the width rounded up to a multiple of 64
+    rows = []
+
+    def read(arch, head_rows):
+        rows.append(head_rows)
+        return _latency(arch, head_rows)
+
+    (price,) = price_trained(CurveSet(target="smollm2-135m", curves=(_head_curve(),)), 90_000, read,
+                             resolve_architecture, WORKLOAD, GAMMA, bar_tps=None)
+    assert rows == [4096] and price.family == "head" and price.draft_ms == 2.0  # one layer in the profile
+    assert price_trained(CurveSet(target="smollm2-135m", curves=(_head_curve(),)), 90_000, read,
+                         resolve_architecture, WORKLOAD, GAMMA, bar_tps=None, heads_run=False) == ()

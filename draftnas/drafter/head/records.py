@@ -6,10 +6,13 @@ from dataclasses import dataclass
 
 from draftnas.core.options import check_options, option
 from draftnas.core.records import Record
+from draftnas.drafter.head.shape import HeadShape
 from draftnas.drafter.training.distill_records import TrainReading
 
 #: the head folder inside a training folder (what vLLM serves, `head:RUN/head`)
 HEAD_DIR = "head"
+#: the training folder's result (`HeadTrainResult`)
+RESULT_FILE = "head.json"
 
 
 def _layers(text: object) -> tuple[int, ...]:
@@ -72,6 +75,7 @@ class HeadTrainResult(Record):
     resumed_from_tokens: int = 0
     gamma: int = 4
     host: str = ""
+    shape: HeadShape | None = None  # None in results written before it was kept (its folder has it)
 
     @property
     def tokens_per_s(self) -> float:

@@ -15,6 +15,7 @@ from typing import Any
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.options import OptionError
 from draftnas.core.records import Record
+from draftnas.core.registry import Architecture
 
 #: rows of the draft vocabulary where none is asked for (the size published EAGLE-3 heads use)
 DEFAULT_DRAFT_VOCAB = 32768
@@ -146,3 +147,18 @@ def check_same_target(made_for: TargetKey, here: TargetKey, where: str) -> None:
             (here.layers, here.hidden_size, here.vocab_size):
         raise InvalidInputError(f"{where}: the head was made for {made_for.describe()}, not the target here, "
                                 f"{here.describe()}")
+
+
+def priced_arch(target: Architecture, layers_read: int, ffn: int, label: str) -> Architecture:
+    """What the latency model prices one draft token of a head as: one layer at the target's width and
+    heads whose weights equal the head's, its fc over `layers_read` target layers and its qkv reading two
+    widths folded into the FFN (rounded up to a multiple of 64); the output rows are the draft vocabulary's,
+    given as the head rows. A decode step reads every weight once, so equal bytes price alike on a host
+    whose decode is bandwidth-bound; the fc runs once a step in vLLM, not once a draft, so this prices a
+    head a little above its cost there."""
+    h = target.hidden_size
+    qkv = (target.num_attention_heads + 2 * target.num_key_value_heads) * target.head_dim
+    extra = layers_read * h * h + h * qkv
+    width = ffn + -(-extra // (3 * h))
+    return target.with_shape(name=f"{target.name}:{label}", num_hidden_layers=1,
+                             intermediate_size=-(-width // 64) * 64)

@@ -35,7 +35,7 @@ from draftnas.core.records import Progress
 from draftnas.drafter.head.build import draft_vocabulary, new_head, target_hidden
 from draftnas.drafter.head.folder import write_head
 from draftnas.drafter.head.model import Eagle3Head
-from draftnas.drafter.head.records import HEAD_DIR, HeadTrainRequest, HeadTrainResult
+from draftnas.drafter.head.records import HEAD_DIR, RESULT_FILE, HeadTrainRequest, HeadTrainResult
 from draftnas.drafter.head.shape import HeadShape, head_shape
 from draftnas.drafter.heal.heal_data import HealSequence
 from draftnas.drafter.heal.losses import kl_to_topk, topk_in_rows
@@ -52,7 +52,6 @@ from draftnas.drafter.training.train_setup import heldout_sequences
 
 log = logging.getLogger(__name__)
 STATE_FILE = "head-state.pt"
-RESULT_FILE = "head.json"
 #: weight of draft step j's loss: later steps count less (EAGLE-3)
 STEP_DECAY = 0.8
 
@@ -324,6 +323,6 @@ def train_head(request: HeadTrainRequest, *, progress: Progress | None = None) -
         parameters=shape.parameters(), trained_tokens=trainer.state.tokens, budget_tokens=request.tokens,
         train_s=round(trainer.state.train_s, 3), features_s=round(trainer.state.features_s, 3),
         readings=tuple(readings), kept=kept, command=_command(request), resumed_from_tokens=resumed,
-        gamma=request.gamma, host=host_line())
+        gamma=request.gamma, host=host_line(), shape=shape)
     (folder / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=1))
     return result

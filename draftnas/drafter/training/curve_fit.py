@@ -1,8 +1,7 @@
 """Curves of acceptance against training tokens: tokens per step = a + b ln T, fitted per drafter shape
-on the held-out readings of its training run's pretrain phase (a finetune's readings measure another
-recipe) (the second seed's Figure 4 puts speedup linear in log
-training tokens). Each curve is checked at the largest budget it was not fitted on: the fit made
-without that reading predicts it.
+on the held-out readings of its training run: a cut's pretrain phase (a finetune's readings measure another
+recipe), a head's whole run (the second seed's Figure 4 puts speedup linear in log training tokens). Each
+curve is checked at the largest budget it was not fitted on: the fit made without that reading predicts it.
 """
 
 from __future__ import annotations
@@ -13,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from draftnas.core.errors import InvalidInputError
+from draftnas.drafter.head.folder import WEIGHTS, read_shape
+from draftnas.drafter.head.records import RESULT_FILE, HeadTrainResult
 from draftnas.drafter.training.distill_records import (
     CurveCheck,
     CurvePoint,
@@ -36,13 +37,16 @@ def fit_log_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def fit_curve(result: DistillTrainResult, *, min_tokens: int, source: str = "") -> TrainingCurve:
-    """The curve of one training run's readings at budgets >= `min_tokens`, with its check."""
+def fit_curve(result: DistillTrainResult | HeadTrainResult, *, min_tokens: int, source: str = ""
+              ) -> TrainingCurve:
+    """The curve of one training run's readings at budgets >= `min_tokens`, with its check: a cut's
+    pretrain readings (`distill train`) or a head's (`distill head`)."""
     untrained = next((r for r in result.readings if r.tokens == 0), None)
     if untrained is None:
         raise InvalidInputError(f"{source or result.out}: the run has no untrained reading")
+    phase = "train" if isinstance(result, HeadTrainResult) else "pretrain"
     points = tuple(CurvePoint(r.tokens, r.tokens_per_step, r.top1_agreement)
-                   for r in result.readings if r.tokens >= min_tokens and r.phase == "pretrain")
+                   for r in result.readings if r.tokens >= min_tokens and r.phase == phase)
     if len({p.tokens for p in points}) < 3:
         where = source or result.out
         raise InvalidInputError(f"{where}: {len(points)} readings at >= {min_tokens:,} tokens; a "
@@ -52,26 +56,53 @@ def fit_curve(result: DistillTrainResult, *, min_tokens: int, source: str = "") 
     a0, b0 = fit_log_line([(p.tokens, p.tokens_per_step) for p in points if p.tokens < last.tokens])
     check = CurveCheck(tokens=last.tokens, predicted=a0 + b0 * math.log(last.tokens),
                        measured=last.tokens_per_step)
+    common = dict(label=result.label, gamma=result.gamma, points=points, intercept=a, slope=b,
+                  fitted_from=min_tokens, untrained=untrained.tokens_per_step, check=check, source=source,
+                  host=result.host, command=result.command)
+    if isinstance(result, HeadTrainResult):
+        shape = result.shape or read_shape(result.head)
+        return TrainingCurve(base=result.target, layers=shape.layers, head_rows=shape.draft_vocab,
+                             family="head", ffn=shape.ffn, delta_sha256=_head_sha256(result.head),
+                             **common)  # type: ignore[arg-type]
     finetuned = tuple(CurvePoint(r.tokens, r.tokens_per_step, r.top1_agreement)
                       for r in result.readings if r.phase == "finetune")
-    return TrainingCurve(label=result.label, base=result.base, layers=result.layers,
-                         head_rows=result.head_rows,
-                         gamma=result.gamma, points=points, intercept=a, slope=b, fitted_from=min_tokens,
-                         untrained=untrained.tokens_per_step, check=check, source=source, finetuned=finetuned,
-                         host=result.host, command=result.command, delta_sha256=result.delta_sha256)
+    return TrainingCurve(base=result.base, layers=result.layers, head_rows=result.head_rows,
+                         finetuned=finetuned, delta_sha256=result.delta_sha256, **common)  # type: ignore[arg-type]
+
+
+def _head_sha256(folder: str) -> str:
+    """The head's weights' hash where its folder is here (a rerun of its command reproduces them), else ""."""
+    import hashlib
+
+    weights = Path(folder) / WEIGHTS
+    return hashlib.sha256(weights.read_bytes()).hexdigest() if weights.is_file() else ""
 
 
 def read_train_result(folder: str | Path) -> DistillTrainResult:
-    """A training folder's result (`train.json`)."""
-    path = Path(folder) / "train.json"
+    """A cut's training folder's result (`train.json`)."""
+    result = _read_result(Path(folder) / "train.json", DistillTrainResult, "`draftnas distill train`")
+    assert isinstance(result, DistillTrainResult)
+    return result
+
+
+def read_curve_run(folder: str | Path) -> DistillTrainResult | HeadTrainResult:
+    """A training folder's result, a cut's (`train.json`) or a head's (`head.json` of `distill head`)."""
+    if (Path(folder) / RESULT_FILE).is_file() and not (Path(folder) / "train.json").is_file():
+        return _read_result(Path(folder) / RESULT_FILE, HeadTrainResult, "`draftnas distill head`")
+    if not (Path(folder) / "train.json").is_file():
+        raise InvalidInputError(f"{folder}: no train.json or {RESULT_FILE} here (a folder of `draftnas "
+                                "distill train` or `distill head` holds one)")
+    return read_train_result(folder)
+
+
+def _read_result(path: Path, kind: type[DistillTrainResult] | type[HeadTrainResult], made_by: str
+                 ) -> DistillTrainResult | HeadTrainResult:
     if not path.is_file():
-        raise InvalidInputError(f"{path}: missing (a folder of `draftnas distill train` holds it)")
+        raise InvalidInputError(f"{path}: missing (a folder of {made_by} holds it)")
     try:
-        data = json.loads(path.read_text())
-        result = DistillTrainResult.from_dict(data)
+        return kind.from_dict(json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
         raise InvalidInputError(f"{path}: not a training result ({exc})") from None
-    return result
 
 
 def load_curves(path: str | Path) -> CurveSet:
@@ -99,7 +130,7 @@ def curves_from_request(request: DistillCurveRequest) -> CurveSet:
     curves = []
     targets = set()
     for folder in request.runs:
-        result = read_train_result(folder)
+        result = read_curve_run(folder)
         targets.add(result.target)
         curves.append(fit_curve(result, min_tokens=request.min_tokens, source=str(folder)))
     if len(targets) > 1:

@@ -282,6 +282,8 @@ class TrainingCurve(Record):
     host: str = ""  # where the run trained (acceptance does not depend on it; its tokens/s does)
     command: str = ""  # the run's command (its data made by `draftnas distill data`)
     delta_sha256: str = ""  # the trained tensors' hash, which a rerun of the command reproduces
+    family: str = "cut"  # "cut": `layers` of `base` at full width; "head": a head reading `base`'s `layers`
+    ffn: int = 0  # a head's FFN width
 
     def predict(self, tokens: float) -> float:
         """Tokens per step after `tokens` training positions (never below the untrained drafter's, never
@@ -347,7 +349,8 @@ class CurveSet(Record):
 class DistillCurveRequest(Record):
     """`draftnas distill curve`: fit the curves of training runs (their folders) into one file."""
 
-    runs: tuple[str, ...] = option(help="Training folders of `draftnas distill train` (comma-separated).",
+    runs: tuple[str, ...] = option(help="Training folders of `draftnas distill train` or `distill head` "
+                                        "(comma-separated).",
                                    argument=True, parse=parse_words, cli_type=str, nonempty=True)
     out: str = option("curves.json", help="Curves file written (JSON; a PNG plot beside it).")
     min_tokens: int = option(10_000, low=1, help="Readings below this budget are left out of the fit "
@@ -402,3 +405,4 @@ class TrainedPrice(Record):
     curve_host: str = ""  # where the shape's curve was measured
     slope_interval: tuple[float, ...] = ()  # the curve's slope, 95% (tokens per step per e-fold of tokens)
     measurable_slope: bool = True  # the interval lies above 0; else no budget is read off the fit
+    family: str = "cut"  # of the curve: "cut" or "head"
