@@ -4,6 +4,7 @@ target cannot have is one line naming its flag, before anything is written."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def _held(target, head, prompts=((1, 5, 9, 3, 7, 2, 8), (4, 4, 6, 1)), new=20):
     return out
 
 
-def _train(tmp_path: Path, target, name: str, **kw):
+def _train_run(tmp_path: Path, target, name: str, **kw):
     manifest = _data(tmp_path / "data")
     request = HeadTrainRequest(data=str(tmp_path / "data"), out=str(tmp_path / name), tokens=500, seq_len=16,
                                batch_rows=2, readings=3, warmup_tokens=50, lr=5e-3, unroll=2,
@@ -60,7 +61,9 @@ def _train(tmp_path: Path, target, name: str, **kw):
     return trainer, finished
 
 
-def test_the_budget_is_honoured_and_a_resumed_run_ends_with_the_same_weights(tmp_path, target):
+@pytest.mark.parametrize("features", ["compute", "store"])
+def test_the_budget_is_honoured_and_a_resumed_run_ends_with_the_same_weights(tmp_path, target, features):
+    _train = functools.partial(_train_run, features=features)
     whole, finished = _train(tmp_path, target, "a")
     assert finished and whole.state.tokens == 500
     # a reading after the step that reaches each log-spaced budget (5, 50, 500), the last at the budget
@@ -135,3 +138,33 @@ def test_a_walk_to_a_budget_stops_where_the_answer_ended_first():
     assert head_walk(drafts, ids, 3, 2, budget=64) == [(1, 2), (1, 2)]
     assert head_walk(drafts, ids, 3, 2, budget=2) == [(1, 2)]  # the budget first: its step drafts γ still
     assert head_walk(drafts, ids, 3, 2) == [(1, 2), (0, 0)]  # draftnas's loop cuts drafts at the end
+
+
+def test_stored_features_are_each_sequences_own_and_train_as_the_rows_computed_would(target):
+    """`--features store`: the target reads each sequence alone once; a row gathers them by stream position.
+    Where each row is one whole sequence (no neighbour to attend to), the loss equals the computed rows'
+    up to the fp16 the store keeps."""
+    from draftnas.drafter.training.distill_store import DistillSequence
+    from draftnas.drafter.training.packing import epoch_index
+
+    gen = torch.Generator().manual_seed(3)
+    seqs = []
+    for _ in range(5):
+        ids = torch.randint(16, 112, (16,), generator=gen).tolist()
+        probs = torch.softmax(torch.randn(12, 4, generator=gen), -1)
+        seqs.append(DistillSequence(ids, 4, "chat", torch.randint(16, 112, (12, 4), generator=gen), probs))
+    stream = build_stream(seqs)
+    head = _head(target)
+    request = HeadTrainRequest(data="d", out="o", tokens=100, seq_len=16, batch_rows=2, unroll=2)
+    store = HeadTrainer(request, head, target, [], Path("."), "k", None)
+    store.store_features(stream)
+    start, n = stream.sequences[2]
+    alone = target_hidden(target, stream.ids[start:start + n].long()[None], head.shape.layers)[0]
+    assert torch.allclose(store.store[start:start + n].float(), alone.transpose(0, 1), rtol=1e-2, atol=1e-2)
+    computed = HeadTrainer(request, head, target, [], Path("."), "k", None)
+    index, teach = epoch_index(stream, 16, 0, 0)
+    assert all(int(row[0]) % 16 == 0 for row in index)  # each row one whole sequence
+    with torch.no_grad():
+        a, n_a = store.loss(index[:2], teach[:2], stream, 100)
+        b, n_b = computed.loss(index[:2], teach[:2], stream, 100)
+    assert n_a == n_b > 0 and float(a) == pytest.approx(float(b), rel=1e-3) and float(a) != float(b)

@@ -38,6 +38,12 @@ class HeadTrainRequest(Record):
     tokens: int = option(200_000, low=1, help="Budget: trained positions.")
     unroll: int = option(3, low=1, high=8, help="Draft steps unrolled in training (each reads the step "
                                                 "before's output, as at inference).")
+    features: str = option("compute", choices=("compute", "store"),
+                           help="Where the target's hidden states come from: compute (the target reads each "
+                                "step's packed rows) or store (it reads each sequence alone once; kept in "
+                                "memory in fp16, layers x width x 2 bytes a token, 9.2 KB for the 1.5B's "
+                                "three layers): store pays when the budget passes over the data more than "
+                                "once, and each sequence's states are then those inference sees.")
     seq_len: int = option(256, low=16, high=4096, help="Packed row length (tokens).")
     batch_rows: int = option(4, low=1, high=1024, help="Packed rows per optimizer step.")
     lr: float = option(1e-3, low=0.0, low_open=True, high=1.0, help="AdamW learning rate after warm-up "

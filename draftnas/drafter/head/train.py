@@ -2,11 +2,12 @@
 
 Data: a self-distillation set (`draftnas distill data`): its sequences packed into rows (`training.packing`),
 the target's top-k kept with each taught token. Each step the target reads the rows once (no gradient) and
-hands over its residual stream at the head's layers; the head learns KL(target top-k + leftover || head) of
-the token two ahead of each row (`heal.losses.kl_to_topk`, its draft vocabulary's share of the top-k),
-over `unroll` draft steps, each reading the step before's output as inference does (`Eagle3Head.unrolled`),
-weighted 0.8^j (EAGLE-3's training-time test). The learning rate is constant after a linear warm-up, so
-readings along the run are points of one curve.
+hands over its residual stream at the head's layers (`--features store`: it reads each sequence alone once
+before training, kept in fp16, and each step gathers its rows from there); the head learns KL(target top-k +
+leftover || head) of the token two ahead of each row (`heal.losses.kl_to_topk`, its draft vocabulary's share
+of the top-k), over `unroll` draft steps, each reading the step before's output as inference does
+(`Eagle3Head.unrolled`), weighted 0.8^j (EAGLE-3's training-time test). The learning rate is constant after a
+linear warm-up, so readings along the run are points of one curve.
 
 Readings: exact greedy acceptance on the target's greedy continuations of the data's held-out prompts, at
 log-spaced budgets: the unrolled steps over a continuation are the drafts the head makes there wherever
@@ -41,7 +42,7 @@ from draftnas.drafter.heal.heal_data import HealSequence
 from draftnas.drafter.heal.losses import kl_to_topk, topk_in_rows
 from draftnas.drafter.training.distill_records import DataManifest, TrainReading
 from draftnas.drafter.training.distill_store import iter_sequences, read_manifest
-from draftnas.drafter.training.packing import Stream, build_stream, epoch_rows
+from draftnas.drafter.training.packing import Stream, build_stream, epoch_index
 from draftnas.drafter.training.train import (
     load_checkpoint,
     reading_budgets,
@@ -149,6 +150,7 @@ class HeadTrainer:
         self.rows[head.draft_ids()] = torch.arange(head.shape.draft_vocab)
         self._last_save = time.perf_counter()
         self._losses: list[float] = []
+        self.store: torch.Tensor | None = None  # `--features store`: [N, A, H] fp16 by stream position
 
     def read(self, phase: str) -> None:
         top1, tps = exact_acceptance(self.head, self.embeddings, self.held, self.request.gamma)
@@ -159,14 +161,35 @@ class HeadTrainer:
                                                 top1_agreement=top1, tokens_per_step=tps))
         log.info("head at %d tokens: top-1 %.4f, tokens/step %.3f", self.state.tokens, top1, tps)
 
-    def loss(self, ids: torch.Tensor, teach: torch.Tensor, stream: Stream, limit: int
-             ) -> tuple[torch.Tensor, int]:
-        """The batch's loss over its first `limit` taught positions, and how many it taught."""
+    def store_features(self, stream: Stream) -> None:
+        """`--features store`: the target's residual stream at the head's layers over each sequence of
+        `stream` alone, once, fp16 [N, A, H] by stream position (its time is training time)."""
         started = time.perf_counter()
-        hidden = target_hidden(self.target, ids, self.head.shape.layers).clone()  # [B, A, T, H]
-        self.state.features_s += time.perf_counter() - started
-        b, a, t, h = hidden.shape
-        features = self.head.fc(hidden.permute(0, 2, 1, 3).reshape(b, t, a * h))[:, :-1]
+        shape = self.head.shape
+        store = torch.empty(len(stream.ids), len(shape.layers), shape.hidden_size, dtype=torch.float16)
+        log.info("storing the target's hidden states over %d tokens (%.0f MB in fp16)", len(stream.ids),
+                 store.numel() * 2 / 1e6)
+        for start, n in stream.sequences:
+            hidden = target_hidden(self.target, stream.ids[start:start + n].long()[None], shape.layers)
+            store[start:start + n] = hidden[0].transpose(0, 1).to(torch.float16)
+        self.store = store
+        spent = time.perf_counter() - started
+        self.state.features_s += spent
+        self.state.train_s += spent
+
+    def loss(self, index: torch.Tensor, teach: torch.Tensor, stream: Stream, limit: int
+             ) -> tuple[torch.Tensor, int]:
+        """The loss of the rows at stream positions `index` over their first `limit` taught positions, and
+        how many it taught."""
+        ids = stream.ids[index].long()
+        if self.store is not None:
+            rows = self.store[index].float()  # [B, T, A, H]
+        else:
+            started = time.perf_counter()
+            rows = target_hidden(self.target, ids, self.head.shape.layers).transpose(1, 2).clone()
+            self.state.features_s += time.perf_counter() - started
+        b, t, a, h = rows.shape
+        features = self.head.fc(rows.reshape(b, t, a * h))[:, :-1]
         outs = self.head.unrolled(self.embeddings[ids[:, 1:]], features, self.request.unroll)
         taught = teach[:, 1:]  # row p predicts token p + 2: the top-k row of position p + 1
         where = (taught >= 0).nonzero()[:limit]
@@ -188,6 +211,8 @@ class HeadTrainer:
         """Train to the budget; False where the call was told to stop first."""
         req = self.request
         per_epoch = max(1, ((len(stream.ids) - 1) // req.seq_len) // req.batch_rows)
+        if req.features == "store" and self.store is None and self.state.tokens < req.tokens:
+            self.store_features(stream)
         epoch, rows = -1, None
         while self.state.tokens < req.tokens:
             if req.stop_after_tokens is not None and self.state.tokens >= req.stop_after_tokens:
@@ -195,14 +220,14 @@ class HeadTrainer:
             started = time.perf_counter()
             if self.state.micro // per_epoch != epoch:
                 epoch = self.state.micro // per_epoch
-                rows = epoch_rows(stream, req.seq_len, req.seed, epoch)
+                rows = epoch_index(stream, req.seq_len, req.seed, epoch)
             assert rows is not None
             i = (self.state.micro % per_epoch) * req.batch_rows
             self.head.train()
             for group in self.optimizer.param_groups:
                 warm = req.warmup_tokens
                 group["lr"] = req.lr * (min(1.0, (self.state.tokens + 1) / warm) if warm else 1.0)
-            loss, n = self.loss(rows[0][i:i + req.batch_rows].long(), rows[1][i:i + req.batch_rows], stream,
+            loss, n = self.loss(rows[0][i:i + req.batch_rows], rows[1][i:i + req.batch_rows], stream,
                                 req.tokens - self.state.tokens)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.params, 1.0)

@@ -48,17 +48,23 @@ def epoch_rows(stream: Stream, seq_len: int, seed: int, epoch: int) -> tuple[tor
     """(ids [R, seq_len], teach [R, seq_len]) of one epoch: sequences in a permutation seeded by
     (seed, epoch), laid end to end, cut into rows; teach[r, i] is the top-k row for predicting token i + 1
     (the last column predicts the next row's first token). A trailing partial row is dropped."""
+    index, teach = epoch_index(stream, seq_len, seed, epoch)
+    return stream.ids[index], teach
+
+
+def epoch_index(stream: Stream, seq_len: int, seed: int, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`epoch_rows` as positions in the stream: (index [R, seq_len], teach [R, seq_len]), the rows' tokens
+    being `stream.ids[index]` (what a store kept per stream position, e.g. a head's features, reads the
+    same rows)."""
     perm = torch.randperm(len(stream.sequences),
                           generator=torch.Generator().manual_seed(seed * 7_919 + epoch))
     index = torch.cat([torch.arange(s, s + n) for s, n in (stream.sequences[int(i)] for i in perm)])
-    ids, teach = stream.ids[index], stream.teach[index]
     rows = (len(index) - 1) // seq_len
     if rows < 1:
         raise option_error("seq_len", f"is {seq_len}: the data's {len(index)} tokens make no row that long; "
                                       "lower it or make more data")
-    ids_rows = ids[:rows * seq_len].view(rows, seq_len)
-    teach_rows = teach[1:rows * seq_len + 1].view(rows, seq_len)
-    return ids_rows, teach_rows
+    teach = stream.teach[index]
+    return index[:rows * seq_len].view(rows, seq_len), teach[1:rows * seq_len + 1].view(rows, seq_len)
 
 
 def row_batch(stream: Stream, ids: torch.Tensor, teach: torch.Tensor, limit: int | None) -> Batch:
