@@ -168,3 +168,12 @@ def test_stored_features_are_each_sequences_own_and_train_as_the_rows_computed_w
         a, n_a = store.loss(index[:2], teach[:2], stream, 100)
         b, n_b = computed.loss(index[:2], teach[:2], stream, 100)
     assert n_a == n_b > 0 and float(a) == pytest.approx(float(b), rel=1e-3) and float(a) != float(b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_head_trains_on_cuda_to_its_budget_from_stored_features(tmp_path, tiny_llama_config):
+    cuda_target = tiny_llama(tiny_llama_config, initializer_range=0.2).requires_grad_(False).to("cuda")
+    trainer, finished = _train_run(tmp_path, cuda_target, "gpu", features="store")
+    assert finished and trainer.state.tokens == 500 and trainer.store is not None
+    assert next(trainer.head.parameters()).device.type == "cuda"
+    assert trainer.state.readings[-1].tokens_per_step > 0

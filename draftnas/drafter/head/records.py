@@ -56,6 +56,9 @@ class HeadTrainRequest(Record):
     stop_after_tokens: int | None = option(None, low=1, cli=False,
                                            help="Stop this call at this many tokens (an interruption).")
     seed: int = option(0, help="Seed of the row order and the head's initial weights.")
+    device: str = option("cpu", choices=("cpu", "cuda"),
+                         help="Where the target and the head run (fp32 on either; the data and a stored "
+                              "feature set stay in host memory, each step's rows copied over).")
 
     def validate(self) -> HeadTrainRequest:
         return check_options(self)

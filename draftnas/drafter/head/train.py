@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from draftnas.core.errors import InvalidInputError
-from draftnas.core.machine import host_line
+from draftnas.core.machine import host_line, require_device
 from draftnas.core.options import OptionError, option_flags
 from draftnas.core.records import Progress
 from draftnas.drafter.head.build import draft_vocabulary, new_head, target_hidden
@@ -142,6 +142,7 @@ class HeadTrainer:
         self.request, self.head, self.target, self.held = request, head, target, held
         self.folder, self.key, self.progress = folder, key, progress
         self.embeddings = target.get_input_embeddings().weight.detach()
+        self.device = self.embeddings.device
         self.params = [p for p in head.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=request.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.state = _State()
@@ -170,8 +171,9 @@ class HeadTrainer:
         log.info("storing the target's hidden states over %d tokens (%.0f MB in fp16)", len(stream.ids),
                  store.numel() * 2 / 1e6)
         for start, n in stream.sequences:
-            hidden = target_hidden(self.target, stream.ids[start:start + n].long()[None], shape.layers)
-            store[start:start + n] = hidden[0].transpose(0, 1).to(torch.float16)
+            ids = stream.ids[start:start + n].long()[None].to(self.device)
+            store[start:start + n] = target_hidden(self.target, ids, shape.layers)[0].transpose(0, 1).to(
+                "cpu", torch.float16)
         self.store = store
         spent = time.perf_counter() - started
         self.state.features_s += spent
@@ -181,9 +183,9 @@ class HeadTrainer:
              ) -> tuple[torch.Tensor, int]:
         """The loss of the rows at stream positions `index` over their first `limit` taught positions, and
         how many it taught."""
-        ids = stream.ids[index].long()
+        ids = stream.ids[index].long().to(self.device)
         if self.store is not None:
-            rows = self.store[index].float()  # [B, T, A, H]
+            rows = self.store[index].to(self.device).float()  # [B, T, A, H]
         else:
             started = time.perf_counter()
             rows = target_hidden(self.target, ids, self.head.shape.layers).transpose(1, 2).clone()
@@ -193,16 +195,17 @@ class HeadTrainer:
         outs = self.head.unrolled(self.embeddings[ids[:, 1:]], features, self.request.unroll)
         taught = teach[:, 1:]  # row p predicts token p + 2: the top-k row of position p + 1
         where = (taught >= 0).nonzero()[:limit]
-        total, weights = torch.zeros(()), 0.0
+        total, weights = torch.zeros((), device=self.device), 0.0
         for j, normed in enumerate(outs):
             at = where[where[:, 1] >= j]
             if not len(at):
                 continue
             k = taught[at[:, 0], at[:, 1]]
-            probs = stream.topk_probs[k].float()
-            teacher = topk_in_rows(self.rows, stream.topk_ids[k].long(), probs,
+            probs = stream.topk_probs[k].float().to(self.device)
+            teacher = topk_in_rows(self.rows, stream.topk_ids[k].long().to(self.device), probs,
                                    (1.0 - probs.sum(-1)).clamp(min=0.0))
-            logits = self.head.logits(normed[at[:, 0], at[:, 1]]).float()
+            on = at.to(self.device)
+            logits = self.head.logits(normed[on[:, 0], on[:, 1]]).float()
             total = total + STEP_DECAY ** j * kl_to_topk(logits, *teacher)
             weights += STEP_DECAY ** j
         return total / max(weights, 1e-9), len(where)
@@ -271,7 +274,7 @@ class HeadTrainer:
 def _key(request: HeadTrainRequest, shape: HeadShape, manifest: DataManifest) -> str:
     opts = request.to_dict()
     for volatile in ("checkpoint_minutes", "stop_after_tokens", "out", "data", "readings", "tokens",
-                     "heldout_prompts"):
+                     "heldout_prompts", "device"):
         opts.pop(volatile, None)
     payload = json.dumps([opts, shape.to_dict(), [s.sha256 for s in manifest.shards]], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -299,8 +302,9 @@ def heldout(request: HeadTrainRequest, target: Any, tokenizer: Any, layers: tupl
     seqs: list[HealSequence] = heldout_sequences(request.data, "", request.heldout_prompts, target, tokenizer,
                                                  folder)
     out = []
+    device = target.get_input_embeddings().weight.device
     for s in seqs:
-        ids = torch.tensor(s.input_ids)
+        ids = torch.tensor(s.input_ids, device=device)
         out.append(Heldout(ids, s.prompt_len, target_hidden(target, ids[None], layers)[0].clone()))
     return out
 
@@ -316,7 +320,8 @@ def train_head(request: HeadTrainRequest, *, progress: Progress | None = None) -
         raise InvalidInputError(f"{request.data}: no data set here (make one with `draftnas distill data`)")
     config = json.loads((ensure_local_folder(manifest.target)[1] / "config.json").read_text())
     shape = check_head_request(request, manifest, config)  # before any weights load or anything is written
-    loaded = load_model(manifest.target)
+    require_device(request.device)
+    loaded = load_model(manifest.target, device=request.device)
     target = loaded.model.float().eval().requires_grad_(False)
     folder = Path(request.out)
     folder.mkdir(parents=True, exist_ok=True)
