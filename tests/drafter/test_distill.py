@@ -352,3 +352,16 @@ def test_a_heads_run_gives_a_head_curve_with_its_shape_and_check(tmp_path):
     (tmp_path / RESULT_FILE).unlink()
     with pytest.raises(InvalidInputError, match="no train.json or head.json"):
         read_curve_run(tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+@pytest.mark.parametrize("command", ["data", "head"])
+def test_cuda_asked_for_without_one_is_one_line_and_writes_nothing(tmp_path, command):
+    out = tmp_path / "out"
+    args = (["distill", "data", str(out), "--minutes", "1"] if command == "data" else
+            ["distill", "head", str(tmp_path), "--out", str(out)])
+    if command == "head":
+        _data(tmp_path)
+    done = run_cli(*args, "--device", "cuda")
+    assert done.returncode == 2 and "--device cuda" in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()

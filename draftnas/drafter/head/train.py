@@ -315,12 +315,12 @@ def train_head(request: HeadTrainRequest, *, progress: Progress | None = None) -
     from draftnas.models.sources import ensure_local_folder, load_model
 
     request.validate()
+    require_device(request.device)
     manifest = read_manifest(request.data)
     if manifest is None:
         raise InvalidInputError(f"{request.data}: no data set here (make one with `draftnas distill data`)")
     config = json.loads((ensure_local_folder(manifest.target)[1] / "config.json").read_text())
     shape = check_head_request(request, manifest, config)  # before any weights load or anything is written
-    require_device(request.device)
     loaded = load_model(manifest.target, device=request.device)
     target = loaded.model.float().eval().requires_grad_(False)
     folder = Path(request.out)

@@ -33,7 +33,7 @@ from draftnas.acceptance.records import held_out
 from draftnas.acceptance.traces import eos_token_ids, tokenizer_fingerprint
 from draftnas.acceptance.tracing import decode_batch
 from draftnas.core.errors import InvalidInputError
-from draftnas.core.machine import cpu_has_native_bf16, host_line
+from draftnas.core.machine import cpu_has_native_bf16, host_line, require_device
 from draftnas.core.options import option_error
 from draftnas.core.prompts import DOMAINS, Prompt, encode_prompt, load_prompts, uses_chat_template
 from draftnas.core.records import Progress
@@ -59,11 +59,11 @@ MIN_WINDOW = 32
 TEXT_ROWS_FACTOR = 4
 
 
-def data_dtype(choice: str) -> str:
-    """The target's dtype for making data: bf16 where the CPU multiplies it natively (auto)."""
+def data_dtype(choice: str, device: str = "cpu") -> str:
+    """The target's dtype for making data: bf16 on CUDA and where the CPU multiplies it natively (auto)."""
     if choice != "auto":
         return choice
-    return "bf16" if cpu_has_native_bf16() else "fp32"
+    return "bf16" if device == "cuda" or cpu_has_native_bf16() else "fp32"
 
 
 def split_prompts(prompts: Sequence[Prompt], every: int) -> tuple[list[Prompt], list[Prompt]]:
@@ -294,8 +294,9 @@ def make_distill_data(request: DistillDataRequest, *, progress: Progress | None 
         raise option_error("minutes", "and {tokens} are both unset: give a budget (one or both)")
     folder = Path(request.out)
     read_manifest(folder)  # a damaged manifest is said before the target loads
-    dtype = data_dtype(request.dtype)
-    loaded = load_model(request.target, dtype=TORCH_DTYPES[dtype])
+    require_device(request.device)
+    dtype = data_dtype(request.dtype, request.device)
+    loaded = load_model(request.target, dtype=TORCH_DTYPES[dtype], device=request.device)
     prompts = load_prompts(",".join(DOMAINS))
     train, held = split_prompts(prompts, request.heldout_every)
     vocab = int(loaded.model.get_input_embeddings().weight.shape[0])

@@ -108,8 +108,9 @@ class DistillDataRequest(Record):
     heldout_every: int = option(3, low=2, high=100, cli=False,
                                 help="Every n-th prompt of each shipped domain is held out (the bench's).")
     dtype: str = option("auto", choices=("auto", "fp32", "bf16"),
-                        help="Target dtype while making data (auto: bf16 where the CPU has it).")
+                        help="Target dtype while making data (auto: bf16 on CUDA and where the CPU has it).")
     seed: int = option(0, help="Seed of sampling and of the text order.")
+    device: str = option("cpu", choices=("cpu", "cuda"), help="Where the target runs while making data.")
 
     def validate(self) -> DistillDataRequest:
         check_options(self)
