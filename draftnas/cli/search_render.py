@@ -129,6 +129,17 @@ def trained_table(result: SearchResult) -> Table:
              if hosts else "")
     caption.append("acceptance from training runs' held-out readings" + where + "; latency priced here; "
                    "`draftnas distill train` makes a shape's drafter (docs/training.md)")
+    from draftnas.search.trained import ASSUMED_GPU_FLOPS
+
+    for p in result.trained:
+        if p.plan and p.tokens_to_beat_bar:
+            hours = p.tokens_to_beat_bar * p.flops_per_token / ASSUMED_GPU_FLOPS / 3600
+            past = ", extrapolated" if p.tokens_to_beat_bar > p.measured_to_tokens else ""
+            caption.append(f"GPU plan for {p.label} to the budget its curve says beats the bar "
+                           f"({p.tokens_to_beat_bar:.2g} tokens{past}): {p.plan}; about {hours:.2g} "
+                           f"GPU-hours from FLOPs ({p.flops_per_token / 1e9:.1f} GFLOP a token at an assumed "
+                           f"{ASSUMED_GPU_FLOPS / 1e12:.0f} TFLOP/s of fp32 on an H100, not measured; making "
+                           "data decodes, which runs below its FLOPs: a lower bound)")
     if any(p.family == "head" for p in result.trained):
         caption.append("a head is priced as one layer at the target's width of equal weights (its fc and "
                        "wider qkv folded into the FFN), its draft vocabulary as its rows; `draftnas distill "

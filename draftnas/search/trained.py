@@ -25,6 +25,10 @@ from draftnas.search.space import GammaRange, Workload
 
 #: the largest budget the search looks for a shape's break-even within (tokens)
 MAX_BUDGET = 1e13
+#: what a GPU plan's hours assume the trainer sustains: fp32 (draftnas trains heads in fp32) on an H100,
+#: whose fp32 peak is 67 TFLOP/s. An assumption, not a measurement: decode's memory-bound steps while making
+#: data run slower than their FLOPs say, so the hours are a lower bound.
+ASSUMED_GPU_FLOPS = 30e12
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,26 @@ def curve_arch(curve: TrainingCurve, base_arch: Architecture) -> Architecture:
     if curve.family == "head":
         return priced_arch(base_arch, len(curve.layers), curve.ffn, curve.label)
     return base_arch.with_shape(name=f"{base_arch.name}:{curve.label}", num_hidden_layers=len(curve.layers))
+
+
+def head_flops_per_token(curve: TrainingCurve, target: Architecture) -> float:
+    """FLOPs to make one trained position of a head's data and train on it: the target reads it twice (making
+    the data; its hidden states, stored once) and the head runs forward and backward once per unrolled
+    draft step (2 + 4 FLOPs a weight)."""
+    matmul = target.non_embedding_parameters() + target.vocab_size * target.hidden_size  # its output rows
+    head = priced_arch(target, len(curve.layers), curve.ffn, curve.label).layer_parameters() + \
+        curve.head_rows * target.hidden_size
+    return 2 * 2.0 * matmul + 6.0 * head * curve.unroll
+
+
+def head_plan(curve: TrainingCurve, target: str, tokens: float) -> str:
+    """The commands that make a head's data and train it to `tokens` on a GPU (folders named for the user to
+    change)."""
+    budget, layers = int(math.ceil(tokens)), ",".join(map(str, curve.layers))
+    return (f"draftnas distill data runs/head-data --target {target} --tokens {budget} --device cuda && "
+            f"draftnas distill head runs/head-data --out runs/head --layers {layers} "
+            f"--draft-vocab {curve.head_rows} --ffn {curve.ffn} --unroll {curve.unroll} --tokens {budget} "
+            "--features store --device cuda")
 
 
 def _prediction(curve: TrainingCurve, tokens: float, latency: LatencyReading, workload: Workload,
@@ -82,6 +106,9 @@ def price_trained(curves: CurveSet, budget_tokens: int | None, read: Callable[[A
             log.warning("trained shape %s not priced: %s", curve.label, e)
             continue
         prediction, tps, alpha = _prediction(curve, budget, latency, workload, gamma)
+        is_head = curve.family == "head"
+        needed = None if bar_tps is None or not curve.measurable_slope \
+            else tokens_to_beat(curve, bar_tps, latency, workload, gamma)
         primary = prediction.per_batch[0]
         out.append(TrainedPrice(
             label=curve.label, base=curve.base, layers=curve.layers, head_rows=curve.head_rows,
@@ -90,8 +117,9 @@ def price_trained(curves: CurveSet, budget_tokens: int | None, read: Callable[[A
             tokens_per_s=prediction.tokens_per_s, speedup=prediction.speedup,
             measured_to_tokens=curve.measured_max(), extrapolated=budget > curve.measured_max(),
             check_error=curve.check.error if curve.check else None,
-            tokens_to_beat_bar=None if bar_tps is None or not curve.measurable_slope
-            else tokens_to_beat(curve, bar_tps, latency, workload, gamma),
+            tokens_to_beat_bar=needed,
             bar_tokens_per_s=bar_tps, curve_host=curve.host, slope_interval=curve.slope_interval() or (),
-            measurable_slope=curve.measurable_slope, family=curve.family))
+            measurable_slope=curve.measurable_slope, family=curve.family,
+            flops_per_token=head_flops_per_token(curve, arch_of(curve.base)) if is_head else 0.0,
+            plan=head_plan(curve, curve.base, needed) if is_head and needed else ""))
     return tuple(sorted(out, key=lambda p: -p.tokens_per_s))

@@ -162,3 +162,41 @@ def test_a_head_is_priced_as_one_target_layer_of_its_weights_with_its_draft_voca
     assert rows == [4096] and price.family == "head" and price.draft_ms == 2.0  # one layer in the profile
     assert price_trained(CurveSet(target="smollm2-135m", curves=(_head_curve(),)), 90_000, read,
                          resolve_architecture, WORKLOAD, GAMMA, bar_tps=None, heads_run=False) == ()
+
+
+def test_a_head_that_can_beat_the_bar_gets_a_gpu_plan_to_that_budget():
+    import dataclasses
+
+    from draftnas.cli.search_render import _tokens
+    from draftnas.search.trained import head_flops_per_token
+
+    curve = _head_curve()
+    (price,) = price_trained(CurveSet(target="smollm2-135m", curves=(curve,)), 90_000, _latency,
+                             resolve_architecture, WORKLOAD, GAMMA, bar_tps=1e9)
+    assert price.tokens_to_beat_bar is None and price.plan == ""  # a bar no budget reaches: no plan
+    at = price_trained(CurveSet(target="smollm2-135m", curves=(curve,)), 90_000, _latency,
+                       resolve_architecture, WORKLOAD, GAMMA, bar_tps=None)[0].tokens_per_s
+    (price,) = price_trained(CurveSet(target="smollm2-135m", curves=(curve,)), 90_000, _latency,
+                             resolve_architecture, WORKLOAD, GAMMA, bar_tps=at * 1.05)
+    needed = price.tokens_to_beat_bar
+    assert needed is not None and needed > 90_000 and "extrapolated" in _tokens(price)
+    assert f"--tokens {math.ceil(needed)} " in price.plan
+    assert "--draft-vocab 4096 --ffn 768 --unroll 1" in price.plan
+    assert "--layers 2,15,27" in price.plan and price.plan.count("--device cuda") == 2
+    target = resolve_architecture("smollm2-135m")
+    # the head's share grows with its unrolled steps and its rows; the target's share is the same
+    assert head_flops_per_token(dataclasses.replace(curve, unroll=3), target) > price.flops_per_token > 0
+    wider = head_flops_per_token(dataclasses.replace(curve, head_rows=8192), target)
+    assert wider - price.flops_per_token == pytest.approx(6 * 4096 * 576)
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from draftnas.cli.search_render import trained_table
+
+    console = Console(width=400, record=True)
+    console.print(trained_table(SimpleNamespace(trained=(price,))))  # type: ignore[arg-type]
+    text = console.export_text()
+    hours = needed * price.flops_per_token / 30e12 / 3600
+    assert f"GPU plan for {price.label}" in text and f"about {hours:.2g} GPU-hours from FLOPs" in text
+    assert "smollm2-135m's hidden states" in text and "a head is priced as one layer" in text

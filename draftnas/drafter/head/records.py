@@ -85,6 +85,7 @@ class HeadTrainResult(Record):
     gamma: int = 4
     host: str = ""
     shape: HeadShape | None = None  # None in results written before it was kept (its folder has it)
+    unroll: int = 3  # draft steps unrolled in training (3 in results written before it was kept)
 
     @property
     def tokens_per_s(self) -> float:

@@ -353,6 +353,6 @@ def train_head(request: HeadTrainRequest, *, progress: Progress | None = None) -
         parameters=shape.parameters(), trained_tokens=trainer.state.tokens, budget_tokens=request.tokens,
         train_s=round(trainer.state.train_s, 3), features_s=round(trainer.state.features_s, 3),
         readings=tuple(readings), kept=kept, command=_command(request), resumed_from_tokens=resumed,
-        gamma=request.gamma, host=host_line(), shape=shape)
+        gamma=request.gamma, host=host_line(), shape=shape, unroll=request.unroll)
     (folder / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=1))
     return result

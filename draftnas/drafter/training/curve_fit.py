@@ -62,7 +62,8 @@ def fit_curve(result: DistillTrainResult | HeadTrainResult, *, min_tokens: int, 
     if isinstance(result, HeadTrainResult):
         shape = result.shape or read_shape(result.head)
         return TrainingCurve(base=result.target, layers=shape.layers, head_rows=shape.draft_vocab,
-                             family="head", ffn=shape.ffn, delta_sha256=_head_sha256(result.head),
+                             family="head", ffn=shape.ffn, unroll=result.unroll,
+                             delta_sha256=_head_sha256(result.head),
                              **common)  # type: ignore[arg-type]
     finetuned = tuple(CurvePoint(r.tokens, r.tokens_per_step, r.top1_agreement)
                       for r in result.readings if r.phase == "finetune")

@@ -285,6 +285,7 @@ class TrainingCurve(Record):
     delta_sha256: str = ""  # the trained tensors' hash, which a rerun of the command reproduces
     family: str = "cut"  # "cut": `layers` of `base` at full width; "head": a head reading `base`'s `layers`
     ffn: int = 0  # a head's FFN width
+    unroll: int = 1  # draft steps trained per position (a head's training-time test; 1 for a cut)
 
     def predict(self, tokens: float) -> float:
         """Tokens per step after `tokens` training positions (never below the untrained drafter's, never
@@ -407,3 +408,5 @@ class TrainedPrice(Record):
     slope_interval: tuple[float, ...] = ()  # the curve's slope, 95% (tokens per step per e-fold of tokens)
     measurable_slope: bool = True  # the interval lies above 0; else no budget is read off the fit
     family: str = "cut"  # of the curve: "cut" or "head"
+    flops_per_token: float = 0.0  # to make one trained position and train on it (a head's; 0: not planned)
+    plan: str = ""  # a head's commands to make its data and train it to `tokens_to_beat_bar` on a GPU
