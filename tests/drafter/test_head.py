@@ -121,6 +121,7 @@ def test_the_folder_is_vllms_eagle3_layout_and_reloads_to_the_same_drafts(target
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
     assert config["draft_vocab_size"] == 96 and config["vocab_size"] == 128
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # where llama.cpp's converter reads them
     from safetensors.torch import load_file
 
     names = set(load_file(str(folder / "model.safetensors")))

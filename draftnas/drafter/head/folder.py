@@ -64,6 +64,8 @@ def head_config(shape: HeadShape, *, trained_tokens: int = 0, extra: dict[str, A
         "torch_dtype": "float32",
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(shape.layers),
                          "use_aux_hidden_state": True},
+        # llama.cpp's converter reads the layers here (vLLM in eagle_config)
+        "eagle_aux_hidden_state_layer_ids": list(shape.layers),
         OWN_KEY: {"shape": shape.to_dict(), "trained_tokens": trained_tokens} | (extra or {}),
     }
 
