@@ -37,8 +37,9 @@ def head_proposer(head: Eagle3Head, target: Any, max_tokens: int) -> HeadPropose
 
 
 def target_hidden(target: Any, ids: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
-    """The target's residual stream at `layers` over the rows of `ids` [B, T] -> [B, A, T, H] (one forward,
-    no cache)."""
+    """The target's residual stream at `layers` over the rows of `ids` [B, T] -> [B, A, T, H] (one forward of
+    its decoder, no cache; its LM head, 15% of the 1.5B's weights and [B, T, V] logits, is not run)."""
+    decoder = getattr(target, getattr(target, "base_model_prefix", ""), None) or target
     with torch.inference_mode():
-        states = target(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+        states = decoder(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
     return torch.stack([states[i] for i in layers], 1)
