@@ -99,7 +99,9 @@ def main() -> None:
               f"last reading ({last:,} tokens; read at γ {curve.gamma} on the data's held-out prompts); the "
               f"bench's arm measured {arm['tokens_per_step']:.3f} on its prompts")
         if not curve.measurable_slope:
-            print(f"  no measurable slope ({interval}): no budget read off the fit")
+            span = "fewer than 3 readings" if interval is None else \
+                f"95% [{interval[0]:+.4f}, {interval[1]:+.4f}] per e-fold"
+            print(f"  no measurable slope ({span}): no budget read off the fit")
             row["budgets"] = None
         else:
             budgets = [pay_budget(curve, c, gamma) for c in (mid, low, high)]
