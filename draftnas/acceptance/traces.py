@@ -108,7 +108,8 @@ class Traces:
             if not records:
                 raise TraceError(
                     f"traces hold no records at temperature {temperature:g}; they have "
-                    f"{', '.join(f'{t:g}' for t in self.temperatures)} (rebuild with --temperature)"
+                    f"{', '.join(f'{t:g}' for t in self.temperatures)} (traces are made per temperature: "
+                    "make them at this one)"
                 )
         if domains is not None:
             records = [r for r in records if r.info.domain in set(domains)]

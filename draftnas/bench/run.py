@@ -358,8 +358,8 @@ def unseen_prompts(prompts: Sequence[Prompt], tokenizer: Any, folders: Sequence[
     kept = [pair for pair, was in zip(pairs, seen, strict=True) if not was]
     left_out = tuple(p.id for (p, _), was in zip(pairs, seen, strict=True) if was)
     if not kept:
-        raise InvalidInputError(f"the drafter was healed on or searched with every one of the {len(pairs)} "
-                                "prompts given; bench it on other prompts (--prompts)")
+        raise option_error("prompts", f"are all ones the drafter was healed on or searched with (every one "
+                                      f"of the {len(pairs)} given): bench it on other prompts")
     if left_out:
         log.warning("left out %d prompt(s) a drafter was healed on or its search traced: %s", len(left_out),
                     ", ".join(left_out))

@@ -175,7 +175,7 @@ def static_step(rt: Runtime, model: Any, arch: Architecture, cond: Condition, la
         if out_of_memory(exc):  # the round-robin halves the chunk and retries, or skips the job
             raise
         raise DeviceError(f"CUDA-graph capture of {arch.name} at batch {batch}, {new} new tokens failed "
-                          f"({str(exc).splitlines()[0]}); use --mode static") from None
+                          f"({str(exc).splitlines()[0]}); time it in the static mode instead") from None
 
 
 class HeadStep:

@@ -212,7 +212,7 @@ def test_prompts_the_drafter_was_healed_on_are_left_out_before_the_per_domain_ch
     one_each, _, _ = unseen_prompts(prompts, tok, [drafter.folder], per_domain=1)  # among b, c, d: x gets c
     assert [p.id for p in one_each] == ["b", "c"]
     assert unseen_prompts(prompts, tok, [_loaded(None, "no-folder").folder], per_domain=None)[2] == ()
-    with pytest.raises(InvalidInputError, match="healed on or searched with every one of the 1"):
+    with pytest.raises(InvalidInputError, match="every one of the 1 given"):
         unseen_prompts(prompts[:1], tok, [drafter.folder], per_domain=None)
     (tmp_path / "draftnas.json").write_text(json.dumps({"heal": {"trained_prompts": trained, "kept": False}}))
     # unhealed weights exported

@@ -43,6 +43,7 @@ import torch
 from draftnas.acceptance.traces import check_compatible
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import require_device
+from draftnas.core.options import option_error
 from draftnas.core.records import Progress
 from draftnas.drafter.heal.adapters import attach_low_rank, is_adapter, merge_low_rank
 from draftnas.drafter.heal.heal_data import HealData, is_traces, load_or_make_data, pad_id
@@ -153,8 +154,8 @@ def _load_state(folder: Path, key: str, params: list[tuple[str, Any]], optimizer
         return None
     state = torch.load(path, weights_only=False, map_location=params[0][1].device if params else "cpu")
     if state.get("key") != key:
-        raise InvalidInputError(f"checkpoint {path} belongs to another drafter, data or options; "
-                                "pass a fresh --checkpoint folder (or delete it) to start over")
+        raise option_error("checkpoint", f"{path} belongs to another drafter, data or options: give a fresh "
+                                         "folder (or delete it) to start over")
     with torch.no_grad():
         for name, param in params:
             param.copy_(state["params"][name])

@@ -31,6 +31,7 @@ import torch
 
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_has_native_bf16, host_line
+from draftnas.core.options import option_error
 from draftnas.core.records import Progress
 from draftnas.drafter.heal.heal import trainable_parameters
 from draftnas.drafter.heal.heal_data import HealSequence, pad_id
@@ -80,8 +81,8 @@ def load_checkpoint(path: Path, key: str) -> dict[str, Any] | None:
         return None
     saved: dict[str, Any] = torch.load(path, weights_only=False)
     if saved.get("key") != key:
-        raise InvalidInputError(f"{path} was trained with another shape, data or options; resume needs "
-                                "the same ones (or a fresh --out folder)")
+        raise option_error("out", f"{path.parent} holds a run trained with another shape, data or options: "
+                                  "resume with the same ones, or give another folder")
     return saved
 
 
@@ -240,8 +241,8 @@ def train_drafter(request: DistillTrainRequest, drafter: Any, heldout: list[Heal
     if fine is not None:
         key_now = fine_key(request, fine_manifest)
         if trainer.state.fine_key is not None and trainer.state.fine_key != key_now:
-            raise InvalidInputError(f"{folder} finetuned on other data or another domain; a resumed finetune "
-                                    "reads the same (or use a fresh --out folder)")
+            raise option_error("out", f"{folder} finetuned on other data or another domain: a resumed "
+                                      "finetune reads the same, or give another folder")
         trainer.state.fine_key = key_now
     finished = True
     if resumed_phase in (None, "pretrain") and trainer.state.tokens < request.tokens:

@@ -105,8 +105,9 @@ def run_plan(request: DistillTrainRequest, manifest: DataManifest, loaded: Any, 
     rows = plan.vocab.size if plan.vocab is not None else 0
     if tuple(plan.layers) != tuple(sorted(request.layers)) or rows != (request.head_rows if request.head_rows
                                                                          < manifest.vocab_size else 0):
-        raise InvalidInputError(f"{folder} trains layers {','.join(map(str, plan.layers))} with a {rows}-row "
-                                "head; resume with the same --layers and --head-rows (or a fresh --out)")
+        kept = ",".join(map(str, plan.layers))
+        raise option_error("out", f"{folder} trains layers {kept} with a {rows}-row head: resume with the "
+                                  "same {layers} and {head_rows}, or give another folder")
     return plan
 
 
