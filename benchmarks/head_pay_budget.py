@@ -26,10 +26,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from draftnas.core.bisection import turning_point
 from draftnas.core.intervals import median_interval
 from draftnas.core.throughput import acceptance_rate_from_tokens_per_step, expected_tokens_per_step
 from draftnas.drafter.training.curve_fit import load_curves
 from draftnas.drafter.training.distill_records import TrainingCurve
+from draftnas.search.trained import MAX_BUDGET
 
 
 def step_costs(bench: dict[str, Any], arm: str) -> dict[str, list[float]]:
@@ -52,15 +54,13 @@ def at_gamma(curve: TrainingCurve, tokens: float, gamma: int) -> float:
 
 def pay_budget(curve: TrainingCurve, cost: float, gamma: int) -> float | None:
     """Training tokens at which the curve's tokens per step at `gamma` reach `cost` (0: already; None: not
-    within 1e13, or never at that γ)."""
+    within the search's largest budget, or never at that γ)."""
     if at_gamma(curve, 0.0, gamma) >= cost:
         return 0.0
-    if cost >= gamma + 1 or at_gamma(curve, 1e13, gamma) < cost:
+    if cost >= gamma + 1 or at_gamma(curve, MAX_BUDGET, gamma) < cost:
         return None
-    lo, hi = 0.0, math.log(1e13)
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if at_gamma(curve, math.exp(mid), gamma) >= cost else (mid, hi)
+    _, hi = turning_point(lambda log_tokens: at_gamma(curve, math.exp(log_tokens), gamma) >= cost, 0.0,
+                          math.log(MAX_BUDGET))
     return math.exp(hi)
 
 
@@ -109,7 +109,7 @@ def main() -> None:
 
             def said(b: float | None, last: int = last) -> str:
                 if b is None:
-                    return "not within 1e13"
+                    return f"not within {MAX_BUDGET:.0e}"
                 return f"{b:.2g}" + (" (extrapolated)" if b > last else "")
 
             assert interval is not None  # a measurable slope has one
