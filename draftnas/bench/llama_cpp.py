@@ -41,9 +41,10 @@ from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt, check_context, encode_prompt
 from draftnas.core.records import Progress
 from draftnas.drafter.families import family, parse_drafter
-from draftnas.drafter.lookup import LookupSettings, server_flags
-from draftnas.models.gguf_file import check_drafter_gguf, engine_target, gguf_of
-from draftnas.models.llama_cpp import LlamaCpp, find_llama_cpp
+from draftnas.drafter.lookup import LookupSettings
+from draftnas.export.head_gguf import head_gguf_problems
+from draftnas.models.gguf_file import check_drafter_gguf, engine_target, gguf_of, read_info
+from draftnas.models.llama_cpp import QWEN2_PATCH, LlamaCpp, LlamaCppError, find_llama_cpp
 from draftnas.models.llama_server import Server
 from draftnas.models.sources import ensure_local_folder
 from draftnas.search.llama_cpp import Verdict
@@ -55,9 +56,10 @@ TARGET = "target"
 WARM_UP = "Say hello in one short sentence."  # each server's first request, never measured
 
 
-def drafter_file(spec: str) -> tuple[Path, Path | None]:
+def drafter_file(spec: str, kind: str = "model") -> tuple[Path, Path | None]:
     """(the GGUF a drafter spec runs from, the draftnas folder it came in, if any): a .gguf file, a
-    draftnas export folder holding one (`export --format gguf`), or an embedded model's file."""
+    draftnas export folder holding one (`export --format gguf`), a head folder holding its eagle3 GGUF
+    (`distill export RUN OUT --gguf TYPE`), or an embedded model's file."""
     path = Path(spec).expanduser()
     if path.is_dir():
         found = sorted(path.glob("*.gguf"))
@@ -67,8 +69,10 @@ def drafter_file(spec: str) -> tuple[Path, Path | None]:
                 if not found
                 else f"{len(found)} .gguf files ({', '.join(f.name for f in found)})"
             )
+            how = ("`draftnas distill export RUN OUT --gguf F16` writes a head's" if kind == "head"
+                   else "`draftnas export --format gguf` writes it")
             raise option_error("draft", f"{spec}: the folder holds {what}; llama.cpp needs one GGUF drafter "
-                                        "(`draftnas export --format gguf` writes it), or give the .gguf file")
+                                        f"({how}), or give the .gguf file")
         return found[0], path
     return gguf_of(spec), None
 
@@ -77,7 +81,7 @@ def drafter_file(spec: str) -> tuple[Path, Path | None]:
 class LlamaArm:
     name: str
     model: Path  # the target file
-    draft: Path | None = None
+    draft: Path | None = None  # the GGUF its model part runs from (a model drafter's, a head's)
     gamma: int = 0
     spec: str = ""
     lookup: LookupSettings | None = None
@@ -87,20 +91,43 @@ class LlamaArm:
         return self.draft is not None or self.lookup is not None
 
     def spec_flags(self, threads: int) -> list[str]:
-        """The speculative flags of this arm: a drafter file at its fixed gamma, lookup settings, or both
-        (llama.cpp runs the lookup first and the drafter where it finds nothing)."""
-        return server_flags(None if self.draft is None else str(self.draft), self.gamma, self.lookup, threads)
+        """The speculative flags of this arm, as its family writes them for llama-server (a drafter file at
+        its fixed gamma, lookup settings, both, or a head's file); none for the target alone."""
+        if not self.speculates:
+            return []
+        flags = parse_drafter(self.spec).settings(ENGINE, self.gamma, threads=threads,
+                                                  draft_file="" if self.draft is None else str(self.draft))
+        return list(flags)
 
 
 def arm_of(name: str, target_file: Path, spec: str, gamma: int) -> LlamaArm:
-    """The arm that runs drafter `spec` (a GGUF drafter, lookup settings, or `lookup:...+FILE`)."""
+    """The arm that runs drafter `spec` (a GGUF drafter, lookup settings, `lookup:...+FILE`, or a head
+    folder holding its eagle3 GGUF)."""
     drafter = parse_drafter(spec)
     if LLAMA_CPP not in family(drafter.family).engines:
         raise InvalidInputError(f"{spec}: a {drafter.family} drafter does not run in llama.cpp")
-    draft = drafter_file(drafter.model)[0] if drafter.model else None
+    draft = drafter_file(drafter.model, drafter.family)[0] if drafter.model else None
     lookup = drafter.lookup
     return LlamaArm(name, target_file, draft, gamma if draft is not None else lookup.m if lookup else 0, spec,
                     lookup)
+
+
+def check_arm_files(target_file: Path, arm: LlamaArm, llama: LlamaCpp) -> None:
+    """One line, before any server starts, where llama.cpp would not run `arm`'s drafter file beside the
+    target's: a model drafter's vocabulary, a head's layers, width and tokenizer, and for a head on a Qwen2
+    target a draftnas build that carries the layer-input patch (`models.llama_cpp.PATCHES`)."""
+    assert arm.draft is not None
+    if parse_drafter(arm.spec).family != "head":
+        check_drafter_gguf(target_file, arm.draft)
+        return
+    problems = head_gguf_problems(target_file, arm.draft)
+    if problems:
+        raise option_error("draft", f"{arm.spec}: llama.cpp cannot run this head beside {target_file.name}: "
+                                    + "; ".join(problems))
+    qwen2 = read_info(target_file).architecture == "qwen2"
+    if qwen2 and llama.version.endswith("(built here)") and QWEN2_PATCH not in llama.patches:
+        raise LlamaCppError(f"the llama.cpp build in {llama.bin_dir} lacks the {QWEN2_PATCH} patch a head "
+                            "on a Qwen2 target needs: run `draftnas engines --build` (it rebuilds with it)")
 
 
 def arm_server(llama: LlamaCpp, arm: LlamaArm, threads: int, context: int) -> Server:
@@ -186,12 +213,13 @@ def run_llama_cpp_bench(
     arms = [LlamaArm(TARGET, target_file), arm_of(MAIN, target_file, draft, options.gamma)]
     arms += [arm_of(reference_label(i), target_file, ref, options.reference_gamma or options.gamma)
              for i, ref in enumerate(references)]
+    llama = find_llama_cpp(options.llama_cpp)
     for arm in arms:
         if arm.draft is not None:
-            check_drafter_gguf(target_file, arm.draft)
-    folder = drafter_file(draft)[1] if parse_drafter(draft).family == "model" else None
+            check_arm_files(target_file, arm, llama)
+    main = parse_drafter(draft)
+    folder = drafter_file(main.model, main.family)[1] if main.family in ("model", "head") else None
     predictions = read_predictions(options.predictions) if options.predictions else None
-    llama = find_llama_cpp(options.llama_cpp)
     threads = cpu_count()
     model_folder = ensure_local_folder(target)[1]
     tokenizer = AutoTokenizer.from_pretrained(str(model_folder))

@@ -155,7 +155,8 @@ def curve(request: DistillCurveRequest, output: Output) -> None:
 @options_command(request=DistillExportRequest, output=Output)
 def export(request: DistillExportRequest, output: Output) -> None:
     """Write RUN's trained drafter (plan over its base + delta, hash-checked) to OUT as a drafter folder that
-    `draftnas bench --draft OUT` and `draftnas export --gguf` take."""
+    `draftnas bench --draft OUT` and `draftnas export --gguf` take; a head run's head as its folder (vLLM's
+    eagle3, `--draft head:OUT`), with --gguf also the eagle3 file llama.cpp's draft-eagle3 loads."""
     from draftnas.export.trained import export_trained
 
     folder, gguf = export_trained(request)

@@ -155,6 +155,11 @@ def _header(path: str | Path) -> _Header:
     return _header_cached(str(Path(path).resolve()), stat.st_size, stat.st_mtime)
 
 
+def header_values(path: str | Path) -> dict[str, object]:
+    """A GGUF's key-values, key -> value."""
+    return {k: v[2] for k, v in _header(path).kv.items()}
+
+
 def read_info(path: str | Path) -> GgufInfo:
     h = _header(path)
     arch = str(h.get("general.architecture", ""))
@@ -245,6 +250,11 @@ def _metadata(
     writer.add_uint32(f"{a}.attention.head_count_kv", arch.num_key_value_heads)
     writer.add_float32(f"{a}.rope.freq_base", rope_theta)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", rms_eps)
+    copy_tokenizer(writer, tokenizer_from)
+
+
+def copy_tokenizer(writer: gguf.GGUFWriter, tokenizer_from: Path) -> None:
+    """Every `tokenizer.*` key of the GGUF `tokenizer_from`, written as it is there."""
     for key, (kind, sub, value) in _header(tokenizer_from).kv.items():
         if key.startswith("tokenizer."):
             writer.add_key_value(
@@ -294,7 +304,7 @@ def write_gguf(
     part = path.with_name(path.name + ".part")
     writer = gguf.GGUFWriter(str(part), GGUF_ARCH[arch.family])
     _metadata(writer, arch, name, tokenizer_from, *(settings or source_settings(tokenizer_from)))
-    writer.add_file_type(_file_type(quant))
+    writer.add_file_type(file_type(quant))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for hf_name, t in tensors:
         out = gguf_name(hf_name)
@@ -316,7 +326,8 @@ def write_gguf(
     return path
 
 
-def _file_type(quant: str) -> int:
+def file_type(quant: str) -> int:
+    """`general.file_type` of a file whose matrices are in `quant`."""
     return int(getattr(gguf.LlamaFileType, f"MOSTLY_{quant}" if quant != "F32" else "ALL_F32"))
 
 

@@ -49,6 +49,12 @@ def rotary_rows(hf_name: str, t: torch.Tensor, arch: Architecture) -> torch.Tens
         heads = arch.num_key_value_heads
     else:
         return t
+    return interleave_rotary(t, heads)
+
+
+def interleave_rotary(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """A q or k projection of `heads` heads with each head's rows [first half, second half] interleaved
+    (Hugging Face's rotate_half order to llama.cpp's adjacent pairs)."""
     return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
 
 

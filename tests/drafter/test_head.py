@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from draftnas.core.engine_kinds import LLAMA_CPP, VLLM
+from draftnas.core.engine_kinds import HF, LLAMA_CPP, VLLM
 from draftnas.core.errors import InvalidInputError
 from draftnas.drafter.families import NOT_RUN, parse_drafter
 from draftnas.drafter.head.build import head_proposer, new_head, target_hidden
@@ -134,12 +134,17 @@ def test_the_folder_is_vllms_eagle3_layout_and_reloads_to_the_same_drafts(target
     assert (a.tokens, a.accepted) == (b.tokens, b.accepted)
 
 
-def test_the_family_reads_head_specs_and_runs_in_draftnas_and_vllm():
+def test_the_family_reads_head_specs_and_runs_in_draftnas_vllm_and_llama_cpp():
     spec = parse_drafter("head:out/qwen-head")
     assert (spec.family, spec.model, spec.label) == ("head", "out/qwen-head", "head qwen-head")
     assert spec.settings(VLLM, 4, draft_folder="/x") == {"method": "eagle3", "model": "/x",
                                                           "num_speculative_tokens": 4}
-    assert spec.settings(LLAMA_CPP, 4) is NOT_RUN
+    assert spec.settings(LLAMA_CPP, 4, draft_file="/x/h.gguf", threads=2) == [
+        "-md", "/x/h.gguf", "--spec-type", "draft-eagle3", "--spec-draft-n-max", "4",
+        "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", "2"]
+    with pytest.raises(InvalidInputError, match="runs a head from its eagle3 GGUF"):
+        spec.settings(LLAMA_CPP, 4)
+    assert spec.settings(HF, 4) is NOT_RUN
     with pytest.raises(InvalidInputError, match="name the head's folder"):
         parse_drafter("head:")
 

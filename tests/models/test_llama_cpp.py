@@ -210,3 +210,32 @@ def test_gguf_export_refuses_a_reduced_head_and_unknown_types_before_any_work():
         check_gguf_export("Q9_9", "qwen2.5-coder-1.5b", 0, None)
     assert gguf_path("out", "base-L4-Q4_0", "Q4_0").name == "base-L4-Q4_0.gguf"
     assert gguf_path("out", "base-L4", "Q6_K").name == "base-L4-Q6_K.gguf"
+
+
+def test_the_build_patch_goes_in_once_and_a_source_without_its_anchor_is_refused(tmp_path):
+    from draftnas.models.llama_cpp import PATCHES, QWEN2_PATCH, LlamaCppError, apply_patches
+
+    relative, old, new = PATCHES[QWEN2_PATCH]
+    graph = tmp_path / relative
+    graph.parent.mkdir(parents=True)
+    graph.write_text(f"// before\n{old}        cur = inpL;\n")
+    apply_patches(tmp_path)
+    assert graph.read_text() == f"// before\n{new}        cur = inpL;\n"
+    assert "res->t_layer_inp[il] = inpL;" in graph.read_text()
+    with pytest.raises(LlamaCppError, match="holds its anchor 0 times, not once: the source is not"):
+        apply_patches(tmp_path)  # patched already: the anchor is gone
+
+
+def test_the_pinned_source_takes_the_patch_and_the_stamp_names_it():
+    """Where draftnas built llama.cpp here: its source holds the patched line and its stamp the patch."""
+    import json
+
+    from draftnas.models.llama_cpp import PATCHES, QWEN2_PATCH, build_root
+
+    stamp = build_root() / "draftnas-build.json"
+    if not stamp.is_file():
+        pytest.skip("no llama.cpp build here (`draftnas engines --build`)")
+    relative, _, new = PATCHES[QWEN2_PATCH]
+    source = next((build_root() / "src").glob("*/llama.cpp"))
+    assert new in (source / relative).read_text()
+    assert json.loads(stamp.read_text())["patches"] == [QWEN2_PATCH]

@@ -367,13 +367,16 @@ class DistillCurveRequest(Record):
 class DistillExportRequest(Record):
     """`draftnas distill export`: a trained drafter as a Hugging Face folder (bench, GGUF export)."""
 
-    run: str = option(help="Training folder of `draftnas distill train`.", argument=True)
-    out: str = option(help="Folder written (a draftnas drafter folder).", argument=True)
+    run: str = option(help="Training folder of `draftnas distill train` or `distill head`.", argument=True)
+    out: str = option(help="Folder written (a draftnas drafter folder, or a head's folder).", argument=True)
     gamma: int = option(4, low=1, high=32, help="Draft tokens per step the folder's generation config says.")
     gguf: str | None = option(None,
                               help="Also write OUT/<name>-<type>.gguf for llama.cpp (Q8_0, F16, ...); a "
                                          "reduced head is widened to the full vocabulary with zero rows, so "
-                                         "llama.cpp never drafts a token the head left out.")
+                                         "llama.cpp never drafts a token the head left out. A head run's "
+                                         "OUT gets OUT/<name>-<type>.gguf, the eagle3 file llama.cpp's "
+                                         "draft-eagle3 loads (F32, F16, BF16, Q8_0 or Q4_0; three target "
+                                         "layers).")
     force: bool = option(False, help="Replace an existing folder.")
 
     def validate(self) -> DistillExportRequest:
