@@ -37,13 +37,9 @@ def one_thread():
 @pytest.fixture(scope="session")
 def tiny_llama_config():
     """A 4-layer LLaMA config small enough to build in milliseconds (GQA 4 q / 2 kv heads)."""
-    from transformers import LlamaConfig
+    from tests.helpers import tiny_config
 
-    return LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-        max_position_embeddings=256, tie_word_embeddings=True,
-    )
+    return tiny_config()
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,18 @@ from draftnas.search.run_options import SearchOptions
 from draftnas.search.spaces import load_search_space
 
 
+def tiny_config():
+    """A 4-layer LLaMA config small enough to build in milliseconds (GQA 4 q / 2 kv heads); the
+    `tiny_llama_config` fixture's, for code that runs outside pytest (a torchrun worker)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        max_position_embeddings=256, tie_word_embeddings=True,
+    )
+
+
 def tiny_llama(config, seed=0, **changes):
     """A LLaMA model with random weights (seed `seed`), eval mode, on its own copy of `config` with
     `changes` (e.g. initializer_range=0.2: a model whose layers matter; 0.02 makes every layer

@@ -97,12 +97,16 @@ def head(request: HeadTrainRequest, output: Output) -> None:
     """Train a head on the target's hidden states (EAGLE-3's layout: one layer reading --layers of the
     target, a --draft-vocab-row head) on DATA to --tokens, reading exact greedy acceptance on held-out
     continuations at log-spaced budgets. Checkpoints and resumes; writes OUT/head, the folder vLLM serves
-    (`--speculative-config '{"method": "eagle3", "model": "OUT/head", ...}'`) and `head:OUT/head` names."""
+    (`--speculative-config '{"method": "eagle3", "model": "OUT/head", ...}'`) and `head:OUT/head` names.
+    Across GPUs (or CPU processes): `torchrun --nproc_per_node N -m draftnas distill head ...`, --batch-rows
+    rows per process, gradients averaged over them; the first process reports and writes."""
     from draftnas.drafter.head.train import train_head
+    from draftnas.drafter.training.ranks import launched_ranks
 
-    with progress_bars(output.json) as on:
+    main = launched_ranks().main
+    with progress_bars(output.json or not main) as on:
         result = train_head(request, progress=on("training"))
-    if emit_json(output, result.to_dict()):
+    if not main or emit_json(output, result.to_dict()):
         return
     render_head(result)
 

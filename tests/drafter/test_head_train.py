@@ -17,7 +17,7 @@ from draftnas.core.options import OptionError
 from draftnas.drafter.head.build import head_proposer, new_head, target_hidden
 from draftnas.drafter.head.records import HeadTrainRequest
 from draftnas.drafter.head.shape import head_shape
-from draftnas.drafter.head.train import HeadTrainer, Heldout, check_head_request, exact_acceptance
+from draftnas.drafter.head.train import STATE_FILE, HeadTrainer, Heldout, check_head_request, exact_acceptance
 from draftnas.drafter.training.distill_store import iter_sequences
 from draftnas.drafter.training.packing import build_stream
 from draftnas.models.speculative import greedy_generate, speculate
@@ -177,3 +177,32 @@ def test_a_head_trains_on_cuda_to_its_budget_from_stored_features(tmp_path, tiny
     assert finished and trainer.state.tokens == 500 and trainer.store is not None
     assert next(trainer.head.parameters()).device.type == "cuda"
     assert trainer.state.readings[-1].tokens_per_step > 0
+
+
+@pytest.mark.parametrize("features", ["compute", "store"])
+def test_two_processes_under_torchrun_train_one_head_to_the_budget(tmp_path, target, features):
+    """torch's own launcher starts two CPU processes (gloo): the tokens they taught together meet the budget
+    exactly, every process ends with the same weights and the same stored states, the checkpoint holds them,
+    and the head trained (its weights moved from the untrained head's)."""
+    import os
+
+    _data(tmp_path / "data")
+    root = Path(__file__).resolve().parents[2]
+    env = os.environ | {"PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(root / "tests" / "drafter" / "head_ranks_worker.py"), str(tmp_path / "data"),
+         str(tmp_path / "out"), features],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = (torch.load(tmp_path / "out" / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert a["world"] == b["world"] == 2 and a["finished"] and b["finished"]
+    assert a["tokens"] == b["tokens"] == 500
+    assert all(torch.equal(a["head"][k], b["head"][k]) for k in a["head"])
+    assert a["readings"] == b["readings"] and len(a["readings"]) >= 2  # every process read alike
+    if features == "store":
+        assert torch.equal(a["store"], b["store"]) and bool((a["store"] != 0).any(-1).any(-1).all())
+    fresh = _head(target).state_dict()
+    assert any(not torch.equal(a["head"][k], fresh[k]) for k in fresh)
+    saved = torch.load(tmp_path / "out" / STATE_FILE, weights_only=False)  # the first process's checkpoint
+    assert saved["tokens"] == 500 and all(torch.equal(saved["head"][k], a["head"][k]) for k in fresh)

@@ -43,6 +43,7 @@ from draftnas.drafter.heal.losses import kl_to_topk, topk_in_rows
 from draftnas.drafter.training.distill_records import DataManifest, TrainReading
 from draftnas.drafter.training.distill_store import iter_sequences, read_manifest
 from draftnas.drafter.training.packing import Stream, build_stream, epoch_index
+from draftnas.drafter.training.ranks import Ranks, start_ranks, stop_ranks
 from draftnas.drafter.training.train import (
     load_checkpoint,
     reading_budgets,
@@ -138,9 +139,10 @@ class HeadTrainer:
     """One run: the head, its optimizer, the target that hands it hidden states, and what resumes."""
 
     def __init__(self, request: HeadTrainRequest, head: Eagle3Head, target: Any, held: list[Heldout],
-                 folder: Path, key: str, progress: Progress | None) -> None:
+                 folder: Path, key: str, progress: Progress | None, ranks: Ranks = Ranks()) -> None:
         self.request, self.head, self.target, self.held = request, head, target, held
-        self.folder, self.key, self.progress = folder, key, progress
+        self.folder, self.key, self.ranks = folder, key, ranks
+        self.progress = progress if ranks.main else None
         self.embeddings = target.get_input_embeddings().weight.detach()
         self.device = self.embeddings.device
         self.params = [p for p in head.parameters() if p.requires_grad]
@@ -164,17 +166,20 @@ class HeadTrainer:
 
     def store_features(self, stream: Stream) -> None:
         """`--features store`: the target's residual stream at the head's layers over each sequence of
-        `stream` alone, once, fp16 [N, A, H] by stream position (its time is training time)."""
+        `stream` alone, once, fp16 [N, A, H] by stream position (its time is training time). Across
+        processes each computes every N-th sequence and the store is summed over them."""
         started = time.perf_counter()
         shape = self.head.shape
-        store = torch.empty(len(stream.ids), len(shape.layers), shape.hidden_size, dtype=torch.float16)
+        store = torch.zeros(len(stream.ids), len(shape.layers), shape.hidden_size, dtype=torch.float16)
         log.info("storing the target's hidden states over %d tokens (%.0f MB in fp16)", len(stream.ids),
                  store.numel() * 2 / 1e6)
-        for start, n in stream.sequences:
+        for i, (start, n) in enumerate(stream.sequences):
+            if i % self.ranks.world != self.ranks.rank:
+                continue
             ids = stream.ids[start:start + n].long()[None].to(self.device)
             store[start:start + n] = target_hidden(self.target, ids, shape.layers)[0].transpose(0, 1).to(
                 "cpu", torch.float16)
-        self.store = store
+        self.store = self.ranks.sum_(store)
         spent = time.perf_counter() - started
         self.state.features_s += spent
         self.state.train_s += spent
@@ -211,9 +216,11 @@ class HeadTrainer:
         return total / max(weights, 1e-9), len(where)
 
     def train(self, stream: Stream) -> bool:
-        """Train to the budget; False where the call was told to stop first."""
-        req = self.request
-        per_epoch = max(1, ((len(stream.ids) - 1) // req.seq_len) // req.batch_rows)
+        """Train to the budget; False where the call was told to stop first. Across processes a step's rows
+        are `batch_rows` per process, each process taking its own."""
+        req, ranks = self.request, self.ranks
+        step_rows = req.batch_rows * ranks.world
+        per_epoch = max(1, ((len(stream.ids) - 1) // req.seq_len) // step_rows)
         if req.features == "store" and self.store is None and self.state.tokens < req.tokens:
             self.store_features(stream)
         epoch, rows = -1, None
@@ -225,19 +232,20 @@ class HeadTrainer:
                 epoch = self.state.micro // per_epoch
                 rows = epoch_index(stream, req.seq_len, req.seed, epoch)
             assert rows is not None
-            i = (self.state.micro % per_epoch) * req.batch_rows
+            i = (self.state.micro % per_epoch) * step_rows + ranks.rank * req.batch_rows
             self.head.train()
             for group in self.optimizer.param_groups:
                 warm = req.warmup_tokens
                 group["lr"] = req.lr * (min(1.0, (self.state.tokens + 1) / warm) if warm else 1.0)
             loss, n = self.loss(rows[0][i:i + req.batch_rows], rows[1][i:i + req.batch_rows], stream,
-                                req.tokens - self.state.tokens)
+                                ranks.share(req.tokens - self.state.tokens))
             loss.backward()
+            ranks.average_gradients(self.params)
             torch.nn.utils.clip_grad_norm_(self.params, 1.0)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.state.micro += 1
-            self.state.tokens += n
+            self.state.tokens += ranks.total(n)
             self.state.train_s += time.perf_counter() - started
             self._losses.append(float(loss.detach()))
             self._after_step()
@@ -249,10 +257,14 @@ class HeadTrainer:
             self.read("train")
         if self.progress:
             self.progress(self.state.tokens, self.request.tokens)
-        if time.perf_counter() - self._last_save >= self.request.checkpoint_minutes * 60.0:
+        due = time.perf_counter() - self._last_save >= self.request.checkpoint_minutes * 60.0
+        if due and self.ranks.main:
             self.save()
 
     def save(self) -> None:
+        """The run's state written to its checkpoint (by rank 0 alone: every process holds the same)."""
+        if not self.ranks.main:
+            return
         s = self.state
         payload = {"key": self.key, "tokens": s.tokens, "micro": s.micro, "train_s": s.train_s,
                    "features_s": s.features_s, "readings": [r.to_dict() for r in s.readings],
@@ -271,17 +283,24 @@ class HeadTrainer:
         return True
 
 
-def _key(request: HeadTrainRequest, shape: HeadShape, manifest: DataManifest) -> str:
+def _key(request: HeadTrainRequest, shape: HeadShape, manifest: DataManifest, world: int = 1) -> str:
+    """What a checkpoint must match to resume: the options that shape training, the head, the data and, for
+    a run across processes, their count (a step's rows depend on it)."""
     opts = request.to_dict()
     for volatile in ("checkpoint_minutes", "stop_after_tokens", "out", "data", "readings", "tokens",
                      "heldout_prompts", "device"):
         opts.pop(volatile, None)
-    payload = json.dumps([opts, shape.to_dict(), [s.sha256 for s in manifest.shards]], sort_keys=True)
+    parts: list[Any] = [opts, shape.to_dict(), [s.sha256 for s in manifest.shards]]
+    payload = json.dumps(parts + ([world] if world > 1 else []), sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def _command(request: HeadTrainRequest) -> str:
-    return reproduce_command("head", request)
+def _command(request: HeadTrainRequest, world: int = 1) -> str:
+    """The command that reproduces the run (under torchrun where it ran across processes)."""
+    command = reproduce_command("head", request)
+    if world == 1:
+        return command
+    return command.replace("draftnas ", f"torchrun --nproc_per_node {world} -m draftnas ", 1)
 
 
 def trained_prompts(manifest: DataManifest, tokenizer: Any) -> list[str]:
@@ -310,12 +329,21 @@ def heldout(request: HeadTrainRequest, target: Any, tokenizer: Any, layers: tupl
 
 
 def train_head(request: HeadTrainRequest, *, progress: Progress | None = None) -> HeadTrainResult:
-    """Make (or resume) a head for the data's target, train it to the budget, guard, write its folder."""
+    """Make (or resume) a head for the data's target, train it to the budget, guard, write its folder (in one
+    process, or in each of the processes torchrun started: `drafter.training.ranks`)."""
+    request.validate()
+    require_device(request.device)
+    ranks = start_ranks(request.device)  # one process, or torchrun's several
+    try:
+        return _train_head(request, ranks, progress)
+    finally:
+        stop_ranks(ranks)
+
+
+def _train_head(request: HeadTrainRequest, ranks: Ranks, progress: Progress | None) -> HeadTrainResult:
     from draftnas.drafter.vocab import special_token_ids
     from draftnas.models.sources import ensure_local_folder, load_model
 
-    request.validate()
-    require_device(request.device)
     manifest = read_manifest(request.data)
     if manifest is None:
         raise InvalidInputError(f"{request.data}: no data set here (make one with `draftnas distill data`)")
@@ -330,8 +358,13 @@ def train_head(request: HeadTrainRequest, *, progress: Progress | None = None) -
                                  required=special_token_ids(loaded.tokenizer), fallback=[s.ids for s in seqs])
     head = new_head(target, shape, draft_ids, seed=request.seed)
     untrained = {k: v.clone() for k, v in head.state_dict().items()}
+    if not ranks.main:  # rank 0 makes the held-out set and caches it; the others read the cache
+        ranks.barrier()
     held = heldout(request, target, loaded.tokenizer, shape.layers, folder)
-    trainer = HeadTrainer(request, head, target, held, folder, _key(request, shape, manifest), progress)
+    if ranks.main:
+        ranks.barrier()
+    trainer = HeadTrainer(request, head, target, held, folder, _key(request, shape, manifest, ranks.world),
+                          progress, ranks)
     resumed = trainer.state.tokens if trainer.load() else 0
     if not trainer.state.readings:
         trainer.read("untrained")
@@ -344,15 +377,18 @@ def train_head(request: HeadTrainRequest, *, progress: Progress | None = None) -
     if finished and readings[-1].tokens_per_step < readings[0].tokens_per_step:
         kept = "untrained (the guard: training lowered held-out tokens per step)"
         head.load_state_dict(untrained)
-    written = write_head(head, folder / HEAD_DIR,
-                         trained_tokens=trainer.state.tokens if kept == "trained" else 0,
-                         extra={"data": str(request.data), "command": _command(request),
-                                "trained_prompts": trained_prompts(manifest, loaded.tokenizer)})
+    extra = {"data": str(request.data), "command": _command(request, ranks.world),
+             "trained_prompts": trained_prompts(manifest, loaded.tokenizer)}
+    tokens = trainer.state.tokens if kept == "trained" else 0
+    written = write_head(head, folder / HEAD_DIR, trained_tokens=tokens, extra=extra) if ranks.main \
+        else folder / HEAD_DIR
     result = HeadTrainResult(
         out=str(folder), head=str(written), target=manifest.target, label=shape.label(),
         parameters=shape.parameters(), trained_tokens=trainer.state.tokens, budget_tokens=request.tokens,
         train_s=round(trainer.state.train_s, 3), features_s=round(trainer.state.features_s, 3),
-        readings=tuple(readings), kept=kept, command=_command(request), resumed_from_tokens=resumed,
+        readings=tuple(readings), kept=kept, command=_command(request, ranks.world),
+        resumed_from_tokens=resumed,
         gamma=request.gamma, host=host_line(), shape=shape, unroll=request.unroll)
-    (folder / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=1))
+    if ranks.main:
+        (folder / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=1))
     return result
