@@ -34,9 +34,9 @@ class LookupArm(Arm):
 
     @property
     def spec(self) -> str:
-        main = self.bench.drafters[MAIN]
-        return f"{self.settings.label}+{main.loaded.source.spec} ({self.policy})" if self.hybrid \
-            else self.settings.label
+        if not self.hybrid:
+            return self.settings.label
+        return f"{self.settings.label}+{self.bench.drafters[MAIN].loaded.source.spec} ({self.policy})"
 
     def run(self, ids: list[int], seed: int, max_new_tokens: int) -> Run:
         b = self.bench
@@ -83,8 +83,9 @@ def lookup_arms(bench: Bench) -> list[Arm]:
     if spec is None or bench.options.temperature > 0:
         return []
     settings = parse_lookup(spec)
-    arms: list[Arm] = [LookupArm(bench, settings, False, bench.options.hybrid_policy),
-                       LookupArm(bench, settings, True, bench.options.hybrid_policy)]
+    arms: list[Arm] = [LookupArm(bench, settings, False, bench.options.hybrid_policy)]
+    if MAIN in bench.drafters:  # a hybrid drafts with a model where the lookup finds nothing (not a head)
+        arms.append(LookupArm(bench, settings, True, bench.options.hybrid_policy))
     return arms + ([HfLookupArm(bench, settings)] if bench.options.hf_assisted else [])
 
 
@@ -93,7 +94,6 @@ def lookup_result(arm: LookupArm, rows: Sequence[BenchPrompt], result: ArmResult
     """A lookup arm's figures (`result` holds its speed; `speedup`: over the target alone)."""
     runs = [p.run(arm.name) for p in rows]
     steps, drafted = max(sum(r.steps for r in runs), 1), max(sum(r.drafted for r in runs), 1)
-    main = arm.bench.drafters[MAIN]
     if isinstance(arm, HfLookupArm):  # transformers counts its target's calls, not drafts
         return replace(result, drafter=arm.spec, speedup=speedup.ratio, speedup_interval=speedup.interval,
                        tokens_per_step=sum(r.new_tokens for r in runs) / steps, gamma=arm.settings.m,
@@ -104,6 +104,6 @@ def lookup_result(arm: LookupArm, rows: Sequence[BenchPrompt], result: ArmResult
         tokens_per_step=sum(r.new_tokens for r in runs) / steps,
         mean_accepted_per_step=sum(r.accepted for r in runs) / steps,
         draft_acceptance_rate=sum(r.accepted for r in runs) / drafted,
-        gamma=max(arm.settings.m, main.gamma) if arm.hybrid else arm.settings.m,
+        gamma=max(arm.settings.m, arm.bench.drafters[MAIN].gamma) if arm.hybrid else arm.settings.m,
         lossless=all(bool(r.lossless) for r in runs),
         exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs))

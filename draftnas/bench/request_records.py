@@ -175,8 +175,9 @@ class BenchRequest(Record):
 
     target: str = option(help="Target model: embedded name, folder or .gguf.", short="-t")
     draft: str = option(help="Draft model folder (the target's tokenizer), a .gguf with the llama.cpp "
-                             "engine, or head:FOLDER (a head `draftnas distill head` trained) with the vLLM "
-                             "engine.", short="-d")
+                             "engine, or head:FOLDER (a head `draftnas distill head` trained: in draftnas's "
+                             "loop and vLLM; in llama.cpp once `distill export --gguf` wrote its GGUF in "
+                             "the folder).", short="-d")
     references: tuple[str, ...] = option(
         (), flag="--reference", short="-r",
         help="A drafter benched in the same interleaved run with the same arms: one a user would otherwise "
@@ -239,9 +240,12 @@ class BenchRequest(Record):
                 out.append((name, str(e)))
                 continue
             if spec.family == "head" and engine.own_loop:
-                out.append((name, f"{text}: a head is benched in vLLM here (--engine vllm); draftnas's loop "
-                                  "reads its exact acceptance in `draftnas distill head`, not yet as a bench "
-                                  "arm"))
+                if name != "draft":
+                    out.append((name, f"{text}: in draftnas's loop a head is the benched drafter "
+                                      "({draft}); references are model drafters"))
+                elif self.options.batch_sizes:
+                    out.append((name, f"{text}: a head is benched one request at a time in draftnas's loop "
+                                      "(leave out {batch_sizes}, or bench it batched with --engine vllm)"))
             elif spec.family != "model" and engine.own_loop:
                 out.append((name, f"{text} is a {spec.family} drafter: in draftnas's loop give lookup "
                                   "settings as {lookup} and a model drafter as {draft}"))

@@ -33,6 +33,7 @@ from draftnas.acceptance.tracing import record_from_continuation
 from draftnas.bench.arms import MAIN, Arm, Bench, Drafter, Run, arm_names, reference_label
 from draftnas.bench.batch_records import BatchedBenchResult
 from draftnas.bench.batched import host_label, run_batched_bench
+from draftnas.bench.head_arm import HeadArm, head_result, load_bench_head
 from draftnas.bench.lookup_arms import LookupArm, lookup_arms, lookup_result
 from draftnas.bench.predicted import check_predictions, exported_prediction
 from draftnas.bench.recorded import write_bench_accepts
@@ -53,6 +54,7 @@ from draftnas.core.options import option_error
 from draftnas.core.prompts import Prompt, check_context, encode_prompt, subsample
 from draftnas.core.provenance import package_versions
 from draftnas.core.records import Progress
+from draftnas.drafter.families import parse_drafter
 from draftnas.drafter.head.folder import head_trained_prompts
 from draftnas.drafter.heal.heal_records import prompt_key
 from draftnas.export.folder import exported_record, load_drafter
@@ -125,6 +127,8 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
         return result
     if isinstance(arm, LookupArm):
         return lookup_result(arm, rows, result, compare_arms(rows, arm.name, arm.baseline))
+    if isinstance(arm, HeadArm):
+        return head_result(arm, rows, result, compare_arms(rows, arm.name, arm.baseline))
     speedup = compare_arms(rows, arm.name, arm.baseline)
     steps = max(sum(r.steps for r in runs), 1)
     drafted = max(sum(r.drafted for r in runs), 1)
@@ -159,13 +163,14 @@ def _comparisons(arms: Sequence[Arm], rows: Sequence[BenchPrompt],
         compare_arms(rows, a.name, a.rival) for a in arms if isinstance(a, LookupArm) and a.rival in names)
 
 
-def _load_drafters(draft: str | LoadedModel, references: Sequence[str | LoadedModel], target: LoadedModel,
-                   load: dict[str, Any], options: BenchOptions,
+def _load_drafters(draft: str | LoadedModel | None, references: Sequence[str | LoadedModel],
+                   target: LoadedModel, load: dict[str, Any], options: BenchOptions,
                    policies: Mapping[int, tuple[int, float]]) -> list[Drafter]:
     """Each drafter at its γ and stop: the main one at the options', a reference at `policies`' (reference
-    index -> (γ, p_min)), else its folder's own, else the reference options'; run plainly, its folder's."""
+    index -> (γ, p_min)), else its folder's own, else the reference options'; run plainly, its folder's.
+    `draft` None: the main drafter is no model (a head, `bench.head_arm`)."""
     out = []
-    for index, spec in enumerate([draft, *references], start=-1):
+    for index, spec in ([(-1, draft)] if draft is not None else []) + list(enumerate(references)):
         label = MAIN if index < 0 else reference_label(index)
         own = {**load, "dtype": TORCH_DTYPES[_drafter_dtype(label, spec, options)]}
         loaded = load_drafter(spec, **own) if isinstance(spec, str) else spec
@@ -214,12 +219,13 @@ def _weights(label: str, loaded: LoadedModel, options: BenchOptions) -> str:
     return weights
 
 
-def load_for_bench(target: str | LoadedModel, draft: str | LoadedModel,
+def load_for_bench(target: str | LoadedModel, draft: str | LoadedModel | None,
                     references: Sequence[str | LoadedModel], prompts: Sequence[Prompt], options: BenchOptions,
-                    policies: Mapping[int, tuple[int, float]] | None = None
+                    policies: Mapping[int, tuple[int, float]] | None = None, head_folder: str | None = None
                     ) -> tuple[LoadedModel, list[Drafter], list[Prompt], list[list[int]], tuple[str, ...]]:
     """What every bench starts from: the options checked, the target and drafters loaded in the
-    options' dtype and device (one tokenizer), and the prompts no drafter was healed or searched on
+    options' dtype and device (one tokenizer), and the prompts no drafter (nor the head in `head_folder`,
+    where the main drafter is a head) was healed, trained or searched on
     -> (target, drafters, prompts, their ids, ids left out)."""
     options.validate()
     if not prompts:
@@ -228,8 +234,8 @@ def load_for_bench(target: str | LoadedModel, draft: str | LoadedModel,
     load = {"dtype": TORCH_DTYPES[options.dtype], "device": options.device}
     t_model = load_model(target, **load) if isinstance(target, str) else target
     drafters = _load_drafters(draft, references, t_model, load, options, policies or {})
-    kept, encoded, left_out = unseen_prompts(prompts, t_model.tokenizer, [d.loaded.folder for d in drafters],
-                                             options.per_domain)
+    folders = [d.loaded.folder for d in drafters] + ([Path(head_folder)] if head_folder else [])
+    kept, encoded, left_out = unseen_prompts(prompts, t_model.tokenizer, folders, options.per_domain)
     return t_model, drafters, kept, encoded, left_out
 
 
@@ -272,15 +278,19 @@ def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Seq
                options: BenchOptions, references: Sequence[str | LoadedModel], progress: Progress | None,
                started: float, load_before: str, policies: Mapping[int, tuple[int, float]] | None
                ) -> BenchResult:
-    t_model, drafters, prompts, encoded, left_out = load_for_bench(target, draft, references, prompts,
-                                                                    options, policies)
+    head_spec = draft if isinstance(draft, str) and parse_drafter(draft).family == "head" else None
+    t_model, drafters, prompts, encoded, left_out = load_for_bench(
+        target, None if head_spec else draft, references, prompts, options, policies,
+        head_folder=parse_drafter(head_spec).model if head_spec else None)
+    head = load_bench_head(head_spec, t_model.model, options.gamma) if head_spec else None
     bench = Bench(t_model, drafters, options)
     check_context(prompts, encoded, options.max_new_tokens + bench.max_gamma + 1,
                   t_model.model.config.max_position_embeddings, options.resolved_engine())
     if options.resolved_engine() == STATIC:
         bench.build_engines(max(len(ids) for ids in encoded) + options.max_new_tokens + bench.max_gamma + 1)
     bench.prepare(encoded)
-    arms = bench.arms() + lookup_arms(bench)
+    arms = bench.arms()
+    arms = arms[:1] + ([HeadArm(bench, head)] if head else []) + arms[1:] + lookup_arms(bench)
     bench.warm(arms, encoded)
     rows: list[BenchPrompt] = []
     continuations: list[list[int]] = []
@@ -308,7 +318,8 @@ def _run_bench(target: str | LoadedModel, draft: str | LoadedModel, prompts: Seq
             progress(total, total)
     param = next(t_model.model.parameters())
     result = BenchResult(
-        target=t_model.source.spec, drafters={d.label: d.loaded.source.spec for d in drafters},
+        target=t_model.source.spec,
+        drafters=({MAIN: head.spec} if head else {}) | {d.label: d.loaded.source.spec for d in drafters},
         gamma=options.gamma, temperature=options.temperature, max_new_tokens=options.max_new_tokens,
         n_prompts=len(prompts), device=str(param.device), dtype=str(param.dtype).removeprefix("torch."),
         threads=torch.get_num_threads(), engine=options.resolved_engine(), arms=tuple(results),

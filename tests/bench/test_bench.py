@@ -441,3 +441,38 @@ def test_torch_arms_run_the_same_prompts_through_draftnas_loop_after_llama_cpp(m
     alone = replace(request, options=replace(options, torch_arms=False))
     assert bench_from_request(alone) == ("llama.cpp", None)
     assert [c[0] for c in calls] == ["llama.cpp"]
+
+
+@pytest.mark.parametrize("engine", ["static", "hf"])
+def test_a_head_is_benched_in_draftnas_loop_beside_a_reference_and_lookup(tiny_pair, tmp_path, engine):
+    """`--draft head:FOLDER` in draftnas's loop: the head's arm (the drafter's arm name) against the target
+    alone, a model reference and the lookup beside it (no hybrid: that needs a model), lossless, its drafts
+    counted as the loop made them, and compared with the reference in the same rounds."""
+    from draftnas.bench.arms import MAIN
+    from draftnas.drafter.head.build import head_proposer, new_head
+    from draftnas.drafter.head.folder import write_head
+    from draftnas.drafter.head.shape import head_shape
+    from draftnas.models.speculative import speculate
+
+    target, draft = tiny_pair
+    shape = head_shape(target.model.config.to_dict(), "tiny", layers=(1, 2, 3), draft_vocab=96, ffn=48)
+    head = new_head(target.model, shape, list(range(16, 112)), seed=1)
+    folder = write_head(head, tmp_path / "head")
+    options = BenchOptions(gamma=3, max_new_tokens=16, rounds=2, engine=engine, hf_assisted=False,
+                           lookup="lookup:n=1,m=2")
+    result = run_bench(target, f"head:{folder}", PROMPTS, options, reference=draft)
+    assert [a.name for a in result.arms] == ["target", "draftnas", "reference", "lookup"]
+    assert result.drafters[MAIN] == f"head:{folder}"
+    own = result.arm("draftnas")
+    assert own.lossless is True and own.drafter == f"head:{folder}" and own.gamma == 3
+    assert own.draft_vocab_size == 96 and own.speedup is not None
+    first = [p for p in result.prompts if p.round == 0]
+    for p in first:  # the arm's counts are the loop's over the same prompt
+        ids = target.tokenizer(PROMPTS[[q.id for q in PROMPTS].index(p.prompt_id)].text)["input_ids"]
+        alone = speculate(target.model, head_proposer(head, target.model, 64), ids, gamma=3,
+                          max_new_tokens=16)
+        run = p.run("draftnas")
+        assert (run.drafted, run.accepted, run.new_tokens) == (sum(alone.drafted), sum(alone.accepted),
+                                                                len(alone.tokens))
+    pairs = {(c.numerator, c.denominator) for c in result.comparisons}
+    assert ("draftnas", "reference") in pairs and ("lookup", "draftnas") in pairs

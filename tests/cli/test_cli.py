@@ -75,6 +75,11 @@ def test_bad_input_one_line_exit_2(args, needle):
      "--draft lookup:n=4,m=4 is a lookup drafter: in draftnas's loop give lookup settings as --lookup"),
     (["bench", "-t", "smollm2-135m", "-d", "lookup:n=2,m=4+smollm2-135m", "--engine", "vllm"],
      "a hybrid drafter does not run in vllm (it runs in static, llama.cpp)"),
+    (["bench", "-t", "smollm2-135m", "-d", "smollm2-135m", "-r", "head:{dir}/head"],
+     "--reference head:{dir}/head: in draftnas's loop a head is the benched drafter (--draft); references "
+     "are model drafters"),
+    (["bench", "-t", "smollm2-135m", "-d", "head:{dir}/head", "--batch-size", "1,2"],
+     "a head is benched one request at a time in draftnas's loop (leave out --batch-size"),
 ])
 def test_bad_calibration_threads_rounds_or_predictions_are_one_line_and_write_nothing(tmp_path, args, needle):
     (tmp_path / "corrupt.json").write_text('{"format": 1, "host"')
