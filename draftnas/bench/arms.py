@@ -255,12 +255,12 @@ class Bench:
         out: list[Arm] = [TargetArm(self)]
         loop_engine = "static" if self.engines else "hf"
         out += [LoopArm(self, label, loop_engine) for label in self.drafters]
-        if self.options.hf_assisted and self.drafters:  # (a head, `bench.head_arm`, runs no such arm)
+        if self.options.hf_assisted:  # (a head, `bench.head_arm`, runs no transformers arm of its own)
             hf_base = "hf_target" if self.engines else "target"
             if self.engines:
                 out.append(HfTargetArm(self, routed=False))
             out += [HfAssistedArm(self, label, hf_base, routed=False) for label in self.drafters]
-        if self.routed and self.drafters:
+        if self.routed:
             out.append(HfTargetArm(self, routed=True))
             out += [HfAssistedArm(self, label, "hf_routed_target", routed=True) for label in self.drafters]
         return out
