@@ -166,6 +166,11 @@ def export(request: DistillExportRequest, output: Output) -> None:
     folder, gguf = export_trained(request)
     if emit_json(output, {"folder": str(folder), "gguf": None if gguf is None else str(gguf)}):
         return
-    console.print(f"trained drafter written to [bold]{folder}[/bold]")
+    from draftnas.drafter.head.folder import is_head_folder
+
+    head = is_head_folder(folder)
+    console.print(f"trained {'head' if head else 'drafter'} written to [bold]{folder}[/bold]"
+                  + (f" (`--draft head:{folder}`)" if head else ""))
     if gguf is not None:
-        console.print(f"GGUF for llama.cpp: [bold]{gguf}[/bold]")
+        how = " (--spec-type draft-eagle3)" if head else ""
+        console.print(f"GGUF for llama.cpp{how}: [bold]{gguf}[/bold]")
