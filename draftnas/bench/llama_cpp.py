@@ -112,10 +112,9 @@ def arm_of(name: str, target_file: Path, spec: str, gamma: int) -> LlamaArm:
                     lookup)
 
 
-def check_arm_files(target_file: Path, arm: LlamaArm, llama: LlamaCpp) -> None:
-    """One line, before any server starts, where llama.cpp would not run `arm`'s drafter file beside the
-    target's: a model drafter's vocabulary, a head's layers, width and tokenizer, and for a head on a Qwen2
-    target a draftnas build that carries the layer-input patch (`models.llama_cpp.PATCHES`)."""
+def check_arm_files(target_file: Path, arm: LlamaArm) -> None:
+    """One line, before llama.cpp is looked for, where it would not run `arm`'s drafter file beside the
+    target's: a model drafter's vocabulary; a head's layers, width and tokenizer."""
     assert arm.draft is not None
     if parse_drafter(arm.spec).family != "head":
         check_drafter_gguf(target_file, arm.draft)
@@ -124,8 +123,15 @@ def check_arm_files(target_file: Path, arm: LlamaArm, llama: LlamaCpp) -> None:
     if problems:
         raise option_error("draft", f"{arm.spec}: llama.cpp cannot run this head beside {target_file.name}: "
                                     + "; ".join(problems))
-    qwen2 = read_info(target_file).architecture == "qwen2"
-    if qwen2 and llama.version.endswith("(built here)") and QWEN2_PATCH not in llama.patches:
+
+
+def check_head_build(target_file: Path, arms: Sequence[LlamaArm], llama: LlamaCpp) -> None:
+    """One line where a head drafts for a Qwen2 target and draftnas's own build lacks the layer-input patch
+    it needs (`models.llama_cpp.PATCHES`; another build is taken as it is)."""
+    heads = [a for a in arms if a.draft is not None and parse_drafter(a.spec).family == "head"]
+    if not heads or read_info(target_file).architecture != "qwen2":
+        return
+    if llama.version.endswith("(built here)") and QWEN2_PATCH not in llama.patches:
         raise LlamaCppError(f"the llama.cpp build in {llama.bin_dir} lacks the {QWEN2_PATCH} patch a head "
                             "on a Qwen2 target needs: run `draftnas engines --build` (it rebuilds with it)")
 
@@ -213,13 +219,14 @@ def run_llama_cpp_bench(
     arms = [LlamaArm(TARGET, target_file), arm_of(MAIN, target_file, draft, options.gamma)]
     arms += [arm_of(reference_label(i), target_file, ref, options.reference_gamma or options.gamma)
              for i, ref in enumerate(references)]
-    llama = find_llama_cpp(options.llama_cpp)
     for arm in arms:
         if arm.draft is not None:
-            check_arm_files(target_file, arm, llama)
+            check_arm_files(target_file, arm)
     main = parse_drafter(draft)
     folder = drafter_file(main.model, main.family)[1] if main.family in ("model", "head") else None
     predictions = read_predictions(options.predictions) if options.predictions else None
+    llama = find_llama_cpp(options.llama_cpp)
+    check_head_build(target_file, arms, llama)
     threads = cpu_count()
     model_folder = ensure_local_folder(target)[1]
     tokenizer = AutoTokenizer.from_pretrained(str(model_folder))

@@ -101,7 +101,7 @@ def test_a_head_drafts_in_llama_cpp_exactly_what_it_drafts_in_draftnas(family, t
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from draftnas.bench.llama_cpp import LlamaArm, _run, arm_of, arm_server, check_arm_files
+    from draftnas.bench.llama_cpp import LlamaArm, _run, arm_of, arm_server, check_arm_files, check_head_build
     from draftnas.bench.request_records import BenchOptions
     from draftnas.core.registry import Architecture
     from draftnas.drafter.head.build import head_proposer, new_head
@@ -136,7 +136,8 @@ def test_a_head_drafts_in_llama_cpp_exactly_what_it_drafts_in_draftnas(family, t
     write_head_gguf(folder, target_file, folder / "head-F32.gguf", "F32")
     arm = arm_of("head", target_file, f"head:{folder}", 3)
     assert arm.draft == folder / "head-F32.gguf" and "draft-eagle3" in arm.spec_flags(2)
-    check_arm_files(target_file, arm, llama)  # this build carries the Qwen2 patch
+    check_arm_files(target_file, arm)
+    check_head_build(target_file, [arm], llama)  # this build carries the Qwen2 patch
     prompt, options = [1, 5, 9, 3, 7, 2, 8, 11, 40], BenchOptions(max_new_tokens=40)
     ours = speculate(target, head_proposer(head, target, 64), prompt, gamma=3, max_new_tokens=40,
                      eos_token_ids=ends)

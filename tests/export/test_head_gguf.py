@@ -169,14 +169,12 @@ def test_a_head_export_llama_cpp_cannot_run_writes_nothing(tmp_path, layers, ggu
 def test_a_head_gguf_beside_another_target_is_refused_before_a_server_starts(head, target_gguf, tmp_path):
     from draftnas.bench.llama_cpp import arm_of, check_arm_files
     from draftnas.core.options import OptionError
-    from draftnas.models.llama_cpp import LlamaCpp
 
     folder = write_head(head, tmp_path / "head")
     write_head_gguf(folder, target_gguf, folder / "head-F16.gguf", "F16")
     other = gguf_of("qwen2.5-coder-1.5b")
     arm = arm_of("head", other, f"head:{folder}", 2)
-    no_build = LlamaCpp(bin_dir=tmp_path, version="none")  # never started: the files are refused first
     refused = r"draft head:.*: llama.cpp cannot run this head beside .*: .*width 32, the target's is 1536"
     with pytest.raises(OptionError, match=refused + "; its tokenizer is not the target's"):
-        check_arm_files(other, arm, no_build)
-    check_arm_files(target_gguf, arm_of("head", target_gguf, f"head:{folder}", 2), no_build)  # its own: runs
+        check_arm_files(other, arm)
+    check_arm_files(target_gguf, arm_of("head", target_gguf, f"head:{folder}", 2))  # its own: runs
