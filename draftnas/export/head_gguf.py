@@ -20,8 +20,16 @@ from draftnas.core.errors import InvalidInputError
 from draftnas.drafter.head.folder import WEIGHTS, read_shape
 from draftnas.drafter.head.model import MIDLAYER
 from draftnas.drafter.head.shape import HeadShape
-from draftnas.models.ggml_quants import BLOCK_BYTES, WRITTEN, quantize
-from draftnas.models.gguf_file import GgufInfo, copy_tokenizer, file_type, header_values, read_info
+from draftnas.models.ggml_quants import WRITTEN
+from draftnas.models.gguf_file import (
+    GgufInfo,
+    add_weight,
+    copy_tokenizer,
+    file_type,
+    finish,
+    header_values,
+    read_info,
+)
 from draftnas.models.gguf_tensors import gguf_name, interleave_rotary
 
 ARCH = "eagle3"
@@ -100,21 +108,11 @@ def write_head_gguf(folder: str | Path, target_gguf: str | Path, out: str | Path
     writer.add_file_type(file_type(quant))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for name, t in _tensors(source, shape):
-        if t.dim() == 2 and t.shape[1] % 32 == 0:
-            qtype = getattr(gguf.GGMLQuantizationType, quant)
-            writer.add_tensor(name, quantize(t.float(), quant),
-                              raw_dtype=qtype if quant in BLOCK_BYTES or quant == "BF16" else None)
-        else:
-            writer.add_tensor(name, t.detach().to(torch.float32).contiguous().numpy())
+        add_weight(writer, name, t.float(), quant)
     d2t = draft_to_target(source, shape)
     if d2t is not None:
         writer.add_tensor("d2t", d2t.astype(np.int64), raw_dtype=gguf.GGMLQuantizationType.I64)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    part.replace(path)
-    return path
+    return finish(writer, part, path)
 
 
 def fit_problems(shape: HeadShape, target: GgufInfo) -> list[str]:

@@ -312,12 +312,23 @@ def write_gguf(
             continue
         if arch.family == "llama":
             t = rotary_rows(hf_name, t, arch)
-        if t.dim() == 2 and t.shape[1] % 32 == 0:
-            qtype = getattr(gguf.GGMLQuantizationType, quant)
-            data = quantize(t, quant)
-            writer.add_tensor(out, data, raw_dtype=qtype if quant in BLOCK_BYTES or quant == "BF16" else None)
-        else:
-            writer.add_tensor(out, t.detach().to(torch.float32).contiguous().numpy())
+        add_weight(writer, out, t, quant)
+    return finish(writer, part, path)
+
+
+def add_weight(writer: gguf.GGUFWriter, name: str, t: torch.Tensor, quant: str) -> None:
+    """One tensor into `writer`: a matrix whose rows split into 32-wide blocks in `quant`, anything else
+    (vectors, narrow matrices) in F32."""
+    if t.dim() == 2 and t.shape[1] % 32 == 0:
+        qtype = getattr(gguf.GGMLQuantizationType, quant)
+        writer.add_tensor(name, quantize(t, quant),
+                          raw_dtype=qtype if quant in BLOCK_BYTES or quant == "BF16" else None)
+    else:
+        writer.add_tensor(name, t.detach().to(torch.float32).contiguous().numpy())
+
+
+def finish(writer: gguf.GGUFWriter, part: Path, path: Path) -> Path:
+    """The file `writer` fills at `part` written out and renamed to `path` (nothing half-written there)."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
