@@ -28,6 +28,8 @@ def test_the_calibration_times_forwards_heads_and_steps_inside_vllm():
     assert set(c.plain_overhead_ms) == set(c.spec_overhead_ms) == set(c.ngram_overhead_ms) == {1, 2}
     assert c.drafter_ms[2][1] < c.drafter_ms[arch.num_hidden_layers][1]  # two layers cost less than thirty
     model = VllmModel(c, arch, arch)
-    verify = model.predict_ms(arch, new_tokens=3)
-    assert 0 < model.predict_ms(arch) < verify  # a verify of 3 costs more than a decode
+    # a pass over 24 tokens costs more than a decode (a verify of 3 need not: on a 2-core Zen 4 it timed
+    # 51.3 ms beside the decode's 52.0, both one read of SmolLM2's weights, and failed a CI run)
+    assert 0 < model.predict_ms(arch) < model.predict_ms(arch, new_tokens=24)
+    assert model.predict_ms(arch, new_tokens=3) > 0
     assert not list((state_dir() / "vllm-cuts").glob("*"))  # the two-layer cut is removed once timed
