@@ -188,7 +188,8 @@ def test_two_processes_under_torchrun_train_one_head_to_the_budget(tmp_path, tar
 
     _data(tmp_path / "data")
     root = Path(__file__).resolve().parents[2]
-    env = os.environ | {"PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    # torchrun's own temporary folders go under the test's, not /tmp
+    env = os.environ | {"PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(root / "tests" / "drafter" / "head_ranks_worker.py"), str(tmp_path / "data"),
