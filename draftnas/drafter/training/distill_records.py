@@ -372,8 +372,9 @@ class DistillExportRequest(Record):
     gamma: int = option(4, low=1, high=32, help="Draft tokens per step the folder's generation config says.")
     gguf: str | None = option(None,
                               help="Also write OUT/<name>-<type>.gguf for llama.cpp (Q8_0, F16, ...); a "
-                                         "reduced head is widened to the full vocabulary with zero rows, so "
-                                         "llama.cpp never drafts a token the head left out. A head run's "
+                                         "reduced head is widened to the full vocabulary with zero rows (a "
+                                         "logit of 0: a token the head left out is drafted only where "
+                                         "every token it kept scores below 0). A head run's "
                                          "OUT gets OUT/<name>-<type>.gguf, the eagle3 file llama.cpp's "
                                          "draft-eagle3 loads (F32, F16, BF16, Q8_0 or Q4_0; three target "
                                          "layers).")
