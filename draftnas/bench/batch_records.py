@@ -68,3 +68,7 @@ class BatchedBenchResult(Record):
     # per drafter, the crossover in each interleaved run (the first B whose paired speedup in that run is
     # below 1; None: none is); `measured_crossover` is the medians'
     measured_crossover_runs: dict[str, tuple[int | None, ...]] | None = None
+    # `--gamma-schedule`: the arm drafting by a batch-size schedule -> the arms of the same drafter at a
+    # fixed γ it is held against at each B
+    schedule_against: dict[str, tuple[str, ...]] | None = None
+    schedules: dict[str, list[list[int]]] | None = None  # that arm's schedule: [start, end, γ] per range

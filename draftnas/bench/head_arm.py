@@ -14,6 +14,7 @@ import torch
 
 from draftnas.bench.arms import MAIN, Arm, Bench, Run, arm_names
 from draftnas.bench.records import ArmResult, BenchPrompt, Comparison
+from draftnas.bench.stats import drafting_figures
 from draftnas.models.speculative import speculate
 
 
@@ -71,14 +72,5 @@ def head_result(arm: HeadArm, rows: Sequence[BenchPrompt], result: ArmResult, sp
                 ) -> ArmResult:
     """The head arm's figures (`result` holds its speed; `speedup`: over the target alone)."""
     runs = [p.run(arm.name) for p in rows]
-    steps, drafted = max(sum(r.steps for r in runs), 1), max(sum(r.drafted for r in runs), 1)
-    greedy = runs[0].lossless is not None
-    return replace(
-        result, drafter=arm.head.spec, speedup=speedup.ratio, speedup_interval=speedup.interval,
-        tokens_per_step=sum(r.new_tokens for r in runs) / steps,
-        mean_accepted_per_step=sum(r.accepted for r in runs) / steps,
-        draft_acceptance_rate=sum(r.accepted for r in runs) / drafted,
-        draft_ms_per_token=1000 * sum(r.draft_s for r in runs) / drafted,
-        draft_vocab_size=arm.head.head.shape.draft_vocab, gamma=arm.head.gamma,
-        lossless=all(bool(r.lossless) for r in runs) if greedy else None,
-        exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs) if greedy else None)
+    return replace(result, **drafting_figures(runs, speedup, timed=True), drafter=arm.head.spec,
+                   draft_vocab_size=arm.head.head.shape.draft_vocab, gamma=arm.head.gamma)

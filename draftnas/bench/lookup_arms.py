@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from draftnas.bench.arms import MAIN, Arm, Bench, Run, arm_names
 from draftnas.bench.records import ArmResult, BenchPrompt, Comparison
+from draftnas.bench.stats import drafting_figures
 from draftnas.drafter.lookup import LookupSettings, parse_lookup
 from draftnas.drafter.lookup_loop import lookup_generate
 
@@ -93,17 +94,8 @@ def lookup_result(arm: LookupArm, rows: Sequence[BenchPrompt], result: ArmResult
                   ) -> ArmResult:
     """A lookup arm's figures (`result` holds its speed; `speedup`: over the target alone)."""
     runs = [p.run(arm.name) for p in rows]
-    steps, drafted = max(sum(r.steps for r in runs), 1), max(sum(r.drafted for r in runs), 1)
     if isinstance(arm, HfLookupArm):  # transformers counts its target's calls, not drafts
-        return replace(result, drafter=arm.spec, speedup=speedup.ratio, speedup_interval=speedup.interval,
-                       tokens_per_step=sum(r.new_tokens for r in runs) / steps, gamma=arm.settings.m,
-                       lossless=all(bool(r.lossless) for r in runs),
-                       exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs))
-    return replace(
-        result, drafter=arm.spec, speedup=speedup.ratio, speedup_interval=speedup.interval,
-        tokens_per_step=sum(r.new_tokens for r in runs) / steps,
-        mean_accepted_per_step=sum(r.accepted for r in runs) / steps,
-        draft_acceptance_rate=sum(r.accepted for r in runs) / drafted,
-        gamma=max(arm.settings.m, arm.bench.drafters[MAIN].gamma) if arm.hybrid else arm.settings.m,
-        lossless=all(bool(r.lossless) for r in runs),
-        exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs))
+        return replace(result, **drafting_figures(runs, speedup, counted=False), drafter=arm.spec,
+                       gamma=arm.settings.m)
+    gamma = max(arm.settings.m, arm.bench.drafters[MAIN].gamma) if arm.hybrid else arm.settings.m
+    return replace(result, **drafting_figures(runs, speedup), drafter=arm.spec, gamma=gamma)

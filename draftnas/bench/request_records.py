@@ -13,6 +13,22 @@ from draftnas.core.records import Record
 from draftnas.models.records import TORCH_DTYPES, llama_cpp_option, target_gguf_option, weights_problem
 
 
+def _schedule_problems(text: str, vllm_batched: bool) -> list[tuple[str, str]]:
+    """Why --gamma-schedule cannot run as asked: a bench that is not vLLM's batched one, or a schedule vLLM
+    would refuse."""
+    from draftnas.core.options import OptionError
+    from draftnas.search.vllm import parse_schedule
+
+    if not vllm_batched:
+        return [("gamma_schedule", "is vLLM's, served at several batches: add {engine} vllm and "
+                                   "{batch_sizes}")]
+    try:
+        parse_schedule(text)
+    except OptionError as e:
+        return list(e.problems)
+    return []
+
+
 def _lookup_problems(options: BenchOptions) -> list[tuple[str, str]]:
     """Why --lookup cannot run as asked: its settings, or a bench that is not draftnas's greedy loop."""
     from draftnas.core.errors import InvalidInputError
@@ -113,6 +129,11 @@ class BenchOptions(Record):
              "the latency profile's. With --engine vllm: B requests at once in vLLM's continuous batching "
              "(no profile prices vLLM yet).", low=1, high=1024, distinct=True, cli_type=str, cli_default="",
         parse=parse_ints)
+    gamma_schedule: str | None = option(
+        None, help="With --engine vllm and --batch-size: one more arm, the drafter with this batch-size "
+                   "schedule of γ (vLLM's num_speculative_tokens_per_batch_size; START-END:γ,... such as "
+                   "1-3:4,4-65536:0, or the JSON list `search --engine vllm --batch B` prints), beside the "
+                   "drafter at --gamma and each reference at --reference-gamma.")
     predictions: str | None = option(
         None, help="A search's predictions.json (it prints the path): each arm's predicted tokens/s and "
                    "speedup beside the measured ones, with the error, and apart from them the held-out "
@@ -144,7 +165,10 @@ class BenchOptions(Record):
         if self.kind.name == VLLM and self.temperature > 0:
             extra.append(("temperature", "vLLM's arms run greedy here (outputs compared with the target "
                                          "alone's): set {temperature} 0"))
-        if self.batch_sizes and self.reference_gamma not in (None, self.gamma):
+        vllm_batched = bool(self.batch_sizes) and self.kind.name == VLLM
+        if self.gamma_schedule is not None:
+            extra += _schedule_problems(self.gamma_schedule, vllm_batched)
+        if self.batch_sizes and not vllm_batched and self.reference_gamma not in (None, self.gamma):
             extra.append(("reference_gamma", "applies to the arms bench; {batch_sizes} runs every "
                                              "drafter at {gamma}"))
         one_greedy = not (self.batch_sizes or not self.kind.own_loop or self.temperature > 0)

@@ -41,6 +41,7 @@ from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, BenchResult, 
 from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.stats import (
     compare_arms,
+    drafting_figures,
     drafting_split,
     first_divergence,
     interval_of,
@@ -129,25 +130,16 @@ def _arm_result(arm: Arm, rows: Sequence[BenchPrompt], bench: Bench) -> ArmResul
         return lookup_result(arm, rows, result, compare_arms(rows, arm.name, arm.baseline))
     if isinstance(arm, HeadArm):
         return head_result(arm, rows, result, compare_arms(rows, arm.name, arm.baseline))
-    speedup = compare_arms(rows, arm.name, arm.baseline)
-    steps = max(sum(r.steps for r in runs), 1)
-    drafted = max(sum(r.drafted for r in runs), 1)
-    greedy = runs[0].lossless is not None
     d = bench.drafters[arm.drafter or ""]
-    loop = arm.name == arm_names(d.label)[0]
+    loop = arm.name == arm_names(d.label)[0]  # only draftnas's loop counts and times its drafts
     share, free, free_interval = drafting_split(rows, arm.name, arm.baseline) if loop else (None, None, ())
     gamma, p_min = d.plain if arm.engine == HF and d.plain else (d.gamma, d.p_min)  # a plain load's own
+    figures = drafting_figures(runs, compare_arms(rows, arm.name, arm.baseline), counted=loop, timed=loop)
     return replace(
-        result, drafter=d.loaded.source.spec, speedup=speedup.ratio, speedup_interval=speedup.interval,
-        tokens_per_step=tokens / steps,
-        mean_accepted_per_step=sum(r.accepted for r in runs) / steps if loop else None,
-        draft_acceptance_rate=sum(r.accepted for r in runs) / drafted if loop else None,
-        draft_ms_per_token=1000 * sum(r.draft_s for r in runs) / drafted if loop else None,
+        result, **figures, drafter=d.loaded.source.spec,
         draft_share=share, free_draft_speedup=free, free_draft_speedup_interval=free_interval,
         draft_vocab_size=d.subset.size if d.subset is not None else None,
         draft_weights=d.weights if arm.engine in (STATIC, "hf-routed") else "dense", gamma=gamma, p_min=p_min,
-        lossless=all(bool(r.lossless) for r in runs) if greedy else None,
-        exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs) if greedy else None,
         divergence_margins=tuple(r.divergence_margin for r in runs if r.divergence_margin is not None))
 
 

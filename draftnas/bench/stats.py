@@ -12,9 +12,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from draftnas.bench.records import ArmResult, BenchPrompt, Comparison
+from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, Comparison
 from draftnas.core.intervals import median_interval
 
 
@@ -142,3 +142,24 @@ def other_definition(result: ArmResult, rows: Sequence[BenchPrompt]) -> ArmResul
         return result
     value, interval = interval_of(rows, lambda p: other_tokens_per_s(p.run(result.name)) or 0.0)
     return replace(result, other_tokens_per_s=value, other_tokens_per_s_interval=interval)
+
+
+def drafting_figures(runs: Sequence[ArmRun], speedup: Comparison, *, counted: bool = True,
+                     timed: bool = False) -> dict[str, Any]:
+    """What a drafting arm reports from its runs, as `ArmResult` fields: its speedup over its baseline and
+    tokens per step; where its drafts were counted (`counted`) the accepted per step and the share of drafts
+    accepted, and where they were timed (`timed`) ms per drafted token; where the runs were greedy (each
+    compared with the target alone's output) whether all were lossless and the share that were."""
+    steps, drafted = max(sum(r.steps for r in runs), 1), max(sum(r.drafted for r in runs), 1)
+    greedy = bool(runs) and runs[0].lossless is not None
+    out: dict[str, Any] = {
+        "speedup": speedup.ratio, "speedup_interval": speedup.interval,
+        "tokens_per_step": sum(r.new_tokens for r in runs) / steps,
+        "lossless": all(bool(r.lossless) for r in runs) if greedy else None,
+        "exact_match_rate": sum(bool(r.lossless) for r in runs) / len(runs) if greedy else None}
+    if counted:
+        out["mean_accepted_per_step"] = sum(r.accepted for r in runs) / steps
+        out["draft_acceptance_rate"] = sum(r.accepted for r in runs) / drafted
+    if timed:
+        out["draft_ms_per_token"] = 1000 * sum(r.draft_s for r in runs) / drafted
+    return out

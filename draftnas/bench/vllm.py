@@ -15,7 +15,6 @@ by one teacher-forced pass (exact for greedy), each step drafting γ after the p
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -29,7 +28,8 @@ from draftnas.bench.arms import MAIN, reference_label
 from draftnas.bench.records import ArmResult, ArmRun, BenchPrompt, BenchResult
 from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.run import unseen_prompts
-from draftnas.bench.stats import compare_arms, first_divergence, interval_of, tokens_per_s
+from draftnas.bench.stats import compare_arms, drafting_figures, first_divergence, interval_of, tokens_per_s
+from draftnas.bench.vllm_replay import release_models, replayed
 from draftnas.core.engine_kinds import VLLM
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
@@ -39,13 +39,13 @@ from draftnas.core.records import Progress
 from draftnas.drafter.families import DrafterSpec, family, parse_drafter
 from draftnas.drafter.head.folder import head_for_target
 from draftnas.drafter.head.shape import TargetKey, target_key
-from draftnas.drafter.lookup import replay_lookup
 from draftnas.models.records import FULL_HEAD_DIR
-from draftnas.models.sources import auto_class_name, ensure_local_folder, load_model, release_freed_memory
+from draftnas.models.sources import auto_class_name, ensure_local_folder, release_freed_memory
 from draftnas.models.vllm_engine import Vllm, find_vllm, run_vllm
+from draftnas.search.vllm import parse_schedule, schedule_gamma
 
 log = logging.getLogger(__name__)
-TARGET, LOOKUP = "target", "lookup"
+TARGET, LOOKUP, SCHEDULE = "target", "lookup", "schedule"
 KV_CACHE_GB_MAX = 8  # of the host's memory for vLLM's KV cache, beside the target and drafter weights
 
 
@@ -61,7 +61,35 @@ class VllmArm:
 
     @property
     def gamma(self) -> int:
+        """The most it drafts a step (a schedule's largest γ)."""
         return int((self.config or {}).get("num_speculative_tokens", 0))
+
+    @property
+    def schedule(self) -> tuple[tuple[int, int, int], ...]:
+        """Its batch-size schedule of γ (vLLM's num_speculative_tokens_per_batch_size), if it has one."""
+        rows = (self.config or {}).get("num_speculative_tokens_per_batch_size") or ()
+        return tuple((int(a), int(b), int(g)) for a, b, g in rows)
+
+    def gamma_at(self, batch: int) -> int:
+        """The γ vLLM drafts at `batch` running sequences."""
+        return schedule_gamma(self.schedule, batch) if self.schedule else self.gamma
+
+    def at_gamma(self, gamma: int) -> VllmArm:
+        """The same arm at a fixed γ (what its schedule drafts at some batch)."""
+        config = {k: v for k, v in (self.config or {}).items()
+                  if k != "num_speculative_tokens_per_batch_size"}
+        return replace(self, config=config | {"num_speculative_tokens": gamma})
+
+    def label(self) -> str:
+        """Its drafter as a table names it: the spec, and its γ where it drafts by a schedule or at a γ of its
+        own."""
+        if self.drafter is None:
+            return ""
+        if self.schedule:
+            ranges = ",".join(f"{a}-{b}:{g}" for a, b, g in self.schedule)
+            return f"{self.drafter.text}, γ by batch {ranges}"
+        text = self.drafter.text
+        return text if self.drafter.lookup is not None else f"{text} at γ {self.gamma}"
 
 
 def vllm_folder(spec: DrafterSpec, target_vocab: int) -> str:
@@ -107,6 +135,12 @@ def vllm_arms(draft: str, references: Sequence[str], options: BenchOptions, targ
         folder = (head_folder(spec, target_key(target, target_name)) if spec.family == "head"
                   else vllm_folder(spec, int(target["vocab_size"])) if spec.model else "")
         arms.append(VllmArm(name, spec, folder, spec.settings(VLLM, gamma, draft_folder=folder)))
+    if options.gamma_schedule:
+        main, schedule = arms[1], parse_schedule(options.gamma_schedule)
+        assert main.drafter is not None
+        config = dict(main.drafter.settings(VLLM, max(g for *_, g in schedule), draft_folder=main.folder))
+        config["num_speculative_tokens_per_batch_size"] = [list(r) for r in schedule]
+        arms.append(VllmArm(SCHEDULE, main.drafter, main.folder, config))
     return arms
 
 
@@ -221,7 +255,7 @@ def run_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: 
             per_pos[a.name] = _summed(per_pos[a.name], [pos for _, _, pos in done[a.name]])
     budget = options.max_new_tokens
     replays = {a.name: replayed(a, encoded, extended, budget, job["model"]) for a in arms}
-    _head_and_target.cache_clear()
+    release_models()
     results = tuple(_arm_result(a, rows, per_pos[a.name], replays[a.name][0]) for a in arms)
     result = BenchResult(
         target=target, drafters={a.name: a.drafter.text for a in arms if a.drafter is not None},
@@ -281,86 +315,6 @@ def _rates(counts: Sequence[int]) -> tuple[float, ...]:
     return tuple(a / counts[-1] for a in counts[:-1]) if counts and counts[-1] else ()
 
 
-def replayed(arm: VllmArm, encoded: Sequence[Sequence[int]], extended: Sequence[Sequence[int]],
-             budget: int, target_folder: str = "") -> tuple[list[int], list[list[tuple[int, int]]]]:
-    """draftnas's replay of the arm's requests over the target alone's outputs (`extended` past the
-    `budget` of new tokens: vLLM's last step drafts past it): accepted per position and the steps that
-    drafted (last), and each request's steps (accepted, drafted); empty for the target alone. A head reads
-    the target's hidden states (`target_folder`'s model, fp32)."""
-    if arm.drafter is None or arm.config is None:
-        return [], []
-    gamma, lookup = arm.gamma, arm.drafter.lookup
-    counts = [0] * (gamma + 1)
-    head = arm.drafter.family == "head"
-    model = None if lookup is not None or head else load_model(arm.folder).model
-    per_request = []
-    for prompt, answer in zip(encoded, extended, strict=True):
-        if lookup is not None:
-            replay = replay_lookup(prompt, answer, lookup.n, lookup.m, rule="earliest-longest", budget=budget)
-            steps = list(zip(replay.accepted, replay.drafted, strict=True))
-        elif head:
-            steps = _head_steps(arm.folder, target_folder, prompt, answer, gamma, budget)
-        else:
-            steps = _model_steps(model, prompt, answer, gamma, budget)
-        per_request.append(steps)
-        for accepted, drafted in steps:
-            if drafted:
-                counts[-1] += 1
-                for position in range(min(accepted, gamma)):
-                    counts[position] += 1
-    return counts, per_request
-
-
-@functools.cache
-def _head_and_target(head: str, target: str) -> tuple[Any, Any]:
-    """A head and the target (fp32, transformers) whose hidden states it reads, loaded once per bench."""
-    from draftnas.drafter.head.folder import load_head
-
-    model = load_model(target).model.float().eval()
-    return load_head(head, target_key(model.config.to_dict(), target)), model
-
-
-def _head_steps(head_folder: str, target_folder: str, prompt: Sequence[int], answer: Sequence[int],
-                gamma: int, budget: int) -> list[tuple[int, int]]:
-    """(accepted, drafted) per step of a head over the target's greedy `answer` (past the `budget`): the
-    target's hidden states from one pass over prompt and answer, the head's drafts from its unrolled steps
-    (`drafter.head.train`; exact for greedy), each step drafting γ after the prefill as vLLM's do."""
-    import torch
-
-    from draftnas.drafter.head.build import target_hidden
-    from draftnas.drafter.head.train import head_drafts, head_walk
-
-    head, target = _head_and_target(head_folder, target_folder)
-    ids = torch.tensor(list(prompt) + list(answer))
-    hidden = target_hidden(target, ids[None], head.shape.layers)[0]
-    drafts = head_drafts(head, target.get_input_embeddings().weight.detach(), ids, hidden, gamma)
-    return head_walk(drafts, ids, len(prompt), gamma, budget)
-
-
-def _model_steps(model: Any, prompt: Sequence[int], answer: Sequence[int], gamma: int, budget: int
-                 ) -> list[tuple[int, int]]:
-    """(accepted, drafted) per step of a model drafter over the target's greedy `answer` (which runs past
-    the `budget` of new tokens): one teacher-forced pass gives its argmax after each prefix; after the
-    prefill each step drafts γ, steps go on until the budget is reached, or the answer's end where it
-    ended first (exact for greedy)."""
-    import torch
-
-    with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([list(prompt) + list(answer)])).logits[0]
-    guesses = logits[len(prompt):len(prompt) + len(answer) - 1].argmax(-1).tolist()  # after answer[:j+1]
-    agree = [float(g == t) for g, t in zip(guesses, answer[1:], strict=True)]
-    steps, t = [], 0
-    # the prefill emitted answer[0]; a step at t drafts γ and emits accepted + 1; an answer that ended
-    # first (an end-of-sequence token) stops there
-    while t < min(budget, len(answer)) - 1:
-        k = 0
-        while k < gamma and t + k < len(agree) and agree[t + k] > 0.5:
-            k += 1
-        steps.append((k, gamma))
-        t += k + 1
-    return steps
-
-
 def _arm_result(arm: VllmArm, rows: Sequence[BenchPrompt], counts: Sequence[int], replayed: Sequence[int]
                 ) -> ArmResult:
     runs = [p.run(arm.name) for p in rows]
@@ -370,16 +324,10 @@ def _arm_result(arm: VllmArm, rows: Sequence[BenchPrompt], counts: Sequence[int]
                        pooled_tokens_per_s=tokens / sum(r.seconds for r in runs))
     if arm.config is None or arm.drafter is None:
         return result
-    speedup = compare_arms(rows, arm.name, TARGET)
-    steps = max(sum(r.steps for r in runs), 1)
     return replace(
-        result, drafter=arm.drafter.text, baseline=TARGET, speedup=speedup.ratio,
-        speedup_interval=speedup.interval, tokens_per_step=tokens / steps,
-        mean_accepted_per_step=sum(r.accepted for r in runs) / steps,
-        draft_acceptance_rate=sum(r.accepted for r in runs) / max(sum(r.drafted for r in runs), 1),
-        gamma=arm.gamma, lossless=all(bool(r.lossless) for r in runs),
-        exact_match_rate=sum(bool(r.lossless) for r in runs) / len(runs),
-        accepted_per_position=_rates(counts), predicted_accepted_per_position=_rates(replayed))
+        result, **drafting_figures(runs, compare_arms(rows, arm.name, TARGET)), drafter=arm.drafter.text,
+        baseline=TARGET, gamma=arm.gamma, accepted_per_position=_rates(counts),
+        predicted_accepted_per_position=_rates(replayed))
 
 
 def position_lines(result: BenchResult) -> list[str]:

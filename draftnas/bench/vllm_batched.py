@@ -19,13 +19,15 @@ import logging
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
 from draftnas.bench.batched import crossover_runs, first_below_one
 from draftnas.bench.request_records import BenchOptions
-from draftnas.bench.vllm import TARGET, VllmArm, VllmPlan, check_settings, plan_vllm_bench, replayed
+from draftnas.bench.vllm import TARGET, VllmArm, VllmPlan, check_settings, plan_vllm_bench
+from draftnas.bench.vllm_replay import replayed
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.prompts import Prompt
 from draftnas.core.records import Progress
@@ -74,7 +76,7 @@ def run_vllm_batch_sizes(target: str, draft: str, prompts: Sequence[Prompt], opt
     predicted, source = _predicted(plan, extended, options.max_new_tokens, vllm, batches)
     points = tuple(_point(b, runs, drafters, predicted.get(b, {})) for b in batches)
     return BatchedBenchResult(
-        target=target, drafters={a.name: a.drafter.text for a in drafters if a.drafter is not None},
+        target=target, drafters={a.name: a.label() for a in drafters},
         gamma=options.gamma, max_new_tokens=options.max_new_tokens, device=vllm.device, dtype="float32",
         threads=cpu_count(), profile=source, points=points,
         measured_crossover={a.name: first_below_one([(p.batch_size, p.speedup[a.name]) for p in points])
@@ -83,6 +85,9 @@ def run_vllm_batch_sizes(target: str, draft: str, prompts: Sequence[Prompt], opt
                                                       for p in points if a.name in p.predicted_speedup])
                              for a in drafters},
         measured_crossover_runs={a.name: crossover_runs(points, a.name) for a in drafters},
+        schedule_against={a.name: tuple(f.name for f in drafters if f.drafter == a.drafter and not f.schedule)
+                          for a in drafters if a.schedule} or None,
+        schedules={a.name: [list(r) for r in a.schedule] for a in drafters if a.schedule} or None,
         prompts=tuple(p.id for p in plan.prompts),
         host=cpu_identity().label(), load_average_before=load_before, versions={"vllm": vllm.version},
         wall_s=round(time.perf_counter() - started, 2), engine="vllm")
@@ -102,11 +107,19 @@ def _predicted(plan: VllmPlan, extended: Sequence[Sequence[int]], budget: int, v
     calibration, path = found
     model = VllmModel(calibration, resolve_architecture(plan.job["model"]),
                       resolve_architecture(calibration.base))
-    arms = {a.name: PricedArm("target" if a.drafter is None else "lookup" if a.drafter.lookup is not None
-                              else "model", drafter_arch(a.folder), a.gamma) for a in plan.arms}
-    steps = {a.name: replayed(a, plan.encoded, extended, budget, plan.job["model"])[1] for a in plan.arms}
+    # an arm drafting by a schedule is priced at each batch at the γ its schedule gives there
+    fixed = {(a.name, g): a.at_gamma(g) for a in plan.arms for g in {a.gamma_at(b) for b in batches}}
+
+    def kind(a: VllmArm) -> str:
+        return "target" if a.drafter is None else "lookup" if a.drafter.lookup is not None else "model"
+
+    arms = {f"{name}@{g}": PricedArm(kind(a), drafter_arch(a.folder), g) for (name, g), a in fixed.items()}
+    steps = {f"{name}@{g}": replayed(a, plan.encoded, extended, budget, plan.job["model"])[1]
+             for (name, g), a in fixed.items()}
     new_tokens = [min(len(e), budget) for e in extended]
-    predicted = batch_speedups(model, arms, [len(p) for p in plan.encoded], new_tokens, steps, batches)
+    priced = batch_speedups(model, arms, [len(p) for p in plan.encoded], new_tokens, steps, batches)
+    predicted = {b: {a.name: priced[b][key] for a in plan.arms
+                     if (key := f"{a.name}@{a.gamma_at(b)}") in priced[b]} for b in batches}
     said = (f"this host's vLLM calibration {path} (timed {calibration.timed_at} at batches "
             f"{', '.join(map(str, calibration.batches))}) and draftnas's replay of each prompt")
     return predicted, said
@@ -135,3 +148,37 @@ def _point(batch: int, runs: dict[str, list[dict[int, dict[str, Any]]]], drafter
                       tokens_per_step=per_step, exact_match_rate=exact,
                       predicted_speedup=dict(predicted or {}),
                       speedup_runs=speedups)
+
+
+@dataclass(frozen=True)
+class ScheduleReading:
+    """At one batch: the schedule's γ there, the fixed-γ arm that measured fastest there (the highest median
+    speedup) and the schedule's tokens/s over that arm's, paired per round (both over the same round's
+    target alone): the median and the range over rounds."""
+
+    batch_size: int
+    gamma: int
+    best_fixed: str
+    ratio: float
+    low: float
+    high: float
+
+
+def schedule_readings(result: BatchedBenchResult, schedule: str) -> list[ScheduleReading]:
+    """The schedule arm `schedule` against the best of the fixed-γ arms it is held against
+    (`result.schedule_against`), at each batch."""
+    from draftnas.search.vllm import schedule_gamma
+
+    fixed = (result.schedule_against or {}).get(schedule) or ()
+    ranges = (result.schedules or {}).get(schedule) or []
+    out = []
+    for p in result.points:
+        if not fixed:
+            break
+        best = max(fixed, key=lambda name: p.speedup[name])
+        runs = (p.speedup_runs or {})
+        mine, theirs = runs.get(schedule) or (p.speedup[schedule],), runs.get(best) or (p.speedup[best],)
+        ratios = [a / b for a, b in zip(mine, theirs, strict=True)]
+        out.append(ScheduleReading(p.batch_size, schedule_gamma(ranges, p.batch_size), best,
+                                   statistics.median(ratios), min(ratios), max(ratios)))
+    return out

@@ -233,6 +233,24 @@ def _predicted_crossover(result: BatchedBenchResult, label: str) -> str:
             + (", accepts replayed)" if result.replay else ")"))
 
 
+def _schedule_lines(result: BatchedBenchResult) -> list[str]:
+    """The schedule arm against the best fixed-γ arm of its drafter at each B, paired per run, in words."""
+    from draftnas.bench.vllm_batched import schedule_readings
+
+    out = []
+    for schedule in result.schedule_against or {}:
+        readings = schedule_readings(result, schedule)
+        if not readings:
+            continue
+        cells = "; ".join(f"B={r.batch_size} (γ {r.gamma}) over {r.best_fixed}: {r.ratio:.3f}x "
+                          f"({r.low:.3f}-{r.high:.3f}), "
+                          + ("faster" if r.low > 1 else "slower" if r.high < 1 else "not separable")
+                          for r in readings)
+        out.append(f"{schedule} against the fastest fixed-γ arm at each B (paired per run; its range over "
+                   f"runs): {cells}")
+    return out
+
+
 def _print_batched(result: BatchedBenchResult) -> None:
     console.print(batch_table(result))
     if result.replay:
@@ -256,6 +274,8 @@ def _print_batched(result: BatchedBenchResult) -> None:
                 parts = ", ".join(f"{k} {v:.0%}" for k, v in split.items())
                 console.print(f"  B={p.batch_size} time: {parts}; verified rows of finished sequences "
                               f"{idle:.0%}", highlight=False, soft_wrap=True)
+    for line in _schedule_lines(result):
+        console.print(line, highlight=False, soft_wrap=True)
     if result.profile:
         console.print(f"predictions: {result.profile}", highlight=False, soft_wrap=True)
     console.print(f"host: {result.host}, {result.threads} threads, load average before "

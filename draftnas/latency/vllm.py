@@ -348,8 +348,9 @@ class VllmModel:
 
     def _drafts(self, drafter: Architecture, gamma: int, batch: int) -> float:
         """The drafts after a drafter's first forward of a step: γ - 1 one-token forwards over the batch and
-        γ heads (the first forward drafts the first token)."""
-        return ((gamma - 1) * self._drafter_ms(drafter, batch)
+        γ heads (the first forward drafts the first token); none at γ 0, where a batch schedule drafts
+        nothing and vLLM still runs that first forward (to keep the drafter's cache) but no head."""
+        return (max(gamma - 1, 0) * self._drafter_ms(drafter, batch)
                 + gamma * piecewise(self.calibration.drafter_head_ms, batch))
 
     def summary(self) -> str:

@@ -223,10 +223,18 @@ def _vllm_use(result: SearchResult, folder: str, gamma: int) -> list[str]:
     config = speculative_config(folder, gamma, schedule)
     target = str(ensure_local_folder(result.info.target)[1])
     out = [f"  in vLLM: vllm serve {target} --dtype float32 {config_line(config)}"]
+    if schedule:
+        sweep = zip(e.sweep_batches, e.sweep_gamma, e.sweep_speedup, strict=True) if e is not None else ()
+        past = next((batch for batch, g, s in sweep if s <= 1.0 or g < 1), None)
+        if past is not None:
+            out.append(f"  (from batch {past} no γ is predicted to pay; vLLM cannot stop drafting within a "
+                       "server, so where most steps run there, serve without the drafter)")
+        out.append("  (a batch schedule measured below fixed γ at batches 2-8 in vLLM 0.32's CPU build on a "
+                   "Zen 4, docs/hosts/amd-epyc-zen4-2core.md: bench yours, `draftnas bench --engine vllm "
+                   "--batch-size ... --gamma-schedule`)")
     if e is not None and e.sweep_gamma and not schedule:
-        out.append("  (no batch schedule: at the batch sizes priced no γ pays past batch 1)" if batched else
-                   "  (with --batch B the search also prints γ per batch size range, none past the "
-                   "break-even)")
+        out.append("  (no batch schedule: no γ is predicted to pay at batch 1)" if batched else
+                   "  (with --batch B the search also prints γ per batch-size range)")
     return out
 
 

@@ -23,6 +23,7 @@ from draftnas.latency.vllm import VllmCalibration, VllmModel, calibrate_vllm, st
 from draftnas.search.space import SearchSpace
 
 CALIBRATION_PROMPT_TOKENS = 64  # prompt tokens a timing request reads (its prefill is timed too)
+ANY_BATCH = 65536  # the end of a schedule's closing range: vLLM reads it up to the batch it serves at most
 
 
 def space_problems(space: SearchSpace) -> list[str]:
@@ -114,9 +115,11 @@ def speculative_config(folder: str, gamma: int, schedule: Sequence[tuple[int, in
 def batch_schedule(batches: Sequence[int], gammas: Sequence[int], speedups: Sequence[float]
                    ) -> list[tuple[int, int, int]]:
     """γ per batch range from a sweep: each range the batches whose best γ is the same, up to the last batch
-    predicted to pay (speedup > 1); none from the first that does not. A range ends just before the next
-    swept batch where that one pays too, else at its own batch: no batch past the last one predicted to
-    pay drafts."""
+    predicted to pay (speedup > 1), then one closing range to any batch at the best γ of the first batch that
+    does not pay (merged with the last where they agree). A range ends just before the next swept batch where
+    that one pays too, else at its own batch. vLLM cannot stop drafting within a server: it carries a
+    schedule's last γ on to every larger batch, and at γ 0 it still runs the drafter's first forward each
+    step, which prices (and measured on a Zen 4) below γ 1. Empty where batch 1 does not pay."""
     pays = [s > 1.0 and g >= 1 for g, s in zip(gammas, speedups, strict=True)]
     out: list[tuple[int, int, int]] = []
     for i, (b, g) in enumerate(zip(batches, gammas, strict=True)):
@@ -127,7 +130,60 @@ def batch_schedule(batches: Sequence[int], gammas: Sequence[int], speedups: Sequ
             out[-1] = (out[-1][0], end, g)
         else:
             out.append((b, end, g))
+    if out:
+        after = next((g for g, p in zip(gammas, pays, strict=True) if not p and g >= 1), out[-1][2])
+        if after == out[-1][2]:
+            out[-1] = (out[-1][0], ANY_BATCH, after)
+        else:
+            out.append((out[-1][1] + 1, ANY_BATCH, after))
     return out
+
+
+def schedule_gamma(schedule: Sequence[Sequence[int]], batch: int) -> int:
+    """The γ vLLM drafts at `batch` running sequences under `schedule` (its ranges, as vLLM reads them: a
+    batch in no range takes the γ of the last range before it)."""
+    found = 0
+    for start, end, gamma in sorted(tuple(r) for r in schedule):
+        if start > batch:
+            break
+        found = gamma
+        if batch <= end:
+            break
+    return found
+
+
+def parse_schedule(text: str) -> tuple[tuple[int, int, int], ...]:
+    """A batch-size schedule as `START-END:γ,...` (`1-3:4,4-65536:0`) or as the JSON list the search
+    prints (`[[1,3,4],[4,65536,0]]`), checked as vLLM checks it: ranges in order, not overlapping, the
+    first from batch 1, γ >= 0, and some range drafting."""
+    text = text.strip()
+    try:
+        if text.startswith("["):
+            rows = [tuple(int(x) for x in r) for r in json.loads(text)]
+        else:
+            rows = []
+            for part in text.split(","):
+                span, drafts = part.split(":")
+                start, end = span.split("-")
+                rows.append((int(start), int(end), int(drafts)))
+    except (ValueError, TypeError) as e:
+        raise option_error("gamma_schedule", f"{text!r} is not START-END:γ,... (e.g. 1-3:4,4-65536:0) nor "
+                                             f"the JSON list the search prints ({e})") from None
+    if any(len(r) != 3 for r in rows):
+        raise option_error("gamma_schedule", f"{text!r}: each range is (start, end, γ)")
+    previous = 0
+    for low, high, gamma in rows:
+        first = previous == 0
+        if (first and low != 1) or (not first and low <= previous):
+            raise option_error("gamma_schedule", f"{text!r}: ranges must start at batch 1 and follow each "
+                                                 "other in order without overlapping")
+        if high < low or gamma < 0:
+            raise option_error("gamma_schedule", f"{text!r}: a range's end is below its start or its γ is "
+                                                 "negative")
+        previous = high
+    if not any(g for _, _, g in rows):
+        raise option_error("gamma_schedule", f"{text!r} never drafts (every γ is 0)")
+    return tuple((s, e, g) for s, e, g in rows)
 
 
 def config_line(config: dict[str, Any]) -> str:

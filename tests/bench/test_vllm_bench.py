@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from draftnas.bench.request_records import BenchOptions
-from draftnas.bench.vllm import LOOKUP, TARGET, position_lines, vllm_arms, vllm_folder
+from draftnas.bench.vllm import LOOKUP, SCHEDULE, TARGET, position_lines, vllm_arms, vllm_folder
 from draftnas.core.errors import DraftnasError, InvalidInputError
 from draftnas.core.options import OptionError
 from draftnas.drafter.families import parse_drafter
@@ -36,6 +36,78 @@ def test_each_arm_runs_its_familys_vllm_config(drafter_folder):
     assert arms[2].gamma == 5
     assert arms[3].config == {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 2,
                               "num_speculative_tokens": 4}
+
+
+def test_a_schedule_arm_drafts_by_batch_as_vllm_reads_its_schedule(drafter_folder):
+    options = BenchOptions(engine="vllm", gamma=3, reference_gamma=1, batch_sizes=(1, 2, 4),
+                           gamma_schedule="1-1:3,2-3:1,4-65536:0").validate()
+    arms = vllm_arms(str(drafter_folder), [str(drafter_folder)], options, {"vocab_size": 128})
+    assert [a.name for a in arms] == [TARGET, "draftnas", "reference", SCHEDULE]
+    schedule = arms[-1]
+    assert schedule.config == {"method": "draft_model", "model": str(drafter_folder),
+                               "num_speculative_tokens": 3,
+                               "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 3, 1], [4, 65536, 0]]}
+    assert [schedule.gamma_at(b) for b in (1, 2, 3, 4, 16)] == [3, 1, 1, 0, 0]
+    assert arms[2].gamma_at(16) == 1  # a fixed arm drafts its γ at every batch
+    fixed = schedule.at_gamma(0)
+    assert fixed.config == {"method": "draft_model", "model": str(drafter_folder),
+                            "num_speculative_tokens": 0}
+    assert schedule.label().endswith(", γ by batch 1-1:3,2-3:1,4-65536:0")
+    assert arms[2].label().endswith(" at γ 1")
+
+
+def test_a_schedule_is_vllms_batched_benchs_and_one_vllm_accepts():
+    for options, said in ((BenchOptions(engine="vllm", gamma_schedule="1-1:3"), "add --engine vllm and "
+                                                                                  "--batch-size"),
+                          (BenchOptions(batch_sizes=(1, 2), gamma_schedule="1-1:3"), "add --engine vllm"),
+                          (BenchOptions(engine="vllm", batch_sizes=(1, 2), gamma_schedule="2-9:3"),
+                           "--gamma-schedule '2-9:3': ranges must start at batch 1")):
+        with pytest.raises(OptionError) as caught:
+            options.validate()
+        assert said in caught.value.for_flags()
+
+
+def test_a_replay_at_gamma_0_is_a_token_a_step():
+    from draftnas.bench.vllm import VllmArm
+    from draftnas.bench.vllm_replay import replayed
+
+    arm = VllmArm("schedule", parse_drafter("qwen2.5-coder-0.5b"), "",
+                  {"method": "draft_model", "num_speculative_tokens": 0})
+    counts, steps = replayed(arm, [[1, 2]], [[5, 6, 7, 8, 9]], 4)
+    assert counts == [0] and steps == [[(0, 0)] * 3]  # the prefill gives the first token
+
+
+def test_the_schedule_is_held_against_the_fastest_fixed_gamma_at_each_batch_paired_per_run():
+    from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
+    from draftnas.bench.vllm_batched import schedule_readings
+    from draftnas.cli import cmd_bench
+
+    def point(b, runs):
+        speedup = {k: sorted(v)[1] for k, v in runs.items()}
+        return BatchPoint(batch_size=b, target_tokens_per_s=2.0, tokens_per_s=speedup, speedup=speedup,
+                          tokens_per_step=dict.fromkeys(runs, 2.0), exact_match_rate=dict.fromkeys(runs, 1.0),
+                          predicted_speedup={}, speedup_runs=runs)
+
+    points = (point(1, {"g3": (1.2, 1.3, 1.25), "g1": (1.1, 1.1, 1.1), "s": (1.25, 1.3, 1.2)}),
+              point(8, {"g3": (0.7, 0.72, 0.71), "g1": (0.8, 0.82, 0.81), "s": (0.9, 0.95, 0.91)}))
+    result = BatchedBenchResult(
+        target="t", drafters={"g3": "d at γ 3", "g1": "d at γ 1", "s": "d, γ by batch 1-4:3,5-65536:0"},
+        gamma=3, max_new_tokens=8, device="cpu", dtype="float32", threads=2, profile="", engine="vllm",
+        points=points, measured_crossover={}, predicted_crossover={}, schedule_against={"s": ("g3", "g1")},
+        schedules={"s": [[1, 4, 3], [5, 65536, 0]]})
+    at1, at8 = schedule_readings(result, "s")
+    assert (at1.batch_size, at1.gamma, at1.best_fixed) == (1, 3, "g3")
+    assert (at1.low, at1.high) == pytest.approx((0.96, 1.0416667))
+    assert (at8.gamma, at8.best_fixed) == (0, "g1")
+    assert at8.ratio == pytest.approx(0.9 / 0.8) and at8.low == pytest.approx(0.91 / 0.81)  # runs paired
+    said = " ".join(cmd_bench._schedule_lines(result))
+    assert "B=1 (γ 3) over g3: 1.000x (0.960-1.042), not separable" in said
+    assert "B=8 (γ 0) over g1: 1.125x (1.123-1.159)" in said and said.endswith("faster")
+    from draftnas.report.tables import _schedule_lines  # the docs' rendering of a kept result
+
+    (line,) = _schedule_lines(result.to_dict())
+    assert "(g3, g1), paired per run: B = 1 (γ 3) over g3: 1.000x (0.960-1.042); B = 8 (γ 0) over g1: " \
+           "1.125x (1.123-1.159)" in line
 
 
 def test_a_drafter_vllm_cannot_load_is_one_line(drafter_folder):
@@ -211,12 +283,18 @@ def test_a_real_vllm_batch_bench_runs_b_requests_at_once_losslessly():
 
     prompts = [Prompt(id="p0", domain="code", text="Write def add(a, b): return a + b three times."),
                Prompt(id="p1", domain="chat", text="Name three colours.")]
-    options = BenchOptions(engine="vllm", gamma=2, max_new_tokens=12, rounds=1, batch_sizes=(1, 3))
+    options = BenchOptions(engine="vllm", gamma=2, max_new_tokens=12, rounds=1, batch_sizes=(1, 3),
+                           gamma_schedule="1-1:2,2-65536:0")
     result = run_vllm_batch_sizes("smollm2-135m", "smollm2-135m", prompts, options.validate())
     assert [p.batch_size for p in result.points] == [1, 3] and result.engine == "vllm"
     for p in result.points:
         assert p.exact_match_rate["draftnas"] == 1.0 and p.tokens_per_step["draftnas"] >= 2.0
         assert p.target_tokens_per_s > 0 and len(p.speedup_runs["draftnas"]) == 1
+    # the schedule drafts γ 2 at one sequence and none at three (vLLM still runs), lossless at both
+    one, three = result.points
+    assert one.exact_match_rate[SCHEDULE] == three.exact_match_rate[SCHEDULE] == 1.0
+    assert one.tokens_per_step[SCHEDULE] >= 2.0 and three.tokens_per_step[SCHEDULE] == 1.0
+    assert result.schedule_against == {SCHEDULE: ("draftnas",)}
 
 
 @needs_vllm
@@ -302,7 +380,7 @@ def test_a_model_drafters_replay_to_a_budget_stops_where_the_answer_ended_first(
 
     import torch
 
-    from draftnas.bench.vllm import _model_steps
+    from draftnas.bench.vllm_replay import _model_steps
 
     prompt, answer = [1, 2, 3], [4, 5, 6, 7, 8, 9]
 

@@ -9,6 +9,7 @@ import pytest
 
 from draftnas.core.errors import DraftnasError, InfeasibleCandidateError
 from draftnas.core.machine import cpu_identity
+from draftnas.core.options import OptionError
 from draftnas.core.registry import get_architecture
 from draftnas.latency.vllm import (
     VllmCalibration,
@@ -21,7 +22,15 @@ from draftnas.latency.vllm import (
 )
 from draftnas.search.scoring import read_latency, target_latency
 from draftnas.search.spaces import load_search_space
-from draftnas.search.vllm import batch_schedule, calibration_batches, space_problems, speculative_config
+from draftnas.search.vllm import (
+    ANY_BATCH,
+    batch_schedule,
+    calibration_batches,
+    parse_schedule,
+    schedule_gamma,
+    space_problems,
+    speculative_config,
+)
 
 TARGET = get_architecture("qwen2.5-coder-1.5b")
 BASE = get_architecture("qwen2.5-coder-0.5b")
@@ -116,12 +125,33 @@ def test_calibration_batches_double_up_to_the_largest():
     assert calibration_batches(6) == (1, 2, 4, 6)
 
 
-def test_the_schedule_keeps_gamma_per_range_and_none_past_the_last_batch_that_pays():
+def test_the_schedule_keeps_gamma_per_range_and_past_the_last_batch_that_pays_the_best_gamma_there():
     batches, gammas = (1, 2, 4, 8, 16), (4, 4, 3, 2, 1)
-    assert batch_schedule(batches, gammas, (1.3, 1.2, 1.1, 1.05, 0.9)) == [(1, 3, 4), (4, 7, 3), (8, 8, 2)]
+    assert batch_schedule(batches, gammas, (1.3, 1.2, 1.1, 1.05, 0.9)) == [(1, 3, 4), (4, 7, 3), (8, 8, 2),
+                                                                           (9, ANY_BATCH, 1)]
+    # where the best γ past the break-even is the last range's, that range runs on to any batch
+    assert batch_schedule(batches, (3, 3, 1, 1, 1), (1.3, 1.2, 0.9, 0.8, 0.7)) == [(1, 2, 3),
+                                                                               (3, ANY_BATCH, 1)]
+    assert batch_schedule((1, 2, 4), (3, 1, 1), (1.2, 1.1, 0.9)) == [(1, 1, 3), (2, ANY_BATCH, 1)]
     assert batch_schedule(batches, gammas, (1.3, 1.2, 1.1, 1.05, 1.01)) == [(1, 3, 4), (4, 7, 3), (8, 15, 2),
-                                                                            (16, 16, 1)]
+                                                                            (16, ANY_BATCH, 1)]
     assert batch_schedule(batches, gammas, (0.9, 1.2, 1.1, 1.05, 1.01)) == []  # never past a break-even
+
+
+def test_vllm_reads_the_schedule_as_its_scheduler_does():
+    schedule = [(1, 3, 3), (4, 4, 2), (5, ANY_BATCH, 0)]
+    assert [schedule_gamma(schedule, b) for b in (1, 2, 3, 4, 5, 8, 300)] == [3, 3, 3, 2, 0, 0, 0]
+    # a batch in no range takes the γ of the last range before it, as vLLM fills a gap
+    assert [schedule_gamma([(1, 2, 3), (8, 9, 1)], b) for b in (2, 5, 8, 12)] == [3, 3, 1, 1]
+
+
+def test_a_schedule_parses_from_the_printed_json_or_ranges_and_bad_ones_are_one_line():
+    assert parse_schedule("1-3:4,4-65536:0") == ((1, 3, 4), (4, 65536, 0))
+    assert parse_schedule("[[1,3,4],[4,65536,0]]") == ((1, 3, 4), (4, 65536, 0))
+    for bad, said in (("2-3:4", "start at batch 1"), ("1-3:4,3-9:2", "without overlapping"),
+                      ("1-3:-1", "negative"), ("1-3:0", "never drafts"), ("1:3", "not START-END")):
+        with pytest.raises(OptionError, match=said):
+            parse_schedule(bad)
 
 
 def test_the_printed_config_loads_the_full_head_copy_and_carries_the_schedule(tmp_path):
@@ -198,6 +228,11 @@ def test_requests_submitted_together_run_in_lockstep_at_the_batch_still_running(
                                 + (104 + 22 + 30) + piecewise(drafter, 3) + 10)
     assert arm_group_ms(model, "target", None, 0, [40], [8], []) == model.group_ms(
         "target", None, 0, [40], [[(0, 0)] * 7])
+    # γ 0 (a schedule's batches past its break-even): each step verifies one token a sequence and the
+    # drafter still reads its catch-up tokens, with no draft head and no drafts after it
+    none = arm_group_ms(model, "model", BASE, 0, [20, 20], [2, 2], [[(0, 0)], [(0, 0)]])
+    assert none == pytest.approx((300 + 22 + 40) + piecewise(drafter, 42)
+                                 + (104 + 22 + 40) + piecewise(drafter, 4))
 
 
 def test_the_default_space_for_vllm_is_the_targets_vllm_one_else_its_loops_one():
