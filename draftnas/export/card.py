@@ -238,13 +238,18 @@ def _usage_section(info: ExportInfo, reduced: bool = False) -> list[str]:
         '`draftnas bench` measures assisted generation both ways ("HF assisted generate" and "HF '
         'assisted, linears routed").',
         "",
-        "vLLM (not tested by draftnas):",
+        "vLLM (as `draftnas bench --engine vllm -d path/to/this/folder` runs it: fp32, greedy, the drafter "
+        "dense):",
         "",
         "```python",
         "from vllm import LLM",
-        f'llm = LLM(model={target}, speculative_config={{"model": "{vllm_folder}", '
-        f'"num_speculative_tokens": {g}}})',
+        f'llm = LLM(model={target}, dtype="float32", speculative_config={{"method": "draft_model", '
+        f'"model": "{vllm_folder}", "num_speculative_tokens": {g}}})',
         "```",
+        "",
+        f"γ {g} is the γ the search priced in its own engine. vLLM drafts γ tokens every step (no "
+        "confidence stop) and runs the drafter's weights dense; `draftnas search --engine vllm` prices γ for "
+        "vLLM itself and prints its `--speculative-config`.",
         "",
         "Drafter and target must share one tokenizer (this drafter keeps the base's vocabulary).",
         "",

@@ -26,7 +26,7 @@ from draftnas.bench.records import PredictionCheck
 from draftnas.core.engine_kinds import ENGINE_KINDS, HF, LLAMA_CPP
 from draftnas.core.intervals import predicted_word, with_interval
 from draftnas.drafter.families import parse_drafter
-from draftnas.report.verdict import arm_of, benches_of
+from draftnas.report.verdict import arm_of, benches_of, vllm_bench_of
 
 
 def _load(root: Path, name: str) -> Any:
@@ -160,6 +160,23 @@ def _exact(arm: dict[str, Any]) -> str:
         f", {rate:.0%} of outputs the target's"
 
 
+def _vllm_cell(bench: dict[str, Any] | None) -> str:
+    """vLLM on a workload's held-out prompts: its target alone and each drafting arm over it."""
+    if bench is None:
+        return "not benched"
+    target = arm_of(bench, "target")
+    parts = [f"alone {_speed(target['tokens_per_s'], target.get('tokens_per_s_interval'))}"] if target else []
+    for arm in bench["arms"]:
+        if arm["name"] == "target" or arm.get("speedup") is None:
+            continue
+        name = Path(str(arm.get("drafter"))).name
+        label = ("lookup" if arm["name"] == "lookup" else
+                 f"draftnas's pick {name}" if arm["name"] == "draftnas" else name) + (
+                     f", γ {arm['gamma']}" if arm.get("gamma") and arm["name"] != "lookup" else "")
+        parts.append(f"{label}: {_ratio(arm['speedup'], arm.get('speedup_interval'))}{_exact(arm)}")
+    return "; ".join(parts)
+
+
 def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
     """Per workload: llama.cpp's plain tokens/s, the lookup search's pick (predicted) and its bench in
     llama.cpp (measured), and draftnas's loop's fastest arm where benched; a bench belongs to the search
@@ -168,8 +185,9 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
     searches = [d for d in loaded if "prices" in d]
     benches = [d for d in loaded if "arms" in d]
     lines = ["| workload | llama.cpp alone, tokens/s | lookup in llama.cpp | predicted | measured | "
-             "a model drafter in llama.cpp | draftnas's loop, fastest arm over its target alone |",
-             "|---|---|---|---|---|---|---|"]
+             "a model drafter in llama.cpp | draftnas's loop, fastest arm over its target alone | "
+             "vLLM (fp32): its target alone, tokens/s, and each arm over it |",
+             "|---|---|---|---|---|---|---|---|"]
     for s in searches:
         best = s["prices"][0]
         name = s["workload"] if s["heldout_prompts"] else \
@@ -188,13 +206,15 @@ def workloads_table(root: Path, files: Sequence[str]) -> list[str]:
         spread = (f" [{best['speedup_ci_low']:.3f}, {best['speedup_ci_high']:.3f}]"
                   if best.get("speedup_ci_low") is not None else "")
         lines.append(f"| {name} | {plain} | {best['label']} | {best['speedup']:.3f}x{spread} ({verdict}; "
-                     f"{priced}) | {measured} | {model} | {loop_cell} |")
+                     f"{priced}) | {measured} | {model} | {loop_cell} | "
+                     f"{_vllm_cell(vllm_bench_of(s, benches))} |")
     lines.append("")
-    hosts = sorted({f"{s['host']}, {s['threads']} threads" for s in searches})
+    hosts = sorted({f"{d['host']}, {d['threads']} threads" for d in [*searches, *benches] if d.get("host")})
     lines.append("- predicted: `draftnas lookup` on each workload's search split, the median prompt (every "
                  "third prompt held out; its 95% interval over prompts where recorded); measured: `draftnas "
                  "bench` on the held-out prompts, medians [95% intervals], paired per prompt and round; "
-                 "llama.cpp's tokens/s are decode only, the loop's include the prefill; " + "; ".join(hosts))
+                 "llama.cpp's tokens/s are decode only, the loop's and vLLM's include the prefill; "
+                 + "; ".join(hosts))
     lines.append(f"- from {', '.join(f'`{f}`' for f in files)}")
     return lines
 
@@ -271,7 +291,24 @@ def batched_table(root: Path, files: Sequence[str]) -> list[str]:
               + f"; predicted by {d.get('profile') or 'nothing (none stored)'}, acceptance from "
               f"{acceptance}; drafters {', '.join(f'{k} = {v}' for k, v in d['drafters'].items())}; "
               f"from `{name}`"]
-    return lines + _time_split_lines(d, labels) + _step_lines(d, labels)
+    return lines + _schedule_lines(d) + _time_split_lines(d, labels) + _step_lines(d, labels)
+
+
+def _schedule_lines(d: dict[str, Any]) -> list[str]:
+    """`--gamma-schedule`: at each batch, the schedule's γ there and its tokens/s over the fastest fixed-γ
+    arm's there, paired per run (the median, its range over runs in brackets)."""
+    from draftnas.bench.batch_records import BatchedBenchResult
+    from draftnas.bench.vllm_batched import schedule_readings
+
+    result = BatchedBenchResult.from_dict(d)
+    out = []
+    for arm in result.schedule_against or {}:
+        cells = "; ".join(f"B = {r.batch_size} (γ {r.gamma}) over {r.best_fixed}: {r.ratio:.3f}x "
+                          f"({r.low:.3f}-{r.high:.3f})" for r in schedule_readings(result, arm))
+        fixed = ", ".join((result.schedule_against or {})[arm])
+        out.append(f"- {arm} against the fastest fixed-γ arm at each batch ({fixed}), paired per run: "
+                   f"{cells}")
+    return out
 
 
 def _step_lines(d: dict[str, Any], labels: Sequence[str]) -> list[str]:

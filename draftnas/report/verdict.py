@@ -219,13 +219,17 @@ def _loop_routes(bench: dict[str, Any], other_prompts: bool) -> list[Route]:
 def _vllm_routes(bench: dict[str, Any]) -> list[Route]:
     """vLLM: every speculative arm of its bench, measured over vLLM's own target alone, with the
     `--speculative-config` its family writes."""
+    from draftnas.search.vllm import speculative_config
+
     on = _prompts_run(bench, "held-out prompts")
     out = []
     for arm in bench["arms"]:
         if arm.get("speedup") is None:
             continue
         drafter, gamma = parse_drafter(str(arm.get("drafter") or "")), int(arm.get("gamma") or 0)
-        config = drafter.settings(VLLM, gamma)
+        # a model drafter's exported folder: vLLM loads its full-head copy where its head is reduced
+        config = speculative_config(drafter.model, gamma) if drafter.family == "model" else \
+            drafter.settings(VLLM, gamma)
         settings = drafter.label + (f", γ {gamma}" if family(drafter.family).drafts_gamma else "")
         out.append(Route(VLLM, family(drafter.family).title, settings,
                          f"--speculative-config '{json.dumps(config)}'", **_measured(arm, on)))

@@ -140,3 +140,33 @@ def test_every_stored_predicted_cell_is_the_prediction_its_error_is_computed_fro
                 pytest.approx(check.tokens_per_s_error, abs=1e-9), path.name
             checked += 1
     assert checked >= 4
+
+
+def test_a_vllm_bench_of_held_out_prompts_fills_the_workloads_vllm_column(tmp_path):
+    import shutil
+
+    from draftnas.report.tables import workloads_table
+
+    shutil.copy(RESULTS / "lookup-edit72.json", tmp_path)
+    held = json.loads((RESULTS / "lookup-edit72.json").read_text())["heldout_prompts"]
+    bench = {"engine": "vllm", "host": "h", "threads": 2,
+             "prompts": [{"prompt_id": held[0], "domain": "edit", "runs": []}],
+             "arms": [{"name": "target", "tokens_per_s": 5.0, "tokens_per_s_interval": [4.5, 5.5]},
+                      {"name": "draftnas", "drafter": "/x/drafters/L24", "gamma": 3, "speedup": 1.2,
+                       "speedup_interval": [1.1, 1.3], "exact_match_rate": 1.0},
+                      {"name": "reference", "drafter": "qwen2.5-coder-0.5b", "gamma": 3, "speedup": 0.9,
+                       "speedup_interval": [0.8, 1.0], "exact_match_rate": 1.0},
+                      {"name": "lookup", "drafter": "lookup:n=6,m=32", "gamma": 32, "speedup": 1.5,
+                       "speedup_interval": [1.4, 1.6], "exact_match_rate": 0.5}]}
+    (tmp_path / "v.json").write_text(json.dumps(bench))
+    rows = workloads_table(tmp_path, ["lookup-edit72.json", "v.json"])
+    (edit,) = [r for r in rows if r.startswith("| edit")]
+    assert edit.endswith("| alone 5.00 [4.50, 5.50]; draftnas's pick L24, γ 3: 1.200x [1.100, 1.300], every "
+                         "output the target's; qwen2.5-coder-0.5b, γ 3: 0.900x [0.800, 1.000], every output "
+                         "the target's; lookup: 1.500x [1.400, 1.600], 50% of outputs the target's |")
+    # a vLLM bench of other prompts is another workload's: the column says so
+    bench["prompts"] = [{"prompt_id": "code-000", "domain": "code", "runs": []}]
+    (tmp_path / "v.json").write_text(json.dumps(bench))
+    rows = workloads_table(tmp_path, ["lookup-edit72.json", "v.json"])
+    (edit,) = [r for r in rows if r.startswith("| edit")]
+    assert edit.endswith("| not benched |")
