@@ -182,7 +182,7 @@ def parse_schedule(text: str) -> tuple[tuple[int, int, int], ...]:
                                                  "negative")
         previous = high
     if not any(g for _, _, g in rows):
-        raise option_error("gamma_schedule", f"{text!r} never drafts (every γ is 0)")
+        raise option_error("gamma_schedule", f"{text!r} never drafts a token at any batch (every γ is 0)")
     return tuple((s, e, g) for s, e, g in rows)
 
 
