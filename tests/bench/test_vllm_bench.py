@@ -290,10 +290,14 @@ def test_a_real_vllm_batch_bench_runs_b_requests_at_once_losslessly():
     for p in result.points:
         assert p.exact_match_rate["draftnas"] == 1.0 and p.tokens_per_step["draftnas"] >= 2.0
         assert p.target_tokens_per_s > 0 and len(p.speedup_runs["draftnas"]) == 1
-    # the schedule drafts γ 2 at one sequence and none at three (vLLM still runs), lossless at both
+    # the schedule drafts γ 2 at one sequence and none at three (vLLM still runs), lossless at both.
+    # vLLM picks γ by the batch live at each step, so a step where the scheduler has one of the three
+    # sequences alone (its prefill ahead of the others, or the last one left) drafts at γ 2: most steps
+    # at three sequences carry one token, and the mean stays well below the single sequence's.
     one, three = result.points
     assert one.exact_match_rate[SCHEDULE] == three.exact_match_rate[SCHEDULE] == 1.0
-    assert one.tokens_per_step[SCHEDULE] >= 2.0 and three.tokens_per_step[SCHEDULE] == 1.0
+    assert one.tokens_per_step[SCHEDULE] >= 2.0
+    assert 1.0 <= three.tokens_per_step[SCHEDULE] < 1.25 < one.tokens_per_step[SCHEDULE]
     assert result.schedule_against == {SCHEDULE: ("draftnas",)}
 
 
