@@ -42,7 +42,7 @@ from draftnas.drafter.head.shape import TargetKey, target_key
 from draftnas.models.records import FULL_HEAD_DIR
 from draftnas.models.sources import auto_class_name, ensure_local_folder, release_freed_memory
 from draftnas.models.vllm_engine import Vllm, find_vllm, run_vllm
-from draftnas.search.vllm import parse_schedule, schedule_gamma
+from draftnas.search.vllm import parse_schedule, schedule_gamma, scheduled_config
 
 log = logging.getLogger(__name__)
 TARGET, LOOKUP, SCHEDULE = "target", "lookup", "schedule"
@@ -63,6 +63,15 @@ class VllmArm:
     def gamma(self) -> int:
         """The most it drafts a step (a schedule's largest γ)."""
         return int((self.config or {}).get("num_speculative_tokens", 0))
+
+    @property
+    def kind(self) -> str:
+        """How its steps are priced: "target" (no drafter), "lookup", "head" or "model"."""
+        if self.drafter is None:
+            return "target"
+        if self.drafter.lookup is not None:
+            return "lookup"
+        return "head" if self.drafter.family == "head" else "model"
 
     @property
     def schedule(self) -> tuple[tuple[int, int, int], ...]:
@@ -138,8 +147,7 @@ def vllm_arms(draft: str, references: Sequence[str], options: BenchOptions, targ
     if options.gamma_schedule:
         main, schedule = arms[1], parse_schedule(options.gamma_schedule)
         assert main.drafter is not None
-        config = dict(main.drafter.settings(VLLM, max(g for *_, g in schedule), draft_folder=main.folder))
-        config["num_speculative_tokens_per_batch_size"] = [list(r) for r in schedule]
+        config = scheduled_config(main.drafter, 0, schedule, draft_folder=main.folder)
         arms.append(VllmArm(SCHEDULE, main.drafter, main.folder, config))
     return arms
 
@@ -283,8 +291,7 @@ def _predicted(result: BenchResult, arms: Sequence[VllmArm], steps: dict[str, li
     calibration, path = found
     target, base = resolve_architecture(target_folder), resolve_architecture(calibration.base)
     model = VllmModel(calibration, target, base)
-    kinds = {a.name: "target" if a.drafter is None else "lookup" if a.drafter.lookup is not None
-             else "head" if a.drafter.family == "head" else "model" for a in arms}
+    kinds = {a.name: a.kind for a in arms}
     drafters = {a.name: drafter_arch(a.folder) if kinds[a.name] == "model" else None for a in arms}
     checks = predicted_checks(result, model, kinds, drafters, steps)
     said = f"this host's vLLM calibration {path} (timed {calibration.timed_at}) and draftnas's replay"

@@ -109,11 +109,7 @@ def _predicted(plan: VllmPlan, extended: Sequence[Sequence[int]], budget: int, v
                       resolve_architecture(calibration.base))
     # an arm drafting by a schedule is priced at each batch at the γ its schedule gives there
     fixed = {(a.name, g): a.at_gamma(g) for a in plan.arms for g in {a.gamma_at(b) for b in batches}}
-
-    def kind(a: VllmArm) -> str:
-        return "target" if a.drafter is None else "lookup" if a.drafter.lookup is not None else "model"
-
-    arms = {f"{name}@{g}": PricedArm(kind(a), drafter_arch(a.folder), g) for (name, g), a in fixed.items()}
+    arms = {f"{name}@{g}": PricedArm(a.kind, drafter_arch(a.folder), g) for (name, g), a in fixed.items()}
     steps = {f"{name}@{g}": replayed(a, plan.encoded, extended, budget, plan.job["model"])[1]
              for (name, g), a in fixed.items()}
     new_tokens = [min(len(e), budget) for e in extended]
@@ -171,10 +167,10 @@ def schedule_readings(result: BatchedBenchResult, schedule: str) -> list[Schedul
 
     fixed = (result.schedule_against or {}).get(schedule) or ()
     ranges = (result.schedules or {}).get(schedule) or []
+    if not fixed:
+        return []
     out = []
     for p in result.points:
-        if not fixed:
-            break
         best = max(fixed, key=lambda name: p.speedup[name])
         runs = (p.speedup_runs or {})
         mine, theirs = runs.get(schedule) or (p.speedup[schedule],), runs.get(best) or (p.speedup[best],)

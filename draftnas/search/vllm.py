@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftnas.core.engine_kinds import VLLM
 from draftnas.core.machine import cpu_count, cpu_identity
@@ -21,6 +21,9 @@ from draftnas.core.options import option_error
 from draftnas.core.registry import Architecture
 from draftnas.latency.vllm import VllmCalibration, VllmModel, calibrate_vllm, store_path, stored_or_calibrated
 from draftnas.search.space import SearchSpace
+
+if TYPE_CHECKING:
+    from draftnas.drafter.families import DrafterSpec
 
 CALIBRATION_PROMPT_TOKENS = 64  # prompt tokens a timing request reads (its prefill is timed too)
 ANY_BATCH = 65536  # the end of a schedule's closing range: vLLM reads it up to the batch it serves at most
@@ -106,7 +109,14 @@ def speculative_config(folder: str, gamma: int, schedule: Sequence[tuple[int, in
 
     plain = Path(folder) / FULL_HEAD_DIR
     model = str(plain) if (Path(folder) / "config.json").is_file() and plain.is_dir() else folder
-    config = dict(parse_drafter(model).settings(VLLM, max([gamma, *(g for _, _, g in schedule)])))
+    return scheduled_config(parse_drafter(model), gamma, schedule)
+
+
+def scheduled_config(spec: DrafterSpec, gamma: int, schedule: Sequence[tuple[int, int, int]] = (),
+                     **where: Any) -> dict[str, Any]:
+    """`spec`'s vLLM config drafting at most the larger of `gamma` and the schedule's γ, with the batch-size
+    schedule where one is given (`where` as the family's settings take it: the folder vLLM loads)."""
+    config = dict(spec.settings(VLLM, max([gamma, *(g for _, _, g in schedule)]), **where))
     if schedule:
         config["num_speculative_tokens_per_batch_size"] = [list(r) for r in schedule]
     return config
