@@ -136,16 +136,17 @@ def test_every_marked_table_is_its_rendering_from_the_results_it_names():
 def test_a_table_renders_from_its_file_and_a_changed_figure_is_caught(tmp_path):
     import json
 
+    from draftnas.bench.records import ArmResult, BenchResult
     from draftnas.report.pages import render_page
 
-    bench = {"host": "h", "threads": 2, "load_average_before": "0.1", "n_prompts": 1, "rounds": 1,
-             "max_new_tokens": 8, "engine": "static", "dtype": "bf16", "comparisons": [],
-             "arms": [{"name": "target", "tokens_per_s": 10.0, "tokens_per_s_interval": [9.0, 11.0]},
-                      {"name": "draftnas", "drafter": "d", "tokens_per_s": 15.0,
-                       "tokens_per_s_interval": [14.0, 16.0],
-                       "speedup": 1.5, "speedup_interval": [1.4, 1.6], "tokens_per_step": 2.0,
-                       "lossless": True}]}
-    (tmp_path / "b.json").write_text(json.dumps(bench))
+    arms = (ArmResult(name="target", engine="static", tokens_per_s=10.0, tokens_per_s_interval=(9.0, 11.0)),
+            ArmResult(name="draftnas", engine="static", drafter="d", tokens_per_s=15.0,
+                      tokens_per_s_interval=(14.0, 16.0), speedup=1.5, speedup_interval=(1.4, 1.6),
+                      tokens_per_step=2.0, lossless=True))
+    bench = BenchResult(target="t", drafters={"draftnas": "d"}, gamma=3, temperature=0.0, max_new_tokens=8,
+                        n_prompts=1, device="cpu", dtype="bf16", threads=2, engine="static", arms=arms,
+                        host="h", load_average_before="0.1")
+    (tmp_path / "b.json").write_text(json.dumps(bench.to_dict()))
     page = render_page("x\n<!-- table: bench b.json -->\n<!-- /table -->\n", tmp_path)
     assert "| draftnas | d | 15.00 [14.00, 16.00] | 1.500x [1.400, 1.600] | 2.00 | yes |" in page
     assert render_page(page, tmp_path) == page

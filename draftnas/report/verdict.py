@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from draftnas.bench.records import ArmResult, BenchResult
 from draftnas.core.engine_kinds import ENGINE_KINDS, HF, LLAMA_CPP, VLLM
 from draftnas.core.errors import InvalidInputError
 from draftnas.core.intervals import measured_word, predicted_word
@@ -81,11 +82,11 @@ class WorkloadVerdict(Record):
         return list(dict.fromkeys(r.engine for r in self.routes))
 
 
-def read_results(paths: Sequence[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The lookup results and benches among `paths` (a folder: its lookup.json), each checked; a file
-    that is neither, or is cut short, is one line naming it."""
-    lookups: list[dict[str, Any]] = []
-    benches: list[dict[str, Any]] = []
+def read_results(paths: Sequence[str]) -> tuple[list[LookupResult], list[BenchResult]]:
+    """The lookup results and benches among `paths` (a folder: its lookup.json), each read into its record
+    and checked; a file that is neither, or is cut short, is one line naming it."""
+    lookups: list[LookupResult] = []
+    benches: list[BenchResult] = []
     for name in paths:
         path = Path(name)
         if path.is_dir():
@@ -102,10 +103,13 @@ def read_results(paths: Sequence[str]) -> tuple[list[dict[str, Any]], list[dict[
         if kind is None:
             raise InvalidInputError(f"{path}: neither a `draftnas lookup` result nor a `draftnas bench` "
                                     "result")
-        problem = _problem(data, kind)
+        result, problem = _read(data, kind)
         if problem:
             raise InvalidInputError(f"{path}: a {kind} result {problem}")
-        (lookups if kind == "lookup" else benches).append(data)
+        if isinstance(result, LookupResult):
+            lookups.append(result)
+        elif isinstance(result, BenchResult):
+            benches.append(result)
     if not lookups:
         raise InvalidInputError("no `draftnas lookup` result given: a verdict is per workload, and a "
                                 "workload is named by its lookup search (`draftnas lookup -p WORKLOAD "
@@ -113,65 +117,70 @@ def read_results(paths: Sequence[str]) -> tuple[list[dict[str, Any]], list[dict[
     return lookups, benches
 
 
-def _problem(data: dict[str, Any], kind: str) -> str:
-    if kind == "lookup":
-        try:
-            result = LookupResult.from_dict(data)
-        except (TypeError, ValueError, KeyError) as exc:
-            return f"with missing or malformed fields ({exc})"
-        return "" if result.prices else "with no priced settings"
-    for key in ("arms", "prompts"):
+def _read(data: dict[str, Any], kind: str) -> tuple[LookupResult | BenchResult | None, str]:
+    """`data` as its record, or what is wrong with it."""
+    for key in ("arms", "prompts") if kind == "bench" else ():
         if not isinstance(data.get(key), list):
-            return f"without its {key!r} list"
-    if not any(a.get("name") == "target" for a in data["arms"] if isinstance(a, dict)):
-        return "without the target-alone arm"
-    return ""
+            return None, f"without its {key!r} list"
+    try:
+        result = LookupResult.from_dict(data) if kind == "lookup" else BenchResult.from_dict(data)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        return None, f"with missing or malformed fields ({exc})"
+    if isinstance(result, LookupResult) and not result.prices:
+        return None, "with no priced settings"
+    if isinstance(result, BenchResult) and not result.has("target"):
+        return None, "without the target-alone arm"
+    return result, ""
 
 
-def benches_of(search: dict[str, Any], benches: Sequence[dict[str, Any]]
-               ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
+def _held(search: LookupResult) -> set[str]:
+    return set(search.heldout_prompts) or set(search.searched_prompts)
+
+
+def _prompt_ids(bench: BenchResult) -> set[str]:
+    return {p.prompt_id for p in bench.prompts}
+
+
+def benches_of(search: LookupResult, benches: Sequence[BenchResult]
+               ) -> tuple[BenchResult | None, BenchResult | None, bool]:
     """The llama.cpp bench and the loop bench of a lookup search: those that ran its held-out prompts (or,
     with --no-held-out, its own); a loop bench on other prompts of the same set where none did (the bool
     says so)."""
-    held = set(search["heldout_prompts"]) or set(search["searched_prompts"])
-    mine = [b for b in benches if {p["prompt_id"] for p in b["prompts"]} <= held]
-    llama = next((b for b in mine if b.get("engine") == LLAMA_CPP), None)
-    loop = next((b for b in mine if b.get("engine") not in EXTERNAL), None)
-    if loop is None and search["heldout_prompts"]:
-        loop = next((b for b in benches if b.get("engine") not in EXTERNAL
-                     and {p["domain"] for p in b["prompts"]} == {search["workload"]}), None)
+    mine = [b for b in benches if _prompt_ids(b) <= _held(search)]
+    llama = next((b for b in mine if b.engine == LLAMA_CPP), None)
+    loop = next((b for b in mine if b.engine not in EXTERNAL), None)
+    if loop is None and search.heldout_prompts:
+        loop = next((b for b in benches if b.engine not in EXTERNAL
+                     and {p.domain for p in b.prompts} == {search.workload}), None)
         return llama, loop, loop is not None
     return llama, loop, False
 
 
-def vllm_bench_of(search: dict[str, Any], benches: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def vllm_bench_of(search: LookupResult, benches: Sequence[BenchResult]) -> BenchResult | None:
     """The vLLM bench of a lookup search: one that ran only its held-out prompts (or its own)."""
-    held = set(search["heldout_prompts"]) or set(search["searched_prompts"])
-    return next((b for b in benches if b.get("engine") == VLLM
-                 and {p["prompt_id"] for p in b["prompts"]} <= held), None)
+    return next((b for b in benches if b.engine == VLLM and _prompt_ids(b) <= _held(search)), None)
 
 
-def _prompts_run(bench: dict[str, Any] | None, which: str) -> str:
+def _prompts_run(bench: BenchResult | None, which: str) -> str:
     if bench is None:
         return ""
-    return f"{bench.get('n_prompts') or len(bench['prompts'])} {which} x {bench.get('rounds') or 1} round(s)"
+    return f"{bench.n_prompts or len(bench.prompts)} {which} x {bench.rounds or 1} round(s)"
 
 
-def arm_of(bench: dict[str, Any], name: str) -> dict[str, Any] | None:
-    return next((a for a in bench["arms"] if a["name"] == name), None)
+def arm_of(bench: BenchResult, name: str) -> ArmResult | None:
+    return bench.arm(name) if bench.has(name) else None
 
 
 def _interval(value: Sequence[float] | None) -> tuple[float, float] | None:
     return (float(value[0]), float(value[1])) if value and len(value) == 2 else None
 
 
-def _measured(arm: dict[str, Any], on: str) -> dict[str, Any]:
-    return {"measured": arm.get("speedup"), "measured_interval": _interval(arm.get("speedup_interval")),
-            "tokens_per_s": arm.get("tokens_per_s"), "exact_match_rate": arm.get("exact_match_rate"),
-            "measured_on": on}
+def _measured(arm: ArmResult, on: str) -> dict[str, Any]:
+    return {"measured": arm.speedup, "measured_interval": _interval(arm.speedup_interval),
+            "tokens_per_s": arm.tokens_per_s, "exact_match_rate": arm.exact_match_rate, "measured_on": on}
 
 
-def _llama_routes(search: LookupResult, bench: dict[str, Any] | None) -> list[Route]:
+def _llama_routes(search: LookupResult, bench: BenchResult | None) -> list[Route]:
     """llama.cpp: the lookup search's pick (predicted; measured where its bench ran it) and every other
     speculative arm its bench ran (a model drafter, a hybrid)."""
     best = search.best
@@ -181,31 +190,31 @@ def _llama_routes(search: LookupResult, bench: dict[str, Any] | None) -> list[Ro
                    if best.speedup_ci_low is not None and best.speedup_ci_high is not None else None,
                    break_even=f"{best.break_even_tokens_per_step:.1f} tokens/step at m={best.m}")
     routes = [lookup]
-    for arm in (bench or {"arms": []})["arms"]:
-        spec = str(arm.get("drafter") or "")
-        if arm.get("speedup") is None or not spec:
+    for arm in bench.arms if bench else ():
+        spec = arm.drafter or ""
+        if arm.speedup is None or not spec:
             continue
         if spec == best.label:
             routes[0] = replace(lookup, **_measured(arm, on))
             continue
         drafter = parse_drafter(spec)
-        gamma = int(arm.get("gamma") or 0)
+        gamma = arm.gamma or 0
         settings = f"{drafter.label}, γ {gamma}" if family(drafter.family).drafts_gamma else drafter.label
-        flags = " ".join(drafter.settings(LLAMA_CPP, gamma, threads=int((bench or {}).get("threads") or 1)))
+        flags = " ".join(drafter.settings(LLAMA_CPP, gamma, threads=bench.threads if bench else 1))
         routes.append(Route(LLAMA_CPP, family(drafter.family).title, settings, flags, **_measured(arm, on)))
     return routes
 
 
-def _loop_routes(bench: dict[str, Any], other_prompts: bool) -> list[Route]:
+def _loop_routes(bench: BenchResult, other_prompts: bool) -> list[Route]:
     """draftnas's loop: every speculative arm of its bench, measured over the loop's own target alone."""
-    engine = f"draftnas's loop ({bench.get('dtype')})"
+    engine = f"draftnas's loop ({bench.dtype})"
     on = _prompts_run(bench, "other prompts of the set" if other_prompts else "held-out prompts")
     out = []
-    for arm in bench["arms"]:
-        if arm.get("speedup") is None or arm.get("engine") == HF:
+    for arm in bench.arms:
+        if arm.speedup is None or arm.engine == HF:
             continue
-        drafter, gamma = parse_drafter(str(arm.get("drafter") or "")), arm.get("gamma")
-        stop = f", stop {arm['p_min']:g}" if arm.get("p_min") else ""
+        drafter, gamma = parse_drafter(arm.drafter or ""), arm.gamma
+        stop = f", stop {arm.p_min:g}" if arm.p_min else ""
         settings = drafter.label + (f", γ {gamma}{stop}" if family(drafter.family).drafts_gamma else "")
         lookup = drafter.lookup.label if drafter.lookup is not None else ""
         run = {"lookup": f"draftnas bench -d DRAFTER --lookup {lookup}",
@@ -216,17 +225,17 @@ def _loop_routes(bench: dict[str, Any], other_prompts: bool) -> list[Route]:
     return out
 
 
-def _vllm_routes(bench: dict[str, Any]) -> list[Route]:
+def _vllm_routes(bench: BenchResult) -> list[Route]:
     """vLLM: every speculative arm of its bench, measured over vLLM's own target alone, with the
     `--speculative-config` its family writes."""
     from draftnas.search.vllm import speculative_config
 
     on = _prompts_run(bench, "held-out prompts")
     out = []
-    for arm in bench["arms"]:
-        if arm.get("speedup") is None:
+    for arm in bench.arms:
+        if arm.speedup is None:
             continue
-        drafter, gamma = parse_drafter(str(arm.get("drafter") or "")), int(arm.get("gamma") or 0)
+        drafter, gamma = parse_drafter(arm.drafter or ""), arm.gamma or 0
         # a model drafter's exported folder: vLLM loads its full-head copy where its head is reduced
         config = speculative_config(drafter.model, gamma) if drafter.family == "model" else \
             drafter.settings(VLLM, gamma)
@@ -241,19 +250,18 @@ def _transformers_route(search: LookupResult) -> Route:
     return Route("transformers", "lookup", search.best.label, f"generate(..., {kwargs})")
 
 
-def workload_verdicts(lookups: Sequence[dict[str, Any]], benches: Sequence[dict[str, Any]]
+def workload_verdicts(lookups: Sequence[LookupResult], benches: Sequence[BenchResult]
                       ) -> list[WorkloadVerdict]:
     """One verdict per lookup search, its benches joined to it."""
     out = []
-    for data in lookups:
-        search = LookupResult.from_dict(data)
-        llama, loop, other = benches_of(data, benches)
-        served = vllm_bench_of(data, benches)
+    for search in lookups:
+        llama, loop, other = benches_of(search, benches)
+        served = vllm_bench_of(search, benches)
         routes = _llama_routes(search, llama) + (_loop_routes(loop, other) if loop else []) \
             + (_vllm_routes(served) if served else [])
         routes.append(_transformers_route(search))
         target = arm_of(llama, "target") if llama else None
-        plain, source = (float(target["tokens_per_s"]), "measured beside the routes, decode only") \
+        plain, source = (target.tokens_per_s, "measured beside the routes, decode only") \
             if target else (1000 / search.decode_ms, "from the lookup search's decode step")
         out.append(WorkloadVerdict(workload=search.workload, target=search.target,
                                    host=f"{search.host}, {search.threads} threads", plain_tokens_per_s=plain,

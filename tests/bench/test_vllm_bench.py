@@ -105,7 +105,7 @@ def test_the_schedule_is_held_against_the_fastest_fixed_gamma_at_each_batch_pair
     assert "B=8 (γ 0) over g1: 1.125x (1.123-1.159)" in said and said.endswith("faster")
     from draftnas.report.tables import _schedule_lines  # the docs' rendering of a kept result
 
-    (line,) = _schedule_lines(result.to_dict())
+    (line,) = _schedule_lines(type(result).from_dict(result.to_dict()))  # as read back from its file
     assert "(g3, g1), paired per run: B = 1 (γ 3) over g3: 1.000x (0.960-1.042); B = 8 (γ 0) over g1: " \
            "1.125x (1.123-1.159)" in line
 

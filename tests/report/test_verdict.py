@@ -79,11 +79,27 @@ def _write(path: Path, text: str) -> str:
     return str(path)
 
 
+def _bench(engine: str, prompts: list[tuple[str, str]], arms: list[dict], **fields) -> str:
+    """A bench results file as the bench writes it (its record), with these prompts (id, domain) and arms."""
+    from draftnas.bench.records import ArmResult, BenchPrompt, BenchResult
+
+    result = BenchResult(
+        target="qwen2.5-coder-1.5b", drafters={}, gamma=3, temperature=0.0, max_new_tokens=16,
+        n_prompts=len(prompts), device="cpu", dtype="float32", threads=2, engine=engine,
+        arms=tuple(ArmResult(**({"engine": engine} | a)) for a in arms),
+        prompts=tuple(BenchPrompt(prompt_id=i, domain=d, prompt_tokens=10, runs=()) for i, d in prompts),
+        **fields)
+    return json.dumps(result.to_dict())
+
+
 @pytest.mark.parametrize("content,needle", [
     ('{"prices": [', "not a JSON results file"),
     ('{"workload": "edit"}', "neither a `draftnas lookup` result nor a `draftnas bench` result"),
     ('{"prices": [{"label": "lookup:n=2,m=2"}]}', "a lookup result with missing or malformed fields"),
-    ('{"arms": [{"name": "draftnas"}], "prompts": []}', "a bench result without the target-alone arm"),
+    ('{"arms": [{"name": "draftnas"}], "prompts": []}', "a bench result with missing or malformed fields"),
+    ('{"arms": {}, "prompts": []}', "a bench result without its 'arms' list"),
+    (_bench("vllm", [], [{"name": "draftnas", "tokens_per_s": 1.0}]),
+     "a bench result without the target-alone arm"),
 ])
 def test_a_bad_results_file_is_one_line_naming_it(tmp_path, content, needle):
     name = _write(tmp_path / "r.json", content)
@@ -107,16 +123,14 @@ def test_a_vllm_bench_on_the_held_out_prompts_adds_vllms_routes_with_their_confi
     """A vLLM bench of the workload's held-out prompts gives its own routes: each speculative arm measured
     over vLLM's target alone, run with the --speculative-config its family writes."""
     search = json.loads((RESULTS / EDIT[0]).read_text())
-    prompts = [{"prompt_id": p, "domain": "edit", "prompt_tokens": 10, "runs": [], "round": 0}
-               for p in search["heldout_prompts"][:2]]
-    arms = [{"name": "target", "engine": "vllm", "tokens_per_s": 2.0},
-            {"name": "draftnas", "engine": "vllm", "tokens_per_s": 2.6, "drafter": "qwen2.5-coder-0.5b",
-             "gamma": 3, "speedup": 1.3, "speedup_interval": [1.1, 1.4], "exact_match_rate": 1.0},
-            {"name": "lookup", "engine": "vllm", "tokens_per_s": 1.9, "drafter": "lookup:n=3,m=4", "gamma": 4,
-             "speedup": 0.95, "speedup_interval": [0.9, 1.01], "exact_match_rate": 1.0}]
+    prompts = [(p, "edit") for p in search["heldout_prompts"][:2]]
+    arms = [{"name": "target", "tokens_per_s": 2.0},
+            {"name": "draftnas", "tokens_per_s": 2.6, "drafter": "qwen2.5-coder-0.5b",
+             "gamma": 3, "speedup": 1.3, "speedup_interval": (1.1, 1.4), "exact_match_rate": 1.0},
+            {"name": "lookup", "tokens_per_s": 1.9, "drafter": "lookup:n=3,m=4", "gamma": 4,
+             "speedup": 0.95, "speedup_interval": (0.9, 1.01), "exact_match_rate": 1.0}]
     bench = tmp_path / "bench-vllm.json"
-    bench.write_text(json.dumps({"engine": "vllm", "arms": arms, "prompts": prompts, "rounds": 2,
-                                 "n_prompts": 2}))
+    bench.write_text(_bench("vllm", prompts, arms, rounds=2))
     (edit,) = workload_verdicts(*read_results([str(RESULTS / EDIT[0]), str(bench)]))
     served = [r for r in edit.routes if r.engine == "vllm"]
     assert [(r.family, r.verdict) for r in served] == [("model drafter", "pays"), ("lookup", "not separable")]
@@ -149,24 +163,21 @@ def test_a_vllm_bench_of_held_out_prompts_fills_the_workloads_vllm_column(tmp_pa
 
     shutil.copy(RESULTS / "lookup-edit72.json", tmp_path)
     held = json.loads((RESULTS / "lookup-edit72.json").read_text())["heldout_prompts"]
-    bench = {"engine": "vllm", "host": "h", "threads": 2,
-             "prompts": [{"prompt_id": held[0], "domain": "edit", "runs": []}],
-             "arms": [{"name": "target", "tokens_per_s": 5.0, "tokens_per_s_interval": [4.5, 5.5]},
-                      {"name": "draftnas", "drafter": "/x/drafters/L24", "gamma": 3, "speedup": 1.2,
-                       "speedup_interval": [1.1, 1.3], "exact_match_rate": 1.0},
-                      {"name": "reference", "drafter": "qwen2.5-coder-0.5b", "gamma": 3, "speedup": 0.9,
-                       "speedup_interval": [0.8, 1.0], "exact_match_rate": 1.0},
-                      {"name": "lookup", "drafter": "lookup:n=6,m=32", "gamma": 32, "speedup": 1.5,
-                       "speedup_interval": [1.4, 1.6], "exact_match_rate": 0.5}]}
-    (tmp_path / "v.json").write_text(json.dumps(bench))
+    arms = [{"name": "target", "tokens_per_s": 5.0, "tokens_per_s_interval": (4.5, 5.5)},
+            {"name": "draftnas", "tokens_per_s": 6.0, "drafter": "/x/drafters/L24", "gamma": 3,
+             "speedup": 1.2, "speedup_interval": (1.1, 1.3), "exact_match_rate": 1.0},
+            {"name": "reference", "tokens_per_s": 4.5, "drafter": "qwen2.5-coder-0.5b", "gamma": 3,
+             "speedup": 0.9, "speedup_interval": (0.8, 1.0), "exact_match_rate": 1.0},
+            {"name": "lookup", "tokens_per_s": 7.5, "drafter": "lookup:n=6,m=32", "gamma": 32, "speedup": 1.5,
+             "speedup_interval": (1.4, 1.6), "exact_match_rate": 0.5}]
+    (tmp_path / "v.json").write_text(_bench("vllm", [(held[0], "edit")], arms, host="h"))
     rows = workloads_table(tmp_path, ["lookup-edit72.json", "v.json"])
     (edit,) = [r for r in rows if r.startswith("| edit")]
     assert edit.endswith("| alone 5.00 [4.50, 5.50]; draftnas's pick L24, γ 3: 1.200x [1.100, 1.300], every "
                          "output the target's; qwen2.5-coder-0.5b, γ 3: 0.900x [0.800, 1.000], every output "
                          "the target's; lookup: 1.500x [1.400, 1.600], 50% of outputs the target's |")
     # a vLLM bench of other prompts is another workload's: the column says so
-    bench["prompts"] = [{"prompt_id": "code-000", "domain": "code", "runs": []}]
-    (tmp_path / "v.json").write_text(json.dumps(bench))
+    (tmp_path / "v.json").write_text(_bench("vllm", [("code-000", "code")], arms, host="h"))
     rows = workloads_table(tmp_path, ["lookup-edit72.json", "v.json"])
     (edit,) = [r for r in rows if r.startswith("| edit")]
     assert edit.endswith("| not benched |")
