@@ -280,19 +280,17 @@ def _predicted(result: BenchResult, arms: Sequence[VllmArm], steps: dict[str, li
                vllm: Vllm, target_folder: str) -> BenchResult:
     """`result` with each arm's prediction from this host's stored vLLM calibration of the target and
     draftnas's replay (`bench.vllm_predicted`), and the line naming it; as it is where none is stored."""
-    from draftnas.bench.vllm_predicted import drafter_arch, predicted_checks, stored_calibration
+    from draftnas.bench.vllm_predicted import predicted_checks, priced_arms, stored_calibration
     from draftnas.core.registry import resolve_architecture
-    from draftnas.latency.vllm import VllmModel
 
     found = stored_calibration(Path(target_folder), vllm.version, result.threads)
     if found is None:
         return replace(result, predicted_from="no vLLM calibration of this target here to predict from "
                                               "(`draftnas search --engine vllm` times one)")
     calibration, path = found
-    target, base = resolve_architecture(target_folder), resolve_architecture(calibration.base)
-    model = VllmModel(calibration, target, base)
     kinds = {a.name: a.kind for a in arms}
-    drafters = {a.name: drafter_arch(a.folder) if kinds[a.name] == "model" else None for a in arms}
+    model, drafters = priced_arms(calibration, resolve_architecture(target_folder),
+                                  {a.name: (a.kind, a.folder) for a in arms})
     checks = predicted_checks(result, model, kinds, drafters, steps)
     said = f"this host's vLLM calibration {path} (timed {calibration.timed_at}) and draftnas's replay"
     return replace(result, predictions=checks, predicted_from=said)

@@ -97,19 +97,18 @@ def _predicted(plan: VllmPlan, extended: Sequence[Sequence[int]], budget: int, v
                batches: Sequence[int]) -> tuple[dict[int, dict[str, float]], str]:
     """Each drafter arm's predicted speedup per batch from this host's stored vLLM calibration of the target
     and draftnas's replay of each prompt, and the line naming the calibration ("" where none is stored)."""
-    from draftnas.bench.vllm_predicted import PricedArm, batch_speedups, drafter_arch, stored_calibration
+    from draftnas.bench.vllm_predicted import PricedArm, batch_speedups, priced_arms, stored_calibration
     from draftnas.core.registry import resolve_architecture
-    from draftnas.latency.vllm import VllmModel
 
     found = stored_calibration(Path(plan.job["model"]), vllm.version, cpu_count(), max(batches))
     if found is None or not extended:
         return {}, ""
     calibration, path = found
-    model = VllmModel(calibration, resolve_architecture(plan.job["model"]),
-                      resolve_architecture(calibration.base))
+    model, drafters = priced_arms(calibration, resolve_architecture(plan.job["model"]),
+                                  {a.name: (a.kind, a.folder) for a in plan.arms})
     # an arm drafting by a schedule is priced at each batch at the γ its schedule gives there
     fixed = {(a.name, g): a.at_gamma(g) for a in plan.arms for g in {a.gamma_at(b) for b in batches}}
-    arms = {f"{name}@{g}": PricedArm(a.kind, drafter_arch(a.folder), g) for (name, g), a in fixed.items()}
+    arms = {f"{name}@{g}": PricedArm(a.kind, drafters[name], g) for (name, g), a in fixed.items()}
     steps = {f"{name}@{g}": replayed(a, plan.encoded, extended, budget, plan.job["model"])[1]
              for (name, g), a in fixed.items()}
     new_tokens = [min(len(e), budget) for e in extended]

@@ -70,8 +70,8 @@ def arm_request_ms(model: VllmModel, kind: str, drafter: Architecture | None, ga
 
 @dataclass(frozen=True)
 class PricedArm:
-    """What prices one arm's requests: its kind ("target", "model" or "lookup"), its drafter's shape (a
-    model drafter's) and γ."""
+    """What prices one arm's requests: its kind ("target", "model", "head" or "lookup"), its drafter's shape
+    (a model drafter's or a head's) and γ."""
 
     kind: str
     drafter: Architecture | None = None
@@ -158,6 +158,27 @@ def _ms(model: VllmModel, kind: str, drafter: Architecture | None, gamma: int, p
         steps: Sequence, target: str) -> float:
     new_tokens = prompt.run(target).new_tokens
     return arm_request_ms(model, kind, drafter, gamma, prompt.prompt_tokens, new_tokens, steps)
+
+
+def priced_arms(calibration: VllmCalibration, target: Architecture, arms: Mapping[str, tuple[str, str]]
+                ) -> tuple[VllmModel, dict[str, Architecture | None]]:
+    """The model pricing `arms` (name -> its kind and the folder vLLM loads) from `calibration`, and each
+    arm's drafter shape: a model drafter's from its config, a head's as the search prices its shape
+    (`search.vllm.head_arch`), the head the calibration timed priced from its own steps."""
+    from draftnas.drafter.head.folder import read_shape
+    from draftnas.search.vllm import head_arch
+
+    drafters: dict[str, Architecture | None] = {}
+    timed = None
+    for name, (kind, folder) in arms.items():
+        if kind == "head":
+            shape = read_shape(folder)
+            drafters[name] = head_arch(target, shape)
+            if shape.label() == calibration.head_label:
+                timed = drafters[name]
+        else:
+            drafters[name] = drafter_arch(folder) if kind == "model" else None
+    return VllmModel(calibration, target, resolve_architecture(calibration.base), head=timed), drafters
 
 
 def drafter_arch(folder: str) -> Architecture | None:

@@ -17,13 +17,19 @@ rejection, bookkeeping), measured per batch size as (a request group's seconds -
 An `ngram` (lookup) step drafts at no model's cost: overhead_ngram(B) + T(B(k + 1)) + H(B(k + 1)) for the k
 tokens it found to draft (0 where it found no match).
 
-The calibration starts four engines (`models.vllm_driver` with `time_forwards`): the target alone at
-batch 1..B, the target with the base as its `draft_model` at γ, the target with `ngram` lookup at γ, and the
-base cut to two layers alone, so a drafter of the base's width at any depth is priced from the line through
-the depths timed. vLLM's CPU build
-has no synthetic acceptance (its CPU sampler asserts against `rejection_sample_method: synthetic`), so the
-drafts are real; the forwards are timed by the tokens they read, which acceptance does not change (a verify
-reads γ + 1 tokens per sequence whatever was accepted).
+An `eagle3` head's step is a model drafter's with the head's own parts: its fc over the target's states of
+the verified positions F(B(γ + c_h)), its first forward over them E(B(γ + c_h)), γ - 1 one-token forwards
+E(B), γ heads h_e(B) over its draft vocabulary, and the head's step overhead. A head is priced from the
+shape timed (`head_label`, draft vocabulary `head_rows`) and no other: the calibration times one head, an
+untrained one of that shape (acceptance does not change what a forward reads).
+
+The calibration starts four engines (`models.vllm_driver` with `time_forwards`), five with a head: the
+target alone at batch 1..B, the target with the base as its `draft_model` at γ, the target with `ngram`
+lookup at γ, the target with the head as its `eagle3` drafter at γ, and the base cut to two layers alone,
+so a drafter of the base's width at any depth is priced from the line through the depths timed. vLLM's CPU
+build has no synthetic acceptance (its CPU sampler asserts against `rejection_sample_method: synthetic`),
+so the drafts are real; the forwards are timed by the tokens they read, which acceptance does not change (a
+verify reads γ + 1 tokens per sequence whatever was accepted).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +84,13 @@ class VllmCalibration(Record):
     spec_overhead_ms: dict[int, float]
     catch_up_tokens: int
     ngram_overhead_ms: dict[int, float] = field(default_factory=dict)
+    head_label: str = ""  # the eagle3 head timed ("" where none was): `HeadShape.label()`
+    head_rows: int = 0  # its draft vocabulary
+    head_ms: dict[int, float] = field(default_factory=dict)  # its forward by tokens
+    head_fc_ms: dict[int, float] = field(default_factory=dict)  # its fc over the target's states, by rows
+    head_logits_ms: dict[int, float] = field(default_factory=dict)  # its head by rows
+    head_overhead_ms: dict[int, float] = field(default_factory=dict)  # vLLM's own work per step, by batch
+    head_catch_up_tokens: int = 0
     forwards: int = 0  # forwards timed in all
     wall_s: float = 0.0
     timed_at: str = ""
@@ -131,7 +144,7 @@ def catch_up_tokens(runs: Sequence[TimedRun], gamma: int) -> int:
     over the verify steps whose sequences can be counted)."""
     seen: Counter[int] = Counter()
     for run in runs:
-        f = [x for x in run.forwards if not x[0].endswith("-logits")]
+        f = [x for x in run.forwards if not x[0].endswith(("-logits", "-fc"))]
         for i, (role, tokens, _) in enumerate(f[:-1]):
             if role == "target" and tokens % (gamma + 1) == 0 and f[i + 1][0] == "draft":
                 sequences = tokens // (gamma + 1)
@@ -153,12 +166,22 @@ def piecewise(points: dict[int, float], x: float) -> float:
     return points[b] + (points[b] - points[a]) / (b - a) * (x - b)
 
 
+@dataclass(frozen=True)
+class TimedHead:
+    """An eagle3 head folder to time beside the drafters: its shape's label and draft vocabulary rows."""
+
+    folder: Path
+    label: str
+    rows: int
+
+
 def calibrate_vllm(vllm: Vllm, target: Path, base: Path, base_arch: Architecture, prompts: list[list[int]],
                    batches: Sequence[int], gamma: int, threads: int, new_tokens: int = 16, rounds: int = 2,
-                   progress: Callable[[int, int], None] | None = None) -> VllmCalibration:
-    """Time the target alone, the target drafting with `base` at `gamma`, and `base` cut to two layers
-    alone, each at every batch in `batches` over `prompts` (`new_tokens` a request, end-of-sequence
-    ignored), inside vLLM's engine process."""
+                   progress: Callable[[int, int], None] | None = None, head: TimedHead | None = None
+                   ) -> VllmCalibration:
+    """Time the target alone, the target drafting with `base` at `gamma` (and with `head` as its eagle3
+    drafter, where one is given), and `base` cut to two layers alone, each at every batch in `batches` over
+    `prompts` (`new_tokens` a request, end-of-sequence ignored), inside vLLM's engine process."""
     started = time.perf_counter()
     cut = _cut(base, base_arch, SHALLOW) if base_arch.num_hidden_layers > SHALLOW else None
     job = {"dtype": "float32", "prompts": prompts, "max_tokens": new_tokens, "rounds": rounds, "seed": 0,
@@ -170,6 +193,9 @@ def calibrate_vllm(vllm: Vllm, target: Path, base: Path, base_arch: Architecture
     jobs = [("target", job | {"model": str(target), "speculative_config": None}),
             ("speculative", job | {"model": str(target), "speculative_config": spec}),
             ("ngram", job | {"model": str(target), "speculative_config": ngram})]
+    if head is not None:
+        eagle = {"method": "eagle3", "model": str(head.folder), "num_speculative_tokens": gamma}
+        jobs.append(("head", job | {"model": str(target), "speculative_config": eagle}))
     if cut is not None:
         jobs.append(("cut", job | {"model": str(cut), "speculative_config": None}))
     results: dict[str, dict] = {}
@@ -189,9 +215,10 @@ def calibrate_vllm(vllm: Vllm, target: Path, base: Path, base_arch: Architecture
     if cut is not None:
         drafters[SHALLOW] = forward_ms(timed_runs(results["cut"]), "target")
     lookup = timed_runs(results["ngram"])
+    heads_run = timed_runs(results["head"]) if head is not None else []
     target_ms = forward_ms([*plain, *speculative, *lookup], "target")
     heads = forward_ms(speculative, "draft-logits")
-    return VllmCalibration(
+    calibration = VllmCalibration(
         engine=VLLM, version=results["target"]["vllm"], device=vllm.device, cpu=cpu_identity(),
         threads=threads, target=str(target), base=base_arch.name, gamma=gamma, batches=tuple(batches),
         prompt_tokens=round(statistics.mean(len(p) for p in prompts)), target_ms=target_ms,
@@ -201,6 +228,13 @@ def calibrate_vllm(vllm: Vllm, target: Path, base: Path, base_arch: Architecture
         ngram_overhead_ms=overhead_by_batch(lookup),
         forwards=sum(len(r.forwards) for res in results.values() for r in timed_runs(res)),
         wall_s=round(time.perf_counter() - started, 1), timed_at=time.strftime("%Y-%m-%d %H:%M"))
+    if head is None:
+        return calibration
+    return replace(calibration, head_label=head.label, head_rows=head.rows,
+                   head_ms=forward_ms(heads_run, "draft"), head_fc_ms=forward_ms(heads_run, "draft-fc"),
+                   head_logits_ms=forward_ms(heads_run, "draft-logits"),
+                   head_overhead_ms=overhead_by_batch(heads_run),
+                   head_catch_up_tokens=catch_up_tokens(heads_run, gamma))
 
 
 def _cut(base: Path, arch: Architecture, layers: int) -> Path:
@@ -263,10 +297,27 @@ class VllmModel:
     """Prices shapes in vLLM from a `VllmCalibration`; `predict_ms` has `LatencyModel`'s signature. The
     target's shape reads the target's forwards; any other is a drafter of the base's width, priced from the
     line through the depths timed. A reduced draft head is priced at the full vocabulary: vLLM loads the
-    export's full-head copy (`export --full-head`), not its custom head."""
+    export's full-head copy (`export --full-head`), not its custom head. `head` is the shape the search
+    prices the calibration's timed eagle3 head as (`drafter.head.shape.priced_arch`): that shape with the
+    head's draft vocabulary is priced from the head's own timings."""
 
-    def __init__(self, calibration: VllmCalibration, target: Architecture, base: Architecture) -> None:
+    def __init__(self, calibration: VllmCalibration, target: Architecture, base: Architecture,
+                 head: Architecture | None = None) -> None:
         self.calibration, self.target, self.base = calibration, target, base
+        self.head = head if calibration.head_label else None
+
+    def is_head(self, arch: Architecture | None, head_vocab_size: int | None = None) -> bool:
+        """Whether `arch` (with `head_vocab_size` rows, where given) is the eagle3 head this calibration
+        timed."""
+        return (self.head is not None and arch is not None
+                and arch.with_shape(name="") == self.head.with_shape(name="")
+                and head_vocab_size in (None, self.calibration.head_rows))
+
+    def _head_check(self, arch: Architecture | None) -> None:
+        if not self.is_head(arch):
+            timed = self.calibration.head_label or "none"
+            raise InfeasibleCandidateError(f"vLLM timed one eagle3 head here ({timed}); "
+                                           f"{arch.name if arch else 'this head'} is not it")
 
     @property
     def max_batch_size(self) -> int:
@@ -303,14 +354,30 @@ class VllmModel:
             overhead = piecewise(c.spec_overhead_ms if spec else c.plain_overhead_ms, batch_size)
             head = piecewise(c.target_head_ms, tokens if spec else batch_size)
             return piecewise(c.target_ms, tokens) + head + overhead
+        if self.is_head(arch, head_vocab_size):
+            return piecewise(c.head_ms, tokens) + piecewise(c.head_logits_ms, batch_size)
         return self._drafter_ms(arch, tokens) + piecewise(c.drafter_head_ms, batch_size)
 
     def drafter_batch_ms(self, arch: Architecture, tokens: int, batch_size: int = 1) -> float:
         """What the drafter's first forward of a step costs beyond a one-token one: it reads the `tokens` the
-        target verified and `catch_up_tokens` - 1 more per sequence (its head still scores one row each)."""
+        target verified and `catch_up_tokens` - 1 more per sequence (its head still scores one row each). A
+        head's also carries its fc over those rows and the difference between its step's overhead and a
+        model drafter's (which the target's verify carries)."""
         c = self.calibration
+        if self.is_head(arch):
+            rows = batch_size * (tokens - 1 + c.head_catch_up_tokens)
+            return (self._first_ms("head", arch, rows) - piecewise(c.head_ms, batch_size)
+                    + piecewise(c.head_overhead_ms, batch_size) - piecewise(c.spec_overhead_ms, batch_size))
         first = self._drafter_ms(arch, batch_size * (tokens - 1 + c.catch_up_tokens))
         return first - self._drafter_ms(arch, batch_size)
+
+    def _first_ms(self, kind: str, drafter: Architecture, tokens: float) -> float:
+        """A drafter's first forward of a step over `tokens` (a head's with its fc over them)."""
+        c = self.calibration
+        if kind == "head":
+            self._head_check(drafter)
+            return piecewise(c.head_ms, tokens) + piecewise(c.head_fc_ms, tokens)
+        return self._drafter_ms(drafter, tokens)
 
     def group_ms(self, kind: str, drafter: Architecture | None, gamma: int, prompt_tokens: Sequence[int],
                  walks: Sequence[Sequence[tuple[int, int]]]) -> float:
@@ -323,35 +390,39 @@ class VllmModel:
         drafted and one more). A single request is a group of one."""
         c = self.calibration
         overheads = {"target": c.plain_overhead_ms, "model": c.spec_overhead_ms,
-                     "lookup": c.ngram_overhead_ms or c.spec_overhead_ms}
-        if kind not in overheads:
+                     "lookup": c.ngram_overhead_ms or c.spec_overhead_ms, "head": c.head_overhead_ms}
+        if not overheads.get(kind):
             raise InfeasibleCandidateError(f"a {kind} drafter's steps are not in this vLLM calibration")
         overhead = overheads[kind]
         batch = len(prompt_tokens)
         total = (piecewise(c.target_ms, sum(prompt_tokens)) + piecewise(c.target_head_ms, batch)
                  + piecewise(overhead, batch))
-        if kind == "model":
+        drafts = kind in ("model", "head")
+        catch_up = c.head_catch_up_tokens if kind == "head" else c.catch_up_tokens
+        if drafts:
             assert drafter is not None
-            total += (self._drafter_ms(drafter, sum(p + 1 for p in prompt_tokens))
-                      + self._drafts(drafter, gamma, batch))
+            total += (self._first_ms(kind, drafter, sum(p + 1 for p in prompt_tokens))
+                      + self._drafts(kind, drafter, gamma, batch))
         for step in range(max((len(w) for w in walks), default=0)):
             running = [w[step] for w in walks if step < len(w)]
             b = len(running)
-            verified = b * (gamma + 1) if kind == "model" else sum(1 + d for _, d in running)
+            verified = b * (gamma + 1) if drafts else sum(1 + d for _, d in running)
             total += (piecewise(c.target_ms, verified) + piecewise(c.target_head_ms, verified)
                       + piecewise(overhead, b))
-            if kind == "model":
+            if drafts:
                 assert drafter is not None
-                total += (self._drafter_ms(drafter, b * (gamma + c.catch_up_tokens))
-                          + self._drafts(drafter, gamma, b))
+                total += (self._first_ms(kind, drafter, b * (gamma + catch_up))
+                          + self._drafts(kind, drafter, gamma, b))
         return total
 
-    def _drafts(self, drafter: Architecture, gamma: int, batch: int) -> float:
+    def _drafts(self, kind: str, drafter: Architecture, gamma: int, batch: int) -> float:
         """The drafts after a drafter's first forward of a step: γ - 1 one-token forwards over the batch and
         γ heads (the first forward drafts the first token); none at γ 0, where a batch schedule drafts
         nothing and vLLM still runs that first forward (to keep the drafter's cache) but no head."""
-        return (max(gamma - 1, 0) * self._drafter_ms(drafter, batch)
-                + gamma * piecewise(self.calibration.drafter_head_ms, batch))
+        c = self.calibration
+        one = piecewise(c.head_ms, batch) if kind == "head" else self._drafter_ms(drafter, batch)
+        head = c.head_logits_ms if kind == "head" else c.drafter_head_ms
+        return max(gamma - 1, 0) * one + gamma * piecewise(head, batch)
 
     def summary(self) -> str:
         c = self.calibration
@@ -367,4 +438,8 @@ class VllmModel:
                 + (f", {piecewise(c.ngram_overhead_ms, 1):.1f} ms with n-gram lookup"
                    if c.ngram_overhead_ms else "")
                 + f"; {c.base} drafter forward and "
-                f"head {drafts} ms (its head {head:.1f}; batch 1)")
+                f"head {drafts} ms (its head {head:.1f}; batch 1)"
+                + (f"; eagle3 {c.head_label} forward and head "
+                   f"{piecewise(c.head_ms, 1) + piecewise(c.head_logits_ms, 1):.1f} ms, its fc "
+                   f"{piecewise(c.head_fc_ms, c.gamma + 1):.1f} ms over {c.gamma + 1} rows, its step's own "
+                   f"work {piecewise(c.head_overhead_ms, 1):.1f} ms" if c.head_label else ""))

@@ -29,8 +29,8 @@ FORWARDS = "_draftnas_forwards"  # where the engine process keeps its timed forw
 
 def _install_timers(worker) -> int:
     """In vLLM's engine process: time each forward and each head (`compute_logits`) of the target and, where
-    one runs, the drafter, with the rows it read (CPU calls return when done; on CUDA each is synchronized).
-    Returns the models wrapped."""
+    one runs, the drafter (and an eagle3 head's fc over the target's states, `draft-fc`), with the rows it
+    read (CPU calls return when done; on CUDA each is synchronized). Returns the models wrapped."""
     import builtins
 
     import torch
@@ -64,6 +64,9 @@ def _install_timers(worker) -> int:
         wrap(model, "forward", role, lambda a, k: k.get("input_ids", a[0] if a else None))
         wrap(model, "compute_logits", f"{role}-logits",
              lambda a, k: k.get("hidden_states", a[0] if a else None))
+        if role == "draft" and hasattr(model, "combine_hidden_states"):  # an eagle3 head's fc, once a step
+            wrap(model, "combine_hidden_states", "draft-fc",
+                 lambda a, k: k.get("hidden_states", a[0] if a else None))
         wrapped += 1
     return wrapped
 

@@ -33,6 +33,7 @@ from draftnas.search.requests import SearchRequest
 from draftnas.search.space import SearchSpace
 
 if TYPE_CHECKING:
+    from draftnas.drafter.training.distill_records import CurveSet
     from draftnas.latency.records import LatencyProfile
 
 
@@ -51,8 +52,10 @@ class Pricing:
 
 
 def pricing(request: SearchRequest, space: SearchSpace, target_arch: Architecture, base_arch: Architecture,
-            references: tuple[str, ...], progress: Callable[[int, int], None] | None = None) -> Pricing:
-    """The profile, checked; then the model that prices drafters (see the module docstring)."""
+            references: tuple[str, ...], progress: Callable[[int, int], None] | None = None,
+            curves: CurveSet | None = None) -> Pricing:
+    """The profile, checked; then the model that prices drafters (see the module docstring); `curves`: the
+    trained shapes the search prices (vLLM times the first head among them)."""
     profile, latency_profile = resolve_profile(request.profile, space, request.dtype, request.engine,
                                                calibrating=request.calibrate, device=request.device)
     _check_dtype(request.dtype, latency_profile.device)
@@ -75,7 +78,7 @@ def pricing(request: SearchRequest, space: SearchSpace, target_arch: Architectur
 
         engine, dtype = VLLM, request.dtype or "fp32"  # vLLM's CPU build runs the drafters fp32 here
         served, note = vllm_model(request.target, target_arch, request.base or space.base, base_arch, space,
-                                  request.threads, progress)
+                                  request.threads, progress, curves)
         predictor, profile = served, f"vLLM ({served.calibration.version}, this host)"
     elif [w for w in space.weights if w in GGUF_WEIGHTS]:
         raise option_error("engine", f"is {request.engine}, but search space {space.name!r} offers GGUF "

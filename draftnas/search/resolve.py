@@ -133,7 +133,7 @@ def plan_search(request: SearchRequest, trace_progress: Callable[[int, int], Non
     _set_threads(request.threads)
     shapes = _shapes(request)
     priced = pricing(request, shapes.space, shapes.target_arch, shapes.base_arch, shapes.references,
-                     calibration_progress)
+                     calibration_progress, curves)
     model = _model_evaluator(request, shapes.space, shapes.base, shapes.base_arch) \
         if request.acceptance_model is not None else None  # acceptance from an α(drafter) model
     options = _options(request, shapes, priced, curves, model[1] if model else None)

@@ -6,11 +6,16 @@ vLLM's `draft_model` loads a folder of an architecture it knows, dense; draftnas
 with a plain full-head copy beside its reduced head (`export --full-head`), so a reduced head is priced
 as vLLM runs it, at the full vocabulary. A drafter of pruned width would load, but the calibration times
 the base's full width only, so the space may not prune widths.
+
+Where the search prices training curves with a head among them, the calibration also times an untrained
+head of the first head curve's shape as vLLM's `eagle3` drafter, so that shape is priced from its own steps
+there (any other head shape is left out, with a line).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,11 +24,20 @@ from draftnas.core.engine_kinds import VLLM
 from draftnas.core.machine import cpu_count, cpu_identity
 from draftnas.core.options import option_error
 from draftnas.core.registry import Architecture
-from draftnas.latency.vllm import VllmCalibration, VllmModel, calibrate_vllm, store_path, stored_or_calibrated
+from draftnas.latency.vllm import (
+    TimedHead,
+    VllmCalibration,
+    VllmModel,
+    calibrate_vllm,
+    store_path,
+    stored_or_calibrated,
+)
 from draftnas.search.space import SearchSpace
 
 if TYPE_CHECKING:
     from draftnas.drafter.families import DrafterSpec
+    from draftnas.drafter.head.shape import HeadShape
+    from draftnas.drafter.training.distill_records import CurveSet
 
 CALIBRATION_PROMPT_TOKENS = 64  # prompt tokens a timing request reads (its prefill is timed too)
 ANY_BATCH = 65536  # the end of a schedule's closing range: vLLM reads it up to the batch it serves at most
@@ -53,10 +67,10 @@ def calibration_batches(largest: int) -> tuple[int, ...]:
 
 
 def vllm_model(target: str, target_arch: Architecture, base: str, base_arch: Architecture, space: SearchSpace,
-               threads: int | None, progress: Callable[[int, int], None] | None = None
-               ) -> tuple[VllmModel, str]:
+               threads: int | None, progress: Callable[[int, int], None] | None = None,
+               curves: CurveSet | None = None) -> tuple[VllmModel, str]:
     """The vLLM latency model of this host for `space` (stored per host, vLLM version, files and settings),
-    and the line saying what was measured."""
+    and the line saying what was measured; with the first head curve's shape in `curves` timed too."""
     from draftnas.models.sources import ensure_local_folder
     from draftnas.models.vllm_engine import find_vllm
 
@@ -72,14 +86,45 @@ def vllm_model(target: str, target_arch: Architecture, base: str, base_arch: Arc
     request = {"engine": VLLM, "version": vllm.version, "python": str(vllm.python),
                "cpu": cpu_identity().label(), "threads": n, "target": _folder_key(target_folder),
                "base": _folder_key(base_folder), "batches": list(batches), "gamma": gamma, "prompts": prompts}
+    shape = _head_shape(target, target_folder, curves)
+    if shape is not None:
+        request["head"] = shape.label()
 
     def calibrate() -> VllmCalibration:
-        return calibrate_vllm(vllm, target_folder, base_folder, base_arch, prompts, batches, gamma, n,
-                              progress=progress)
+        if shape is None:
+            return calibrate_vllm(vllm, target_folder, base_folder, base_arch, prompts, batches, gamma, n,
+                                  progress=progress)
+        from draftnas.drafter.head.build import untrained_head
+        from draftnas.models.sources import state_dir
+
+        folder = untrained_head(shape, state_dir() / "vllm-cuts" / f"{target_arch.name}-timing-head")
+        try:
+            return calibrate_vllm(vllm, target_folder, base_folder, base_arch, prompts, batches, gamma, n,
+                                  progress=progress, head=TimedHead(folder, shape.label(), shape.draft_vocab))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     calibration, where = stored_or_calibrated(store_path(request), calibrate)
-    model = VllmModel(calibration, target_arch, base_arch)
+    model = VllmModel(calibration, target_arch, base_arch, head=head_arch(target_arch, shape))
     return model, f"{model.summary()}; {where}"
+
+
+def _head_shape(target: str, target_folder: Path, curves: CurveSet | None) -> HeadShape | None:
+    """The shape of the first head curve in `curves` (its target's attention heads), None where none is."""
+    from draftnas.drafter.head.shape import head_shape
+
+    head = next((c for c in (curves.curves if curves else ()) if c.family == "head"), None)
+    if head is None:
+        return None
+    config = json.loads((target_folder / "config.json").read_text())
+    return head_shape(config, target, layers=head.layers, draft_vocab=head.head_rows, ffn=head.ffn)
+
+
+def head_arch(target_arch: Architecture, shape: HeadShape | None) -> Architecture | None:
+    """What the search prices a head of `shape` as (`drafter.head.shape.priced_arch`; None for none)."""
+    from draftnas.drafter.head.shape import priced_arch
+
+    return None if shape is None else priced_arch(target_arch, len(shape.layers), shape.ffn, shape.label())
 
 
 def calibration_prompts(target_folder: Path, prompt_set: str) -> list[list[int]]:

@@ -242,3 +242,71 @@ def test_the_default_space_for_vllm_is_the_targets_vllm_one_else_its_loops_one()
     assert default_space_for("qwen2.5-coder-1.5b", "static").name == "qwen2.5-coder-1.5b"
     assert default_space_for("qwen2.5-coder-1.5b", "llama.cpp").name == "qwen2.5-coder-1.5b-llama-cpp"
     assert default_space_for("smollm2-135m", "vllm").name == "smollm2-135m"  # whose problems the search says
+
+
+def head_calibration() -> VllmCalibration:
+    """`calibration()` with an eagle3 head timed: its forward, fc, head and step work."""
+    from dataclasses import replace
+
+    return replace(calibration(), head_label="head L2/14/25 V8192 F2048", head_rows=8192,
+                   head_ms={1: 6.0, 2: 6.5, 5: 8.0, 10: 10.0}, head_fc_ms={1: 1.0, 5: 2.0, 10: 3.0},
+                   head_logits_ms={1: 2.0, 2: 2.5, 4: 3.0}, head_overhead_ms={1: 25.0, 2: 33.0, 4: 50.0},
+                   head_catch_up_tokens=1)
+
+
+def timed_head_arch():
+    from draftnas.drafter.head.shape import head_shape
+    from draftnas.search.vllm import head_arch
+
+    config = {"num_hidden_layers": 28, "hidden_size": 1536, "vocab_size": 151936, "num_attention_heads": 12,
+              "num_key_value_heads": 2, "intermediate_size": 8960, "rope_theta": 1e6}
+    shape = head_shape(config, "qwen2.5-coder-1.5b", layers=(2, 14, 25), draft_vocab=8192, ffn=2048)
+    assert shape.label() == "head L2/14/25 V8192 F2048"
+    return head_arch(TARGET, shape)
+
+
+def test_the_timed_head_is_priced_from_its_own_steps_and_no_other_head_is():
+    head = timed_head_arch()
+    model = VllmModel(head_calibration(), TARGET, BASE, head=head)
+    assert model.is_head(head, 8192) and not model.is_head(head, 16384) and not model.is_head(BASE)
+    assert model.predict_ms(head, head_vocab_size=8192) == pytest.approx(6 + 2)  # one forward, its head
+    # its first forward of a step reads the verified tokens (γ + 1 at c_h = 1) with its fc over them, and
+    # its step's work differs from a model drafter's by 25 - 30 ms at batch 1
+    assert model.drafter_batch_ms(head, 5) == pytest.approx(8 + 2 - 6 + 25 - 30)
+    # a request: the prefill (the head reads the prompt and its first token, fc over them), then a step
+    from draftnas.bench.vllm_predicted import arm_request_ms
+
+    drafted = arm_request_ms(model, "head", head, 4, 40, 6, [(4, 4)])
+    drafts_after = 3 * 6 + 4 * 2
+    forward, fc = {1: 6, 2: 6.5, 5: 8, 10: 10}, {1: 1, 5: 2, 10: 3}
+    prefill = (300 + 20 + 25) + piecewise(forward, 41) + piecewise(fc, 41)
+    assert drafted == pytest.approx(prefill + drafts_after + (120 + 28 + 25) + 8 + 2 + drafts_after)
+    other = head.with_shape(intermediate_size=head.intermediate_size + 64)
+    with pytest.raises(InfeasibleCandidateError, match="one eagle3 head here"):
+        arm_request_ms(model, "head", other, 4, 40, 6, [(4, 4)])
+    # a calibration with no head timed prices no head's steps, as before
+    with pytest.raises(InfeasibleCandidateError, match="head drafter's steps"):
+        arm_request_ms(VllmModel(calibration(), TARGET, BASE, head=head), "head", head, 4, 40, 6, [(4, 4)])
+    assert "eagle3 head L2/14/25 V8192 F2048" in model.summary()
+
+
+def test_a_head_curve_is_priced_in_a_vllm_search_where_its_shape_was_timed():
+    from draftnas.drafter.training.curve_fit import load_curves
+    from draftnas.search.space import GammaRange
+    from draftnas.search.trained import price_trained
+
+    space = load_search_space("qwen2.5-coder-1.5b-vllm")
+    head = timed_head_arch()
+    curves = load_curves("benchmarks/results/heads/cpu-amd-zen3-qwen2.5-coder-1.5b-head-curve.json")
+    curve = curves.curves[0]
+
+    def priced(model):
+        target = target_latency(model, TARGET, space.workload, space.gamma)
+        return price_trained(curves, 120000, lambda a, rows: read_latency(model, "vllm", a, space.workload,
+                                                                          target, rows),
+                             get_architecture, space.workload, GammaRange(1, 4), None)
+
+    found = priced(VllmModel(head_calibration(), TARGET, BASE, head=head))
+    assert [p.label for p in found] == [curve.label]
+    assert found[0].draft_ms == pytest.approx(8.0)  # the head's own forward and head at batch 1
+    assert priced(VllmModel(calibration(), TARGET, BASE, head=None)) == ()  # no head timed: left out

@@ -5,6 +5,7 @@ target's, the rest initialised to train (`model.init_head`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +30,17 @@ def new_head(target: Any, shape: HeadShape, draft_ids: Sequence[int], *, seed: i
     weight = target.get_output_embeddings().weight
     head = Eagle3Head(shape, device=weight.device)
     return init_head(head, weight.detach().float(), draft_ids, seed=seed).eval()
+
+
+def untrained_head(shape: HeadShape, out: Path, *, seed: int = 0) -> Path:
+    """A head folder of `shape` whose weights are random (its output rows too, its draft vocabulary the
+    lowest ids), made without the target: for timing, where what a forward reads is what counts."""
+    from draftnas.drafter.head.folder import write_head
+
+    generator = torch.Generator().manual_seed(seed)
+    rows = torch.randn(shape.draft_vocab, shape.hidden_size, generator=generator) * 0.02
+    head = init_head(Eagle3Head(shape), rows, range(shape.draft_vocab), seed=seed)
+    return write_head(head, out)
 
 
 def head_proposer(head: Eagle3Head, target: Any, max_tokens: int) -> HeadProposer:
