@@ -24,14 +24,8 @@ from draftnas.core.engine_kinds import VLLM
 from draftnas.core.machine import cpu_count, cpu_identity
 from draftnas.core.options import option_error
 from draftnas.core.registry import Architecture
-from draftnas.latency.vllm import (
-    TimedHead,
-    VllmCalibration,
-    VllmModel,
-    calibrate_vllm,
-    store_path,
-    stored_or_calibrated,
-)
+from draftnas.latency.vllm import VllmCalibration, VllmModel, store_path, stored_or_calibrated
+from draftnas.latency.vllm_timing import TimedHead, calibrate_vllm
 from draftnas.search.space import SearchSpace
 
 if TYPE_CHECKING:

@@ -15,7 +15,8 @@ def test_the_calibration_times_forwards_heads_and_steps_inside_vllm(tmp_path):
     from draftnas.core.registry import get_architecture
     from draftnas.drafter.head.build import untrained_head
     from draftnas.drafter.head.shape import head_shape
-    from draftnas.latency.vllm import TimedHead, VllmModel, calibrate_vllm
+    from draftnas.latency.vllm import VllmModel
+    from draftnas.latency.vllm_timing import TimedHead, calibrate_vllm
     from draftnas.models.sources import ensure_local_folder, state_dir
     from draftnas.models.vllm_engine import find_vllm
     from draftnas.search.vllm import head_arch

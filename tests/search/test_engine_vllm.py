@@ -11,15 +11,8 @@ from draftnas.core.errors import DraftnasError, InfeasibleCandidateError
 from draftnas.core.machine import cpu_identity
 from draftnas.core.options import OptionError
 from draftnas.core.registry import get_architecture
-from draftnas.latency.vllm import (
-    VllmCalibration,
-    VllmModel,
-    catch_up_tokens,
-    forward_ms,
-    overhead_by_batch,
-    piecewise,
-    timed_runs,
-)
+from draftnas.latency.vllm import VllmCalibration, VllmModel, piecewise
+from draftnas.latency.vllm_timing import catch_up_tokens, forward_ms, overhead_by_batch, timed_runs
 from draftnas.search.scoring import read_latency, target_latency
 from draftnas.search.spaces import load_search_space
 from draftnas.search.vllm import (
