@@ -194,9 +194,16 @@ def test_a_head_that_can_beat_the_bar_gets_a_gpu_plan_to_that_budget():
 
     from draftnas.cli.search_render import trained_table
 
-    console = Console(width=400, record=True)
-    console.print(trained_table(SimpleNamespace(trained=(price,))))  # type: ignore[arg-type]
-    text = console.export_text()
+    def rendered(engine: str) -> str:
+        console = Console(width=400, record=True)
+        console.print(trained_table(SimpleNamespace(trained=(price,),  # type: ignore[arg-type]
+                                                    info=SimpleNamespace(engine=engine))))
+        return console.export_text()
+
+    text = rendered("static")
     hours = needed * price.flops_per_token / 30e12 / 3600
     assert f"GPU plan for {price.label}" in text and f"about {hours:.2g} GPU-hours from FLOPs" in text
     assert "smollm2-135m's hidden states" in text and "a head is priced as one layer" in text
+    # in vLLM the head was timed as its eagle3 drafter, and the caption says so
+    vllm = rendered("vllm")
+    assert "timed as vLLM's eagle3 drafter" in vllm and "priced as one layer" not in vllm
