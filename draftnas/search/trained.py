@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 def curve_arch(curve: TrainingCurve, base_arch: Architecture) -> Architecture:
     """The trained shape: `len(layers)` layers of `base_arch` at full width; a head on `base_arch` (its
-    target) as one layer of equal weights (`head.shape.priced_arch`)."""
+    target) as one layer of equal weights (`head.shape.priced_arch`), the shape vLLM's model prices from the
+    head of that shape its calibration timed (`latency.vllm.VllmModel.is_head`)."""
     if curve.family == "head":
         return priced_arch(base_arch, len(curve.layers), curve.ffn, curve.label)
     return base_arch.with_shape(name=f"{base_arch.name}:{curve.label}", num_hidden_layers=len(curve.layers))
