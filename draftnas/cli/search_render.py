@@ -141,12 +141,11 @@ def trained_table(result: SearchResult) -> Table:
                            f"GPU-hours from FLOPs ({p.flops_per_token / 1e9:.1f} GFLOP a token at an assumed "
                            f"{ASSUMED_GPU_FLOPS / 1e12:.0f} TFLOP/s of fp32 on an H100, not measured; making "
                            "data decodes, which runs below its FLOPs: a lower bound)")
-    if any(p.family == "head" for p in result.trained) and result.info.engine == VLLM:
-        caption.append("a head is priced from a head of its shape timed as vLLM's eagle3 drafter in this "
-                       "host's calibration; `draftnas distill head` trains one (docs/heads.md)")
-    elif any(p.family == "head" for p in result.trained):
-        caption.append("a head is priced as one layer at the target's width of equal weights (its fc and "
-                       "wider qkv folded into the FFN), its draft vocabulary as its rows; `draftnas distill "
-                       "head` trains one (docs/heads.md)")
+    if any(p.family == "head" for p in result.trained):
+        caption.append(("a head is priced from a head of its shape timed as vLLM's eagle3 drafter in this "
+                        "host's calibration" if result.info.engine == VLLM else
+                        "a head is priced as one layer at the target's width of equal weights (its fc and "
+                        "wider qkv folded into the FFN), its draft vocabulary as its rows")
+                       + "; `draftnas distill head` trains one (docs/heads.md)")
     table.caption = "\n".join(caption)
     return table
