@@ -24,7 +24,7 @@ from draftnas.core.prompts import encode_prompt, load_prompts
 from draftnas.latency.vllm_timing import TimedRun, overhead_by_batch, timed_runs
 from draftnas.models.sources import ensure_local_folder
 from draftnas.models.vllm_engine import find_vllm, run_vllm
-from draftnas.search.vllm import parse_schedule
+from draftnas.search.vllm import parse_schedule, speculative_config
 
 
 def summary(runs: list[TimedRun], batch: int, most: int) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def summary(runs: list[TimedRun], batch: int, most: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--drafter", required=True, help="a draft model folder vLLM loads")
+    parser.add_argument("--drafter", required=True, help="a draft model folder or an export")
     parser.add_argument("--gamma", type=int, default=1, help="the fixed-γ server's γ")
     parser.add_argument("--schedule", default="[[1,1,3],[2,65536,1]]", help="the schedule served beside it")
     parser.add_argument("--batches", default="2,4")
@@ -69,16 +69,14 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(target)
     chosen = load_prompts(args.prompts, per_domain=args.per_domain)
     prompts = [encode_prompt(tokenizer, p.text) for p in chosen]
-    schedule = [list(r) for r in parse_schedule(args.schedule)]
+    schedule = parse_schedule(args.schedule)
     batches = [int(b) for b in args.batches.split(",")]
     most = max(args.gamma, *(g for _, _, g in schedule))
     job = {"model": str(target), "dtype": "float32", "prompts": prompts, "max_tokens": args.new_tokens,
            "rounds": args.rounds, "seed": 0, "ignore_eos": True, "time_forwards": True, "batches": batches,
            "max_model_len": max(map(len, prompts)) + args.new_tokens + most + 64, "kv_cache_gb": 2}
-    arms = {f"fixed γ {args.gamma}": {"method": "draft_model", "model": args.drafter,
-                                      "num_speculative_tokens": args.gamma},
-            "schedule": {"method": "draft_model", "model": args.drafter, "num_speculative_tokens": most,
-                         "num_speculative_tokens_per_batch_size": schedule}}
+    arms = {f"fixed γ {args.gamma}": speculative_config(args.drafter, args.gamma),
+            "schedule": speculative_config(args.drafter, args.gamma, schedule)}
     out: dict[str, Any] = {"command": "python benchmarks/vllm_schedule_steps.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
         **host_fields(), "prompt_ids": [p.id for p in chosen], "arms": {}, "configs": arms}

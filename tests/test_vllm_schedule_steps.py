@@ -8,16 +8,12 @@ from benchmarks.vllm_schedule_steps import summary
 from draftnas.latency.vllm_timing import TimedRun
 
 
-def _group(batch: int, seconds: float, forwards: list[list]) -> TimedRun:
-    return TimedRun(batch, seconds, forwards)
-
-
 def test_a_group_prefilled_in_one_step_and_one_prefilled_over_two():
-    together = _group(2, 1.0, [["target", 80, 0.3], ["draft", 82, 0.1],
-                               ["target", 4, 0.2], ["draft", 6, 0.1]])
-    staggered = _group(2, 1.4, [["target", 40, 0.2], ["draft", 41, 0.05], ["draft", 1, 0.02],
-                                ["target", 44, 0.3], ["draft", 46, 0.1], ["target", 4, 0.2]])
-    other_batch = _group(4, 9.0, [["target", 160, 1.0]])
+    together = TimedRun(2, 1.0, [["target", 80, 0.3], ["draft", 82, 0.1],
+                                 ["target", 4, 0.2], ["draft", 6, 0.1]])
+    staggered = TimedRun(2, 1.4, [["target", 40, 0.2], ["draft", 41, 0.05], ["draft", 1, 0.02],
+                                  ["target", 44, 0.3], ["draft", 46, 0.1], ["target", 4, 0.2]])
+    other_batch = TimedRun(4, 9.0, [["target", 160, 1.0]])
     got = summary([together, staggered, other_batch], batch=2, most=3)
     assert got["groups"] == 2
     assert got["steps"] == 5
