@@ -27,7 +27,7 @@ from draftnas.bench.batch_records import BatchedBenchResult, BatchPoint
 from draftnas.bench.batched import crossover_runs, first_below_one
 from draftnas.bench.request_records import BenchOptions
 from draftnas.bench.vllm import TARGET, VllmArm, VllmPlan, check_settings, plan_vllm_bench
-from draftnas.bench.vllm_replay import replayed
+from draftnas.bench.vllm_replay import chains, replayed
 from draftnas.core.machine import cpu_count, cpu_identity, load_average
 from draftnas.core.prompts import Prompt
 from draftnas.core.records import Progress
@@ -106,15 +106,23 @@ def _predicted(plan: VllmPlan, extended: Sequence[Sequence[int]], budget: int, v
     calibration, path = found
     model, drafters = priced_arms(calibration, resolve_architecture(plan.job["model"]),
                                   {a.name: (a.kind, a.folder) for a in plan.arms})
-    # an arm drafting by a schedule is priced at each batch at the γ its schedule gives there
-    fixed = {(a.name, g): a.at_gamma(g) for a in plan.arms for g in {a.gamma_at(b) for b in batches}}
-    arms = {f"{name}@{g}": PricedArm(a.kind, drafters[name], g) for (name, g), a in fixed.items()}
-    steps = {f"{name}@{g}": replayed(a, plan.encoded, extended, budget, plan.job["model"])[1]
-             for (name, g), a in fixed.items()}
+    # a drafter's chains price it at each step's γ (a schedule's follows the batch that step ran: a group's
+    # last steps run fewer sequences); lookup's replayed steps at the γ its schedule gives at each batch
+    arms: dict[str, PricedArm] = {}
+    steps: dict[str, Any] = {}
+    for a in plan.arms:
+        if a.kind in ("model", "head"):
+            arms[a.name] = PricedArm(a.kind, drafters[a.name], a.gamma, a.schedule)
+            steps[a.name] = chains(a, plan.encoded, extended, budget, plan.job["model"])
+        elif a.kind == "lookup":
+            for g in {a.gamma_at(b) for b in batches}:
+                arms[f"{a.name}@{g}"] = PricedArm(a.kind, drafters[a.name], g)
+                steps[f"{a.name}@{g}"] = replayed(a.at_gamma(g), plan.encoded, extended, budget)[1]
     new_tokens = [min(len(e), budget) for e in extended]
     priced = batch_speedups(model, arms, [len(p) for p in plan.encoded], new_tokens, steps, batches)
     predicted = {b: {a.name: priced[b][key] for a in plan.arms
-                     if (key := f"{a.name}@{a.gamma_at(b)}") in priced[b]} for b in batches}
+                     if (key := a.name if a.name in arms else f"{a.name}@{a.gamma_at(b)}") in priced[b]}
+                 for b in batches}
     said = (f"this host's vLLM calibration {path} (timed {calibration.timed_at} at batches "
             f"{', '.join(map(str, calibration.batches))}) and draftnas's replay of each prompt")
     return predicted, said

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +23,9 @@ from draftnas.bench.stats import relative_error
 from draftnas.core.errors import InfeasibleCandidateError
 from draftnas.core.machine import cpu_identity
 from draftnas.core.registry import Architecture, resolve_architecture
-from draftnas.latency.vllm import VllmCalibration, VllmModel
+from draftnas.latency.vllm import VllmCalibration, VllmModel, Walk
 from draftnas.models.sources import state_dir
+from draftnas.search.vllm import schedule_gamma
 
 log = logging.getLogger(__name__)
 SOURCE = "vllm calibration"
@@ -51,12 +52,12 @@ def stored_calibration(target_folder: Path, version: str, threads: int, batch: i
     return calibration, Path(newest)
 
 
-def arm_group_ms(model: VllmModel, kind: str, drafter: Architecture | None, gamma: int,
+def arm_group_ms(model: VllmModel, kind: str, drafter: Architecture | None, gamma: int | Callable[[int], int],
                  prompt_tokens: Sequence[int], new_tokens: Sequence[int],
-                 steps: Sequence[Sequence[tuple[int, int]]]) -> float:
+                 steps: Sequence[Walk]) -> float:
     """Requests of an arm submitted together, priced by `model` (`VllmModel.group_ms`): the target alone
-    decoding each request's `new_tokens`, a model drafter over each request's replayed `steps`, or lookup
-    drafting what each replayed step drafted."""
+    decoding each request's `new_tokens`, a model drafter over each request's replayed `steps` (or its
+    chain, at a γ that may follow the batch), or lookup drafting what each replayed step drafted."""
     if kind == "target":
         steps = [[(0, 0)] * (n - 1) for n in new_tokens]
     return model.group_ms(kind, drafter, gamma, prompt_tokens, steps)
@@ -71,26 +72,32 @@ def arm_request_ms(model: VllmModel, kind: str, drafter: Architecture | None, ga
 @dataclass(frozen=True)
 class PricedArm:
     """What prices one arm's requests: its kind ("target", "model", "head" or "lookup"), its drafter's shape
-    (a model drafter's or a head's) and γ."""
+    (a model drafter's or a head's), γ, and the batch-size schedule of γ it drafts by, if any."""
 
     kind: str
     drafter: Architecture | None = None
     gamma: int = 0
+    schedule: tuple[tuple[int, int, int], ...] = ()
+
+    def gamma_at(self, batch: int) -> int:
+        """The γ it drafts at `batch` running sequences."""
+        return schedule_gamma(self.schedule, batch) if self.schedule else self.gamma
 
 
 def batch_speedups(model: VllmModel, arms: Mapping[str, PricedArm], prompt_tokens: Sequence[int],
-                   new_tokens: Sequence[int], steps: Mapping[str, Sequence[Sequence[tuple[int, int]]]],
+                   new_tokens: Sequence[int], steps: Mapping[str, Sequence[Walk]],
                    batches: Sequence[int]) -> dict[int, dict[str, float]]:
     """Per batch B, each drafter arm's predicted speedup over the target alone as the batched bench runs
     them (`bench.vllm_batched`): at B = 1 each prompt alone, one after another; at B > 1 one group of B
-    prompts cycled from the list, submitted together. Each request's tokens and steps are the replay's of
-    its prompt. An arm the calibration cannot price is left out, with a log line."""
+    prompts cycled from the list, submitted together. Each request's tokens and steps (or chain) are the
+    replay's of its prompt; an arm with a schedule drafts, at each step, the γ of the batch that step ran.
+    An arm the calibration cannot price is left out, with a log line."""
     def groups(b: int) -> list[list[int]]:
         n = len(prompt_tokens)
         return [[i] for i in range(n)] if b == 1 else [[i % n for i in range(b)]]
 
-    def ms(arm: PricedArm, walks: Sequence[Sequence[tuple[int, int]]], b: int) -> float:
-        return sum(arm_group_ms(model, arm.kind, arm.drafter, arm.gamma, [prompt_tokens[i] for i in g],
+    def ms(arm: PricedArm, walks: Sequence[Walk], b: int) -> float:
+        return sum(arm_group_ms(model, arm.kind, arm.drafter, arm.gamma_at, [prompt_tokens[i] for i in g],
                                 [new_tokens[i] for i in g], [walks[i] for i in g] if walks else [])
                    for g in groups(b))
 

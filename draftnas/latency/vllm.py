@@ -47,6 +47,33 @@ WIDTHS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_va
 
 
 @dataclass(frozen=True)
+class Chain:
+    """A request's drafts as any γ meets them (greedy): at each position of its answer (the prefill gives the
+    first token), how many of the drafts after it the target takes, up to the most a step drafts; and the
+    new tokens it stops at. A drafter whose drafts at a smaller γ are the first of its drafts at a larger
+    (a draft model, a head) takes min(γ, run) there, so one chain prices every γ and a γ that changes from
+    step to step (a batch-size schedule)."""
+
+    runs: tuple[int, ...]
+    end: int
+
+    def accepted(self, position: int, gamma: int) -> int:
+        return min(gamma, self.runs[position])
+
+    def walk(self, gamma: int) -> list[tuple[int, int]]:
+        """Its steps at a fixed γ, (accepted, drafted) each."""
+        steps, t = [], 0
+        while t < self.end - 1:
+            a = self.accepted(t, gamma)
+            steps.append((a, gamma))
+            t += a + 1
+        return steps
+
+
+Walk = Sequence[tuple[int, int]] | Chain  # a request's replayed steps at one γ, or its chain
+
+
+@dataclass(frozen=True)
 class VllmCalibration(Record):
     """vLLM timed on this host: ms per forward by the tokens it read (the target's; the base's per depth),
     ms per head by the rows it scored (the target's; the base's, the same at every depth), vLLM's own ms per
@@ -201,40 +228,53 @@ class VllmModel:
             return piecewise(c.head_ms, tokens) + piecewise(c.head_fc_ms, tokens)
         return self._drafter_ms(drafter, tokens)
 
-    def group_ms(self, kind: str, drafter: Architecture | None, gamma: int, prompt_tokens: Sequence[int],
-                 walks: Sequence[Sequence[tuple[int, int]]]) -> float:
+    def group_ms(self, kind: str, drafter: Architecture | None, gamma: int | Callable[[int], int],
+                 prompt_tokens: Sequence[int], walks: Sequence[Walk]) -> float:
         """Requests submitted together and run in lockstep, as vLLM's continuous batching runs requests that
         arrive at once: one prefill of every prompt (which gives each its first token), then a step per
         round over the sequences not yet finished, each step priced at the batch still running. `walks`
-        holds each request's steps after its prefill, (accepted, drafted) each: `kind` "target" (the
-        target alone, a token a step: drafted 0), "model" (a model drafter at `gamma`: each step verifies
-        γ + 1 a sequence, the drafter catches up and drafts γ) or "lookup" (each step verifies what it
-        drafted and one more). A single request is a group of one."""
+        holds each request's steps after its prefill, (accepted, drafted) each, or its `Chain`: `kind`
+        "target" (the target alone, a token a step: drafted 0), "model" or "head" (a drafter at `gamma`:
+        each step verifies what the step before drafted and one more a sequence, the drafter catches up
+        and drafts γ) or "lookup" (each step verifies what it drafted and one more). `gamma` may follow the
+        batch, as a schedule's does in vLLM: each step drafts the γ of the sequences it ran (the last
+        step's drafts too, which no step verifies), and a chain takes what the next step verifies of them.
+        A single request is a group of one."""
         c = self.calibration
         overheads = {"target": c.plain_overhead_ms, "model": c.spec_overhead_ms,
                      "lookup": c.ngram_overhead_ms or c.spec_overhead_ms, "head": c.head_overhead_ms}
         if not overheads.get(kind):
             raise InfeasibleCandidateError(f"a {kind} drafter's steps are not in this vLLM calibration")
+        gamma_at = gamma if callable(gamma) else (lambda _: gamma)
         overhead = overheads[kind]
         batch = len(prompt_tokens)
         total = (piecewise(c.target_ms, sum(prompt_tokens)) + piecewise(c.target_head_ms, batch)
                  + piecewise(overhead, batch))
         drafts = kind in ("model", "head")
         catch_up = c.head_catch_up_tokens if kind == "head" else c.catch_up_tokens
+        drafted = gamma_at(batch)  # what the prefill's step drafted, which the first step verifies
         if drafts:
             assert drafter is not None
             total += (self._first_ms(kind, drafter, sum(p + 1 for p in prompt_tokens))
-                      + self._drafts(kind, drafter, gamma, batch))
-        for step in range(max((len(w) for w in walks), default=0)):
-            running = [w[step] for w in walks if step < len(w)]
+                      + self._drafts(kind, drafter, drafted, batch))
+        at = [0] * len(walks)  # each request's step (a list) or position in its answer (a chain)
+        while running := [i for i, w in enumerate(walks) if at[i] < (w.end - 1 if isinstance(w, Chain)
+                                                                      else len(w))]:
             b = len(running)
-            verified = b * (gamma + 1) if drafts else sum(1 + d for _, d in running)
+            steps = []
+            for i in running:
+                w = walks[i]
+                step = (w.accepted(at[i], drafted), drafted) if isinstance(w, Chain) else w[at[i]]
+                at[i] += step[0] + 1 if isinstance(w, Chain) else 1
+                steps.append(step)
+            verified = b * (drafted + 1) if drafts else sum(1 + d for _, d in steps)
             total += (piecewise(c.target_ms, verified) + piecewise(c.target_head_ms, verified)
                       + piecewise(overhead, b))
             if drafts:
                 assert drafter is not None
-                total += (self._first_ms(kind, drafter, b * (gamma + catch_up))
-                          + self._drafts(kind, drafter, gamma, b))
+                total += self._first_ms(kind, drafter, b * (drafted + catch_up))
+                drafted = gamma_at(b)
+                total += self._drafts(kind, drafter, drafted, b)
         return total
 
     def _drafts(self, kind: str, drafter: Architecture, gamma: int, batch: int) -> float:

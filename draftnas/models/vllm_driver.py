@@ -1,5 +1,6 @@
 """Run inside vLLM's own virtualenv (it does not import draftnas): one engine, the prompts of a job, timed
-request by request, and vLLM's speculative-decoding counters. `python vllm_driver.py JOB.json OUT.json`.
+request by request (a group submitted together is prefilled in one step, `_together`), and vLLM's
+speculative-decoding counters. `python vllm_driver.py JOB.json OUT.json`.
 A job with `check` (a list of speculative_config) starts no engine: vLLM reads each into its engine
 arguments and says whether it takes it.
 
@@ -146,7 +147,7 @@ def main(job_path: str, out_path: str) -> None:
         for group in _groups(job["prompts"], job.get("batches", [1])):
             was = _counters(llm)
             t0 = time.perf_counter()
-            outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in group], params, use_tqdm=False)
+            outs = _together(llm, [TokensPrompt(prompt_token_ids=ids) for ids in group], params)
             seconds = time.perf_counter() - t0
             runs.append({"batch": len(group), "seconds": seconds, "counters": _delta(_counters(llm), was),
                          "tokens": [list(o.outputs[0].token_ids) for o in outs]}
@@ -164,6 +165,22 @@ def main(job_path: str, out_path: str) -> None:
         json.dump({"vllm": __version__, "load_s": load_s, "timed_models": wrapped, "rounds": rounds,
                    "counters": totals,
                    "extended": extended}, f)
+
+
+def _together(llm, prompts: list, params) -> list:
+    """The outputs of `prompts` submitted together, in order. vLLM's engine runs in its own process and
+    steps as soon as a request reaches it, so a group sent one request after another is often prefilled
+    over two steps; with more than one, the engine's scheduler is paused (`keep`: it queues what arrives
+    and does not step) until every request has been sent, and the group is prefilled in one step."""
+    pause = getattr(llm.llm_engine.engine_core, "call_utility", None)  # absent in-process: no race there
+    if len(prompts) == 1 or pause is None:
+        return llm.generate(prompts, params, use_tqdm=False)
+    pause("pause_scheduler", "keep", False)
+    try:
+        llm.enqueue(prompts, params, use_tqdm=False)
+    finally:
+        pause("resume_scheduler")
+    return llm.wait_for_completion(use_tqdm=False)
 
 
 def _groups(prompts: list, batches: list) -> list:

@@ -210,6 +210,30 @@ def test_batched_predictions_price_the_groups_the_bench_submits():
     assert out[3]["lookup"] == pytest.approx(together / looked3)
 
 
+def test_a_scheduled_arm_is_priced_from_its_chains_at_each_steps_batch():
+    """A drafter arm with a schedule is priced over each request's chain, each step at the γ of the batch
+    it ran (`VllmModel.group_ms`), so a group's tail at one sequence drafts the schedule's γ there."""
+    from draftnas.bench.vllm_predicted import PricedArm, arm_group_ms, batch_speedups
+    from draftnas.core.registry import get_architecture
+    from draftnas.latency.vllm import Chain, VllmModel
+    from tests.search.test_engine_vllm import calibration
+
+    target, base = get_architecture("qwen2.5-coder-1.5b"), get_architecture("qwen2.5-coder-0.5b")
+    model = VllmModel(calibration(), target, base)
+    arm = PricedArm("model", base, 3, ((1, 1, 3), (2, 65536, 1)))
+    assert [arm.gamma_at(b) for b in (1, 2, 9)] == [3, 1, 1]
+    chains = [Chain((1, 0), 3), Chain((0, 3, 3, 3, 3, 3, 3), 8)]
+    out = batch_speedups(model, {"s": arm}, [20, 20], [3, 8], {"s": chains}, [2])
+    plain = arm_group_ms(model, "target", None, 0, [20, 20], [3, 8], [])
+    tail = model.group_ms("model", base, {1: 3, 2: 1}.__getitem__, [20, 20], chains)
+    assert out[2]["s"] == pytest.approx(plain / tail)
+    # a schedule of γ 1 throughout prices as γ 1 fixed over the chains' walks; this one's tail does not
+    fixed = model.group_ms("model", base, 1, [20, 20], [c.walk(1) for c in chains])
+    flat = batch_speedups(model, {"s": PricedArm("model", base, 1, ((1, 65536, 1),))}, [20, 20], [3, 8],
+                          {"s": chains}, [2])
+    assert flat[2]["s"] == pytest.approx(plain / fixed) and tail != pytest.approx(fixed)
+
+
 def test_lookup_runs_beside_vllms_draft_models():
     assert BenchOptions(engine="vllm", lookup="lookup:n=3,m=4").validate().lookup == "lookup:n=3,m=4"
 
@@ -291,9 +315,9 @@ def test_a_real_vllm_batch_bench_runs_b_requests_at_once_losslessly():
         assert p.exact_match_rate["draftnas"] == 1.0 and p.tokens_per_step["draftnas"] >= 2.0
         assert p.target_tokens_per_s > 0 and len(p.speedup_runs["draftnas"]) == 1
     # the schedule drafts γ 2 at one sequence and none at three (vLLM still runs), lossless at both.
-    # vLLM picks γ by the batch live at each step, so a step where the scheduler has one of the three
-    # sequences alone (its prefill ahead of the others, or the last one left) drafts at γ 2: most steps
-    # at three sequences carry one token, and the mean stays well below the single sequence's.
+    # vLLM picks γ by the batch live at each step, so a step where one of the three sequences is left
+    # alone drafts at γ 2 (the group is prefilled in one step): most steps at three sequences carry one
+    # token, and the mean stays well below the single sequence's.
     one, three = result.points
     assert one.exact_match_rate[SCHEDULE] == three.exact_match_rate[SCHEDULE] == 1.0
     assert one.tokens_per_step[SCHEDULE] >= 2.0
@@ -384,7 +408,7 @@ def test_a_model_drafters_replay_to_a_budget_stops_where_the_answer_ended_first(
 
     import torch
 
-    from draftnas.bench.vllm_replay import _model_steps
+    from draftnas.bench.vllm_replay import _model_chain
 
     prompt, answer = [1, 2, 3], [4, 5, 6, 7, 8, 9]
 
@@ -395,5 +419,5 @@ def test_a_model_drafters_replay_to_a_budget_stops_where_the_answer_ended_first(
             logits[i, nxt] = 1.0
         return SimpleNamespace(logits=logits[None])
 
-    assert _model_steps(perfect, prompt, answer, 2, budget=64) == [(2, 2), (2, 2)]  # 1 + 3 + 3 tokens
-    assert _model_steps(perfect, prompt, answer, 2, budget=3) == [(2, 2)]
+    assert _model_chain(perfect, prompt, answer, 2, budget=64).walk(2) == [(2, 2), (2, 2)]  # 1 + 3 + 3 tokens
+    assert _model_chain(perfect, prompt, answer, 2, budget=3).walk(2) == [(2, 2)]

@@ -130,14 +130,16 @@ def test_the_reproducing_command_names_only_the_options_given_a_value():
 
 def test_a_walk_to_a_budget_stops_where_the_answer_ended_first():
     """vLLM stops a request at its end-of-sequence token: a replay to a budget past the answer's end takes
-    no steps there (they would count drafts vLLM never made)."""
+    no steps there (they would count drafts vLLM never made); draftnas's loop cuts drafts at the end."""
+    from draftnas.bench.vllm_replay import drafts_chain
     from draftnas.drafter.head.train import head_walk
 
     ids = torch.tensor([5, 6, 7, 1, 2, 3, 4])  # a 3-token prompt, a 4-token answer ending the request
     drafts = [torch.tensor([0, 0, 2, 0, 4, 0]), torch.zeros(6, dtype=torch.long)]  # step j's draft at row p
-    assert head_walk(drafts, ids, 3, 2, budget=64) == [(1, 2), (1, 2)]
-    assert head_walk(drafts, ids, 3, 2, budget=2) == [(1, 2)]  # the budget first: its step drafts γ still
-    assert head_walk(drafts, ids, 3, 2) == [(1, 2), (0, 0)]  # draftnas's loop cuts drafts at the end
+    listed = [d.tolist() for d in drafts]
+    assert drafts_chain(listed, ids.tolist(), 3, 2, budget=64).walk(2) == [(1, 2), (1, 2)]
+    assert drafts_chain(listed, ids.tolist(), 3, 2, budget=2).walk(2) == [(1, 2)]  # its step drafts γ still
+    assert head_walk(drafts, ids, 3, 2) == [(1, 2), (0, 0)]
 
 
 def test_stored_features_are_each_sequences_own_and_train_as_the_rows_computed_would(target):

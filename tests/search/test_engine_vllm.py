@@ -228,6 +228,33 @@ def test_requests_submitted_together_run_in_lockstep_at_the_batch_still_running(
                                  + (104 + 22 + 40) + piecewise(drafter, 4))
 
 
+def test_a_chain_prices_a_fixed_gamma_as_its_walk_and_a_schedule_at_each_steps_batch():
+    """A chain holds each position's accepted run, so at a fixed γ it prices as the walk it gives, and under a
+    schedule each step drafts the γ of the batch it ran: a group's tail, one sequence left, drafts γ 3."""
+    from draftnas.latency.vllm import Chain
+
+    model = VllmModel(calibration(), TARGET, BASE)
+    drafter = {1: 48.0, 6: 60.0, 12: 72.0}
+    # the two requests of the γ 1 case above: their walks at γ 1 are [(1, 1)] and [(0, 1), (1, 1)]
+    a, b = Chain((1, 0), 3), Chain((0, 3), 3)
+    assert a.walk(1) == [(1, 1)] and b.walk(1) == [(0, 1), (1, 1)] and b.walk(3) == [(0, 3), (3, 3)]
+    one = model.group_ms("model", BASE, 1, [20, 20], [[(1, 1)], [(0, 1), (1, 1)]])
+    assert model.group_ms("model", BASE, 1, [20, 20], [a, b]) == pytest.approx(one)
+    # γ 3 at one sequence, 1 from two: the same steps, but the last (one sequence) drafts 3, which no step
+    # verifies: two more one-token drafter forwards and two more heads at batch 1
+    schedule = {1: 3, 2: 1}.__getitem__
+    assert model.group_ms("model", BASE, schedule, [20, 20], [a, b]) == pytest.approx(one + 2 * 48 + 2 * 10)
+    # where the tail goes on, its γ 3 drafts are verified: b's answer of 8 tokens takes steps at batch 2 (0
+    # accepted, γ 1), then at batch 1 verifying γ 1 (1 accepted) and γ 3 (3 accepted): done in 3, not 4
+    longer = Chain((0, 3, 3, 3, 3, 3, 3), 8)
+    assert len(longer.walk(1)) == 4
+    priced = model.group_ms("model", BASE, schedule, [20, 20], [a, longer])
+    assert priced == pytest.approx((300 + 22 + 40) + piecewise(drafter, 42) + 11
+                                   + (112 + 26 + 40) + piecewise(drafter, 6) + 11
+                                   + (104 + 22 + 30) + piecewise(drafter, 3) + (2 * 48 + 3 * 10)
+                                   + (112 + 26 + 30) + piecewise(drafter, 5) + (2 * 48 + 3 * 10))
+
+
 def test_the_default_space_for_vllm_is_the_targets_vllm_one_else_its_loops_one():
     from draftnas.search.spaces import default_space_for
 

@@ -100,19 +100,17 @@ def head_drafts(head: Eagle3Head, embeddings: torch.Tensor, ids: torch.Tensor, h
         return [table[head.logits(o[0]).argmax(-1)] for o in outs]
 
 
-def head_walk(drafts: list[torch.Tensor], ids: torch.Tensor, prompt_len: int, gamma: int,
-              budget: int | None = None) -> list[tuple[int, int]]:
+def head_walk(drafts: list[torch.Tensor], ids: torch.Tensor, prompt_len: int, gamma: int
+              ) -> list[tuple[int, int]]:
     """(accepted, drafted) per greedy step over the target's own continuation `ids[prompt_len:]`, `drafts`
-    being `head_drafts`' (at least `gamma` steps). The prefill emits the first answer token; each step then
-    drafts γ after the last token (fewer where the sequence ends first, without `budget`) and emits its
-    accepted drafts and one. With `budget` (new tokens), steps go on until it is reached, or the answer's
-    end where it ended first (at an end-of-sequence token), and each drafts γ, as vLLM's do (an answer
-    that reaches the budget must run past it by γ + 1)."""
+    being `head_drafts`' (at least `gamma` steps), as draftnas's loop takes them. The prefill emits the
+    first answer token; each step then drafts γ after the last token (fewer where the sequence ends first)
+    and emits its accepted drafts and one. (vLLM's steps, which draft γ to the end: `bench.vllm_replay`.)"""
     t, steps = len(ids), []
-    end = t - prompt_len if budget is None else min(budget, t - prompt_len)
+    end = t - prompt_len
     b, emitted = prompt_len - 1, 1  # base: the last row read with the target's features
     while emitted < end:
-        limit = gamma if budget is not None else min(gamma, t - b - 3)
+        limit = min(gamma, t - b - 3)
         a = 0
         while a < limit and b + a + 2 < t and int(drafts[a][b + a]) == int(ids[b + a + 2]):
             a += 1
