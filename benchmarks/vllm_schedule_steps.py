@@ -3,8 +3,9 @@ anything per step at the same live batch and γ? Each arm is one vLLM engine (th
 every model forward and head timed inside vLLM's engine process (as the vLLM calibration times them), over
 groups of B prompts submitted together, greedy, end-of-sequence ignored. Per arm and batch: steps, seconds,
 ms per step, vLLM's own work per step, each model's forwards (count, rows read, ms per step), and how many
-steps the group's prompts were prefilled over (more than one: vLLM's engine began stepping before every
-request of the group had arrived, so some steps ran below B, where a schedule drafts its γ for that batch).
+steps the group's prompts were prefilled over (one since the driver holds vLLM's scheduler while a group is
+sent; before, vLLM's engine often stepped before every request had arrived, so some steps ran below B,
+where a schedule drafts its γ for that batch).
 
     python benchmarks/vllm_schedule_steps.py --drafter FOLDER [--target qwen2.5-coder-1.5b] [--gamma 1]
         [--schedule '[[1,1,3],[2,65536,1]]'] [--batches 2,4] [--rounds 4] [--new-tokens 24]

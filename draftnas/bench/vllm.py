@@ -251,7 +251,8 @@ def run_vllm_bench(target: str, draft: str, prompts: Sequence[Prompt], options: 
     for r in range(options.rounds):
         done = {}
         for a in arms[r % len(arms):] + arms[:r % len(arms)]:
-            log.info("vLLM round %d: %s %s", r + 1, a.name, json.dumps(a.config))
+            log.info("vLLM round %d: %s %s", r + 1, a.name,
+                     json.dumps(a.config) if a.config else "(no drafter)")
             extend = max(x.gamma for x in arms) + 1 if a.config is None and not extended else 0
             out = run_vllm(vllm, job | {"speculative_config": a.config, "extend": extend})
             extended = extended or out.get("extended") or []

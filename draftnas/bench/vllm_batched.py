@@ -65,7 +65,8 @@ def run_vllm_batch_sizes(target: str, draft: str, prompts: Sequence[Prompt], opt
     extended: list[list[int]] = []
     for r in range(options.rounds):
         for i, a in enumerate(arms[r % len(arms):] + arms[:r % len(arms)]):
-            log.info("vLLM round %d: %s %s at B = %s", r + 1, a.name, json.dumps(a.config), batches)
+            log.info("vLLM round %d: %s %s at B = %s", r + 1, a.name,
+                     json.dumps(a.config) if a.config else "(no drafter)", batches)
             extend = max(x.gamma for x in arms) + 1 if a.config is None and not extended else 0
             out = run_vllm(vllm, plan.job | {"speculative_config": a.config, "extend": extend})
             extended = extended or out.get("extended") or []

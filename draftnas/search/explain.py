@@ -229,9 +229,10 @@ def _vllm_use(result: SearchResult, folder: str, gamma: int) -> list[str]:
         if past is not None:
             out.append(f"  (from batch {past} no γ is predicted to pay; vLLM cannot stop drafting within a "
                        "server, so where most steps run there, serve without the drafter)")
-        out.append("  (served in vLLM 0.32's CPU build on a Zen 4, a schedule so closed ran 1.07x a fixed "
-                   "γ 3 server at one sequence, level with fixed γ 1 at two and 0.93x it at four, over 4 "
-                   "runs: docs/hosts/amd-epyc-zen4-2core.md; bench yours, `draftnas bench --engine vllm "
+        out.append("  (served in vLLM 0.32's CPU build on a Zen 4, each group of requests prefilled in one "
+                   "step, a schedule so closed ran level with the best fixed γ at one, two, four and eight "
+                   "sequences, 0.98x to 1.04x paired over 4 runs, each range holding 1: "
+                   "docs/hosts/amd-epyc-zen4-vllm-schedules.md; bench yours, `draftnas bench --engine vllm "
                    "--batch-size ... --gamma-schedule`)")
     if e is not None and e.sweep_gamma and not schedule:
         out.append("  (no batch schedule: no γ is predicted to pay at batch 1)" if batched else
